@@ -38,9 +38,18 @@ make_venv() {
   ver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
   [ "$ver" = "3.11" ] || { log "Python 3.11 is required, found $ver ($PYTHON); set TFSIFT_PYTHON"; exit 1; }
   [ -x "$VENV/bin/python" ] || { log "creating virtualenv $VENV"; "$PYTHON" -m venv "$VENV"; }
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  local stamp="$VENV/.tfsift-stack" want
+  want="$(cat "$ROOT/requirements.in" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
+  [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return 0
+  pip_q install --upgrade pip
   log "installing the pinned stack (constraints.txt)"
-  "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements.in" -c "$ROOT/constraints.txt"
+  pip_q install -r "$ROOT/requirements.in" -c "$ROOT/constraints.txt"
+  echo "$want" > "$stamp"
+}
+
+# pip, quiet, without the per-index warnings some machines' pip.conf produces.
+pip_q() {
+  "$VENV/bin/python" -m pip -q "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
 
 horovod_ok() {
@@ -57,7 +66,7 @@ build_horovod() {
   if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
     log "building Horovod $HOROVOD_VERSION against TF $TF_VERSION (a few minutes, cached in $wheels)"
     local work; work="$(mktemp -d)"
-    "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+    pip_q download --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
     tar -xzf "$work"/horovod-*.tar.gz -C "$work"
     local src="$work/horovod-$HOROVOD_VERSION"
     # xla_mpi_ops.cc includes XLA headers that moved in TF 2.21 (horovod#4290, PR #4302).
@@ -69,16 +78,17 @@ build_horovod() {
     CPLUS_INCLUDE_PATH="$shim" MAKEFLAGS="-j$(nproc)" \
       HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-      "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src"
+      pip_q wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
     mkdir -p "$wheels"; cp "$work"/dist/horovod-*.whl "$wheels/"; rm -rf "$work"
   fi
-  "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$wheels"/horovod-*.whl
-  "$VENV/bin/python" -m pip install -q cloudpickle psutil pyyaml packaging cffi -c "$ROOT/constraints.txt"
+  pip_q install --no-deps --force-reinstall "$wheels"/horovod-*.whl
 }
 
 need_apt
 make_venv
 horovod_ok || build_horovod
 horovod_ok || { log "Horovod is not usable after the build"; exit 1; }
-"$VENV/bin/python" -m pip install -q --no-deps -e "$ROOT"
+"$VENV/bin/python" -c "import importlib.util as u, sys; s = u.find_spec('tfsift')
+sys.exit(s is None or s.origin != '$ROOT/tfsift/__init__.py')" \
+  2>/dev/null && [ -x "$VENV/bin/tfsift" ] || pip_q install --no-deps -e "$ROOT" 2>/dev/null
 log "ready: $VENV"

@@ -1,0 +1,10 @@
+"""Test markers and the helper that launches real multi-process jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "mpi: launches real mpirun/horovodrun jobs (multi-process)")
+    config.addinivalue_line("markers", "slow: takes more than ~20 seconds")

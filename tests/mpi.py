@@ -1,0 +1,57 @@
+"""Launches a script under real mpirun (or horovodrun) and parses what each rank reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tfsift.launch import mpirun_command
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+REPORT = "TFSIFT_REPORT "
+
+
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(SCRIPTS)]), OMP_NUM_THREADS="1",
+        TF_NUM_INTEROP_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def run(np: int, script: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None,
+        launcher: str = "mpirun") -> subprocess.CompletedProcess[str]:
+    """Runs ``tests/mpi_scripts/<script>`` on ``np`` ranks; never hangs past ``timeout``."""
+    argv = [str(SCRIPTS / script), *args]
+    if launcher == "horovodrun":
+        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np), "-H",
+               f"localhost:{np}", sys.executable, *argv]
+    else:
+        cmd = mpirun_command(np, argv)
+    return subprocess.run(cmd, env=environment(env), capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def reports(proc: subprocess.CompletedProcess[str]) -> dict[int, dict[str, Any]]:
+    """The JSON each rank printed after ``TFSIFT_REPORT``, by rank; fails with the output."""
+    if proc.returncode != 0:
+        raise AssertionError(f"job failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+    found = {}
+    for line in proc.stdout.splitlines():
+        if REPORT in line:
+            data = json.loads(line.split(REPORT, 1)[1])
+            found[data["rank"]] = data
+    return found
+
+
+def report(**values: Any) -> None:
+    """Called inside a rank: prints one machine-readable line for ``reports``."""
+    print(REPORT + json.dumps(values), flush=True)
