@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,45 +14,69 @@ from tfsift.launch import mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
-REPORT = "TFSIFT_REPORT "
+REPORTS = "TFSIFT_TEST_REPORTS"
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(SCRIPTS)]), OMP_NUM_THREADS="1",
-        TF_NUM_INTEROP_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(SCRIPTS)]),
+        OMP_NUM_THREADS="1",
+        TF_NUM_INTEROP_THREADS="1",
+        TF_NUM_INTRAOP_THREADS="1",
     )
     env.update(extra or {})
     return env
 
 
-def run(np: int, script: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None,
-        launcher: str = "mpirun") -> subprocess.CompletedProcess[str]:
+def run(
+    np: int,
+    script: str,
+    *args: str,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    launcher: str = "mpirun",
+) -> subprocess.CompletedProcess[str]:
     """Runs ``tests/mpi_scripts/<script>`` on ``np`` ranks; never hangs past ``timeout``."""
     argv = [str(SCRIPTS / script), *args]
+    reports_dir = tempfile.mkdtemp(prefix="tfsift-reports-")
+    env = {**(env or {}), REPORTS: reports_dir}
     if launcher == "horovodrun":
-        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np), "-H",
-               f"localhost:{np}", sys.executable, *argv]
+        cmd = [
+            str(Path(sys.executable).parent / "horovodrun"),
+            "-np",
+            str(np),
+            "-H",
+            f"localhost:{np}",
+            sys.executable,
+            *argv,
+        ]
     else:
         cmd = mpirun_command(np, argv)
-    return subprocess.run(cmd, env=environment(env), capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    proc = subprocess.run(
+        cmd, env=environment(env), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+    proc.reports_dir = reports_dir  # type: ignore[attr-defined]
+    return proc
 
 
 def reports(proc: subprocess.CompletedProcess[str]) -> dict[int, dict[str, Any]]:
-    """The JSON each rank printed after ``TFSIFT_REPORT``, by rank; fails with the output."""
+    """The JSON each rank reported, by rank; fails with the job's output if it failed."""
     if proc.returncode != 0:
-        raise AssertionError(f"job failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"job failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+        )
     found = {}
-    for line in proc.stdout.splitlines():
-        if REPORT in line:
-            data = json.loads(line.split(REPORT, 1)[1])
-            found[data["rank"]] = data
+    for path in Path(proc.reports_dir).glob("rank*.json"):  # type: ignore[attr-defined]
+        data = json.loads(path.read_text())
+        found[data["rank"]] = data
     return found
 
 
 def report(**values: Any) -> None:
-    """Called inside a rank: prints one machine-readable line for ``reports``."""
-    print(REPORT + json.dumps(values), flush=True)
+    """Called inside a rank: writes one JSON file (stdout lines of ranks can interleave)."""
+    path = Path(os.environ[REPORTS]) / f"rank{values['rank']}.json"
+    path.write_text(json.dumps(values))

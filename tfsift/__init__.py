@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from tfsift.context import gradients
     from tfsift.data import shard
     from tfsift.model import DistributedModel
-    from tfsift.placement import partition
     from tfsift.pipeline_step import step
+    from tfsift.placement import partition
     from tfsift.step_output import StepOutput
 
 _EXPORTS = {
@@ -52,7 +52,27 @@ _EXPORTS = {
     "size": "tfsift.api",
     "step": "tfsift.pipeline_step",
 }
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "DistributedModel",
+    "StepOutput",
+    "__version__",
+    "allreduce",
+    "broadcast_variables",
+    "dp_process_set",
+    "dp_rank",
+    "dp_size",
+    "gradients",
+    "init",
+    "local_rank",
+    "mp_process_set",
+    "mp_rank",
+    "mp_size",
+    "partition",
+    "rank",
+    "shard",
+    "size",
+    "step",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -25,4 +25,3 @@ def mpirun_command(np: int, argv: Sequence[str], *, python: str | None = None) -
     if np > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
     return [*cmd, python or sys.executable, *argv]
-

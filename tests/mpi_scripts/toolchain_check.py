@@ -1,12 +1,11 @@
 """Two ranks: Horovod allreduce, grouped allreduce, two process sets, mpi4py send/recv."""
 
-import numpy as np
-from mpi4py import MPI
-
 import horovod.tensorflow as hvd
 import keras
+import numpy as np
 import tensorflow as tf
 from mpi import report
+from mpi4py import MPI
 
 first, second = hvd.ProcessSet([0]), hvd.ProcessSet([1])
 hvd.init(process_sets=[first, second])
@@ -23,6 +22,14 @@ else:
     buf = np.empty(5, dtype=np.float64)
     world.Recv(buf, source=0, tag=3)
     received = buf.tolist()
-report(rank=r, size=hvd.size(), tf=tf.__version__, keras=keras.__version__,
-       total=total.numpy().tolist(), grouped=[g.numpy().tolist() for g in grouped],
-       in_set=in_set.numpy().tolist(), received=received, set_size=mine.size())
+report(
+    rank=r,
+    size=hvd.size(),
+    tf=tf.__version__,
+    keras=keras.__version__,
+    total=total.numpy().tolist(),
+    grouped=[g.numpy().tolist() for g in grouped],
+    in_set=in_set.numpy().tolist(),
+    received=received,
+    set_size=mine.size(),
+)

@@ -1,0 +1,74 @@
+"""N ranks as pipelines of K stages x N/K replicas: weights after training vs one process.
+
+usage: hybrid_check.py K PLACEMENT STEPS
+"""
+
+from __future__ import annotations
+
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfsift
+from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, rel_error
+from mpi import report
+
+B, M, SEED = 8, 2, 7
+
+
+def reference(steps: int, replicas: int) -> tuple[keras.Model, dict[int, np.ndarray], list[np.ndarray]]:
+    keras.utils.set_random_seed(SEED)
+    model = MODELS["skip"]()
+    inputs = keras.Input((8, 8, 1))
+    functional = keras.Model(inputs, model.call(inputs))
+    init = {id(v): v.numpy() for v in model.variables}
+    optimizer = keras.optimizers.Adam(0.01)
+    for t in range(steps):
+        x, y = data(B * replicas, seed=t)
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, functional(x, training=True))
+        optimizer.apply_gradients(
+            zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True)
+        )
+    return model, init, [v.numpy() for v in model.trainable_variables]
+
+
+def main() -> None:
+    K, placement, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    tfsift.init({"partitions": K, "microbatches": M, "placement_strategy": placement})
+    R, r = tfsift.dp_size(), tfsift.dp_rank()
+    ref, init, final = reference(steps, R)
+    keras.utils.set_random_seed(SEED)
+    model = MODELS["skip"]()
+    optimizer = keras.optimizers.Adam(0.01)
+
+    @tfsift.step
+    def forward_backward(images, labels):  # type: ignore[no-untyped-def]
+        loss = LOSS(labels, model(images, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    model.partition_model([data(B)[0][: B // M]])
+    copy_stage_weights(ref, init, model)
+    if r != 0:  # replicas other than dp_rank 0 start wrong; the broadcast must fix them
+        for var in model.trainable_variables:
+            var.assign(var + 1.0)
+    tfsift.broadcast_variables(model.variables)
+    losses = []
+    for t in range(steps):
+        x, y = data(B * R, seed=t)
+        grads, loss = forward_backward(x[r * B : (r + 1) * B], y[r * B : (r + 1) * B])
+        grads = tfsift.allreduce([g.accumulate() for g in grads])
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        losses.append(float(loss.reduce_mean()))
+    order = gradient_map(ref, model)
+    errors = [rel_error(v.numpy(), final[i]) for v, i in zip(model.trainable_variables, order, strict=True)]
+    report(rank=tfsift.rank(), stage=tfsift.mp_rank(), replica=r, mp_size=tfsift.mp_size(),
+           dp_size=R, weight_error=max(errors), num_vars=len(errors), losses=losses,
+           dp_set=getattr(tfsift.dp_process_set(), "ranks", None),
+           mp_set=getattr(tfsift.mp_process_set(), "ranks", None))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Every rank: pipeline gradients and loss for many configs against a one-process reference.
+
+usage: pipeline_check.py K MODELS MICROBATCHES PIPELINES OPTIMIZES   (comma-separated lists)
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import keras
+import numpy as np
+from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, reference, rel_error
+from mpi import report
+
+import tfsift
+
+BATCH, SEED = 8, 1234
+
+
+def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, object]:
+    tfsift.init(
+        {
+            "partitions": K,
+            "microbatches": M,
+            "pipeline": pipeline,
+            "optimize": optimize,
+            "profile_repeats": 1,
+        }
+    )
+    x, y = data(BATCH)
+    ref, init, ref_grads, ref_loss = reference(name, x, y, M, SEED)
+    keras.utils.set_random_seed(SEED)
+    model = MODELS[name]()
+
+    @tfsift.step
+    def forward_backward(images, labels):  # type: ignore[no-untyped-def]
+        predictions = model(images, training=True)
+        loss = LOSS(labels, predictions)
+        return tfsift.gradients(loss, model.trainable_variables), loss, predictions
+
+    model.partition_model([x[: BATCH // M]])
+    copy_stage_weights(ref, init, model)
+    grads, loss, predictions = forward_backward(x, y)
+    order = gradient_map(ref, model)
+    errors = [
+        rel_error(g.accumulate().numpy(), ref_grads[i]) for g, i in zip(grads, order, strict=True)
+    ]
+    return {
+        "model": name,
+        "K": K,
+        "M": M,
+        "pipeline": pipeline,
+        "optimize": optimize,
+        "grad_error": max(errors) if errors else 0.0,
+        "num_grads": len(grads),
+        "loss": float(loss.reduce_mean()),
+        "ref_loss": ref_loss,
+        "pred_shape": list(predictions.concat().shape),
+        "stage": tfsift.mp_rank(),
+    }
+
+
+def main() -> None:
+    K = int(sys.argv[1])
+    lists = [arg.split(",") for arg in sys.argv[2:6]]
+    results = [check(n, K, int(m), p, o) for n, m, p, o in itertools.product(*lists)]
+    report(
+        rank=tfsift.rank(), results=results, nvars=int(np.sum([r["num_grads"] for r in results]))
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Config validation: every bad value is named in the error, before anything runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfsift.config import Config, parse_bytes
+
+
+def test_defaults_are_one_stage_one_microbatch_interleaved_speed() -> None:
+    cfg = Config.from_dict({})
+    assert (cfg.partitions, cfg.microbatches, cfg.pipeline, cfg.optimize) == (
+        1,
+        1,
+        "interleaved",
+        "speed",
+    )
+
+
+def test_unknown_key_lists_the_allowed_keys() -> None:
+    with pytest.raises(ValueError) as err:
+        Config.from_dict({"partitons": 2})
+    assert str(err.value).startswith(
+        "Unknown tfsift config key 'partitons'. Allowed keys: partitions, "
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"pipeline": "gpipe"},
+            "pipeline must be one of 'simple', 'interleaved'. Received: pipeline='gpipe'",
+        ),
+        (
+            {"optimize": "fast"},
+            "optimize must be one of 'speed', 'memory'. Received: optimize='fast'",
+        ),
+        ({"partitions": 0}, "partitions must be an integer >= 1. Received: partitions=0"),
+        ({"microbatches": 2.5}, "microbatches must be an integer >= 1. Received: microbatches=2.5"),
+        (
+            {"placement_strategy": "ring"},
+            "placement_strategy must be one of 'cluster', 'spread'. "
+            "Received: placement_strategy='ring'",
+        ),
+        (
+            {"partitions": 2, "default_partition": 2},
+            "default_partition must be < partitions=2. Received: default_partition=2",
+        ),
+        ({"horovod": "yes"}, "horovod must be true or false. Received: horovod='yes'"),
+    ],
+)
+def test_bad_values_name_the_constraint_and_the_value(
+    values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        Config.from_dict(values)
+    assert str(err.value) == message
+
+
+def test_memory_cap_accepts_human_units() -> None:
+    assert Config.from_dict({"memory_cap": "2GiB"}).memory_cap == 2 * 2**30
+    assert parse_bytes("512MB") == 512 * 10**6
+    assert parse_bytes("1e9") == 10**9
+
+
+def test_bad_memory_size_is_quoted() -> None:
+    with pytest.raises(ValueError, match=r"Received: '8 parsecs'"):
+        parse_bytes("8 parsecs")
+
+
+def test_config_comes_from_the_environment_as_json_or_a_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.setenv("TFSIFT_CONFIG", '{"partitions": 2, "microbatches": 4}')
+    assert (Config.from_env().partitions, Config.from_env().microbatches) == (2, 4)
+    path = tmp_path / "cfg.json"  # type: ignore[operator]
+    path.write_text(json.dumps({"pipeline": "simple"}))
+    monkeypatch.setenv("TFSIFT_CONFIG", str(path))
+    assert Config.from_env().pipeline == "simple"
+    monkeypatch.setenv("TFSIFT_CONFIG", "/nonexistent.json")
+    with pytest.raises(ValueError, match="neither JSON nor an existing file"):
+        Config.from_env()

@@ -1,0 +1,59 @@
+"""Pipeline x data parallelism: replicas stay equal to a one-process run; failures end the job."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+
+@pytest.mark.parametrize(
+    ("placement", "pipelines"),
+    [("cluster", [[0, 1], [2, 3]]), ("spread", [[0, 2], [1, 3]])],
+)
+def test_two_stages_by_two_replicas_train_like_one_process(
+    placement: str, pipelines: list[list[int]]
+) -> None:
+    got = mpi.reports(mpi.run(4, "hybrid_check.py", "2", placement, "4", timeout=600))
+    assert sorted(got) == [0, 1, 2, 3]
+    for replica, ranks in enumerate(pipelines):
+        for stage, rank in enumerate(ranks):
+            data = got[rank]
+            assert (data["stage"], data["replica"]) == (stage, replica)
+            assert (data["mp_size"], data["dp_size"]) == (2, 2)
+            assert data["mp_set"] == ranks
+            assert data["dp_set"] == [p[stage] for p in pipelines]
+            assert data["weight_error"] < 1e-5, (rank, data["weight_error"])
+            assert 0 < data["num_vars"] < 8
+        assert got[ranks[0]]["losses"] == got[ranks[1]]["losses"]
+    assert got[pipelines[0][0]]["losses"] != got[pipelines[1][0]]["losses"]  # different shards
+
+
+def test_pure_data_parallel_two_ranks_train_like_one_process() -> None:
+    got = mpi.reports(mpi.run(2, "hybrid_check.py", "1", "cluster", "4", timeout=300))
+    for rank in (0, 1):
+        assert (got[rank]["stage"], got[rank]["replica"], got[rank]["dp_size"]) == (0, rank, 2)
+        assert got[rank]["num_vars"] == 8
+        assert got[rank]["weight_error"] < 1e-5, got[rank]["weight_error"]
+
+
+def test_same_script_runs_under_horovodrun() -> None:
+    got = mpi.reports(mpi.run(4, "hybrid_check.py", "2", "cluster", "2", timeout=600,
+                              launcher="horovodrun"))
+    assert sorted(got) == [0, 1, 2, 3]
+    assert max(d["weight_error"] for d in got.values()) < 1e-5
+
+
+def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error_once() -> None:
+    start = time.monotonic()
+    proc = mpi.run(2, "failure_check.py", timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert elapsed < 60, elapsed
+    output = proc.stdout + proc.stderr
+    assert output.count("RuntimeError: injected failure on rank 1") == 1
+    assert "tfsift: rank 1 failed, aborting the job" in output

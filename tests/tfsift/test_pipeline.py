@@ -1,0 +1,41 @@
+"""Pipelined gradients equal one-process gradients, for every K, M, schedule and optimize mode."""
+
+from __future__ import annotations
+
+import mpi
+import pytest
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+MODELS = "conv,skip,dropout,ops"
+VARIABLES = {"conv": 6, "skip": 8, "dropout": 6, "ops": 6}
+
+
+@pytest.mark.parametrize("K", [1, 2, 4])
+def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
+    got = mpi.reports(
+        mpi.run(
+            K,
+            "pipeline_check.py",
+            str(K),
+            MODELS,
+            "1,2,4",
+            "simple,interleaved",
+            "speed,memory",
+            timeout=900,
+        )
+    )
+    assert sorted(got) == list(range(K))
+    for rank, data in got.items():
+        assert len(data["results"]) == 4 * 3 * 2 * 2
+        for r in data["results"]:
+            label = f"rank {rank} {r['model']} K={K} M={r['M']} {r['pipeline']} {r['optimize']}"
+            assert r["grad_error"] < 1e-5, label
+            assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
+            assert r["pred_shape"] == [8, 10], label
+            assert r["stage"] == rank, label
+    for i, first in enumerate(got[0]["results"]):
+        per_rank = [got[rank]["results"][i]["num_grads"] for rank in range(K)]
+        assert sum(per_rank) == VARIABLES[first["model"]], first
+        if K > 1:
+            assert max(per_rank) < VARIABLES[first["model"]], first

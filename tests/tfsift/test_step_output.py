@@ -1,0 +1,19 @@
+"""StepOutput reductions over microbatches."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfsift.step_output import StepOutput
+
+
+def test_reductions_over_microbatches() -> None:
+    out = StepOutput([tf.constant([[1.0, 2.0]]), tf.constant([[3.0, 6.0]])])
+    np.testing.assert_array_equal(out.reduce_mean().numpy(), [[2.0, 4.0]])
+    np.testing.assert_array_equal(out.reduce_sum().numpy(), [[4.0, 8.0]])
+    np.testing.assert_array_equal(out.accumulate().numpy(), [[2.0, 4.0]])
+    np.testing.assert_array_equal(out.concat().numpy(), [[1.0, 2.0], [3.0, 6.0]])
+    np.testing.assert_array_equal(out.merge().numpy(), out.concat().numpy())
+    assert out.stack().shape == (2, 1, 2)
+    assert len(out) == 2

@@ -1,0 +1,46 @@
+"""Data-parallel collectives over a stage's replicas, on Horovod tensor ops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tfsift import runtime
+
+
+def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
+    """Averages gradients over the caller's data-parallel group in one fused allreduce.
+
+    Args:
+        grads: tensors, or ``StepOutput`` gradients (their ``accumulate()`` is used).
+
+    Returns:
+        The averaged gradients, in the order given.
+    """
+    tensors = [
+        g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads
+    ]
+    rt = runtime.get()
+    if not rt.horovod or rt.topology.replicas == 1 or not tensors:
+        return tensors
+    import horovod.tensorflow as hvd
+
+    return list(hvd.grouped_allreduce(tensors, op=hvd.Average, process_set=rt.dp_set))
+
+
+def broadcast_variables(variables: Sequence[Any]) -> None:
+    """Copies ``variables`` from dp_rank 0 to every replica of the caller's stage.
+
+    Works on Keras 3 variables (it reads ``.value`` and calls ``.assign``; it never
+    calls ``var.ref()``, which Keras 3 variables lack).
+    """
+    rt = runtime.get()
+    if not rt.horovod or rt.topology.replicas == 1:
+        return
+    import horovod.tensorflow as hvd
+
+    root = rt.topology.rank(rt.stage, 0)
+    for var in variables:
+        var.assign(hvd.broadcast(tf.convert_to_tensor(var.value), root, process_set=rt.dp_set))

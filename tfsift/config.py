@@ -1,0 +1,140 @@
+"""The frozen, validated tfsift configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tfsift import env
+
+PIPELINES = ("simple", "interleaved")
+OPTIMIZE = ("speed", "memory")
+PLACEMENTS = ("cluster", "spread")
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything ``tfsift.init`` accepts; see ``docs/architecture.md``.
+
+    Example:
+        >>> Config.from_dict({"partitions": 2, "microbatches": 4}).pipeline
+        'interleaved'
+    """
+
+    partitions: int = 1
+    microbatches: int = 1
+    pipeline: str = "interleaved"
+    optimize: str = "speed"
+    horovod: bool | None = None
+    placement_strategy: str = "cluster"
+    auto_partition: bool = True
+    default_partition: int = 0
+    memory_cap: int | None = None
+    plan_file: str | None = None
+    profile_repeats: int = 5
+
+    def __post_init__(self) -> None:
+        _check_int("partitions", self.partitions, 1)
+        _check_int("microbatches", self.microbatches, 1)
+        _check_int("profile_repeats", self.profile_repeats, 1)
+        _check_choice("pipeline", self.pipeline, PIPELINES)
+        _check_choice("optimize", self.optimize, OPTIMIZE)
+        _check_choice("placement_strategy", self.placement_strategy, PLACEMENTS)
+        _check_bool("auto_partition", self.auto_partition)
+        if self.horovod is not None:
+            _check_bool("horovod", self.horovod)
+        _check_int("default_partition", self.default_partition, 0)
+        if self.default_partition >= self.partitions:
+            raise ValueError(
+                f"default_partition must be < partitions={self.partitions}. "
+                f"Received: default_partition={self.default_partition}"
+            )
+        if self.memory_cap is not None:
+            _check_int("memory_cap", self.memory_cap, 1)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Config:
+        """Builds a config from a mapping, rejecting unknown keys."""
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in allowed:
+                raise ValueError(
+                    f"Unknown tfsift config key {key!r}. Allowed keys: {', '.join(allowed)}"
+                )
+        fixed = dict(values)
+        if isinstance(fixed.get("memory_cap"), str):
+            fixed["memory_cap"] = parse_bytes(fixed["memory_cap"])
+        return cls(**fixed)
+
+    @classmethod
+    def from_env(cls) -> Config:
+        """Reads ``TFSIFT_CONFIG`` (JSON text or a path to a JSON file); defaults if unset."""
+        raw = env.get(env.TFSIFT_CONFIG).strip()
+        if not raw:
+            return cls()
+        text = raw if raw.startswith("{") else _read(raw)
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{env.TFSIFT_CONFIG} is not valid JSON ({err}). Received: {raw!r}"
+            ) from err
+        if not isinstance(values, dict):
+            raise ValueError(f"{env.TFSIFT_CONFIG} must hold a JSON object. Received: {raw!r}")
+        return cls.from_dict(values)
+
+
+def parse_bytes(text: str) -> int:
+    """Parses ``"8GiB"``, ``"512MB"`` or ``"1e9"`` into a number of bytes."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"memory size must look like '8GiB', '512MB' or '1e9'. Received: {text!r}")
+    try:
+        return int(float(match.group(1)) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(
+            f"memory size must look like '8GiB', '512MB' or '1e9'. Received: {text!r}"
+        ) from None
+
+
+def _read(path: str) -> str:
+    if not os.path.exists(path):
+        raise ValueError(
+            f"{env.TFSIFT_CONFIG} is neither JSON nor an existing file. Received: {path!r}"
+        )
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}. Received: {name}={value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, allowed))}. Received: {name}={value!r}"
+        )

@@ -1,0 +1,82 @@
+"""What a model call or ``tfsift.gradients`` does depends on which part of a step is running."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+
+class ProbeStop(Exception):
+    """Raised inside a probing run of the step function once it asks for gradients."""
+
+
+class InputCaptured(Exception):
+    """Raised inside the step function on stage 0 once the model input is known."""
+
+    def __init__(self, inputs: list[Any]) -> None:
+        super().__init__("model input captured")
+        self.inputs = inputs
+
+
+class GradientList(list[Any]):
+    """What ``tfsift.gradients`` returns inside a step: filled in by the backward pass."""
+
+    def __init__(self, loss: tf.Tensor, variables: Sequence[Any]) -> None:
+        super().__init__([None] * len(variables))
+        self.loss = loss
+        self.variables = list(variables)
+
+
+class StepContext:
+    """The hooks a model call and ``tfsift.gradients`` use while a step function runs."""
+
+    def __init__(
+        self, model_call: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any], probe: bool
+    ) -> None:
+        self.model_call = model_call
+        self.probe = probe
+        self.requests: list[GradientList] = []
+        self.tape: tf.GradientTape | None = None
+
+
+_CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
+    "tfsift_step", default=None
+)
+
+
+def current() -> StepContext | None:
+    """The context of the step function running now, if any."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def active(ctx: StepContext) -> Iterator[StepContext]:
+    """Makes ``ctx`` current while a step function runs."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)
+
+
+def gradients(loss: tf.Tensor, variables: Sequence[Any]) -> GradientList:
+    """Asks for the gradients of ``loss`` with respect to ``variables`` inside a step.
+
+    Call it with ``model.trainable_variables``: on every rank the result holds the
+    gradients of that rank's stage variables, in the same order.
+
+    Raises:
+        RuntimeError: outside a ``@tfsift.step`` function.
+    """
+    ctx = current()
+    if ctx is None:
+        raise RuntimeError("tfsift.gradients() can only be called inside a @tfsift.step function")
+    if ctx.probe:
+        raise ProbeStop()
+    request = GradientList(loss, variables)
+    ctx.requests.append(request)
+    return request

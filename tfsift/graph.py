@@ -1,0 +1,188 @@
+"""A model's ``call`` traced into an ordered chain of nodes, cut into stages.
+
+Letters: L nodes in topological order ``0 .. L-1``; a cut ``c`` lies between node
+``c-1`` and node ``c`` (cut 0 is the model input, cut L the model output). A
+tensor is live across cut ``c`` when it is produced before ``c`` and read at or
+after ``c`` (or is a model output), so a skip connection that jumps over a cut is
+sent across it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+from keras import tree
+
+_MODEL_INPUT = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphNode:
+    """One call of one operation (a layer or a ``keras.ops`` function) in the traced graph."""
+
+    name: str
+    node: Any  # keras.src.ops.node.Node
+    inputs: tuple[int, ...]  # ids of the KerasTensors it reads
+    outputs: tuple[int, ...]  # ids of the KerasTensors it writes
+
+    @property
+    def operation(self) -> Any:
+        return self.node.operation
+
+
+class Graph:
+    """The traced graph of a model: ordered nodes and the tensors live across every cut."""
+
+    def __init__(
+        self, inputs: Sequence[Any], outputs: Sequence[Any], structure: Any = None
+    ) -> None:
+        self.structure = outputs if structure is None else structure  # the call's output nesting
+        self.inputs = [id(x) for x in inputs]
+        self.outputs = [id(x) for x in outputs]
+        self.tensors: dict[int, Any] = {id(x): x for x in inputs}
+        self.nodes = _order(outputs, set(self.inputs))
+        for gn in self.nodes:
+            self.tensors.update({id(x): x for x in gn.node.outputs})
+        self._producer = {t: _MODEL_INPUT for t in self.inputs}
+        self._last_use = {t: len(self.nodes) if t in self.outputs else -1 for t in self.tensors}
+        for i, gn in enumerate(self.nodes):
+            self._producer.update({t: i for t in gn.outputs})
+            for t in gn.inputs:
+                self._last_use[t] = max(self._last_use[t], i)
+        missing = [t for t in self.outputs if t not in self._producer]
+        if missing:
+            raise ValueError("the model output does not depend on the model input")
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def live(self, cut: int) -> tuple[int, ...]:
+        """Ids of the tensors crossing ``cut`` (0 <= cut <= L), in a rank-independent order."""
+        if cut == 0:
+            return tuple(self.inputs)
+        if cut == len(self.nodes):
+            return tuple(self.outputs)
+        keys = [t for t, p in self._producer.items() if p < cut <= self._last_use[t]]
+        return tuple(sorted(keys, key=self._position))
+
+    def sample_bytes(self, ids: Sequence[int]) -> int:
+        """Bytes per sample of the tensors ``ids`` (their batch dimension divided out)."""
+        return sum(_bytes_per_sample(self.tensors[t]) for t in ids)
+
+    def stage(self, start: int, end: int) -> StageGraph:
+        """The sub-graph of nodes ``[start, end)`` with its live inputs and outputs."""
+        return StageGraph(self.nodes[start:end], self.live(start), self.live(end))
+
+    def _position(self, tensor: int) -> tuple[int, int]:
+        producer = self._producer[tensor]
+        if producer == _MODEL_INPUT:
+            return (producer, self.inputs.index(tensor))
+        return (producer, self.nodes[producer].outputs.index(tensor))
+
+
+@dataclasses.dataclass(frozen=True)
+class StageGraph:
+    """The nodes of one stage; ``run`` maps live-in values to live-out values."""
+
+    nodes: Sequence[GraphNode]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+    def run(self, values: Sequence[Any], training: bool) -> list[Any]:
+        """Executes the stage's nodes in order on concrete tensors."""
+        tensors = dict(zip(self.inputs, values, strict=True))
+        for gn in self.nodes:
+            args, kwargs = gn.node.arguments.fill_in(tensors)
+            if "training" in getattr(gn.operation, "_call_context_args", ()):
+                kwargs["training"] = training
+            result = gn.operation(*args, **kwargs)
+            tensors.update(zip(gn.outputs, tree.flatten(result), strict=True))
+        return [tensors[t] for t in self.outputs]
+
+    def layers(self) -> list[Any]:
+        """The distinct operations of this stage, in node order."""
+        seen: dict[int, Any] = {}
+        for gn in self.nodes:
+            seen.setdefault(id(gn.operation), gn.operation)
+        return list(seen.values())
+
+    def trainable_variables(self) -> list[Any]:
+        """The stage's trainable variables, deduplicated, in node order."""
+        return _dedupe(
+            v for layer in self.layers() for v in getattr(layer, "trainable_variables", [])
+        )
+
+    def variables(self) -> list[Any]:
+        """All the stage's variables (trainable, non-trainable, seed states), deduplicated."""
+        return _dedupe(v for layer in self.layers() for v in getattr(layer, "variables", []))
+
+    def seed_states(self) -> list[Any]:
+        """The state variables of every random seed generator the stage's layers own."""
+        found = []
+        for layer in self.layers():
+            if isinstance(layer, keras.layers.Layer):
+                for sub in layer._flatten_layers(include_self=True):
+                    found += [g.state for g in getattr(sub, "_seed_generators", [])]
+        return _dedupe(found)
+
+
+def trace(model: Any, example: Sequence[Any]) -> Graph:
+    """Traces ``model.call`` on symbolic inputs shaped like ``example`` (batch dimension kept)."""
+    symbolic = [
+        keras.Input(batch_shape=tuple(x.shape), dtype=keras.backend.standardize_dtype(x.dtype))
+        for x in example
+    ]
+    out = model.call(*symbolic)
+    return Graph(symbolic, tree.flatten(out), out)
+
+
+def _order(outputs: Sequence[Any], inputs: set[int]) -> list[GraphNode]:
+    """Depth-first post-order from the outputs: deterministic, follows argument order."""
+    order: list[GraphNode] = []
+    done: set[int] = set()
+    names: dict[str, int] = {}
+    stack: list[tuple[Any, bool]] = [(x, False) for x in reversed(list(outputs))]
+    while stack:
+        tensor, expanded = stack.pop()
+        if id(tensor) in inputs:
+            continue
+        op, node_index, _ = tensor._keras_history
+        node = op._inbound_nodes[node_index]
+        if id(node) in done or node.is_input:
+            continue
+        if expanded:
+            done.add(id(node))
+            order.append(_graph_node(node, names))
+            continue
+        stack.append((tensor, True))
+        stack += [(x, False) for x in reversed(node.input_tensors)]
+    return order
+
+
+def _graph_node(node: Any, names: dict[str, int]) -> GraphNode:
+    base = node.operation.name
+    uses = names.get(base, 0)
+    names[base] = uses + 1
+    name = base if uses == 0 else f"{base}#{uses}"
+    return GraphNode(
+        name, node, tuple(id(x) for x in node.input_tensors), tuple(id(x) for x in node.outputs)
+    )
+
+
+def _bytes_per_sample(tensor: Any) -> int:
+    shape = tuple(tensor.shape)
+    itemsize = np.dtype(keras.backend.standardize_dtype(tensor.dtype)).itemsize
+    batch = shape[0] if shape and shape[0] else 1
+    return int(math.prod(d or 1 for d in shape) * itemsize // batch)
+
+
+def _dedupe(items: Any) -> list[Any]:
+    seen: dict[int, Any] = {}
+    for item in items:
+        seen.setdefault(id(item), item)
+    return list(seen.values())

@@ -1,0 +1,241 @@
+"""DistributedModel: a Keras 3 model that tfsift splits into pipeline stages."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras import tree
+from mpi4py import MPI
+
+from tfsift import context, placement, runtime
+from tfsift.collectives import broadcast_variables
+from tfsift.graph import Graph, trace
+from tfsift.profiler import profile
+from tfsift.stage import Stage
+
+log = logging.getLogger("tfsift")
+Spec = tuple[tuple[int, ...], Any]
+
+
+@dataclasses.dataclass
+class Partitioned:
+    """This rank's share of a partitioned model."""
+
+    graph: Graph
+    bounds: tuple[int, ...]
+    stage: Stage
+    in_specs: list[Spec]
+    out_specs: list[Spec]
+    output_structure: Any
+
+
+@dataclasses.dataclass
+class _ModelState:
+    placements: dict[int, int] = dataclasses.field(default_factory=dict)
+    partitioned: Partitioned | None = None
+
+
+class DistributedModel(keras.Model):  # type: ignore[misc]
+    """A Keras 3 model whose layers tfsift spreads over ``partitions`` pipeline stages.
+
+    Subclass it like ``keras.Model`` (define layers in ``__init__``, the forward in
+    ``call``) and call it only inside a ``@tfsift.step`` function. At the first
+    step the model is traced, profiled and partitioned; each rank then keeps only
+    its stage, and ``trainable_variables`` lists only that stage's variables.
+
+    Example:
+        >>> class Net(DistributedModel):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.dense = keras.layers.Dense(10)
+        ...     def call(self, x):
+        ...         return self.dense(x)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "_tfsift", _ModelState())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        index = placement.current()
+        state = self.__dict__.get("_tfsift")
+        if index is not None and state is not None:
+            for layer in tree.flatten(value) if isinstance(value, (list, tuple, dict)) else [value]:
+                if isinstance(layer, keras.layers.Layer):
+                    state.placements[id(layer)] = index
+        super().__setattr__(name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ctx = context.current()
+        if ctx is None:
+            raise RuntimeError(
+                f"DistributedModel {self.name!r} can only be called inside a @tfsift.step function"
+            )
+        if not tf.executing_eagerly():
+            raise RuntimeError(
+                "a @tfsift.step function must run eagerly: do not wrap it in tf.function "
+                "(tfsift compiles each stage's forward and backward itself)"
+            )
+        return ctx.model_call(self, args, kwargs)
+
+    @property
+    def partitioned(self) -> Partitioned | None:
+        """This rank's stage once the model has been partitioned, else None."""
+        return self._tfsift.partitioned  # type: ignore[no-any-return]
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        part = self.partitioned
+        return list(part.stage.variables) if part else list(super().trainable_variables)
+
+    @property
+    def trainable_weights(self) -> list[Any]:
+        return self.trainable_variables
+
+    @property
+    def non_trainable_variables(self) -> list[Any]:
+        part = self.partitioned
+        if part is None:
+            return list(super().non_trainable_variables)
+        trainable = {id(v) for v in part.stage.variables}
+        return [v for v in part.stage.graph.variables() if id(v) not in trainable]
+
+    @property
+    def non_trainable_weights(self) -> list[Any]:
+        return self.non_trainable_variables
+
+    @property
+    def variables(self) -> list[Any]:
+        part = self.partitioned
+        return list(part.stage.graph.variables()) if part else list(super().variables)
+
+    @property
+    def weights(self) -> list[Any]:
+        return self.variables
+
+    def partition_model(self, example: Sequence[tf.Tensor]) -> Partitioned:
+        """Traces, plans and splits the model for inputs shaped like ``example`` (one microbatch).
+
+        Called by the first step; every rank must call it (the plan is broadcast from rank 0).
+        """
+        if self.partitioned is not None:
+            return self.partitioned
+        rt = runtime.get()
+        graph = trace(self, example)
+        bounds = _plan_bounds(self, graph, example, rt)
+        s = rt.stage
+        sub = graph.stage(bounds[s], bounds[s + 1])
+        stage = Stage(sub, s, recompute=rt.config.optimize == "memory")
+        _release_other_stages(graph, sub)
+        # Replicas must start equal; the optimizer's slots are created equal (zeros) later.
+        broadcast_variables(sub.variables())
+        part = Partitioned(
+            graph,
+            bounds,
+            stage,
+            _specs(graph, sub.inputs),
+            _specs(graph, sub.outputs),
+            graph.structure,
+        )
+        self._tfsift.partitioned = part
+        log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)
+        return part
+
+
+def _plan_bounds(
+    model: DistributedModel, graph: Graph, example: Sequence[tf.Tensor], rt: runtime.Runtime
+) -> tuple[int, ...]:
+    cfg, L = rt.config, len(graph)
+    if cfg.partitions > L:
+        raise ValueError(
+            f"too few layers to split into partitions (layers: {L}, partitions: {cfg.partitions})"
+        )
+    if cfg.partitions == 1:
+        return (0, L)
+    if not cfg.auto_partition:
+        return manual_bounds(graph, model._tfsift.placements, cfg.partitions, cfg.default_partition)
+    from partitioner.plan import Plan, make_plan
+
+    if cfg.plan_file and os.path.exists(cfg.plan_file):
+        return _bounds_from_plan(Plan.load(cfg.plan_file), graph, cfg.partitions)
+    outcome: tuple[str, str] | None = None
+    if rt.rank == 0:
+        try:
+            costs = profile(graph, example, cfg.profile_repeats)
+            plan = make_plan(
+                costs,
+                cfg.partitions,
+                cfg.microbatches,
+                optimize=cfg.optimize,
+                pipeline=cfg.pipeline,
+                memory_cap=cfg.memory_cap,
+            )
+            if cfg.plan_file:
+                plan.save(cfg.plan_file)
+            outcome = ("ok", plan.to_json())
+        except ValueError as err:
+            outcome = ("error", str(err))
+    status, payload = MPI.COMM_WORLD.bcast(outcome, root=0)
+    if status == "error":
+        raise ValueError(payload)
+    return Plan.from_json(payload).bounds
+
+
+def manual_bounds(
+    graph: Graph, placements: dict[int, int], K: int, default: int
+) -> tuple[int, ...]:
+    """Stage bounds from ``tfsift.partition`` blocks; ``keras.ops`` nodes follow the node before."""
+    stages: list[int] = []
+    for gn in graph.nodes:
+        if isinstance(gn.operation, keras.layers.Layer):
+            stages.append(placements.get(id(gn.operation), default))
+        else:
+            stages.append(stages[-1] if stages else default)
+        if stages[-1] >= K:
+            raise ValueError(
+                f"partition index must be < partitions={K}. Received: {stages[-1]} "
+                f"for layer {gn.name!r}"
+            )
+        if len(stages) > 1 and stages[-1] < stages[-2]:
+            raise ValueError(
+                "manual placement must follow the model's call order: layer "
+                f"{gn.name!r} (partition {stages[-1]}) is called after a layer of "
+                f"partition {stages[-2]}"
+            )
+    empty = sorted(set(range(K)) - set(stages))
+    if empty:
+        raise ValueError(
+            f"every partition needs at least one layer. Received: no layers in partitions {empty}"
+        )
+    return (*[stages.index(s) for s in range(K)], len(stages))
+
+
+def _bounds_from_plan(plan: Any, graph: Graph, K: int) -> tuple[int, ...]:
+    names = [gn.name for gn in graph.nodes]
+    planned = [name for stage in plan.stage_layers for name in stage]
+    if planned != names or len(plan.bounds) != K + 1:
+        raise ValueError(
+            "the plan file does not match this model and config "
+            f"(plan: {len(plan.bounds) - 1} stages, "
+            f"{len(planned)} layers; model: {K} partitions, {len(names)} layers)"
+        )
+    return tuple(plan.bounds)
+
+
+def _release_other_stages(graph: Graph, sub: Any) -> None:
+    """Frees the weights of layers this rank does not run, so a rank holds only its stage."""
+    keep = {id(v) for v in sub.variables()}
+    for gn in graph.nodes:
+        for var in getattr(gn.operation, "variables", []):
+            if id(var) not in keep:
+                var._value = None
+
+
+def _specs(graph: Graph, ids: Sequence[int]) -> list[Spec]:
+    return [(tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in ids]

@@ -1,0 +1,194 @@
+"""``@tfsift.step``: runs a forward/backward function over microbatches through the pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from keras import tree
+
+from partitioner import schedule
+from tfsift import context, runtime
+from tfsift.comm import PipeComm
+from tfsift.executor import Executor, Microbatch
+from tfsift.model import DistributedModel, Partitioned
+from tfsift.step_output import StepOutput
+
+_GRADS = "__tfsift_gradients__"
+
+
+@dataclasses.dataclass
+class _Probe:
+    """What the first call learns about a step function (the same on every rank)."""
+
+    model: DistributedModel
+    backward: bool
+    training: bool
+    actions: list[schedule.Action]
+    comm: PipeComm
+
+
+def step(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turns a forward/backward function into a pipelined, microbatched step.
+
+    Every tensor argument is split along axis 0 into ``microbatches`` pieces and
+    ``fn`` runs once per piece; each return value becomes a ``StepOutput``. A
+    function that calls ``tfsift.gradients`` is a training step, one that does not
+    is forward-only (evaluation or data scoring).
+
+    Example:
+        >>> @step
+        ... def forward_backward(x, y):
+        ...     loss = loss_fn(y, model(x, training=True))
+        ...     return tfsift.gradients(loss, model.trainable_variables), loss
+
+    Raises:
+        ValueError: a batch size not divisible by ``microbatches``.
+    """
+    probes: list[_Probe] = []
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rt = runtime.get()
+        microbatches = split(args, kwargs, rt.config.microbatches)
+        if not probes:
+            probes.append(_probe(fn, microbatches[0], rt))
+        probe = probes[0]
+        part = probe.model.partitioned
+        assert part is not None
+        executor = Executor(
+            part.stage,
+            rt.topology.partitions,
+            probe.comm,
+            fn,
+            microbatches,
+            (part.in_specs, part.out_specs),
+            part.output_structure,
+            probe.backward,
+            probe.training,
+        )
+        executor.run(probe.actions)
+        return _gather(executor, part, rt)
+
+    return wrapper
+
+
+def split(args: tuple[Any, ...], kwargs: dict[str, Any], M: int) -> list[Microbatch]:
+    """Splits every tensor (or array) argument with a batch axis into ``M`` microbatches."""
+    leaves = tree.flatten((args, kwargs))
+    pieces = []
+    for leaf in leaves:
+        if (tf.is_tensor(leaf) or isinstance(leaf, np.ndarray)) and len(leaf.shape) > 0:
+            batch = int(leaf.shape[0])
+            if batch % M:
+                raise ValueError(f"batch size {batch} is not divisible by microbatches={M}")
+            pieces.append(tf.split(tf.convert_to_tensor(leaf), M, axis=0))
+        else:
+            pieces.append([leaf] * M)
+    return [tree.pack_sequence_as((args, kwargs), [p[m] for p in pieces]) for m in range(M)]
+
+
+def _probe(fn: Callable[..., Any], microbatch: Microbatch, rt: runtime.Runtime) -> _Probe:
+    seen: list[tuple[DistributedModel, bool]] = []
+
+    def model_call(model: DistributedModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        part = model.partition_model([tf.convert_to_tensor(x) for x in tree.flatten(args)])
+        seen.append((model, bool(kwargs.get("training", False))))
+        flat = [
+            tf.zeros(t.shape, t.dtype) for t in (part.graph.tensors[i] for i in part.graph.outputs)
+        ]
+        return tree.pack_sequence_as(part.output_structure, flat)
+
+    args, kwargs = microbatch
+    backward = False
+    try:
+        with context.active(context.StepContext(model_call, probe=True)):
+            fn(*args, **kwargs)
+    except context.ProbeStop:
+        backward = True
+    if not seen:
+        raise RuntimeError("the @tfsift.step function did not call a tfsift.DistributedModel")
+    if len({id(m) for m, _ in seen}) > 1:
+        raise RuntimeError("a @tfsift.step function may call only one DistributedModel")
+    K, M = rt.topology.partitions, rt.config.microbatches
+    plan = schedule.add_communication(
+        schedule.build(rt.config.pipeline, K, M, forward_only=not backward)
+    )
+    model, training = seen[0]
+    return _Probe(model, backward, training, plan[rt.stage], PipeComm(rt.pipe_comm))
+
+
+def _gather(executor: Executor, part: Partitioned, rt: runtime.Runtime) -> Any:
+    """Per-output StepOutputs; the last stage's results are broadcast along the pipeline."""
+    K, M = rt.topology.partitions, rt.config.microbatches
+    results: list[Any] | None = None
+    if executor.last:
+        results = [_strip(executor.results[m]) for m in range(M)]
+    if K > 1:
+        results = rt.pipe_comm.bcast(results, root=K - 1)
+    assert results is not None
+    own = (
+        [
+            StepOutput([executor.grads[m][i] for m in range(M)])
+            for i in range(len(part.stage.variables))
+        ]
+        if executor.grads
+        else []
+    )
+    if executor.last and executor.grads:
+        requests = [executor.results[m] for m in range(M)]
+        own = _request_outputs(requests, M) or own
+    return _merge(results, own)
+
+
+def _strip(value: Any) -> Any:
+    """Replaces the gradient list by a marker and tensors by arrays (picklable, rank-neutral)."""
+    if isinstance(value, context.GradientList):
+        return _GRADS
+    if isinstance(value, (list, tuple)):
+        return type(value)(_strip(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items()}
+    return value.numpy() if tf.is_tensor(value) else value
+
+
+def _merge(results: list[Any], grads: list[StepOutput]) -> Any:
+    first = results[0]
+    if isinstance(first, str) and first == _GRADS:
+        return grads
+    if isinstance(first, (list, tuple)):
+        return type(first)(_merge([r[i] for r in results], grads) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _merge([r[k] for r in results], grads) for k in first}
+    if isinstance(first, (np.ndarray, np.generic, float, int)) or tf.is_tensor(first):
+        return StepOutput([tf.convert_to_tensor(r) for r in results])
+    return first
+
+
+def _request_outputs(requests: list[Any], M: int) -> list[StepOutput]:
+    """On the last stage, the gradients in the order the user asked for them."""
+    found = [f for f in (_find_request(r) for r in requests) if f is not None]
+    if len(found) != M:
+        return []
+    return [StepOutput([found[m][i] for m in range(M)]) for i in range(len(found[0]))]
+
+
+def _find_request(value: Any) -> context.GradientList | None:
+    if isinstance(value, context.GradientList):
+        return value
+    items = (
+        value.values()
+        if isinstance(value, dict)
+        else value
+        if isinstance(value, (list, tuple))
+        else []
+    )
+    for item in items:
+        found = _find_request(item)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,35 @@
+"""Manual stage placement: ``with tfsift.partition(i):`` around layer creation."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+_CURRENT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "tfsift_partition", default=None
+)
+
+
+@contextlib.contextmanager
+def partition(index: int) -> Iterator[None]:
+    """Pins the layers assigned to a ``DistributedModel`` inside this block to stage ``index``.
+
+    Used when the config sets ``"auto_partition": False``.
+
+    Example:
+        >>> with partition(1):
+        ...     pass  # self.head = keras.layers.Dense(10)
+    """
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"tfsift.partition index must be an integer >= 0. Received: {index!r}")
+    token = _CURRENT.set(index)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> int | None:
+    """The partition index of the innermost ``partition`` block, if any."""
+    return _CURRENT.get()

@@ -1,0 +1,97 @@
+"""Measures each node of a traced model and emits the partitioner's cost model."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from keras import tree
+
+from partitioner.costs import CostModel, LayerCost
+from tfsift.graph import Graph, GraphNode
+from tfsift.stage import gradients, is_float
+
+
+def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> CostModel:
+    """Times every node on ``example`` (one microbatch) and sizes its tensors.
+
+    Args:
+        graph: the traced model.
+        example: concrete model inputs, one microbatch.
+        repeats: timed runs per node after one warm-up; the median is kept.
+
+    Returns:
+        A ``CostModel`` with ``batch_size`` set to the example's batch size.
+    """
+    values = evaluate(graph, example)
+    seen: set[int] = set()
+    layers = []
+    for i, gn in enumerate(graph.nodes):
+        forward, both = _node_functions(gn, values)
+        f_time = _median_time(forward, repeats)
+        b_time = max(_median_time(both, repeats) - f_time, 0.0) if both is not None else 0.0
+        layers.append(
+            LayerCost(
+                name=gn.name,
+                forward_time=f_time,
+                backward_time=b_time,
+                param_bytes=_new_param_bytes(gn.operation, seen),
+                activation_bytes=graph.sample_bytes(gn.outputs),
+                output_bytes=graph.sample_bytes(graph.live(i + 1)),
+            )
+        )
+    return CostModel(tuple(layers), batch_size=int(example[0].shape[0]))
+
+
+def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:
+    """Every tensor of the graph computed on ``example``, keyed by KerasTensor id."""
+    values: dict[int, Any] = dict(zip(graph.inputs, example, strict=True))
+    for gn in graph.nodes:
+        args, kwargs = gn.node.arguments.fill_in(values)
+        values.update(zip(gn.outputs, tree.flatten(gn.operation(*args, **kwargs)), strict=True))
+    return values
+
+
+def _node_functions(
+    gn: GraphNode, values: dict[int, Any]
+) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
+    args, kwargs = gn.node.arguments.fill_in(values)
+    if "training" in getattr(gn.operation, "_call_context_args", ()):
+        kwargs["training"] = True
+    inputs = [values[t] for t in gn.inputs if is_float(values[t])]
+    sources = inputs + list(getattr(gn.operation, "trainable_variables", []))
+
+    def forward() -> Any:
+        return gn.operation(*args, **kwargs)
+
+    def both() -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out = [y for y in tree.flatten(gn.operation(*args, **kwargs)) if is_float(y)]
+        return gradients(tape, out, sources)
+
+    differentiable = bool(sources) and any(is_float(values[t]) for t in gn.outputs)
+    return tf.function(forward), tf.function(both) if differentiable else None
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # trace and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tree.map_structure(lambda x: x.numpy() if hasattr(x, "numpy") else x, fn())
+        times.append(time.perf_counter() - start)
+    return float(statistics.median(times))
+
+
+def _new_param_bytes(operation: Any, seen: set[int]) -> int:
+    total = 0
+    for var in getattr(operation, "weights", []):
+        if id(var) not in seen:
+            seen.add(id(var))
+            total += int(np.prod(var.shape)) * np.dtype(var.dtype).itemsize
+    return total

@@ -1,0 +1,114 @@
+"""Process-wide runtime state: the config, the rank topology and the communicators."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import threading
+import traceback
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from mpi4py import MPI
+
+from tfsift.config import Config
+from tfsift.topology import Topology
+
+log = logging.getLogger("tfsift")
+
+
+@dataclasses.dataclass
+class Runtime:
+    """What ``tfsift.init`` sets up on every rank."""
+
+    config: Config
+    topology: Topology
+    rank: int
+    local_rank: int
+    pipe_comm: Any  # mpi4py communicator of this rank's pipeline; its rank is the stage
+    horovod: bool
+    dp_set: Any = None  # horovod ProcessSet of this stage's data-parallel group
+    mp_set: Any = None  # horovod ProcessSet of this rank's pipeline
+
+    @property
+    def stage(self) -> int:
+        return self.topology.stage(self.rank)
+
+    @property
+    def replica(self) -> int:
+        return self.topology.replica(self.rank)
+
+
+_RUNTIME: Runtime | None = None
+
+
+def init(config: Mapping[str, Any] | Config | None = None) -> Runtime:
+    """Validates ``config``, lays out the ranks and starts Horovod; see ``tfsift.init``."""
+    global _RUNTIME
+    cfg = (
+        config
+        if isinstance(config, Config)
+        else (Config.from_env() if config is None else Config.from_dict(config))
+    )
+    world = MPI.COMM_WORLD
+    topology = Topology(world.Get_size(), cfg.partitions, cfg.placement_strategy)
+    rank = world.Get_rank()
+    use_hvd = cfg.horovod if cfg.horovod is not None else topology.replicas > 1
+    if not use_hvd and topology.replicas > 1:
+        raise ValueError(
+            f"horovod=False needs world size == partitions (no data parallelism). "
+            f"Received: world size {topology.size}, partitions={cfg.partitions}"
+        )
+    if topology.size > 1:
+        _install_abort_hook(rank)
+    pipe_comm = world.Split(color=topology.replica(rank), key=topology.stage(rank))
+    local_rank = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    runtime = Runtime(cfg, topology, rank, local_rank, pipe_comm, use_hvd)
+    if use_hvd:
+        runtime.dp_set, runtime.mp_set = _start_horovod(topology, rank)
+    _RUNTIME = runtime
+    log.debug("rank %d: stage %d of replica %d", rank, runtime.stage, runtime.replica)
+    return runtime
+
+
+def get() -> Runtime:
+    """The runtime set up by ``tfsift.init``; raises if ``init`` was not called."""
+    if _RUNTIME is None:
+        raise RuntimeError("tfsift.init() must be called before using tfsift")
+    return _RUNTIME
+
+
+def _start_horovod(topology: Topology, rank: int) -> tuple[Any, Any]:
+    import horovod.tensorflow as hvd
+
+    groups = [topology.dp_group(s) for s in range(topology.partitions)]
+    groups += [topology.pipeline(r) for r in range(topology.replicas)]
+    everyone = tuple(range(topology.size))
+    sets = {g: hvd.ProcessSet(list(g)) for g in groups if g != everyone}
+    hvd.init(process_sets=list(sets.values()))
+    if hvd.size() != topology.size or hvd.rank() != rank:
+        raise RuntimeError(
+            f"Horovod and MPI disagree on the ranks (horovod rank {hvd.rank()} of {hvd.size()}, "
+            f"MPI rank {rank} of {topology.size}); launch with horovodrun or mpirun"
+        )
+    dp = topology.dp_group(topology.stage(rank))
+    mp = topology.pipeline(topology.replica(rank))
+    return sets.get(dp, hvd.global_process_set), sets.get(mp, hvd.global_process_set)
+
+
+def _install_abort_hook(rank: int) -> None:
+    """Makes an uncaught exception on any rank end the whole job instead of hanging the others."""
+
+    def abort(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        text = "".join(traceback.format_exception(kind, value, tb))
+        sys.stderr.write(f"tfsift: rank {rank} failed, aborting the job:\n{text}")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    def thread_abort(args: threading.ExceptHookArgs) -> None:
+        abort(args.exc_type, args.exc_value or Exception(), args.exc_traceback)
+
+    sys.excepthook = abort
+    threading.excepthook = thread_abort

@@ -1,0 +1,126 @@
+"""One pipeline stage: its compiled forward and backward, and what it keeps in between."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tfsift.graph import StageGraph
+
+
+@dataclasses.dataclass
+class Saved:
+    """What a forward keeps for its backward: the tape (speed) or the inputs and seeds (memory)."""
+
+    inputs: list[tf.Tensor]
+    outputs: list[tf.Tensor] | None
+    tape: tf.GradientTape | None
+    seeds: list[tf.Tensor] | None
+
+
+class Stage:
+    """Runs one stage's sub-graph; ``recompute`` keeps only stage inputs between F and B."""
+
+    def __init__(self, graph: StageGraph, index: int, recompute: bool) -> None:
+        self.graph = graph
+        self.index = index
+        self.recompute = recompute
+        self.variables = graph.trainable_variables()
+        self._seeds = graph.seed_states()
+        trainable = {id(v) for v in self.variables}
+        self._state = [v for v in graph.variables() if id(v) not in trainable]
+        self._forward = {flag: _compiled_forward(graph, flag) for flag in (True, False)}
+        self._recompute_backward = tf.function(self._backward_by_recompute, reduce_retracing=True)
+
+    def forward(
+        self, inputs: Sequence[tf.Tensor], training: bool, keep: bool
+    ) -> tuple[list[tf.Tensor], Saved | None]:
+        """Runs the stage; with ``keep`` returns what ``backward`` needs."""
+        inputs = list(inputs)
+        if not keep:
+            return list(self._forward[training](*inputs)), None
+        if self.recompute:
+            seeds = [tf.identity(s.value) for s in self._seeds]
+            return list(self._forward[training](*inputs)), Saved(inputs, None, None, seeds)
+        with tf.GradientTape() as tape:
+            tape.watch(_floats(inputs))
+            outputs = list(self._forward[training](*inputs))
+        return outputs, Saved(inputs, outputs, tape, None)
+
+    def backward(
+        self, saved: Saved, out_grads: Sequence[tf.Tensor]
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """Returns (gradients of the stage's variables, gradients of its float inputs)."""
+        if saved.tape is None:
+            assert saved.seeds is not None
+            var_grads, in_grads = self._recompute_backward(
+                saved.inputs, list(out_grads), saved.seeds
+            )
+            return list(var_grads), list(in_grads)
+        assert saved.outputs is not None
+        return self._gradients(saved.tape, saved.inputs, saved.outputs, out_grads)
+
+    def _backward_by_recompute(
+        self, inputs: list[tf.Tensor], out_grads: list[tf.Tensor], seeds: list[tf.Tensor]
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        # Rewind the random seeds to the forward's, so that dropout masks repeat exactly, and
+        # put back every non-trainable variable afterwards (BatchNorm statistics update once).
+        before = [tf.identity(v.value) for v in self._state]
+        for state, seed in zip(self._seeds, seeds, strict=True):
+            state.assign(seed)
+        with tf.GradientTape() as tape:
+            tape.watch(_floats(inputs))
+            outputs = self.graph.run(inputs, True)
+        result = self._gradients(tape, inputs, outputs, out_grads)
+        for var, value in zip(self._state, before, strict=True):
+            var.assign(value)
+        return result
+
+    def _gradients(
+        self,
+        tape: tf.GradientTape,
+        inputs: Sequence[tf.Tensor],
+        outputs: Sequence[tf.Tensor],
+        out_grads: Sequence[tf.Tensor],
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        wrt_inputs = _floats(inputs) if self.index > 0 else []
+        grads = gradients(tape, _floats(outputs), list(self.variables) + wrt_inputs, out_grads)
+        n = len(self.variables)
+        return grads[:n], grads[n:]
+
+
+def gradients(
+    tape: tf.GradientTape,
+    targets: Any,
+    sources: Sequence[Any],
+    output_gradients: Sequence[tf.Tensor] | None = None,
+) -> list[tf.Tensor]:
+    """``tape.gradient`` with dense results and zeros for sources the targets do not reach."""
+    grads = tape.gradient(
+        targets,
+        list(sources),
+        output_gradients=None if output_gradients is None else list(output_gradients),
+    )
+    return [
+        tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype)) if g is None else tf.convert_to_tensor(g)
+        for x, g in zip(sources, grads, strict=True)
+    ]
+
+
+def _compiled_forward(graph: StageGraph, training: bool) -> Any:
+    def forward(*inputs: tf.Tensor) -> list[tf.Tensor]:
+        return graph.run(inputs, training)
+
+    return tf.function(forward, reduce_retracing=True)
+
+
+def is_float(x: Any) -> bool:
+    """Whether gradients flow through ``x`` (a tensor or a KerasTensor)."""
+    return bool(tf.as_dtype(x.dtype).is_floating)
+
+
+def _floats(xs: Sequence[Any]) -> list[Any]:
+    return [x for x in xs if is_float(x)]

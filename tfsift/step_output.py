@@ -1,0 +1,48 @@
+"""StepOutput: one value per microbatch, returned by a ``@tfsift.step`` function."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+
+class StepOutput:
+    """The values one output of a step took on each of the M microbatches.
+
+    Example:
+        >>> out = StepOutput([tf.constant(1.0), tf.constant(3.0)])
+        >>> float(out.reduce_mean())
+        2.0
+    """
+
+    def __init__(self, outputs: Sequence[tf.Tensor]) -> None:
+        self.outputs = [tf.convert_to_tensor(x) for x in outputs]
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def __repr__(self) -> str:
+        return f"StepOutput(microbatches={len(self.outputs)})"
+
+    def reduce_mean(self) -> tf.Tensor:
+        """Element-wise mean over microbatches."""
+        return tf.reduce_mean(self.stack(), axis=0)
+
+    def reduce_sum(self) -> tf.Tensor:
+        """Element-wise sum over microbatches."""
+        return tf.reduce_sum(self.stack(), axis=0)
+
+    def accumulate(self) -> tf.Tensor:
+        """The mean over microbatches: the full-batch gradient when each loss is a batch mean."""
+        return self.reduce_mean()
+
+    def concat(self) -> tf.Tensor:
+        """The microbatches joined back along axis 0 (e.g. per-sample predictions)."""
+        return tf.concat(self.outputs, axis=0)
+
+    merge = concat
+
+    def stack(self) -> tf.Tensor:
+        """The microbatch values stacked on a new axis 0."""
+        return tf.stack(self.outputs, axis=0)
