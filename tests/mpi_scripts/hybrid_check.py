@@ -18,7 +18,9 @@ from mpi import report
 B, M, SEED = 8, 2, 7
 
 
-def reference(steps: int, replicas: int) -> tuple[keras.Model, dict[int, np.ndarray], list[np.ndarray]]:
+def reference(
+    steps: int, replicas: int
+) -> tuple[keras.Model, dict[int, np.ndarray], list[np.ndarray]]:
     keras.utils.set_random_seed(SEED)
     model = MODELS["skip"]()
     inputs = keras.Input((8, 8, 1))
@@ -30,7 +32,11 @@ def reference(steps: int, replicas: int) -> tuple[keras.Model, dict[int, np.ndar
         with tf.GradientTape() as tape:
             loss = LOSS(y, functional(x, training=True))
         optimizer.apply_gradients(
-            zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True)
+            zip(
+                tape.gradient(loss, model.trainable_variables),
+                model.trainable_variables,
+                strict=True,
+            )
         )
     return model, init, [v.numpy() for v in model.trainable_variables]
 
@@ -63,11 +69,22 @@ def main() -> None:
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         losses.append(float(loss.reduce_mean()))
     order = gradient_map(ref, model)
-    errors = [rel_error(v.numpy(), final[i]) for v, i in zip(model.trainable_variables, order, strict=True)]
-    report(rank=tfsift.rank(), stage=tfsift.mp_rank(), replica=r, mp_size=tfsift.mp_size(),
-           dp_size=R, weight_error=max(errors), num_vars=len(errors), losses=losses,
-           dp_set=getattr(tfsift.dp_process_set(), "ranks", None),
-           mp_set=getattr(tfsift.mp_process_set(), "ranks", None))
+    errors = [
+        rel_error(v.numpy(), final[i])
+        for v, i in zip(model.trainable_variables, order, strict=True)
+    ]
+    report(
+        rank=tfsift.rank(),
+        stage=tfsift.mp_rank(),
+        replica=r,
+        mp_size=tfsift.mp_size(),
+        dp_size=R,
+        weight_error=max(errors),
+        num_vars=len(errors),
+        losses=losses,
+        dp_set=getattr(tfsift.dp_process_set(), "ranks", None),
+        mp_set=getattr(tfsift.mp_process_set(), "ranks", None),
+    )
 
 
 if __name__ == "__main__":

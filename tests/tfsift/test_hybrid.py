@@ -42,8 +42,9 @@ def test_pure_data_parallel_two_ranks_train_like_one_process() -> None:
 
 
 def test_same_script_runs_under_horovodrun() -> None:
-    got = mpi.reports(mpi.run(4, "hybrid_check.py", "2", "cluster", "2", timeout=600,
-                              launcher="horovodrun"))
+    got = mpi.reports(
+        mpi.run(4, "hybrid_check.py", "2", "cluster", "2", timeout=600, launcher="horovodrun")
+    )
     assert sorted(got) == [0, 1, 2, 3]
     assert max(d["weight_error"] for d in got.values()) < 1e-5
 

@@ -1,0 +1,42 @@
+"""Bad set-ups that must fail on every rank, before training, with a clear message.
+
+usage: errors_check.py too_many_partitions|memory_cap     (run on 2 ranks)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import keras
+
+import tfsift
+from models import LOSS, MODELS, data
+
+
+class OneLayer(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flatten = keras.layers.Flatten()
+
+    def call(self, x: Any) -> Any:
+        return self.flatten(x)
+
+
+if sys.argv[1] == "too_many_partitions":
+    tfsift.init({"partitions": 2, "microbatches": 2})
+    model: tfsift.DistributedModel = OneLayer()
+else:
+    tfsift.init({"partitions": 2, "microbatches": 2, "memory_cap": "1KiB"})
+    model = MODELS["conv"]()
+
+
+@tfsift.step
+def forward_backward(images, labels):  # type: ignore[no-untyped-def]
+    loss = LOSS(labels, model(images, training=True))
+    return tfsift.gradients(loss, model.trainable_variables), loss
+
+
+x, y = data(8)
+forward_backward(x, y)
+print("TRAINED", flush=True)
