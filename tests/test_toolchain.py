@@ -34,6 +34,10 @@ def test_horovod_build_lists_tensorflow_mpi_and_gloo() -> None:
 
 
 def test_console_script_prints_the_version() -> None:
-    out = subprocess.run([sys.executable, "-m", "tfsift.cli", "--version"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "tfsift.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == f"tfsift {__version__}"

@@ -10,10 +10,10 @@ import sys
 
 import keras
 import numpy as np
-from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, reference, rel_error
-from mpi import report
 
 import tfsift
+from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, reference, rel_error
+from mpi import report
 
 BATCH, SEED = 8, 1234
 

@@ -4,8 +4,9 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
-from mpi import report
 from mpi4py import MPI
+
+from mpi import report
 
 first, second = hvd.ProcessSet([0]), hvd.ProcessSet([1])
 hvd.init(process_sets=[first, second])

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import mpi
 import pytest
+
+import mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
