@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from typing import Any
 
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--optimize", default="speed")
     parser.add_argument("--lr", type=float, default=2e-3)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     tfsift.init(
         {
             "partitions": args.partitions,

@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     from partitioner.cli import add_subcommands
 
     add_subcommands(commands)
+    from tfsift.profile_command import add_subcommand
+
+    add_subcommand(commands)
     run = commands.add_parser("run", help="launch a training script on N local ranks with mpirun")
     run.add_argument("-np", type=int, required=True, help="number of processes")
     run.add_argument("script", nargs=argparse.REMAINDER, help="script and its arguments")

@@ -95,3 +95,37 @@ def _new_param_bytes(operation: Any, seen: set[int]) -> int:
             seen.add(id(var))
             total += int(np.prod(var.shape)) * np.dtype(var.dtype).itemsize
     return total
+
+
+def format_table(costs: CostModel) -> str:
+    """A per-layer table of a cost model: times in milliseconds, bytes human-readable."""
+    from partitioner.costs import format_bytes
+
+    rows = [("#", "layer", "fwd ms", "bwd ms", "params", "act/sample", "cut/sample")]
+    for i, layer in enumerate(costs.layers):
+        rows.append(
+            (
+                str(i),
+                layer.name,
+                f"{layer.forward_time * 1e3:.3f}",
+                f"{layer.backward_time * 1e3:.3f}",
+                format_bytes(layer.param_bytes),
+                format_bytes(layer.activation_bytes),
+                format_bytes(layer.output_bytes),
+            )
+        )
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if c == 1 else cell.rjust(w)
+            for c, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    total_f = sum(layer.forward_time for layer in costs.layers) * 1e3
+    total_b = sum(layer.backward_time for layer in costs.layers) * 1e3
+    lines.append(
+        f"{len(costs.layers)} layers, microbatch {costs.batch_size}: "
+        f"forward {total_f:.3f} ms, backward {total_b:.3f} ms"
+    )
+    return "\n".join(lines)

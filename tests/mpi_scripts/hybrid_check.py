@@ -68,6 +68,8 @@ def main() -> None:
         grads = tfsift.allreduce([g.accumulate() for g in grads])
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         losses.append(float(loss.reduce_mean()))
+    plain = [int(v) for v in tfsift.shard(tf.data.Dataset.range(16)).take(3)]
+    shuffled = [int(v) for v in tfsift.shard(tf.data.Dataset.range(64), 64, seed=3).take(8)]
     order = gradient_map(ref, model)
     errors = [
         rel_error(v.numpy(), final[i])
@@ -79,6 +81,8 @@ def main() -> None:
         replica=r,
         mp_size=tfsift.mp_size(),
         dp_size=R,
+        shard=plain,
+        shuffled=shuffled,
         weight_error=max(errors),
         num_vars=len(errors),
         losses=losses,

@@ -12,7 +12,16 @@ import keras
 import numpy as np
 
 import tfsift
-from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, reference, rel_error
+from models import (
+    LOSS,
+    MODELS,
+    copy_stage_weights,
+    data,
+    gradient_map,
+    layer_attrs,
+    reference,
+    rel_error,
+)
 from mpi import report
 
 BATCH, SEED = 8, 1234
@@ -42,6 +51,9 @@ def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, 
     model.partition_model([x[: BATCH // M]])
     copy_stage_weights(ref, init, model)
     grads, loss, predictions = forward_backward(x, y)
+    kept = {id(v) for v in model.variables}
+    every = [v for layer in layer_attrs(model).values() for v in layer.variables]
+    freed = {id(v) for v in every if v._value is None}
     order = gradient_map(ref, model)
     errors = [
         rel_error(g.accumulate().numpy(), ref_grads[i]) for g, i in zip(grads, order, strict=True)
@@ -58,6 +70,7 @@ def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, 
         "ref_loss": ref_loss,
         "pred_shape": list(predictions.concat().shape),
         "stage": tfsift.mp_rank(),
+        "only_stage_weights_kept": freed == {id(v) for v in every} - kept,
     }
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -30,6 +33,11 @@ def test_two_stages_by_two_replicas_train_like_one_process(
             assert data["weight_error"] < 1e-5, (rank, data["weight_error"])
             assert 0 < data["num_vars"] < 8
         assert got[ranks[0]]["losses"] == got[ranks[1]]["losses"]
+        assert (
+            got[ranks[0]]["shard"] == got[ranks[1]]["shard"] == [replica, replica + 2, replica + 4]
+        )
+        assert got[ranks[0]]["shuffled"] == got[ranks[1]]["shuffled"]
+        assert all(v % 2 == replica for v in got[ranks[0]]["shuffled"])
     assert got[pipelines[0][0]]["losses"] != got[pipelines[1][0]]["losses"]  # different shards
 
 
@@ -39,6 +47,21 @@ def test_pure_data_parallel_two_ranks_train_like_one_process() -> None:
         assert (got[rank]["stage"], got[rank]["replica"], got[rank]["dp_size"]) == (0, rank, 2)
         assert got[rank]["num_vars"] == 8
         assert got[rank]["weight_error"] < 1e-5, got[rank]["weight_error"]
+
+
+def test_same_script_runs_as_one_plain_process_with_one_partition() -> None:
+    script = str(mpi.SCRIPTS / "hybrid_check.py")
+    proc = subprocess.run(
+        [sys.executable, script, "1", "cluster", "2"],
+        env=mpi.environment({mpi.REPORTS: str(mpi.ROOT / ".pytest_cache")}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((mpi.ROOT / ".pytest_cache" / "rank0.json").read_text())
+    assert (report["dp_size"], report["mp_size"], report["num_vars"]) == (1, 1, 8)
+    assert report["weight_error"] < 1e-5
 
 
 def test_same_script_runs_under_horovodrun() -> None:

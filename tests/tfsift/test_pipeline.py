@@ -35,6 +35,7 @@ def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
             assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
             assert r["pred_shape"] == [8, 10], label
             assert r["stage"] == rank, label
+            assert r["only_stage_weights_kept"], label
     for i, first in enumerate(got[0]["results"]):
         per_rank = [got[rank]["results"][i]["num_grads"] for rank in range(K)]
         assert sum(per_rank) == VARIABLES[first["model"]], first
