@@ -1,0 +1,267 @@
+"""The `plan` and `simulate` commands: solve a cost file and print what to expect.
+
+`tfsift` mounts them with `add_subcommands`; each sets `func`, which takes the parsed
+arguments and returns the exit code. Standalone: `python -m partitioner plan ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+
+from partitioner.costs import CostModel, format_bytes
+from partitioner.plan import Plan, make_plan, simulate_plan
+from partitioner.schedule import PIPELINES
+from partitioner.simulator import stage_times
+from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_loads
+from partitioner.timeline import draw_timeline
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """Bytes from "8GiB", "512MB", "1e9" or "4096" (KB, MB... are powers of 1000)."""
+    match = _SIZE.fullmatch(text)
+    unit = match[2].lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"a size is a number with an optional unit among B, KB, MB, GB, TB, KiB, MiB, "
+            f"GiB, TiB, e.g. 8GiB. Received: {text!r}"
+        )
+    return int(float(match[1]) * _UNITS[unit])
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Registers `plan` and `simulate`; each parser's `func(args)` returns an exit code."""
+    plan = subparsers.add_parser(
+        "plan", help="solve a partition and write it as a plan", description=_plan.__doc__
+    )
+    _common(plan)
+    plan.add_argument(
+        "--microbatches",
+        type=int,
+        default=8,
+        metavar="M",
+        help="microbatches per step (default: 8)",
+    )
+    plan.add_argument("--pipeline", choices=PIPELINES, default="interleaved")
+    plan.add_argument("--output", default="plan.json", help="plan file (default: plan.json)")
+    plan.add_argument("--timeline", metavar="PNG", help="also draw the simulated step")
+    plan.set_defaults(func=_plan)
+    simulate = subparsers.add_parser(
+        "simulate", help="compare microbatch counts and pipelines", description=_simulate.__doc__
+    )
+    _common(simulate)
+    simulate.add_argument(
+        "--microbatches",
+        type=_ints,
+        default=[1, 2, 4, 8],
+        metavar="M,...",
+        help="comma-separated microbatch counts (default: 1,2,4,8)",
+    )
+    simulate.add_argument(
+        "--pipeline",
+        type=_pipelines,
+        default=list(PIPELINES),
+        metavar="NAME,...",
+        help="comma-separated (default: simple,interleaved)",
+    )
+    simulate.set_defaults(func=_simulate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point: `python -m partitioner plan COSTS.json --partitions 4`."""
+    parser = argparse.ArgumentParser(prog="python -m partitioner", description=__doc__)
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("costs", metavar="COSTS.json", help="cost file written by profiling")
+    parser.add_argument(
+        "--partitions", type=int, required=True, metavar="K", help="number of pipeline stages"
+    )
+    parser.add_argument(
+        "--optimize",
+        choices=OPTIMIZE,
+        default="speed",
+        help="speed: fastest step under the cap; memory: least memory, recompute",
+    )
+    parser.add_argument(
+        "--memory-cap",
+        type=_bytes,
+        metavar="SIZE",
+        help="bytes per stage for --optimize speed, e.g. 8GiB",
+    )
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Solves COSTS.json into K stages, prints the stages and writes the plan file."""
+    try:
+        costs = CostModel.load(args.costs)
+        plan = make_plan(
+            costs,
+            args.partitions,
+            args.microbatches,
+            optimize=args.optimize,
+            pipeline=args.pipeline,
+            memory_cap=args.memory_cap,
+        )
+    except (OSError, ValueError) as error:
+        return _fail(error)
+    print(format_plan(costs, plan))
+    plan.save(args.output)
+    print(f"wrote {args.output}")
+    if args.timeline:
+        result = simulate_plan(
+            costs,
+            plan.partition,
+            plan.microbatches,
+            pipeline=plan.pipeline,
+            recompute=plan.recompute,
+        )
+        draw_timeline(
+            result,
+            args.timeline,
+            f"{args.costs}: {plan.pipeline}, K={len(plan.peak_memory)}, M={plan.microbatches}",
+        )
+        print(f"wrote {args.timeline}")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    """Solves COSTS.json for each microbatch count and pipeline and prints the predictions."""
+    try:
+        costs = CostModel.load(args.costs)
+        rows = [
+            _simulate_row(costs, args, M, pipeline)
+            for M in args.microbatches
+            for pipeline in args.pipeline
+        ]
+    except (OSError, ValueError) as error:
+        return _fail(error)
+    print(_table(["pipeline", "M", "step time", "bubble", "max peak memory"], rows))
+    return 0
+
+
+def _simulate_row(costs: CostModel, args: argparse.Namespace, M: int, pipeline: str) -> list[str]:
+    try:
+        partition = solve(
+            costs,
+            args.partitions,
+            M,
+            optimize=args.optimize,
+            pipeline=pipeline,
+            memory_cap=args.memory_cap,
+        )
+    except InfeasibleError as error:
+        return [
+            pipeline,
+            str(M),
+            "-",
+            "-",
+            f"over the cap, needs {format_bytes(error.smallest_cap)}",
+        ]
+    result = simulate_plan(
+        costs, partition, M, pipeline=pipeline, recompute=args.optimize == "memory"
+    )
+    return [
+        pipeline,
+        str(M),
+        f"{result.step_time:.6g} s",
+        f"{result.bubble_fraction:.1%}",
+        format_bytes(max(result.peak_memory)),
+    ]
+
+
+def format_plan(costs: CostModel, plan: Plan) -> str:
+    """The stage table of a plan, then its predicted step time and bubble."""
+    partition = plan.partition
+    totals = stage_loads(costs, partition)
+    compute = stage_times(costs, partition)
+    rows = []
+    for s, names in enumerate(plan.stage_layers):
+        forward, backward = compute[s]
+        rows.append(
+            [
+                str(s),
+                f"{names[0]} .. {names[-1]}",
+                str(len(names)),
+                _seconds(forward + backward),
+                _seconds(float(totals[s]) - forward - backward),
+                format_bytes(plan.peak_memory[s]),
+            ]
+        )
+    header = ["stage", "layers", "count", "compute", "transfers", "peak memory"]
+    return (
+        f"{_table(header, rows)}\n"
+        f"predicted step time {plan.predicted_step_time:.6g} s, bubble "
+        f"{plan.predicted_bubble:.1%} (M={plan.microbatches}, {plan.pipeline}, "
+        f"optimize={plan.optimize}{', recompute' if plan.recompute else ''})"
+    )
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[c]) for row in [header, *rows]) for c in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.3f} ms" if value < 1 else f"{value:.3f} s"
+
+
+def _fail(error: Exception) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers >= 1, e.g. 1,2,4,8. Received: {text!r}"
+        )
+    return values
+
+
+def _pipelines(text: str) -> list[str]:
+    names = text.split(",")
+    if not set(names) <= set(PIPELINES):
+        raise argparse.ArgumentTypeError(
+            f"pipelines must be among {list(PIPELINES)}. Received: {text!r}"
+        )
+    return names
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

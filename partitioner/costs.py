@@ -1,0 +1,271 @@
+"""Per-layer costs of a layer chain: the only input the partitioner needs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+FORMAT = "tfsift.costs/1"
+_TIME_FIELDS = ("forward_time", "backward_time")
+_BYTE_FIELDS = ("param_bytes", "activation_bytes", "output_bytes")
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Measured costs of one layer.
+
+    Example:
+        >>> LayerCost("dense", 1e-3, 2e-3, param_bytes=4096, activation_bytes=256,
+        ...           output_bytes=128).forward_time
+        0.001
+
+    Args:
+        name: unique layer name; the runtime maps stages back to layers by name.
+        forward_time: seconds for one microbatch of `CostModel.batch_size` samples.
+        backward_time: seconds for the backward pass of the same microbatch.
+        param_bytes: bytes of the layer's trainable weights.
+        activation_bytes: bytes per sample kept from the forward until the backward.
+        output_bytes: bytes per sample of every tensor live across a cut placed right
+            after this layer (skip connections included).
+    """
+
+    name: str
+    forward_time: float
+    backward_time: float
+    param_bytes: int
+    activation_bytes: int
+    output_bytes: int
+
+
+@dataclass(frozen=True)
+class PrefixSums:
+    """Prefix sums over the chain; `x[hi] - x[lo]` is the total over layers [lo, hi).
+
+    Boundary `i` (0 <= i <= L) sits before layer `i`; `cut[i]` is the one-way transfer
+    time of a cut there and `input_bytes[i]` the bytes crossing it (both 0 at 0 and L).
+    """
+
+    compute: FloatArray  # forward + backward seconds
+    forward: FloatArray
+    backward: FloatArray
+    state_bytes: IntArray  # param bytes times the optimizer multiplier, rounded per layer
+    activation_bytes: IntArray  # per microbatch (already times batch_size)
+    cut: FloatArray
+    input_bytes: IntArray  # per microbatch
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Costs of a chain of layers, plus the machine constants the solvers need.
+
+    Example:
+        >>> layer = LayerCost("l0", 1.0, 2.0, 0, 0, 1000)
+        >>> CostModel((layer,), bandwidth=1e3, latency=0.5).cut_time(0)
+        1.5
+
+    Args:
+        layers: the chain, in execution order.
+        batch_size: samples per microbatch that the times were measured at.
+        optimizer_multiplier: bytes held per parameter byte (weights, gradients and the
+            two Adam moments make 4).
+        bandwidth: bytes per second between neighbouring stages.
+        latency: seconds per message between neighbouring stages.
+
+    Raises:
+        ValueError: on an empty chain, a negative, NaN or infinite cost, a duplicate
+            layer name, `batch_size < 1` or `bandwidth <= 0`.
+    """
+
+    layers: tuple[LayerCost, ...]
+    batch_size: int = 1
+    optimizer_multiplier: float = 4.0
+    bandwidth: float = 1e9
+    latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise ValueError("a cost model needs at least one layer. Received: layers=()")
+        _check_int(self.batch_size, "batch_size", 1)
+        _check_real(self.optimizer_multiplier, "optimizer_multiplier")
+        if not _is_real(self.bandwidth) or not self.bandwidth > 0:
+            raise ValueError(
+                f"bandwidth must be a number > 0. Received: bandwidth={self.bandwidth!r}"
+            )
+        _check_real(self.latency, "latency")
+        seen: dict[str, int] = {}
+        for index, layer in enumerate(self.layers):
+            _check_layer(index, layer)
+            if layer.name in seen:
+                raise ValueError(
+                    "layer names must be unique. Received: "
+                    f"layers[{index}] ({layer.name!r}) duplicates layers[{seen[layer.name]}]"
+                )
+            seen[layer.name] = index
+
+    @property
+    def num_layers(self) -> int:
+        """L, the number of layers in the chain."""
+        return len(self.layers)
+
+    def cut_time(self, i: int) -> float:
+        """Seconds to send one microbatch across a cut right after layer `i` (one way)."""
+        if not 0 <= i < self.num_layers:
+            raise ValueError(
+                f"a cut follows a layer index in [0, {self.num_layers}). Received: i={i}"
+            )
+        return self.latency + self.layers[i].output_bytes * self.batch_size / self.bandwidth
+
+    @cached_property
+    def prefix(self) -> PrefixSums:
+        """Prefix sums that every solver and the simulator read, so they agree bit for bit."""
+        forward = np.array([layer.forward_time for layer in self.layers], dtype=np.float64)
+        backward = np.array([layer.backward_time for layer in self.layers], dtype=np.float64)
+        params = np.array([layer.param_bytes for layer in self.layers], dtype=np.float64)
+        state = np.rint(params * self.optimizer_multiplier).astype(np.int64)
+        acts = np.array([layer.activation_bytes for layer in self.layers], dtype=np.int64)
+        outputs = np.array([layer.output_bytes for layer in self.layers], dtype=np.int64)
+        cut = np.zeros(self.num_layers + 1)
+        cut[1:-1] = self.latency + outputs[:-1] * self.batch_size / self.bandwidth
+        input_bytes = np.zeros(self.num_layers + 1, dtype=np.int64)
+        input_bytes[1:-1] = outputs[:-1] * self.batch_size
+        return PrefixSums(
+            compute=_cumsum(forward + backward),
+            forward=_cumsum(forward),
+            backward=_cumsum(backward),
+            state_bytes=_cumsum(state),
+            activation_bytes=_cumsum(acts * self.batch_size),
+            cut=cut,
+            input_bytes=input_bytes,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `from_dict` inverts it."""
+        return {
+            "format": FORMAT,
+            "batch_size": self.batch_size,
+            "optimizer_multiplier": self.optimizer_multiplier,
+            "bandwidth": self.bandwidth,
+            "latency": self.latency,
+            "layers": [asdict(layer) for layer in self.layers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
+        """Builds a cost model from `to_dict` output, rejecting unknown or missing keys."""
+        _check_keys(
+            data,
+            {"format", "batch_size", "optimizer_multiplier", "bandwidth", "latency", "layers"},
+            {"layers"},
+            "cost model",
+        )
+        if data.get("format", FORMAT) != FORMAT:
+            raise ValueError(f"format must be {FORMAT!r}. Received: format={data['format']!r}")
+        names = {f.name for f in fields(LayerCost)}
+        layers = []
+        for index, entry in enumerate(_as_list(data["layers"], "layers")):
+            _check_keys(entry, names, names, f"layers[{index}]")
+            layers.append(LayerCost(**entry))
+        options = {
+            k: data[k]
+            for k in ("batch_size", "optimizer_multiplier", "bandwidth", "latency")
+            if k in data
+        }
+        return cls(tuple(layers), **options)
+
+    def to_json(self) -> str:
+        """Indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> CostModel:
+        """Inverse of `to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        """Writes `to_json()` to `path`."""
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        """Reads a file written by `save`."""
+        return cls.from_json(Path(path).read_text())
+
+    def fingerprint(self) -> str:
+        """sha256 hex digest of the canonical JSON (sorted keys, no spaces)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable binary units: `format_bytes(3 * 2**30) == '3.00 GiB'`."""
+    value, unit = float(n), _UNITS[0]
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            break
+        value /= 1024
+    return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+
+
+def _cumsum(values: npt.NDArray[Any]) -> Any:
+    return np.concatenate([np.zeros(1, dtype=values.dtype), np.cumsum(values)])
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _check_real(value: object, name: str, where: str = "") -> None:
+    number = float(value) if isinstance(value, int | float) and _is_real(value) else math.nan
+    if not (number >= 0 and math.isfinite(number)):
+        raise ValueError(f"{name} must be a finite number >= 0. Received: {where}{name}={value!r}")
+
+
+def _check_int(value: object, name: str, minimum: int, where: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(
+            f"{name} must be an integer >= {minimum}. Received: {where}{name}={value!r}"
+        )
+
+
+def _check_layer(index: int, layer: LayerCost) -> None:
+    if not isinstance(layer, LayerCost):
+        raise ValueError(f"layers must hold LayerCost objects. Received: layers[{index}]={layer!r}")
+    where = f"layers[{index}] ({layer.name!r}) "
+    if not isinstance(layer.name, str) or not layer.name:
+        raise ValueError(f"name must be a non-empty string. Received: {where}name={layer.name!r}")
+    for name in _TIME_FIELDS:
+        _check_real(getattr(layer, name), name, where)
+    for name in _BYTE_FIELDS:
+        _check_int(getattr(layer, name), name, 0, where=where)
+
+
+def _check_keys(data: object, allowed: set[str], required: set[str], what: str) -> None:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what} must be a JSON object. Received: {what}={data!r}")
+    unknown = sorted(set(data) - allowed)
+    missing = sorted(required - set(data))
+    if unknown or missing:
+        raise ValueError(
+            f"{what} keys must be among {sorted(allowed)} and include {sorted(required)}. "
+            f"Received: unknown={unknown}, missing={missing}"
+        )
+
+
+def _as_list(value: object, name: str) -> Sequence[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be a JSON list. Received: {name}={value!r}")
+    return value

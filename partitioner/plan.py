@@ -1,0 +1,167 @@
+"""A partition plan: the solved stage boundaries with their predicted cost, as a file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from partitioner.costs import CostModel
+from partitioner.partition import Partition
+from partitioner.schedule import PIPELINES, build
+from partitioner.simulator import SimResult, simulate
+from partitioner.solver import OPTIMIZE, solve
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stage boundaries, the layer names on each stage and what the simulator predicts.
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
+        >>> plan = make_plan(costs, 2, 4)
+        >>> plan.stage_layers, plan.predicted_step_time
+        ((('l0', 'l1'), ('l2', 'l3')), 30.0)
+
+    Args:
+        bounds: K + 1 stage boundaries (see `Partition`).
+        stage_layers: the layer names on each stage.
+        optimize: "speed" or "memory" (which also means recompute).
+        pipeline: "interleaved" or "simple".
+        microbatches: M.
+        predicted_step_time: simulated seconds per step.
+        predicted_bubble: simulated fraction of idle stage time.
+        peak_memory: simulated peak bytes per stage.
+        cost_fingerprint: `CostModel.fingerprint()` of the costs it was solved for.
+    """
+
+    bounds: tuple[int, ...]
+    stage_layers: tuple[tuple[str, ...], ...]
+    optimize: str
+    pipeline: str
+    microbatches: int
+    predicted_step_time: float
+    predicted_bubble: float
+    peak_memory: tuple[int, ...]
+    cost_fingerprint: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bounds", tuple(self.bounds))
+        object.__setattr__(self, "stage_layers", tuple(tuple(s) for s in self.stage_layers))
+        object.__setattr__(self, "peak_memory", tuple(self.peak_memory))
+        sizes = self.partition.sizes()
+        if tuple(len(names) for names in self.stage_layers) != sizes:
+            raise ValueError(
+                f"stage_layers must list {sizes} layer names per stage. "
+                f"Received: stage_layers={self.stage_layers}"
+            )
+        if self.optimize not in OPTIMIZE or self.pipeline not in PIPELINES:
+            raise ValueError(
+                f"optimize must be in {list(OPTIMIZE)} and pipeline in {list(PIPELINES)}. "
+                f"Received: optimize={self.optimize!r}, pipeline={self.pipeline!r}"
+            )
+        if len(self.peak_memory) != len(sizes) or self.microbatches < 1:
+            raise ValueError(
+                f"peak_memory needs one entry per stage ({len(sizes)}) and microbatches >= 1. "
+                f"Received: peak_memory={self.peak_memory}, microbatches={self.microbatches}"
+            )
+
+    @property
+    def partition(self) -> Partition:
+        """The stage boundaries as a `Partition`."""
+        return Partition(self.bounds)
+
+    @property
+    def recompute(self) -> bool:
+        """Whether the stages recompute activations in the backward (optimize="memory")."""
+        return self.optimize == "memory"
+
+    def check(self, costs: CostModel) -> None:
+        """Raises ValueError unless the plan was solved for exactly these costs."""
+        if costs.fingerprint() != self.cost_fingerprint:
+            raise ValueError(
+                "the plan was solved for other costs; re-run `plan`. Received: "
+                f"plan cost_fingerprint={self.cost_fingerprint}, "
+                f"costs fingerprint={costs.fingerprint()}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `from_dict` inverts it."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Builds a plan from `to_dict` output, rejecting unknown or missing keys."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(data, Mapping) or set(data) != names:
+            keys = sorted(data) if isinstance(data, Mapping) else data
+            raise ValueError(f"a plan has exactly the keys {sorted(names)}. Received: keys={keys}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        """Indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Inverse of `to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        """Writes `to_json()` to `path`."""
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """Reads a file written by `save`."""
+        return cls.from_json(Path(path).read_text())
+
+
+def make_plan(
+    costs: CostModel,
+    K: int,
+    M: int,
+    *,
+    optimize: str = "speed",
+    pipeline: str = "interleaved",
+    memory_cap: int | None = None,
+) -> Plan:
+    """Solves for the partition, then fills the predictions from the simulator.
+
+    Args:
+        costs: the cost model.
+        K: number of stages.
+        M: number of microbatches.
+        optimize: "speed" (`solve_speed` under `memory_cap`) or "memory" (`solve_memory`,
+            simulated with recompute).
+        pipeline: "interleaved" or "simple".
+        memory_cap: bytes per stage for optimize="speed", or None.
+
+    Raises:
+        ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
+    """
+    partition = solve(costs, K, M, optimize=optimize, pipeline=pipeline, memory_cap=memory_cap)
+    result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=optimize == "memory")
+    return Plan(
+        bounds=partition.bounds,
+        stage_layers=tuple(
+            tuple(costs.layers[i].name for i in partition.stage_layers(s)) for s in range(K)
+        ),
+        optimize=optimize,
+        pipeline=pipeline,
+        microbatches=M,
+        predicted_step_time=result.step_time,
+        predicted_bubble=result.bubble_fraction,
+        peak_memory=result.peak_memory,
+        cost_fingerprint=costs.fingerprint(),
+    )
+
+
+def simulate_plan(
+    costs: CostModel, partition: Partition, M: int, *, pipeline: str, recompute: bool
+) -> SimResult:
+    """Simulates `build(pipeline, K, M)` on `partition`."""
+    return simulate(costs, partition, build(pipeline, partition.num_stages, M), recompute=recompute)

@@ -1,0 +1,190 @@
+"""An event simulation of one training step of a schedule on a partitioned chain.
+
+Each stage runs its compute actions in schedule order. F(s, m) starts when stage s is
+free and F(s - 1, m) has ended plus the transfer time of the cut between them; B(s, m)
+likewise waits for B(s + 1, m). Transfers are link delays: they never occupy a stage.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from partitioner.costs import CostModel
+from partitioner.partition import Partition
+from partitioner.schedule import Action, Kind, Schedule, ScheduleError, validate
+
+
+@dataclass(frozen=True)
+class Event:
+    """One compute action as it ran: stage, action and its [start, end) in seconds."""
+
+    stage: int
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulated step costs.
+
+    Args:
+        step_time: seconds from the first start to the last end.
+        busy: seconds each stage computes.
+        idle: `step_time - busy[s]`.
+        bubble_fraction: `1 - sum(busy) / (K * step_time)`.
+        peak_memory: peak bytes held by each stage.
+        events: every compute action with its start and end.
+    """
+
+    step_time: float
+    busy: tuple[float, ...]
+    idle: tuple[float, ...]
+    bubble_fraction: float
+    peak_memory: tuple[int, ...]
+    events: tuple[Event, ...]
+
+
+def stage_times(costs: CostModel, partition: Partition) -> tuple[tuple[float, ...], ...]:
+    """(forward, backward) seconds of each stage for one microbatch."""
+    p = costs.prefix
+    b = partition.validated(costs.num_layers).bounds
+    return tuple(
+        (float(p.forward[hi] - p.forward[lo]), float(p.backward[hi] - p.backward[lo]))
+        for lo, hi in itertools.pairwise(b)
+    )
+
+
+def stage_memory(costs: CostModel, partition: Partition, s: int) -> tuple[int, int, int]:
+    """(state, activation, input) bytes of stage s, per microbatch where it applies.
+
+    State is the weights times the optimizer multiplier; activation is what the forward
+    keeps for the backward; input is what crosses the stage's input cut (0 on stage 0).
+    """
+    p = costs.prefix
+    lo, hi = partition.validated(costs.num_layers).bounds[s : s + 2]
+    state = int(p.state_bytes[hi] - p.state_bytes[lo])
+    return state, int(p.activation_bytes[hi] - p.activation_bytes[lo]), int(p.input_bytes[lo])
+
+
+def peak_memory(
+    costs: CostModel, partition: Partition, schedule: Schedule, *, recompute: bool = False
+) -> tuple[int, ...]:
+    """Peak bytes of each stage, walking its actions in order (timing does not matter).
+
+    Without recompute each F keeps the stage activations until its B. With recompute
+    each F keeps only the stage input, and the activations live transiently during every
+    F and B. A stage without backwards (evaluation) keeps nothing between actions.
+    """
+    return tuple(
+        _stage_peak(stage_memory(costs, partition, s), schedule[s], recompute)
+        for s in range(partition.num_stages)
+    )
+
+
+def _stage_peak(memory: tuple[int, int, int], row: list[Action], recompute: bool) -> int:
+    state, activation, inputs = memory
+    training = any(a.kind is Kind.BACKWARD for a in row)
+    kept = inputs if recompute else activation
+    held = peak = 0
+    for a in row:
+        if a.kind is Kind.FORWARD and training:
+            held += kept
+        if a.kind in (Kind.FORWARD, Kind.BACKWARD):
+            peak = max(peak, held + (activation if recompute or not training else 0))
+        if a.kind is Kind.BACKWARD:
+            held -= kept
+    return state + peak
+
+
+def simulate(
+    costs: CostModel, partition: Partition, schedule: Schedule, *, recompute: bool = False
+) -> SimResult:
+    """Simulates one step of `schedule` (with or without transfer actions).
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> from partitioner.schedule import build
+        >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(2)))
+        >>> simulate(costs, Partition((0, 1, 2)), build("interleaved", 2, 4)).step_time
+        15.0
+
+    Args:
+        costs: the cost model.
+        partition: stage boundaries; must cover every layer of `costs`.
+        schedule: one row of actions per stage; validated first.
+        recompute: each B reruns the stage forward first and F keeps only its input.
+
+    Returns:
+        Step time, per-stage busy and idle time, bubble fraction, peak memory and events.
+
+    Raises:
+        ValueError: if the partition does not fit the costs or the schedule.
+        ScheduleError: if the schedule is invalid.
+    """
+    K = partition.validated(costs.num_layers).num_stages
+    if len(schedule) != K:
+        raise ValueError(
+            f"the schedule must have one row per stage ({K}). Received: rows={len(schedule)}"
+        )
+    M = 1 + max(a.microbatch for row in schedule.values() for a in row)
+    validate(schedule, M)
+    events = _run(costs, partition, schedule, recompute)
+    step = max((e.end for e in events), default=0.0)
+    busy = tuple(sum(e.end - e.start for e in events if e.stage == s) for s in range(K))
+    return SimResult(
+        step_time=step,
+        busy=busy,
+        idle=tuple(step - b for b in busy),
+        bubble_fraction=1.0 - sum(busy) / (K * step) if step > 0 else 0.0,
+        peak_memory=peak_memory(costs, partition, schedule, recompute=recompute),
+        events=tuple(sorted(events, key=lambda e: (e.start, e.stage))),
+    )
+
+
+def _run(
+    costs: CostModel, partition: Partition, schedule: Schedule, recompute: bool
+) -> list[Event]:
+    times = stage_times(costs, partition)
+    cut = costs.prefix.cut
+    b = partition.bounds
+    rows = {
+        s: [a for a in row if a.kind in (Kind.FORWARD, Kind.BACKWARD)]
+        for s, row in schedule.items()
+    }
+    end: dict[Action, float] = {}
+    free, position, events = [0.0] * len(rows), [0] * len(rows), []
+    progress = True
+    while progress:
+        progress = False
+        for s, row in rows.items():
+            while position[s] < len(row):
+                a = row[position[s]]
+                ready = _ready(a, end, len(rows), float(cut[b[s]]), float(cut[b[s + 1]]))
+                if ready is None:
+                    break
+                forward, backward = times[s]
+                duration = forward if a.kind is Kind.FORWARD else backward + forward * recompute
+                start = max(free[s], ready)
+                free[s] = end[a] = start + duration
+                events.append(Event(s, a, start, free[s]))
+                position[s] += 1
+                progress = True
+    if any(position[s] < len(row) for s, row in rows.items()):
+        raise ScheduleError("the simulation stalled; validate() should have caught this")
+    return events
+
+
+def _ready(
+    a: Action, end: dict[Action, float], K: int, cut_in: float, cut_out: float
+) -> float | None:
+    """When the input of `a` has arrived, or None if its producer has not run yet."""
+    s, m = a.stage, a.microbatch
+    if a.kind is Kind.FORWARD and s > 0:
+        producer = end.get(Action(s - 1, Kind.FORWARD, m))
+        return None if producer is None else producer + cut_in
+    if a.kind is Kind.BACKWARD and s < K - 1:
+        producer = end.get(Action(s + 1, Kind.BACKWARD, m))
+        return None if producer is None else producer + cut_out
+    return 0.0

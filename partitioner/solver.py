@@ -1,0 +1,354 @@
+"""Exact partition solvers: fastest step under a memory cap, or least memory.
+
+Letters: L layers, K stages, M microbatches, s stage index. Stage s spends t_s seconds
+per microbatch: its forward and backward plus its input cut (s > 0) and output cut
+(s < K - 1). The step-time estimate is the pipeline formula T = sum_s t_s +
+(M - 1) max_s t_s, so T trades the bottleneck B = max_s t_s against the cut costs.
+Both solvers are exact: every candidate they skip is provably no better (up to a
+relative float tolerance of 1e-12 on B).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from partitioner.costs import CostModel, format_bytes
+from partitioner.partition import Partition
+from partitioner.probe import Array, Limit, cheapest
+from partitioner.schedule import PIPELINES
+
+OPTIMIZE = ("speed", "memory")
+_EPSILON = 1e-12
+_LOW_SPLIT = 0.25
+
+
+class InfeasibleError(ValueError):
+    """No partition fits the memory cap; `smallest_cap` is the least cap that fits."""
+
+    def __init__(self, cap: int, smallest_cap: int, K: int) -> None:
+        self.smallest_cap = smallest_cap
+        super().__init__(
+            f"no partition into {K} stages fits the memory cap; the smallest cap that fits "
+            f"is {smallest_cap} bytes ({format_bytes(smallest_cap)}). "
+            f"Received: memory_cap={cap} ({format_bytes(cap)})"
+        )
+
+
+def in_flight(pipeline: str, K: int, M: int) -> tuple[int, ...]:
+    """Most microbatches a stage holds at once: M for simple, min(K - s, M) for 1F1B."""
+    _check_choice(pipeline, PIPELINES, "pipeline")
+    return tuple(M if pipeline == "simple" else min(K - s, M) for s in range(K))
+
+
+def stage_loads(costs: CostModel, partition: Partition) -> Array:
+    """t_s, the seconds stage s spends per microbatch: compute plus input and output cuts."""
+    p = costs.prefix
+    b = np.asarray(partition.validated(costs.num_layers).bounds)
+    t: Array = p.compute[b[1:]] - p.compute[b[:-1]]
+    t[1:] = t[1:] + p.cut[b[1:-1]]
+    t[:-1] = t[:-1] + p.cut[b[1:-1]]
+    return t
+
+
+def step_time_estimate(costs: CostModel, partition: Partition, M: int) -> float:
+    """T = sum_s t_s + (M - 1) max_s t_s, the step time of a balanced pipeline formula."""
+    _check_count(M, "M (microbatches)")
+    t = stage_loads(costs, partition)
+    return float(t.sum() + (M - 1) * t.max())
+
+
+def peak_memory_estimate(
+    costs: CostModel, partition: Partition, M: int, *, pipeline: str, recompute: bool
+) -> tuple[int, ...]:
+    """Peak bytes per stage under `pipeline`, in closed form.
+
+    State (weights times the optimizer multiplier) plus, for n_s = `in_flight` micro-
+    batches: n_s stage activations, or with recompute n_s stage inputs and one set of
+    activations. Equals `simulate(...).peak_memory` for `build(pipeline, K, M)`.
+    """
+    p = costs.prefix
+    b = np.asarray(partition.validated(costs.num_layers).bounds)
+    n = np.asarray(in_flight(pipeline, partition.num_stages, M), dtype=np.int64)
+    state = p.state_bytes[b[1:]] - p.state_bytes[b[:-1]]
+    acts = p.activation_bytes[b[1:]] - p.activation_bytes[b[:-1]]
+    held = n * p.input_bytes[b[:-1]] + acts if recompute else n * acts
+    return tuple(int(x) for x in state + held)
+
+
+def solve(
+    costs: CostModel,
+    K: int,
+    M: int,
+    *,
+    optimize: str = "speed",
+    pipeline: str = "interleaved",
+    memory_cap: int | None = None,
+) -> Partition:
+    """`solve_speed` under `memory_cap`, or `solve_memory` checked against it.
+
+    With optimize="memory" the cap applies to the recompute peak of the least-memory
+    partition, and InfeasibleError names that peak if it does not fit.
+    """
+    _check_choice(optimize, OPTIMIZE, "optimize")
+    if memory_cap is not None:
+        _check_count(memory_cap, "memory_cap", minimum=0)
+    if optimize == "speed":
+        return solve_speed(costs, K, M, pipeline=pipeline, memory_cap=memory_cap)
+    partition = solve_memory(costs, K, M, pipeline=pipeline)
+    peak = max(peak_memory_estimate(costs, partition, M, pipeline=pipeline, recompute=True))
+    if memory_cap is not None and peak > memory_cap:
+        raise InfeasibleError(memory_cap, peak, K)
+    return partition
+
+
+def solve_speed(
+    costs: CostModel,
+    K: int,
+    M: int,
+    *,
+    pipeline: str = "interleaved",
+    memory_cap: int | None = None,
+) -> Partition:
+    """The partition with the least `step_time_estimate` whose stages fit `memory_cap`.
+
+    Branch and bound over the bottleneck B: a probe minimises the total cut cost among
+    partitions with max_s t_s <= B (or < B) by an exact DP, and intervals of B are split
+    until T = W + 2 cuts + (M - 1) B cannot beat the best partition found. A probe is
+    O(K (L log L + band)), where the band holds the starts whose pass depends on their
+    own cut cost; realistic chains need a few dozen probes.
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
+        >>> solve_speed(costs, 2, 4).bounds
+        (0, 2, 4)
+
+    Args:
+        costs: the cost model.
+        K: number of stages.
+        M: number of microbatches.
+        pipeline: "interleaved" (1F1B) or "simple" (GPipe), for the memory model.
+        memory_cap: bytes each stage may hold without recompute, or None.
+
+    Returns:
+        An optimal partition.
+
+    Raises:
+        ValueError: on K < 1, M < 1, K > L or an unknown pipeline.
+        InfeasibleError: if no partition fits the cap.
+    """
+    chain = _Chain.make(costs, K, M, pipeline)
+    if memory_cap is not None:
+        _check_count(memory_cap, "memory_cap", minimum=0)
+    memory = chain.memory(memory_cap, recompute=False)
+    best = _fastest(chain, memory)
+    if best is None:
+        assert memory_cap is not None
+        raise InfeasibleError(memory_cap, _smallest_cap(chain, recompute=False), K)
+    return best
+
+
+def solve_memory(costs: CostModel, K: int, M: int, *, pipeline: str = "interleaved") -> Partition:
+    """The partition with the least peak memory under recompute, then the fastest.
+
+    Bisection on the byte cap Z with the DP as feasibility probe (each feasible probe
+    snaps Z down to the peak it found), then `solve_speed`'s search under cap Z. Each
+    probe is O(K (L log L + band)); the bisection needs O(log of the peak) probes.
+
+    Raises:
+        ValueError: on K < 1, M < 1, K > L or an unknown pipeline.
+    """
+    chain = _Chain.make(costs, K, M, pipeline)
+    cap = _smallest_cap(chain, recompute=True)
+    best = _fastest(chain, chain.memory(cap, recompute=True))
+    assert best is not None, "the smallest cap admits a partition by construction"
+    return best
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """A solve's inputs and the limits it builds from them."""
+
+    costs: CostModel
+    K: int
+    M: int
+    pipeline: str
+    n: tuple[int, ...]
+
+    @classmethod
+    def make(cls, costs: CostModel, K: int, M: int, pipeline: str) -> _Chain:
+        _check_count(K, "K (partitions)")
+        _check_count(M, "M (microbatches)")
+        if K > costs.num_layers:
+            raise ValueError(
+                f"too few layers to split into partitions (layers: {costs.num_layers}, "
+                f"partitions: {K})"
+            )
+        return cls(costs, K, M, pipeline, in_flight(pipeline, K, M))
+
+    @property
+    def L(self) -> int:
+        return self.costs.num_layers
+
+    def memory(self, cap: int | None, *, recompute: bool) -> list[list[Limit]]:
+        """Per-stage memory limits at `cap` bytes (no limits if cap is None)."""
+        if cap is None:
+            return [[] for _ in range(self.K)]
+        p = self.costs.prefix
+        limits = []
+        for s, n in enumerate(self.n):
+            if recompute:
+                start = n * p.input_bytes if s > 0 else None
+                prefix = p.state_bytes + p.activation_bytes
+                limits.append([Limit.make(prefix, cap, start)])
+            else:
+                prefix = p.state_bytes + n * p.activation_bytes
+                limits.append([Limit.make(prefix, cap)])
+        return limits
+
+    @cached_property
+    def _time(self) -> list[Limit]:
+        p, K = self.costs.prefix, self.K
+        return [
+            Limit.make(p.compute, math.inf, p.cut if s > 0 else None, p.cut if s < K - 1 else None)
+            for s in range(K)
+        ]
+
+    def time(self, bound: float, strict: bool) -> list[Limit]:
+        """Per-stage limits t_s <= bound (or < bound)."""
+        return [limit.with_bound(bound, strict) for limit in self._time]
+
+    def spans(self, prefix: Array, bound: float) -> list[tuple[int, int]]:
+        """End boundaries allowed when every stage spends at least its prefix difference."""
+        if not math.isfinite(bound):
+            return [(0, self.L)] * self.K
+        room = bound * (1 + 1e-9)
+        stages = np.arange(self.K)
+        lows = np.searchsorted(prefix, prefix[-1] - (self.K - 1 - stages) * room, side="left")
+        highs = np.searchsorted(prefix, (stages + 1) * room, side="right") - 1
+        return [(int(lo), int(hi)) for lo, hi in zip(lows, highs, strict=True)]
+
+
+def _fastest(chain: _Chain, memory: list[list[Limit]]) -> Partition | None:
+    """The partition with the least T under `memory`; None if none meets it."""
+    search = _Search(chain, memory)
+    first = search.probe(math.inf, strict=False)
+    if first is None or chain.M == 1 or chain.K == 1:
+        return None if first is None else first.partition
+    search.run(first)
+    return search.best
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A probe's answer: the least total cut time C among partitions with t_s <= B."""
+
+    cuts: float
+    partition: Partition
+    bottleneck: float
+
+
+class _Search:
+    """Branch and bound over the bottleneck B for the least T = W + 2 C + (M - 1) B.
+
+    C(B), the least cut total with max_s t_s <= B, is a nonincreasing step function, and
+    a node (x, y) stands for the partitions with bottleneck in (x, y). The probe "t_s < y"
+    finds the cheapest of them, whose bottleneck b ends a flat step [b, y); the rest,
+    (x, b), costs at least W + 2 C(b-) + (M - 1) x and is split at a probe "t_s <= mid".
+    Nodes are expanded best bound first and dropped once they cannot beat the incumbent.
+    """
+
+    def __init__(self, chain: _Chain, memory: list[list[Limit]]) -> None:
+        self.chain, self.memory = chain, memory
+        self.work = float(chain.costs.prefix.compute[-1])
+        self.best: Partition | None = None
+        self.best_time = math.inf
+
+    def probe(self, bound: float, *, strict: bool) -> _Found | None:
+        """Cheapest cuts with every t_s <= bound (< bound if strict); keeps the best T."""
+        chain, p = self.chain, self.chain.costs.prefix
+        limits = [[*m, t] for m, t in zip(self.memory, chain.time(bound, strict), strict=True)]
+        found = cheapest(chain.L, chain.K, p.cut, limits, chain.spans(p.compute, bound))
+        if found is None:
+            return None
+        partition = Partition(found[1])
+        value = step_time_estimate(chain.costs, partition, chain.M)
+        if value < self.best_time:
+            self.best, self.best_time = partition, value
+        return _Found(found[0], partition, float(stage_loads(chain.costs, partition).max()))
+
+    def lower(self, cuts: float, x: float) -> float:
+        """Least T of a partition with cut total >= cuts and bottleneck >= x."""
+        return self.work + 2 * cuts + (self.chain.M - 1) * x
+
+    def run(self, first: _Found) -> None:
+        x = self.floor()
+        # (lower bound on T, x, C(x) or inf if unknown, y, C(y))
+        heap = [(self.lower(first.cuts, x), x, math.inf, first.bottleneck, first.cuts)]
+        eps = _EPSILON * max(first.bottleneck, 1e-300)
+        while heap:
+            bound, x, cuts_x, y, _ = heapq.heappop(heap)
+            if bound >= self.best_time:
+                return
+            below = self.probe(y, strict=True)
+            if below is None or below.bottleneck - x <= eps or below.cuts == cuts_x:
+                continue
+            if self.lower(below.cuts, x) >= self.best_time:
+                continue
+            b = below.bottleneck
+            mid = x + (b - x) * (_LOW_SPLIT if cuts_x == math.inf else 0.5)
+            at_mid = self.probe(mid, strict=False)
+            cuts_mid = math.inf if at_mid is None else at_mid.cuts
+            heapq.heappush(heap, (self.lower(below.cuts, mid), mid, cuts_mid, b, below.cuts))
+            if at_mid is not None:
+                heapq.heappush(
+                    heap, (self.lower(at_mid.cuts, x), x, cuts_x, at_mid.bottleneck, at_mid.cuts)
+                )
+
+    def floor(self) -> float:
+        """Strictly below every bottleneck: the mean t_s, or the widest layer plus a cut."""
+        p, K = self.chain.costs.prefix, self.chain.K
+        cheapest_cut = float(p.cut[1:-1].min())
+        widest = float(np.diff(p.compute).max())
+        floor = max((self.work + 2 * (K - 1) * cheapest_cut) / K, widest + cheapest_cut)
+        return floor * (1 - 1e-9) - 1e-300
+
+
+def _smallest_cap(chain: _Chain, *, recompute: bool) -> int:
+    """The least per-stage byte cap any partition fits (bisection with snapping)."""
+    costs, K, M, pipeline = chain.costs, chain.K, chain.M, chain.pipeline
+
+    def peak(partition: Partition) -> int:
+        return max(
+            peak_memory_estimate(costs, partition, M, pipeline=pipeline, recompute=recompute)
+        )
+
+    p = costs.prefix
+    total = p.state_bytes + p.activation_bytes
+    high = peak(Partition(tuple(s * chain.L // K for s in range(K + 1))))
+    low = max(-1, -(-int(total[-1]) // K) - 1)  # every stage holds its own state and acts
+    while high - low > 1:
+        mid = (low + high) // 2
+        found = cheapest(
+            chain.L, K, p.cut, chain.memory(mid, recompute=recompute), chain.spans(total, mid)
+        )
+        if found is None:
+            low = mid
+        else:
+            high = peak(Partition(found[1]))
+    return high
+
+
+def _check_count(value: int, name: str, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}")
+
+
+def _check_choice(value: str, allowed: tuple[str, ...], name: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}. Received: {name}={value!r}")

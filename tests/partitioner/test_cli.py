@@ -1,0 +1,125 @@
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from partitioner.cli import add_subcommands, main, parse_bytes
+from partitioner.costs import CostModel, LayerCost
+from partitioner.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def costs_file(tmp_path: Path) -> Path:
+    layers = tuple(
+        LayerCost(f"layer{i}", 0.001 * (1 + i % 3), 0.002, 2**20 * (i + 1), 2**14, 2**12)
+        for i in range(8)
+    )
+    path = tmp_path / "costs.json"
+    CostModel(layers, batch_size=8).save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("8GiB", 8 * 2**30), ("512MB", 512 * 10**6), ("1e9", 10**9), ("4096", 4096),
+     ("1.5 kib", 1536), ("100B", 100)],
+)  # fmt: skip
+def test_parse_bytes_reads_units(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8XB", "", "GiB", "-1GiB", "1e9e9"])
+def test_parse_bytes_names_the_bad_string(text: str) -> None:
+    with pytest.raises(ValueError, match=f"Received: {text!r}"):
+        parse_bytes(text)
+
+
+def test_plan_prints_the_stage_table_and_writes_the_plan(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "plan.json"
+    timeline = tmp_path / "step.png"
+    code = main(["plan", str(costs_file), "--partitions", "3", "--microbatches", "4",
+                 "--output", str(output), "--timeline", str(timeline)])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[0].split() == [
+        "stage",
+        "layers",
+        "count",
+        "compute",
+        "transfers",
+        "peak",
+        "memory",
+    ]
+    assert [line.split()[0] for line in lines[1:4]] == ["0", "1", "2"]
+    assert lines[1].split()[1:4] == ["layer0", "..", Plan.load(output).stage_layers[0][-1]]
+    assert "MiB" in lines[1]
+    plan = Plan.load(output)
+    assert f"predicted step time {plan.predicted_step_time:.6g} s" in lines[4]
+    assert f"bubble {plan.predicted_bubble:.1%} (M=4, interleaved, optimize=speed)" in lines[4]
+    assert lines[5:] == [f"wrote {output}", f"wrote {timeline}"]
+    assert timeline.read_bytes()[:4] == b"\x89PNG"
+    plan.check(CostModel.load(costs_file))
+
+
+def test_plan_reports_an_infeasible_cap(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["plan", str(costs_file), "--partitions", "2", "--memory-cap", "1MiB",
+                 "--output", str(tmp_path / "plan.json")])  # fmt: skip
+    assert code == 2
+    assert "smallest cap that fits is" in capsys.readouterr().err
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_bad_memory_cap_is_a_usage_error(
+    costs_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", str(costs_file), "--partitions", "2", "--memory-cap", "8XB"])
+    assert info.value.code == 2
+    assert "Received: '8XB'" in capsys.readouterr().err
+
+
+def test_simulate_prints_one_row_per_microbatch_count_and_pipeline(
+    costs_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["simulate", str(costs_file), "--partitions", "2", "--microbatches", "1,4",
+                 "--pipeline", "simple,interleaved", "--optimize", "memory"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[0].split() == ["pipeline", "M", "step", "time", "bubble", "max", "peak", "memory"]
+    assert [line.split()[:2] for line in lines[1:]] == [
+        ["simple", "1"],
+        ["interleaved", "1"],
+        ["simple", "4"],
+        ["interleaved", "4"],
+    ]
+    # One microbatch on two stages: each idles while the other works, plus the transfers.
+    assert float(lines[1].split()[4].rstrip("%")) >= 50.0
+
+
+def test_subcommands_mount_on_another_parser(costs_file: Path, tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser(prog="tfsift")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plan", str(costs_file), "--partitions", "2",
+                              "--output", str(tmp_path / "p.json")])  # fmt: skip
+    assert args.func(args) == 0
+    assert json.loads((tmp_path / "p.json").read_text())["microbatches"] == 8
+
+
+@pytest.mark.parametrize("module", ["partitioner", "partitioner.cli"])
+def test_runs_as_a_module(module: str, costs_file: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "simulate", str(costs_file), "--partitions", "2",
+         "--microbatches", "2"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].split()[:2] == ["simple", "2"]

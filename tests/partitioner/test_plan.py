@@ -1,0 +1,71 @@
+import doctest
+from pathlib import Path
+
+import pytest
+
+import partitioner.plan
+from partitioner.costs import CostModel, LayerCost
+from partitioner.plan import Plan, make_plan
+from partitioner.schedule import build
+from partitioner.simulator import simulate
+
+
+def costs_of(n: int = 6) -> CostModel:
+    return CostModel(
+        tuple(LayerCost(f"layer{i}", 1.0 + i % 3, 2.0, 1000 * (i + 1), 64, 256) for i in range(n)),
+        batch_size=4,
+        bandwidth=1e4,
+    )
+
+
+@pytest.mark.parametrize("optimize", ["speed", "memory"])
+def test_predictions_come_from_the_simulator(optimize: str) -> None:
+    costs = costs_of()
+    plan = make_plan(costs, 3, 4, optimize=optimize, pipeline="simple")
+    result = simulate(costs, plan.partition, build("simple", 3, 4), recompute=optimize == "memory")
+    assert plan.predicted_step_time == result.step_time
+    assert plan.predicted_bubble == result.bubble_fraction
+    assert plan.peak_memory == result.peak_memory
+    assert plan.recompute == (optimize == "memory")
+
+
+def test_stage_layers_name_the_layers_of_each_stage() -> None:
+    plan = make_plan(costs_of(), 2, 2)
+    flat = [name for stage in plan.stage_layers for name in stage]
+    assert flat == [f"layer{i}" for i in range(6)]
+    assert [len(s) for s in plan.stage_layers] == list(plan.partition.sizes())
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    plan = make_plan(costs_of(), 3, 4, memory_cap=10**6)
+    assert Plan.from_json(plan.to_json()) == plan
+    plan.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json") == plan
+
+
+def test_check_rejects_other_costs_naming_both_fingerprints() -> None:
+    plan = make_plan(costs_of(), 2, 2)
+    plan.check(costs_of())
+    other = costs_of(7)
+    with pytest.raises(ValueError) as info:
+        plan.check(other)
+    assert plan.cost_fingerprint in str(info.value)
+    assert other.fingerprint() in str(info.value)
+
+
+def test_from_dict_rejects_missing_keys() -> None:
+    data = make_plan(costs_of(), 2, 2).to_dict()
+    del data["pipeline"]
+    with pytest.raises(ValueError, match="a plan has exactly the keys"):
+        Plan.from_dict(data)
+
+
+def test_inconsistent_plan_is_rejected() -> None:
+    data = make_plan(costs_of(), 2, 2).to_dict()
+    data["stage_layers"] = [["layer0"], ["layer1"]]
+    with pytest.raises(ValueError, match="stage_layers must list"):
+        Plan.from_dict(data)
+
+
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(partitioner.plan).failed == 0

@@ -1,0 +1,238 @@
+import doctest
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import partitioner.schedule
+from partitioner.schedule import (
+    Action,
+    Kind,
+    Schedule,
+    ScheduleError,
+    add_communication,
+    build,
+    format_schedule,
+    forward_only,
+    interleaved,
+    simple,
+    validate,
+)
+
+
+def rows(schedule: Schedule) -> list[list[str]]:
+    return [[str(a) for a in schedule[s]] for s in sorted(schedule)]
+
+
+def parse(*rows: str) -> Schedule:
+    return {s: [Action.parse(a) for a in row.split()] for s, row in enumerate(rows)}
+
+
+def test_action_prints_stage_kind_microbatch() -> None:
+    assert str(Action(1, Kind.FORWARD, 3)) == "1F3"
+    assert str(Action(2, Kind.SEND_B, 0)) == "2SB0"
+    assert str(Action(10, Kind.RECV_F, 12)) == "10RF12"
+
+
+@given(st.integers(0, 99), st.sampled_from(list(Kind)), st.integers(0, 999))
+def test_parse_round_trips(stage: int, kind: Kind, microbatch: int) -> None:
+    action = Action(stage, kind, microbatch)
+    assert Action.parse(str(action)) == action
+
+
+@pytest.mark.parametrize("text", ["", "1X3", "F3", "1F", "-1F0", "1 F 3", "1F3x"])
+def test_parse_rejects_bad_strings_naming_them(text: str) -> None:
+    with pytest.raises(ValueError, match=f"Received: text={text!r}"):
+        Action.parse(text)
+
+
+def test_action_rejects_negative_indices() -> None:
+    with pytest.raises(ValueError, match="Received: stage=-1, microbatch=0"):
+        Action(-1, Kind.FORWARD, 0)
+
+
+def test_simple_reference_k2_m3() -> None:
+    assert rows(simple(2, 3)) == [
+        ["0F0", "0F1", "0F2", "0B0", "0B1", "0B2"],
+        ["1F0", "1F1", "1F2", "1B0", "1B1", "1B2"],
+    ]
+
+
+def test_interleaved_reference_k2_m3() -> None:
+    assert rows(interleaved(2, 3)) == [
+        ["0F0", "0F1", "0B0", "0F2", "0B1", "0B2"],
+        ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2"],
+    ]
+
+
+def test_interleaved_reference_k3_m4() -> None:
+    assert rows(interleaved(3, 4)) == [
+        ["0F0", "0F1", "0F2", "0B0", "0F3", "0B1", "0B2", "0B3"],
+        ["1F0", "1F1", "1B0", "1F2", "1B1", "1F3", "1B2", "1B3"],
+        ["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2F3", "2B3"],
+    ]
+
+
+def test_simple_reference_k3_m4() -> None:
+    assert rows(simple(3, 4)) == [
+        [f"{s}F{m}" for m in range(4)] + [f"{s}B{m}" for m in range(4)] for s in range(3)
+    ]
+
+
+def test_interleaved_with_fewer_microbatches_than_stages_warms_up_all() -> None:
+    assert rows(interleaved(4, 2))[0] == ["0F0", "0F1", "0B0", "0B1"]
+
+
+def test_simple_with_communication_reference_k2_m3() -> None:
+    assert rows(add_communication(simple(2, 3))) == [
+        ["0F0", "0SF0", "0F1", "0SF1", "0F2", "0SF2",
+         "0RB0", "0B0", "0RB1", "0B1", "0RB2", "0B2"],
+        ["1RF0", "1F0", "1RF1", "1F1", "1RF2", "1F2",
+         "1B0", "1SB0", "1B1", "1SB1", "1B2", "1SB2"],
+    ]  # fmt: skip
+
+
+def test_interleaved_with_communication_reference_k2_m3() -> None:
+    assert rows(add_communication(interleaved(2, 3))) == [
+        ["0F0", "0SF0", "0F1", "0SF1", "0RB0", "0B0", "0F2", "0SF2",
+         "0RB1", "0B1", "0RB2", "0B2"],
+        ["1RF0", "1F0", "1B0", "1SB0", "1RF1", "1F1", "1B1", "1SB1",
+         "1RF2", "1F2", "1B2", "1SB2"],
+    ]  # fmt: skip
+
+
+def test_interleaved_with_communication_reference_k3_m4() -> None:
+    assert rows(add_communication(interleaved(3, 4))) == [
+        ["0F0", "0SF0", "0F1", "0SF1", "0F2", "0SF2", "0RB0", "0B0", "0F3", "0SF3",
+         "0RB1", "0B1", "0RB2", "0B2", "0RB3", "0B3"],
+        ["1RF0", "1F0", "1SF0", "1RF1", "1F1", "1SF1", "1RB0", "1B0", "1SB0",
+         "1RF2", "1F2", "1SF2", "1RB1", "1B1", "1SB1", "1RF3", "1F3", "1SF3",
+         "1RB2", "1B2", "1SB2", "1RB3", "1B3", "1SB3"],
+        ["2RF0", "2F0", "2B0", "2SB0", "2RF1", "2F1", "2B1", "2SB1",
+         "2RF2", "2F2", "2B2", "2SB2", "2RF3", "2F3", "2B3", "2SB3"],
+    ]  # fmt: skip
+
+
+def test_simple_with_communication_reference_k3_m4() -> None:
+    middle = rows(add_communication(simple(3, 4)))[1]
+    assert middle == (
+        [x for m in range(4) for x in (f"1RF{m}", f"1F{m}", f"1SF{m}")]
+        + [x for m in range(4) for x in (f"1RB{m}", f"1B{m}", f"1SB{m}")]
+    )
+
+
+def test_forward_only_runs_forwards_in_order() -> None:
+    assert rows(forward_only(2, 3)) == [["0F0", "0F1", "0F2"], ["1F0", "1F1", "1F2"]]
+    assert rows(add_communication(forward_only(2, 2))) == [
+        ["0F0", "0SF0", "0F1", "0SF1"],
+        ["1RF0", "1F0", "1RF1", "1F1"],
+    ]
+
+
+def test_build_dispatches_and_lists_allowed_pipelines() -> None:
+    assert build("simple", 2, 3) == simple(2, 3)
+    assert build("interleaved", 2, 3) == interleaved(2, 3)
+    assert build("interleaved", 2, 3, forward_only=True) == forward_only(2, 3)
+    with pytest.raises(
+        ValueError, match=r"one of \['simple', 'interleaved'\]. Received: pipeline='1f1b'"
+    ):
+        build("1f1b", 2, 3)
+
+
+def test_builders_reject_empty_pipelines() -> None:
+    with pytest.raises(ValueError, match="Received: K=0, M=3"):
+        simple(0, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 8),
+    st.sampled_from(["simple", "interleaved"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_built_schedules_validate(
+    K: int, M: int, pipeline: str, only_forward: bool, communicate: bool
+) -> None:
+    schedule = build(pipeline, K, M, forward_only=only_forward)
+    validate(add_communication(schedule) if communicate else schedule, M)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 10))
+def test_interleaved_keeps_at_most_k_minus_s_in_flight(K: int, M: int) -> None:
+    for s, row in interleaved(K, M).items():
+        in_flight = peak = 0
+        for a in row:
+            in_flight += 1 if a.kind is Kind.FORWARD else -1
+            peak = max(peak, in_flight)
+        assert peak == min(K - s, M)
+
+
+def test_format_schedule_aligns_columns() -> None:
+    text = format_schedule(add_communication(simple(2, 1)))
+    assert text == "stage 0: 0F0  0SF0 0RB0 0B0\nstage 1: 1RF0 1F0  1B0  1SB0"
+
+
+def test_add_communication_rejects_a_schedule_with_transfers() -> None:
+    with pytest.raises(ScheduleError, match=r"compute-only schedule\. Received: action 0SF0"):
+        add_communication(add_communication(simple(2, 1)))
+
+
+@pytest.mark.parametrize(
+    "schedule, M, message",
+    [
+        (parse("0F0 0B0", "1F0"), 1, "stage 1 has no backward 1B0 while other stages train"),
+        (parse("0F0 0F0 0B0"), 1, "duplicate action 0F0"),
+        (parse("0F0"), 2, "stage 0 has no forward 0F1"),
+        (parse("0B0 0F0"), 1, "backward 0B0 before its forward"),
+        (parse("0F0 0F1"), 1, "microbatch in \\[0, 1\\). Received: 0F1"),
+        (parse("1F0"), 1, "must have stage=0"),
+    ],
+)
+def test_validate_rejects_inconsistent_stages(schedule: Schedule, M: int, message: str) -> None:
+    with pytest.raises(ScheduleError, match=message):
+        validate(schedule, M)
+
+
+@pytest.mark.parametrize(
+    "schedule, message",
+    [
+        (parse("0F0 0SF0", "1F0"), "0SF0 has no matching 1RF0"),
+        (parse("0F0", "1RF0 1F0"), "1RF0 has no matching 0SF0"),
+        (parse("0F0 0SF0", "1F0 1RF0"), "1F0 needs 1RF0 earlier"),
+        (parse("0SF0 0F0", "1RF0 1F0"), "0SF0 needs 0F0 earlier"),
+        (parse("0F0 0SF0 0SB0", "1RF0 1F0"), "0SB0 has no neighbouring stage"),
+        (parse("0F0 0SF0 0SF0", "1RF0 1F0"), "duplicate action 0SF0"),
+    ],
+)
+def test_validate_rejects_unmatched_or_misplaced_transfers(
+    schedule: Schedule, message: str
+) -> None:
+    with pytest.raises(ScheduleError, match=message):
+        validate(schedule, 1)
+
+
+def test_deadlock_shows_the_stuck_actions() -> None:
+    schedule = parse("0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1")
+    with pytest.raises(ScheduleError) as info:
+        validate(schedule, 2)
+    assert str(info.value) == (
+        "deadlock: stages 0, 1 wait on receives that never come\n"
+        "stage 0: 0F0  0SF0 0RB0 <-- ERROR HERE (waits for 1SB0)\n"
+        "stage 1: 1RF1 <-- ERROR HERE (waits for 0SF1)"
+    )
+
+
+def test_deadlock_in_a_communicating_schedule_is_found() -> None:
+    schedule = parse("0F0 0SF0 0RB0 0B0", "1RB0 1RF0 1F0 1B0 1SB0")
+    with pytest.raises(ScheduleError, match="1RB0 has no neighbouring stage"):
+        validate(schedule, 1)
+    schedule = parse("0RB0 0F0 0SF0 0B0", "1RF0 1F0 1B0 1SB0")
+    with pytest.raises(ScheduleError, match=r"0RB0 <-- ERROR HERE \(waits for 1SB0\)"):
+        validate(schedule, 1)
+
+
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(partitioner.schedule).failed == 0

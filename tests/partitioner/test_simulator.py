@@ -1,0 +1,126 @@
+import doctest
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import partitioner.simulator
+from partitioner.costs import CostModel, LayerCost
+from partitioner.partition import Partition
+from partitioner.schedule import add_communication, build, forward_only
+from partitioner.simulator import peak_memory, simulate, stage_memory, stage_times
+
+
+def two_layers() -> CostModel:
+    """Unbalanced stages and a 1-second cut: the hand-computed examples below."""
+    return CostModel(
+        (
+            LayerCost("a", 1.0, 2.0, param_bytes=10, activation_bytes=5, output_bytes=100),
+            LayerCost("b", 2.0, 3.0, param_bytes=20, activation_bytes=7, output_bytes=0),
+        ),
+        bandwidth=100.0,
+    )
+
+
+def timeline(
+    costs: CostModel, pipeline: str, recompute: bool = False
+) -> list[tuple[str, float, float]]:
+    result = simulate(costs, Partition((0, 1, 2)), build(pipeline, 2, 2), recompute=recompute)
+    return [(str(e.action), e.start, e.end) for e in result.events]
+
+
+def test_simple_unbalanced_with_transfers_matches_hand_computation() -> None:
+    result = simulate(two_layers(), Partition((0, 1, 2)), build("simple", 2, 2))
+    assert [(str(e.action), e.start, e.end) for e in result.events] == [
+        ("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("1F0", 2.0, 4.0), ("1F1", 4.0, 6.0),
+        ("1B0", 6.0, 9.0), ("1B1", 9.0, 12.0), ("0B0", 10.0, 12.0), ("0B1", 13.0, 15.0),
+    ]  # fmt: skip
+    assert result.step_time == 15.0
+    assert result.busy == (6.0, 10.0)
+    assert result.idle == (9.0, 5.0)
+    assert result.bubble_fraction == pytest.approx(1 - 16 / 30)
+
+
+def test_interleaved_unbalanced_with_transfers_matches_hand_computation() -> None:
+    assert timeline(two_layers(), "interleaved") == [
+        ("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("1F0", 2.0, 4.0), ("1B0", 4.0, 7.0),
+        ("1F1", 7.0, 9.0), ("0B0", 8.0, 10.0), ("1B1", 9.0, 12.0), ("0B1", 13.0, 15.0),
+    ]  # fmt: skip
+
+
+def test_recompute_adds_the_stage_forward_to_each_backward() -> None:
+    assert timeline(two_layers(), "interleaved", recompute=True) == [
+        ("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("1F0", 2.0, 4.0), ("1B0", 4.0, 9.0),
+        ("1F1", 9.0, 11.0), ("0B0", 10.0, 13.0), ("1B1", 11.0, 16.0), ("0B1", 17.0, 20.0),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "pipeline, recompute, expected",
+    [
+        ("simple", False, (40 + 2 * 5, 80 + 2 * 7)),
+        ("interleaved", False, (40 + 2 * 5, 80 + 1 * 7)),
+        ("simple", True, (40 + 5, 80 + 2 * 100 + 7)),
+        ("interleaved", True, (40 + 5, 80 + 1 * 100 + 7)),
+    ],
+)
+def test_peak_memory_counts_state_and_activations_in_flight(
+    pipeline: str, recompute: bool, expected: tuple[int, int]
+) -> None:
+    result = simulate(
+        two_layers(), Partition((0, 1, 2)), build(pipeline, 2, 2), recompute=recompute
+    )
+    assert result.peak_memory == expected
+
+
+def test_forward_only_keeps_nothing_between_microbatches() -> None:
+    costs = two_layers()
+    result = simulate(costs, Partition((0, 1, 2)), forward_only(2, 3))
+    assert result.peak_memory == (40 + 5, 80 + 7)
+    assert result.step_time == 1 + 1 + 2 * 3  # stage 0 forward, the cut, three stage-1 forwards
+
+
+def test_transfer_actions_do_not_change_the_result() -> None:
+    costs, partition = two_layers(), Partition((0, 1, 2))
+    schedule = build("interleaved", 2, 3)
+    assert simulate(costs, partition, add_communication(schedule)) == simulate(
+        costs, partition, schedule
+    )
+
+
+def test_stage_helpers_read_the_prefix_sums() -> None:
+    costs, partition = two_layers(), Partition((0, 1, 2))
+    assert stage_times(costs, partition) == ((1.0, 2.0), (2.0, 3.0))
+    assert stage_memory(costs, partition, 1) == (80, 7, 100)
+    assert peak_memory(costs, partition, build("simple", 2, 1)) == (45, 87)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 10),
+    st.sampled_from(["simple", "interleaved"]),
+    st.floats(0.1, 5.0),
+    st.floats(0.1, 5.0),
+)
+def test_balanced_stages_without_transfers_give_the_textbook_bubble(
+    K: int, M: int, pipeline: str, forward: float, backward: float
+) -> None:
+    layers = tuple(LayerCost(f"l{s}", forward, backward, 0, 0, 10) for s in range(K))
+    costs = CostModel(layers, bandwidth=math.inf)
+    result = simulate(costs, Partition(tuple(range(K + 1))), build(pipeline, K, M))
+    assert result.step_time == pytest.approx((M + K - 1) * (forward + backward))
+    assert result.bubble_fraction == pytest.approx((K - 1) / (M + K - 1), abs=1e-9)
+
+
+def test_partition_must_fit_costs_and_schedule() -> None:
+    costs = two_layers()
+    with pytest.raises(ValueError, match="cover all 2 layers"):
+        simulate(costs, Partition((0, 1)), build("simple", 1, 1))
+    with pytest.raises(ValueError, match=r"one row per stage \(2\)\. Received: rows=3"):
+        simulate(costs, Partition((0, 1, 2)), build("simple", 3, 1))
+
+
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(partitioner.simulator).failed == 0

@@ -1,0 +1,289 @@
+import doctest
+import itertools
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import partitioner.solver
+from partitioner.costs import CostModel, LayerCost
+from partitioner.partition import Partition
+from partitioner.schedule import build
+from partitioner.simulator import simulate
+from partitioner.solver import (
+    InfeasibleError,
+    peak_memory_estimate,
+    solve,
+    solve_memory,
+    solve_speed,
+    stage_loads,
+    step_time_estimate,
+)
+
+# Small integers make ties, which is where exactness bugs hide; floats cover the rest.
+times = st.one_of(st.integers(0, 6).map(float), st.floats(0, 10, allow_nan=False))
+sizes = st.one_of(st.integers(0, 4).map(lambda x: 100 * x), st.integers(0, 1000))
+pipelines = st.sampled_from(["simple", "interleaved"])
+
+
+@st.composite
+def cost_models(draw: st.DrawFn, max_layers: int = 9) -> CostModel:
+    """Chains of 1..max_layers layers, with transfer costs or without."""
+    L = draw(st.integers(1, max_layers))
+    layers = tuple(
+        LayerCost(f"l{i}", draw(times), draw(times), draw(sizes), draw(sizes), draw(sizes))
+        for i in range(L)
+    )
+    communicating = draw(st.booleans())
+    return CostModel(
+        layers,
+        batch_size=draw(st.integers(1, 3)),
+        optimizer_multiplier=draw(st.sampled_from([4.0, 1.0, 2.5])),
+        bandwidth=draw(st.sampled_from([50.0, 300.0, 1e4])) if communicating else math.inf,
+        latency=draw(st.sampled_from([0.0, 0.5])) if communicating else 0.0,
+    )
+
+
+@st.composite
+def problems(
+    draw: st.DrawFn, max_layers: int = 9, max_stages: int = 4
+) -> tuple[CostModel, int, int, str]:
+    costs = draw(cost_models(max_layers))
+    K = draw(st.integers(1, min(max_stages, costs.num_layers)))
+    return costs, K, draw(st.integers(1, 6)), draw(pipelines)
+
+
+def all_partitions(L: int, K: int) -> Iterator[Partition]:
+    for cuts in itertools.combinations(range(1, L), K - 1):
+        yield Partition((0, *cuts, L))
+
+
+def peak(costs: CostModel, p: Partition, M: int, pipeline: str, recompute: bool) -> int:
+    return max(peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=recompute))
+
+
+def same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.floats(0.7, 1.6), st.booleans())
+def test_solve_speed_matches_brute_force(
+    problem: tuple[CostModel, int, int, str], slack: float, capped: bool
+) -> None:
+    costs, K, M, pipeline = problem
+    memory = {p: peak(costs, p, M, pipeline, False) for p in all_partitions(costs.num_layers, K)}
+    cap = int(min(memory.values()) * slack) if capped else None
+    fits = [p for p in memory if cap is None or memory[p] <= cap]
+    if not fits:
+        with pytest.raises(InfeasibleError) as info:
+            solve_speed(costs, K, M, pipeline=pipeline, memory_cap=cap)
+        assert info.value.smallest_cap == min(memory.values())
+        return
+    found = solve_speed(costs, K, M, pipeline=pipeline, memory_cap=cap)
+    assert cap is None or memory[found] <= cap
+    best = min(step_time_estimate(costs, p, M) for p in fits)
+    assert same(step_time_estimate(costs, found, M), best)
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems())
+def test_solve_memory_matches_brute_force(problem: tuple[CostModel, int, int, str]) -> None:
+    costs, K, M, pipeline = problem
+    memory = {p: peak(costs, p, M, pipeline, True) for p in all_partitions(costs.num_layers, K)}
+    least = min(memory.values())
+    found = solve_memory(costs, K, M, pipeline=pipeline)
+    assert memory[found] == least
+    best = min(step_time_estimate(costs, p, M) for p in memory if memory[p] == least)
+    assert same(step_time_estimate(costs, found, M), best)
+
+
+def pareto_optimum(costs: CostModel, K: int, M: int, cap: int | None, pipeline: str) -> float:
+    """Least T by a Pareto DP over (bottleneck, cut total): exact, another algorithm."""
+    L, p = costs.num_layers, costs.prefix
+    n = [M if pipeline == "simple" else min(K - s, M) for s in range(K)]
+    fronts: list[dict[int, list[tuple[float, float]]]] = [{0: [(0.0, 0.0)]}]
+    for s in range(K):
+        nxt: dict[int, list[tuple[float, float]]] = {}
+        for i, front in fronts[-1].items():
+            for j in range(i + 1, L - (K - 1 - s) + 1):
+                if s == K - 1 and j != L:
+                    continue
+                state = p.state_bytes[j] - p.state_bytes[i]
+                if (
+                    cap is not None
+                    and state + n[s] * (p.activation_bytes[j] - p.activation_bytes[i]) > cap
+                ):
+                    continue
+                t = (
+                    (p.compute[j] - p.compute[i])
+                    + (p.cut[i] if s else 0)
+                    + (p.cut[j] if s < K - 1 else 0)
+                )
+                for b, c in front:
+                    nxt.setdefault(j, []).append((max(b, t), c + (p.cut[i] if s else 0.0)))
+        fronts.append({j: prune(f) for j, f in nxt.items()})
+    final = fronts[-1].get(L, [])
+    work = float(p.compute[-1])
+    return min((work + 2 * c + (M - 1) * b for b, c in final), default=math.inf)
+
+
+def prune(front: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    kept: list[tuple[float, float]] = []
+    for b, c in sorted(front):
+        if not kept or c < kept[-1][1]:
+            kept.append((b, c))
+    return kept
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(10, 40),
+    st.integers(2, 6),
+    st.integers(1, 16),
+    pipelines,
+    st.integers(0, 2**31),
+    st.booleans(),
+)
+def test_solve_speed_matches_a_pareto_dp_on_longer_chains(
+    L: int, K: int, M: int, pipeline: str, seed: int, capped: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    layers = tuple(
+        LayerCost(
+            f"l{i}",
+            float(rng.exponential()),
+            float(rng.exponential()),
+            int(rng.integers(0, 1000)),
+            int(rng.integers(0, 100)),
+            int(rng.integers(0, 3000)),
+        )
+        for i in range(L)
+    )
+    costs = CostModel(layers, bandwidth=1000.0, latency=0.1)
+    cap = None
+    if capped:
+        cap = int(
+            1.3
+            * max(
+                peak_memory_estimate(
+                    costs,
+                    Partition.from_sizes([L // K] * (K - 1) + [L - (K - 1) * (L // K)]),
+                    M,
+                    pipeline=pipeline,
+                    recompute=False,
+                )
+            )
+        )
+    found = solve_speed(costs, K, M, pipeline=pipeline, memory_cap=cap)
+    assert same(step_time_estimate(costs, found, M), pareto_optimum(costs, K, M, cap, pipeline))
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.booleans())
+def test_peak_memory_estimate_equals_the_simulator(
+    problem: tuple[CostModel, int, int, str], recompute: bool
+) -> None:
+    costs, K, M, pipeline = problem
+    partition = next(all_partitions(costs.num_layers, K))
+    simulated = simulate(costs, partition, build(pipeline, K, M), recompute=recompute)
+    assert simulated.peak_memory == peak_memory_estimate(
+        costs, partition, M, pipeline=pipeline, recompute=recompute
+    )
+
+
+def chain(times: list[float], cut_bytes: int = 0) -> CostModel:
+    layers = tuple(LayerCost(f"l{i}", t, 2 * t, 0, 0, cut_bytes) for i, t in enumerate(times))
+    return CostModel(layers, bandwidth=100.0)
+
+
+def test_step_time_estimate_adds_both_cuts_of_middle_stages() -> None:
+    costs = chain([1.0, 1.0, 1.0, 1.0], cut_bytes=100)  # every cut costs 1 s
+    partition = Partition((0, 1, 3, 4))
+    assert stage_loads(costs, partition).tolist() == [3.0 + 1, 6.0 + 2, 3.0 + 1]
+    assert step_time_estimate(costs, partition, M=4) == 16.0 + 3 * 8.0
+
+
+def test_solver_moves_a_cut_to_a_cheap_boundary_when_it_pays() -> None:
+    layers = [LayerCost(f"l{i}", 1.0, 1.0, 0, 0, 1000) for i in range(4)]
+    layers[0] = LayerCost("l0", 1.0, 1.0, 0, 0, 0)  # the only cheap boundary is after l0
+    costs = CostModel(tuple(layers), bandwidth=1000.0)
+    assert solve_speed(costs, 2, 1).bounds == (0, 1, 4)  # M=1: only cut costs matter
+    assert solve_speed(costs, 2, 64).bounds == (0, 2, 4)  # large M: balance wins
+
+
+def test_infeasible_cap_names_the_smallest_cap_that_fits() -> None:
+    layers = tuple(LayerCost(f"l{i}", 1.0, 1.0, 2**20, 0, 0) for i in range(4))
+    costs = CostModel(layers)  # 4 MiB of state per layer
+    with pytest.raises(InfeasibleError) as info:
+        solve_speed(costs, 2, 4, memory_cap=7 * 2**20)
+    assert info.value.smallest_cap == 8 * 2**20
+    assert str(info.value) == (
+        "no partition into 2 stages fits the memory cap; the smallest cap that fits is "
+        "8388608 bytes (8.00 MiB). Received: memory_cap=7340032 (7.00 MiB)"
+    )
+    assert solve_speed(costs, 2, 4, memory_cap=8 * 2**20).bounds == (0, 2, 4)
+
+
+def test_memory_optimize_checks_the_cap_against_the_recompute_peak() -> None:
+    layers = tuple(LayerCost(f"l{i}", 1.0, 1.0, 2**20, 0, 0) for i in range(4))
+    costs = CostModel(layers)
+    assert solve(costs, 2, 4, optimize="memory", memory_cap=8 * 2**20).bounds == (0, 2, 4)
+    with pytest.raises(InfeasibleError, match="smallest cap that fits is 8388608"):
+        solve(costs, 2, 4, optimize="memory", memory_cap=2**20)
+
+
+def test_too_few_layers_is_an_error() -> None:
+    with pytest.raises(ValueError) as info:
+        solve_speed(chain([1.0, 1.0, 1.0]), 4, 2)
+    assert str(info.value) == "too few layers to split into partitions (layers: 3, partitions: 4)"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(optimize="time"),
+            r"optimize must be one of \['speed', 'memory'\]. Received: optimize='time'",
+        ),
+        (dict(pipeline="1f1b"), r"pipeline must be one of \['simple', 'interleaved'\]"),
+        (dict(memory_cap=-1), "memory_cap must be an integer >= 0. Received: memory_cap=-1"),
+    ],
+)
+def test_bad_options_list_what_is_allowed(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        solve(chain([1.0, 1.0]), 2, 2, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("K, M", [(0, 1), (1, 0)])
+def test_empty_pipelines_are_errors(K: int, M: int) -> None:
+    with pytest.raises(ValueError, match=f"Received: .*={min(K, M)}"):
+        solve_speed(chain([1.0, 1.0]), K, M)
+
+
+def test_large_chain_is_solved_and_beats_equal_layer_counts() -> None:
+    rng = np.random.default_rng(0)
+    layers = tuple(
+        LayerCost(f"l{i}", float(t), float(2 * t), int(p), int(a), int(o))
+        for i, (t, p, a, o) in enumerate(
+            zip(
+                rng.uniform(1e-4, 1e-3, 2000),
+                rng.integers(0, 10**7, 2000),
+                rng.integers(10**3, 10**6, 2000),
+                rng.integers(10**3, 10**5, 2000),
+                strict=True,
+            )
+        )
+    )
+    costs = CostModel(layers, batch_size=32)
+    found = solve_speed(costs, 16, 8)
+    equal = Partition(tuple(s * 2000 // 16 for s in range(17)))
+    assert step_time_estimate(costs, found, 8) <= step_time_estimate(costs, equal, 8)
+    assert solve_memory(costs, 16, 8).num_stages == 16
+
+
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(partitioner.solver).failed == 0
