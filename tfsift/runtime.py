@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import sys
@@ -88,6 +89,10 @@ def _start_horovod(topology: Topology, rank: int) -> tuple[Any, Any]:
     everyone = tuple(range(topology.size))
     sets = {g: hvd.ProcessSet(list(g)) for g in groups if g != everyone}
     hvd.init(process_sets=list(sets.values()))
+    # Horovod shuts down for every rank as soon as one rank exits, so a data-parallel group
+    # still reducing its last gradients would fail. atexit runs handlers last-in first-out:
+    # this barrier runs before the shutdown Horovod registered in hvd.init.
+    atexit.register(MPI.COMM_WORLD.Barrier)
     if hvd.size() != topology.size or hvd.rank() != rank:
         raise RuntimeError(
             f"Horovod and MPI disagree on the ranks (horovod rank {hvd.rank()} of {hvd.size()}, "

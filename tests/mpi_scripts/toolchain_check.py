@@ -23,6 +23,7 @@ else:
     buf = np.empty(5, dtype=np.float64)
     world.Recv(buf, source=0, tag=3)
     received = buf.tolist()
+world.Barrier()  # a rank leaving early would shut Horovod down under the other
 report(
     rank=r,
     size=hvd.size(),
