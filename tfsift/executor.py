@@ -20,7 +20,7 @@ from keras import tree
 from partitioner.schedule import Action, Kind
 from tfsift import context
 from tfsift.comm import BACKWARD, FORWARD, PipeComm
-from tfsift.stage import Saved, Stage, gradients, is_float
+from tfsift.stage import Saved, Stage, is_float
 
 Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
 Spec = tuple[tuple[int, ...], Any]
@@ -52,21 +52,15 @@ class Executor:
         self.heads: dict[int, tuple[tf.GradientTape | None, list[context.GradientList]]] = {}
         self.out_grads: dict[int, list[tf.Tensor]] = {}
         self.in_grads: dict[int, list[tf.Tensor]] = {}
-        self.grads: dict[int, list[tf.Tensor]] = {}
+        self.grad_sum: list[tf.Tensor] | None = None  # summed as backwards finish: no M copies
         self.results: dict[int, Any] = {}
-        self._handlers: dict[Kind, Callable[[int], None]] = {
-            Kind.FORWARD: self._forward,
-            Kind.BACKWARD: self._backward,
-            Kind.SEND_F: self._send_forward,
-            Kind.RECV_F: self._recv_forward,
-            Kind.SEND_B: self._send_backward,
-            Kind.RECV_B: self._recv_backward,
-        }
 
     def run(self, actions: Sequence[Action]) -> None:
         """Executes ``actions`` in order, then completes outstanding sends."""
         for action in actions:
-            self._handlers[action.kind](action.microbatch)
+            # Look the handler up per action: a dict of bound methods on self would make a
+            # reference cycle that keeps every step's tensors alive until a full GC.
+            getattr(self, _HANDLERS[action.kind])(action.microbatch)
         self.comm.wait()
 
     @property
@@ -122,28 +116,36 @@ class Executor:
         return tree.pack_sequence_as(self.output_structure, outputs)
 
     def _backward(self, m: int) -> None:
-        request: context.GradientList | None = None
-        direct: list[tf.Tensor] = []
+        direct: list[tf.Tensor | None] = []
         if self.last:
-            out_grads, direct, request = self._head_gradients(m)
+            out_grads, direct = self._head_gradients(m)
         else:
             out_grads = self.out_grads.pop(m)
         saved = self.saved.pop(m)
         assert saved is not None
         var_grads, self.in_grads[m] = self.stage.backward(saved, out_grads)
         self.outputs.pop(m, None)
-        self.grads[m] = var_grads
-        if request is not None:
-            _fill_request(request, self.stage.variables, var_grads, direct)
+        for i, extra in enumerate(direct):  # a loss that reads a variable directly (a penalty)
+            if extra is not None:
+                var_grads[i] = var_grads[i] + tf.convert_to_tensor(extra)
+        if self.grad_sum is None:
+            self.grad_sum = var_grads
+        else:
+            self.grad_sum = [a + b for a, b in zip(self.grad_sum, var_grads, strict=True)]
 
-    def _head_gradients(
-        self, m: int
-    ) -> tuple[list[tf.Tensor], list[tf.Tensor], context.GradientList]:
+    def _head_gradients(self, m: int) -> tuple[list[tf.Tensor], list[tf.Tensor | None]]:
+        """d loss / d predictions, and d loss / d variable along paths that skip the model."""
         tape, (request,) = self.heads.pop(m)
         assert tape is not None
+        _check_request(request, self.stage.variables)
         predictions = [y for y in self.outputs[m] if is_float(y)]
-        grads = gradients(tape, request.loss, predictions + request.variables)
-        return list(grads[: len(predictions)]), list(grads[len(predictions) :]), request
+        grads = tape.gradient(request.loss, predictions + list(self.stage.variables))
+        n = len(predictions)
+        out_grads = [
+            tf.zeros_like(y) if g is None else tf.convert_to_tensor(g)
+            for y, g in zip(predictions, grads[:n], strict=True)
+        ]
+        return out_grads, list(grads[n:])
 
     def _send_forward(self, m: int) -> None:
         self.comm.send(self.outputs[m], self.s + 1, FORWARD, m)
@@ -165,17 +167,23 @@ class Executor:
         return [((batch, *shape), dtype) for shape, dtype in specs]
 
 
-def _fill_request(
-    request: context.GradientList,
-    variables: Sequence[Any],
-    var_grads: Sequence[tf.Tensor],
-    direct: Sequence[tf.Tensor],
-) -> None:
-    """Gradient of each requested variable: through the stage, plus any direct path in the head."""
-    by_id = {id(v): g for v, g in zip(variables, var_grads, strict=True)}
-    for i, (var, extra) in enumerate(zip(request.variables, direct, strict=True)):
-        own = by_id.get(id(var))
-        request[i] = extra if own is None else own + tf.cast(extra, own.dtype)
+def _check_request(request: context.GradientList, variables: Sequence[Any]) -> None:
+    if [id(v) for v in request.variables] != [id(v) for v in variables]:
+        raise ValueError(
+            "tfsift.gradients must be called with model.trainable_variables (this rank's stage "
+            f"variables, {len(variables)} of them). Received: a list of "
+            f"{len(request.variables)} variables"
+        )
+
+
+_HANDLERS = {
+    Kind.FORWARD: "_forward",
+    Kind.BACKWARD: "_backward",
+    Kind.SEND_F: "_send_forward",
+    Kind.RECV_F: "_recv_forward",
+    Kind.SEND_B: "_send_backward",
+    Kind.RECV_B: "_recv_backward",
+}
 
 
 def microbatch_size(microbatch: Microbatch) -> int:

@@ -15,8 +15,8 @@ from partitioner import schedule
 from tfsift import context, runtime
 from tfsift.comm import PipeComm
 from tfsift.executor import Executor, Microbatch
-from tfsift.model import DistributedModel, Partitioned
-from tfsift.step_output import StepOutput
+from tfsift.model import DistributedModel
+from tfsift.step_output import GradientOutput, StepOutput
 
 _GRADS = "__tfsift_gradients__"
 
@@ -72,7 +72,7 @@ def step(fn: Callable[..., Any]) -> Callable[..., Any]:
             probe.training,
         )
         executor.run(probe.actions)
-        return _gather(executor, part, rt)
+        return _gather(executor, rt)
 
     return wrapper
 
@@ -122,27 +122,18 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch, rt: runtime.Runtime) 
     return _Probe(model, backward, training, plan[rt.stage], PipeComm(rt.pipe_comm))
 
 
-def _gather(executor: Executor, part: Partitioned, rt: runtime.Runtime) -> Any:
+def _gather(executor: Executor, rt: runtime.Runtime) -> Any:
     """Per-output StepOutputs; the last stage's results are broadcast along the pipeline."""
     K, M = rt.topology.partitions, rt.config.microbatches
-    results: list[Any] | None = None
-    if executor.last:
-        results = [_strip(executor.results[m]) for m in range(M)]
+    results = [executor.results[m] for m in range(M)] if executor.last else None
     if K > 1:
-        results = rt.pipe_comm.bcast(results, root=K - 1)
+        shared = rt.pipe_comm.bcast(
+            [_strip(r) for r in results] if results is not None else None, root=K - 1
+        )
+        results = results if results is not None else shared
     assert results is not None
-    own = (
-        [
-            StepOutput([executor.grads[m][i] for m in range(M)])
-            for i in range(len(part.stage.variables))
-        ]
-        if executor.grads
-        else []
-    )
-    if executor.last and executor.grads:
-        requests = [executor.results[m] for m in range(M)]
-        own = _request_outputs(requests, M) or own
-    return _merge(results, own)
+    grads = executor.grad_sum or []
+    return _merge(results, [GradientOutput(g, M) for g in grads])
 
 
 def _strip(value: Any) -> Any:
@@ -158,7 +149,7 @@ def _strip(value: Any) -> Any:
 
 def _merge(results: list[Any], grads: list[StepOutput]) -> Any:
     first = results[0]
-    if isinstance(first, str) and first == _GRADS:
+    if isinstance(first, context.GradientList) or (isinstance(first, str) and first == _GRADS):
         return grads
     if isinstance(first, (list, tuple)):
         return type(first)(_merge([r[i] for r in results], grads) for i in range(len(first)))
@@ -167,28 +158,3 @@ def _merge(results: list[Any], grads: list[StepOutput]) -> Any:
     if isinstance(first, (np.ndarray, np.generic, float, int)) or tf.is_tensor(first):
         return StepOutput([tf.convert_to_tensor(r) for r in results])
     return first
-
-
-def _request_outputs(requests: list[Any], M: int) -> list[StepOutput]:
-    """On the last stage, the gradients in the order the user asked for them."""
-    found = [f for f in (_find_request(r) for r in requests) if f is not None]
-    if len(found) != M:
-        return []
-    return [StepOutput([found[m][i] for m in range(M)]) for i in range(len(found[0]))]
-
-
-def _find_request(value: Any) -> context.GradientList | None:
-    if isinstance(value, context.GradientList):
-        return value
-    items = (
-        value.values()
-        if isinstance(value, dict)
-        else value
-        if isinstance(value, (list, tuple))
-        else []
-    )
-    for item in items:
-        found = _find_request(item)
-        if found is not None:
-            return found
-    return None

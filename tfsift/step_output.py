@@ -46,3 +46,44 @@ class StepOutput:
     def stack(self) -> tf.Tensor:
         """The microbatch values stacked on a new axis 0."""
         return tf.stack(self.outputs, axis=0)
+
+
+class GradientOutput(StepOutput):
+    """A gradient summed over the microbatches as their backwards finish.
+
+    Only the sum is kept (holding M per-microbatch copies of every gradient would cost
+    M times the model's gradient memory), so ``accumulate``/``reduce_mean`` and
+    ``reduce_sum`` work while the per-microbatch views raise.
+    """
+
+    def __init__(self, total: tf.Tensor, count: int) -> None:
+        self.total = total
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"GradientOutput(microbatches={self.count})"
+
+    @property
+    def outputs(self) -> list[tf.Tensor]:  # type: ignore[override]
+        raise RuntimeError(
+            "per-microbatch gradients are not kept (they would cost M copies); "
+            "use accumulate(), reduce_mean() or reduce_sum()"
+        )
+
+    def reduce_mean(self) -> tf.Tensor:
+        return self.total / tf.cast(self.count, self.total.dtype)
+
+    def reduce_sum(self) -> tf.Tensor:
+        return self.total
+
+    def accumulate(self) -> tf.Tensor:
+        return self.reduce_mean()
+
+    def concat(self) -> tf.Tensor:
+        return tf.concat(self.outputs, axis=0)
+
+    def stack(self) -> tf.Tensor:
+        return tf.stack(self.outputs, axis=0)
