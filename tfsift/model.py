@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from tfsift import context, placement, runtime
 from tfsift.collectives import broadcast_variables
+from tfsift.config import Config
 from tfsift.graph import Graph, trace
 from tfsift.profiler import profile
 from tfsift.stage import Stage
@@ -160,31 +161,39 @@ def _plan_bounds(
         return (0, L)
     if not cfg.auto_partition:
         return manual_bounds(graph, model._tfsift.placements, cfg.partitions, cfg.default_partition)
-    from partitioner.plan import Plan, make_plan
-
-    if cfg.plan_file and os.path.exists(cfg.plan_file):
-        return _bounds_from_plan(Plan.load(cfg.plan_file), graph, cfg.partitions)
-    outcome: tuple[str, str] | None = None
+    # Only rank 0 touches the plan file, and every rank takes the bounds (or the error)
+    # from its broadcast: a rank that saw the file rank 0 had just written would skip the
+    # broadcast and leave the others waiting in it.
+    outcome: tuple[str, Any] | None = None
     if rt.rank == 0:
         try:
-            costs = profile(graph, example, cfg.profile_repeats)
-            plan = make_plan(
-                costs,
-                cfg.partitions,
-                cfg.microbatches,
-                optimize=cfg.optimize,
-                pipeline=cfg.pipeline,
-                memory_cap=cfg.memory_cap,
-            )
-            if cfg.plan_file:
-                plan.save(cfg.plan_file)
-            outcome = ("ok", plan.to_json())
-        except ValueError as err:
+            outcome = ("ok", _rank0_bounds(graph, example, cfg))
+        except (OSError, ValueError) as err:
             outcome = ("error", str(err))
     status, payload = MPI.COMM_WORLD.bcast(outcome, root=0)
     if status == "error":
         raise ValueError(payload)
-    return Plan.from_json(payload).bounds
+    return tuple(payload)
+
+
+def _rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tuple[int, ...]:
+    """Loads the plan file if there is one, else profiles, solves and saves the plan."""
+    from partitioner.plan import Plan, make_plan
+
+    if cfg.plan_file and os.path.exists(cfg.plan_file):
+        return _bounds_from_plan(Plan.load(cfg.plan_file), graph, cfg.partitions)
+    costs = profile(graph, example, cfg.profile_repeats)
+    plan = make_plan(
+        costs,
+        cfg.partitions,
+        cfg.microbatches,
+        optimize=cfg.optimize,
+        pipeline=cfg.pipeline,
+        memory_cap=cfg.memory_cap,
+    )
+    if cfg.plan_file:
+        plan.save(cfg.plan_file)
+    return tuple(plan.bounds)
 
 
 def manual_bounds(
