@@ -113,7 +113,8 @@ def main() -> None:
         for images, labels in train:
             grads, loss = train_step(images, labels)
             grads = tfsift.allreduce([g.accumulate() for g in grads])
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            if grads:  # a stage may hold no variables (e.g. only a flatten)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             losses.append(float(loss.reduce_mean()))
         say(
             f"epoch {epoch + 1}/{args.epochs}  loss {np.mean(losses):.4f}  "

@@ -31,7 +31,7 @@ def test_two_stages_by_two_replicas_train_like_one_process(
             assert data["mp_set"] == ranks
             assert data["dp_set"] == [p[stage] for p in pipelines]
             assert data["weight_error"] < 1e-5, (rank, data["weight_error"])
-            assert 0 < data["num_vars"] < 8
+        assert sum(got[rank]["num_vars"] for rank in ranks) == 8  # split, none lost
         assert got[ranks[0]]["losses"] == got[ranks[1]]["losses"]
         assert (
             got[ranks[0]]["shard"] == got[ranks[1]]["shard"] == [replica, replica + 2, replica + 4]
