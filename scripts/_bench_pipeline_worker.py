@@ -1,0 +1,302 @@
+"""One rank of ``scripts/bench_pipeline.py``: times one configuration and writes JSON.
+
+usage: _bench_pipeline_worker.py MODE CONFIG_JSON OUT_DIR
+       (MODE: single, pipeline, dp or reference)
+
+Letters: K stages, M microbatches, B the global batch. Every rank runs one compute
+thread; each writes ``OUT_DIR/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+# One compute thread per rank, fixed before any TensorFlow op runs.
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+import gc  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # type: ignore[import-untyped]  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import tfsift  # noqa: E402
+from partitioner.plan import make_plan  # noqa: E402
+from tfsift.profiler import profile  # noqa: E402
+
+Config = dict[str, Any]
+Step = Callable[[], None]
+LOSS = keras.losses.MeanSquaredError()
+
+
+class Chain(tfsift.DistributedModel):
+    """``depth`` equal ``Dense(width, relu)`` layers: a perfectly balanced chain."""
+
+    def __init__(self, depth: int, width: int) -> None:
+        super().__init__()
+        self.blocks = [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
+
+    def call(self, x: Any) -> Any:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def plain_chain(depth: int, width: int) -> keras.Model:
+    """The same chain as a plain Keras model (no tfsift)."""
+    layers = [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
+    return keras.Sequential([keras.Input((width,)), *layers])
+
+
+def data(cfg: Config) -> tuple[tf.Tensor, tf.Tensor]:
+    rng = np.random.default_rng(0)
+    shape = (cfg["batch"], cfg["width"])
+    x = rng.normal(size=shape).astype("float32")
+    y = rng.normal(size=shape).astype("float32")
+    return tf.constant(x), tf.constant(y)
+
+
+def compiled_update(optimizer: keras.optimizers.Optimizer, variables: list[Any]) -> Any:
+    """``optimizer.apply`` in a tf.function, as a user would write it."""
+    optimizer.build(variables)
+    return tf.function(lambda grads: optimizer.apply(grads, variables))
+
+
+def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
+    """The reference: a plain Keras 3 train step (tape, loss, SGD) in one tf.function."""
+    model = plain_chain(cfg["layers"], cfg["width"])
+    optimizer = keras.optimizers.SGD(1e-3)
+    optimizer.build(model.trainable_variables)
+
+    def train(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    compiled = tf.function(train)
+
+    def step() -> None:
+        compiled(x, y)
+
+    return step
+
+
+def tfsift_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False) -> tuple[Step, Any]:
+    """A ``@tfsift.step`` train step (its first, partitioning call is made here)."""
+    model = Chain(cfg["layers"], cfg["width"])
+
+    @tfsift.step
+    def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    start = time.perf_counter()
+    forward_backward(x, y)
+    first = time.perf_counter() - start
+    update = compiled_update(keras.optimizers.SGD(1e-3), model.trainable_variables)
+    timings: dict[str, list[float]] = {"allreduce": []}
+
+    def train() -> None:
+        grads, _ = forward_backward(x, y)
+        accumulated = [g.accumulate() for g in grads]
+        if dp:
+            start = time.perf_counter()
+            accumulated = tfsift.allreduce(accumulated)
+            timings["allreduce"].append(time.perf_counter() - start)
+        update(accumulated)
+
+    return train, (model, first, timings)
+
+
+def synced_time(step: Step, collect: bool) -> float:
+    """Seconds of one step started together on every rank; the slowest rank's time.
+
+    With ``collect`` a full garbage collection runs first, outside the timed window; the
+    benchmark also runs without it, to show that no step's tensors outlive the step.
+    """
+    if collect:
+        gc.collect()
+    MPI.COMM_WORLD.Barrier()
+    start = time.perf_counter()
+    step()
+    return float(max(MPI.COMM_WORLD.allgather(time.perf_counter() - start)))
+
+
+def reset_peak_rss() -> None:
+    """Resets the kernel's peak-RSS mark (what ru_maxrss reports) to the current RSS."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds used so far by the main thread, TensorFlow's pools and every other thread."""
+    main = threading.get_native_id()
+    out = {"main": 0.0, "tensorflow": 0.0, "other": 0.0}
+    for thread in psutil.Process().threads():
+        try:
+            name = Path(f"/proc/self/task/{thread.id}/comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        kind = "main" if thread.id == main else "tensorflow" if name.startswith("tf_") else "other"
+        out[kind] += thread.user_time + thread.system_time
+    return out
+
+
+def timed(step: Step, cfg: Config) -> dict[str, Any]:
+    """Times ``cfg["steps"]`` steps; also the CPU each kind of thread used over that wall time."""
+    before, start = thread_cpu(), time.perf_counter()
+    times = [synced_time(step, cfg["collect"]) for _ in range(cfg["steps"])]
+    wall, after = time.perf_counter() - start, thread_cpu()
+    cpu = {k: after[k] - before[k] for k in before}
+    return {"times": times, "thread_cpu_s": cpu, "timed_wall_s": wall}
+
+
+def maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def time_steps(steps: dict[str, Step], cfg: Config) -> dict[str, list[float]]:
+    """Warms each step up, then times them in alternating rounds (drift hits all alike)."""
+    for _ in range(cfg["warmup"]):
+        for step in steps.values():
+            synced_time(step, cfg["collect"])
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(cfg["steps"]):
+        for name, step in steps.items():
+            times[name].append(synced_time(step, cfg["collect"]))
+    return times
+
+
+def predictions(cfg: Config, model: Chain, x: tf.Tensor) -> list[dict[str, Any]]:
+    """The simulator's K-stage step time for every M, schedule and mode, profiled at B/M."""
+    out = []
+    for M in cfg["microbatches"]:
+        costs = profile_at(model, x, M, cfg)
+        for pipeline in cfg["pipelines"]:
+            for optimize in cfg["optimizes"]:
+                plan = make_plan(costs, cfg["K"], M, optimize=optimize, pipeline=pipeline)
+                out.append(
+                    {
+                        "M": M,
+                        "pipeline": pipeline,
+                        "optimize": optimize,
+                        "microbatch_compute_s": float(costs.prefix.compute[-1]),
+                        "predicted_step_s": plan.predicted_step_time,
+                        "predicted_bubble": plan.predicted_bubble,
+                        "predicted_peak_bytes": list(plan.peak_memory),
+                        "bounds": list(plan.bounds),
+                    }
+                )
+    return out
+
+
+def profile_at(model: Chain, x: tf.Tensor, M: int, cfg: Config) -> Any:
+    """The cost model of the traced chain for microbatches of B/M samples."""
+    part = model.partitioned
+    assert part is not None, "the model is partitioned by its first step"
+    return profile(part.graph, [x[: cfg["batch"] // M]], cfg["profile_repeats"])
+
+
+def run_single(cfg: Config) -> dict[str, Any]:
+    """One process: plain Keras vs @tfsift.step (K=1, M=1), then the simulator's predictions."""
+    tfsift.init({"partitions": 1, "microbatches": 1})
+    x, y = data(cfg)
+    tfsift_train, (model, first, _) = tfsift_step(cfg, x, y)
+    times = time_steps({"keras": keras_step(cfg, x, y), "tfsift": tfsift_train}, cfg)
+    rss = maxrss_mib()
+    whole = float(profile_at(model, x, 1, cfg).prefix.compute[-1])
+    return {
+        "times": times,
+        "first_step_s": first,
+        "maxrss_mib": rss,
+        "whole_batch_compute_s": whole,
+        "predictions": predictions(cfg, model, x),
+        "microbatched": {
+            str(M): one_process_microbatched(cfg, M, x, y) for M in cfg["microbatches"]
+        },
+    }
+
+
+def one_process_microbatched(cfg: Config, M: int, x: tf.Tensor, y: tf.Tensor) -> list[float]:
+    """Step times of @tfsift.step with K=1 and M microbatches: the microbatching cost alone."""
+    tfsift.init({"partitions": 1, "microbatches": M})
+    train, _ = tfsift_step(cfg, x, y)
+    return time_steps({"tfsift": train}, cfg)["tfsift"]
+
+
+def run_pipeline(cfg: Config) -> dict[str, Any]:
+    """K ranks, one stage each: times the pipelined train step."""
+    tfsift.init(
+        {
+            "partitions": cfg["K"],
+            "microbatches": cfg["M"],
+            "pipeline": cfg["pipeline"],
+            "optimize": cfg["optimize"],
+            "profile_repeats": cfg["profile_repeats"],
+        }
+    )
+    x, y = data(cfg)
+    before = maxrss_mib()
+    train, (model, first, _) = tfsift_step(cfg, x, y)
+    for _ in range(cfg["warmup"]):
+        synced_time(train, cfg["collect"])
+    whole = maxrss_mib()
+    gc.collect()
+    reset_peak_rss()
+    return timed(train, cfg) | {
+        "first_step_s": first,
+        "bounds": list(model.partitioned.bounds),
+        "maxrss_before_mib": before,
+        "maxrss_whole_mib": whole,
+        "maxrss_timed_mib": maxrss_mib(),
+    }
+
+
+def run_dp(cfg: Config) -> dict[str, Any]:
+    """Data parallel on every rank (partitions=1): B / size samples each, grads allreduced."""
+    tfsift.init({"partitions": 1, "microbatches": 1})
+    x, y = data(cfg)
+    share = cfg["batch"] // tfsift.size()
+    part = slice(tfsift.rank() * share, (tfsift.rank() + 1) * share)
+    train, (_, first, timings) = tfsift_step(cfg, x[part], y[part], dp=True)
+    for _ in range(cfg["warmup"]):
+        synced_time(train, cfg["collect"])
+    timings["allreduce"].clear()
+    return timed(train, cfg) | {"first_step_s": first, "allreduce": timings["allreduce"]}
+
+
+def run_reference(cfg: Config) -> dict[str, Any]:
+    """One process: the plain Keras step alone (for batches other than the main one)."""
+    x, y = data(cfg)
+    return {"times": time_steps({"keras": keras_step(cfg, x, y)}, cfg)["keras"]}
+
+
+MODES: dict[str, Callable[[Config], dict[str, Any]]] = {
+    "single": run_single,
+    "pipeline": run_pipeline,
+    "dp": run_dp,
+    "reference": run_reference,
+}
+
+
+def main() -> None:
+    mode, cfg, out = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
+    result = MODES[mode](cfg)
+    rank = MPI.COMM_WORLD.Get_rank()
+    result |= {"rank": rank, "mode": mode, "config": cfg}
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
