@@ -46,6 +46,11 @@ def step(fn: Callable[..., Any]) -> Callable[..., Any]:
         ...     loss = loss_fn(y, model(x, training=True))
         ...     return tfsift.gradients(loss, model.trainable_variables), loss
 
+    The first call also runs ``fn`` once on the first microbatch with the model returning
+    zeros, up to ``tfsift.gradients``: that probe partitions the model and learns whether
+    the step trains. Keep side effects (metric updates) after ``tfsift.gradients`` or
+    outside the step.
+
     Raises:
         ValueError: a batch size not divisible by ``microbatches``.
     """
