@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,17 +50,17 @@ def test_pure_data_parallel_two_ranks_train_like_one_process() -> None:
         assert got[rank]["weight_error"] < 1e-5, got[rank]["weight_error"]
 
 
-def test_same_script_runs_as_one_plain_process_with_one_partition() -> None:
+def test_same_script_runs_as_one_plain_process_with_one_partition(tmp_path: Path) -> None:
     script = str(mpi.SCRIPTS / "hybrid_check.py")
     proc = subprocess.run(
         [sys.executable, script, "1", "cluster", "2"],
-        env=mpi.environment({mpi.REPORTS: str(mpi.ROOT / ".pytest_cache")}),
+        env=mpi.environment({mpi.REPORTS: str(tmp_path)}),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((mpi.ROOT / ".pytest_cache" / "rank0.json").read_text())
+    report = json.loads((tmp_path / "rank0.json").read_text())
     assert (report["dp_size"], report["mp_size"], report["num_vars"]) == (1, 1, 8)
     assert report["weight_error"] < 1e-5
 
