@@ -11,7 +11,7 @@ from typing import Any
 import keras
 
 import tfsift
-from models import LOSS, MODELS, data
+from models import MODELS, data, training_step
 
 
 class OneLayer(tfsift.DistributedModel):
@@ -30,11 +30,7 @@ else:
     tfsift.init({"partitions": 2, "microbatches": 2, "memory_cap": "1KiB"})
     model = MODELS["conv"]()
 
-
-@tfsift.step
-def forward_backward(images, labels):  # type: ignore[no-untyped-def]
-    loss = LOSS(labels, model(images, training=True))
-    return tfsift.gradients(loss, model.trainable_variables), loss
+forward_backward = training_step(model)
 
 
 x, y = data(8)

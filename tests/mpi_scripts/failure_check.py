@@ -5,16 +5,12 @@ from __future__ import annotations
 import keras
 
 import tfsift
-from models import LOSS, MODELS, data
+from models import MODELS, data, training_step
 
 tfsift.init({"partitions": 2, "microbatches": 2})
 model = MODELS["conv"]()
 
-
-@tfsift.step
-def forward_backward(images, labels):  # type: ignore[no-untyped-def]
-    loss = LOSS(labels, model(images, training=True))
-    return tfsift.gradients(loss, model.trainable_variables), loss
+forward_backward = training_step(model)
 
 
 x, y = data(8)

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
-from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, rel_error
+from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, rel_error, training_step
 from mpi import report
 
 B, M, SEED = 8, 2, 7
@@ -50,10 +50,7 @@ def main() -> None:
     model = MODELS["skip"]()
     optimizer = keras.optimizers.Adam(0.01)
 
-    @tfsift.step
-    def forward_backward(images, labels):  # type: ignore[no-untyped-def]
-        loss = LOSS(labels, model(images, training=True))
-        return tfsift.gradients(loss, model.trainable_variables), loss
+    forward_backward = training_step(model)
 
     model.partition_model([data(B)[0][: B // M]])
     copy_stage_weights(ref, init, model)

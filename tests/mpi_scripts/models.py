@@ -76,6 +76,17 @@ MODELS = {"conv": ConvNet, "skip": SkipNet, "dropout": DropoutNet, "ops": OpsNet
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def training_step(model: tfsift.DistributedModel) -> Any:
+    """The README's forward/backward step for ``model``: (gradients, loss)."""
+
+    @tfsift.step
+    def forward_backward(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        loss = LOSS(labels, model(images, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    return forward_backward
+
+
 def data(batch: int, seed: int = 0) -> tuple[tf.Tensor, tf.Tensor]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(batch, 8, 8, 1)).astype("float32")

@@ -10,18 +10,14 @@ import sys
 import keras
 
 import tfsift
-from models import LOSS, MODELS, data
+from models import MODELS, data, training_step
 from mpi import report
 
 tfsift.init({"partitions": 2, "microbatches": 2, "plan_file": sys.argv[1]})
 keras.utils.set_random_seed(0)
 model = MODELS["skip"]()
 
-
-@tfsift.step
-def forward_backward(images, labels):  # type: ignore[no-untyped-def]
-    loss = LOSS(labels, model(images, training=True))
-    return tfsift.gradients(loss, model.trainable_variables), loss
+forward_backward = training_step(model)
 
 
 x, y = data(8)
