@@ -43,7 +43,9 @@ class Executor:
     ) -> None:
         self.stage, self.s, self.K = stage, stage.index, num_stages
         self.comm, self.fn, self.microbatches = comm, fn, microbatches
-        self.in_specs, self.out_specs = specs
+        self.in_specs, out_specs = specs
+        # gradients come back only for float outputs (integer tensors carry none)
+        self.grad_specs = [spec for spec in out_specs if tf.as_dtype(spec[1]).is_floating]
         self.output_structure = output_structure
         self.backward, self.training = backward, training
         self.inputs: dict[int, list[tf.Tensor]] = {}
@@ -159,8 +161,9 @@ class Executor:
         self.comm.send(self.in_grads.pop(m), self.s - 1, BACKWARD, m)
 
     def _recv_backward(self, m: int) -> None:
-        floats = [spec for spec in self.out_specs if tf.as_dtype(spec[1]).is_floating]
-        self.out_grads[m] = self.comm.recv(self._shapes(floats, m), self.s + 1, BACKWARD, m)
+        self.out_grads[m] = self.comm.recv(
+            self._shapes(self.grad_specs, m), self.s + 1, BACKWARD, m
+        )
 
     def _shapes(self, specs: Sequence[Spec], m: int) -> list[Spec]:
         batch = microbatch_size(self.microbatches[m])

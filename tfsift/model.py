@@ -104,8 +104,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         part = self.partitioned
         if part is None:
             return list(super().non_trainable_variables)
-        trainable = {id(v) for v in part.stage.variables}
-        return [v for v in part.stage.graph.variables() if id(v) not in trainable]
+        return list(part.stage.state_variables)
 
     @property
     def non_trainable_weights(self) -> list[Any]:

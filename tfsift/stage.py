@@ -31,7 +31,7 @@ class Stage:
         self.variables = graph.trainable_variables()
         self._seeds = graph.seed_states()
         trainable = {id(v) for v in self.variables}
-        self._state = [v for v in graph.variables() if id(v) not in trainable]
+        self.state_variables = [v for v in graph.variables() if id(v) not in trainable]
         self._forward = {flag: _compiled_forward(graph, flag) for flag in (True, False)}
         self._recompute_backward = tf.function(self._backward_by_recompute, reduce_retracing=True)
 
@@ -68,14 +68,14 @@ class Stage:
     ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         # Rewind the random seeds to the forward's, so that dropout masks repeat exactly, and
         # put back every non-trainable variable afterwards (BatchNorm statistics update once).
-        before = [tf.identity(v.value) for v in self._state]
+        before = [tf.identity(v.value) for v in self.state_variables]
         for state, seed in zip(self._seeds, seeds, strict=True):
             state.assign(seed)
         with tf.GradientTape() as tape:
             tape.watch(_floats(inputs))
             outputs = self.graph.run(inputs, True)
         result = self._gradients(tape, inputs, outputs, out_grads)
-        for var, value in zip(self._state, before, strict=True):
+        for var, value in zip(self.state_variables, before, strict=True):
             var.assign(value)
         return result
 
