@@ -27,6 +27,7 @@ class Kind(StrEnum):
 
 
 COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD})
+COMPUTE_ORDER = (Kind.FORWARD, Kind.BACKWARD)
 _PATTERN = re.compile(r"(\d+)(F|B|SF|RF|SB|RB)(\d+)")
 
 
@@ -74,13 +75,27 @@ class ScheduleError(ValueError):
 
 
 def simple(K: int, M: int) -> Schedule:
-    """GPipe: every stage runs all M forwards, then all M backwards."""
+    """GPipe: every stage runs all M forwards, then all M backwards; the last stage
+    runs each backward right after its forward.
+
+    The last stage's backward of m needs nothing but its forward of m, so running it
+    at once never delays anything: each input gradient leaves no later than in the
+    all-forwards-first order (so the step time is never longer), and the last stage
+    holds one microbatch's activations instead of M. The runtime then fuses the two
+    into one compiled call. K=2, M=3:
+
+        stage 0  F0 F1 F2 B0 B1 B2
+        stage 1  F0 B0 F1 B1 F2 B2
+    """
     _check_sizes(K, M)
-    return {
+    schedule = {
         s: [Action(s, Kind.FORWARD, m) for m in range(M)]
         + [Action(s, Kind.BACKWARD, m) for m in range(M)]
-        for s in range(K)
+        for s in range(K - 1)
     }
+    last = K - 1
+    schedule[last] = [Action(last, kind, m) for m in range(M) for kind in COMPUTE_ORDER]
+    return schedule
 
 
 def interleaved(K: int, M: int) -> Schedule:

@@ -40,9 +40,12 @@ class InfeasibleError(ValueError):
 
 
 def in_flight(pipeline: str, K: int, M: int) -> tuple[int, ...]:
-    """Most microbatches a stage holds at once: M for simple, min(K - s, M) for 1F1B."""
+    """Most microbatches a stage holds at once: M for simple (1 on its last stage, which
+    runs each backward right after its forward), min(K - s, M) for 1F1B."""
     _check_choice(pipeline, PIPELINES, "pipeline")
-    return tuple(M if pipeline == "simple" else min(K - s, M) for s in range(K))
+    if pipeline == "simple":
+        return tuple(M if s < K - 1 else 1 for s in range(K))
+    return tuple(min(K - s, M) for s in range(K))
 
 
 def stage_loads(costs: CostModel, partition: Partition) -> Array:

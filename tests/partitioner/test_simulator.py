@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import partitioner.simulator
 from partitioner.costs import CostModel, LayerCost
 from partitioner.partition import Partition
-from partitioner.schedule import add_communication, build, forward_only
+from partitioner.schedule import Action, Kind, Schedule, add_communication, build, forward_only
 from partitioner.simulator import peak_memory, simulate, stage_memory, stage_times
 
 
@@ -32,14 +32,48 @@ def timeline(
 
 def test_simple_unbalanced_with_transfers_matches_hand_computation() -> None:
     result = simulate(two_layers(), Partition((0, 1, 2)), build("simple", 2, 2))
+    # The last stage runs each backward right after its forward, so 0B0 starts at 8, not 10.
     assert [(str(e.action), e.start, e.end) for e in result.events] == [
-        ("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("1F0", 2.0, 4.0), ("1F1", 4.0, 6.0),
-        ("1B0", 6.0, 9.0), ("1B1", 9.0, 12.0), ("0B0", 10.0, 12.0), ("0B1", 13.0, 15.0),
+        ("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("1F0", 2.0, 4.0), ("1B0", 4.0, 7.0),
+        ("1F1", 7.0, 9.0), ("0B0", 8.0, 10.0), ("1B1", 9.0, 12.0), ("0B1", 13.0, 15.0),
     ]  # fmt: skip
     assert result.step_time == 15.0
     assert result.busy == (6.0, 10.0)
     assert result.idle == (9.0, 5.0)
     assert result.bubble_fraction == pytest.approx(1 - 16 / 30)
+
+
+def all_forwards_first(K: int, M: int) -> Schedule:
+    """Textbook GPipe: the last stage too runs all its forwards before any backward."""
+    return {
+        s: [Action(s, kind, m) for kind in (Kind.FORWARD, Kind.BACKWARD) for m in range(M)]
+        for s in range(K)
+    }
+
+
+def test_simple_keeps_one_microbatch_on_the_last_stage() -> None:
+    costs, partition = two_layers(), Partition((0, 1, 2))
+    ours = simulate(costs, partition, build("simple", 2, 4))
+    textbook = simulate(costs, partition, all_forwards_first(2, 4))
+    assert ours.peak_memory == (40 + 4 * 5, 80 + 7)
+    assert textbook.peak_memory == (40 + 4 * 5, 80 + 4 * 7)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(2, 5),
+    st.integers(1, 8),
+    st.lists(st.floats(0.1, 5.0), min_size=10, max_size=10),
+    st.floats(0.0, 3.0),
+)
+def test_simple_is_never_slower_than_all_forwards_first(
+    K: int, M: int, times: list[float], cut: float
+) -> None:
+    layers = tuple(LayerCost(f"l{s}", times[2 * s], times[2 * s + 1], 0, 0, 100) for s in range(K))
+    costs = CostModel(layers, bandwidth=100.0 / cut if cut else math.inf)
+    partition = Partition(tuple(range(K + 1)))
+    ours = simulate(costs, partition, build("simple", K, M)).step_time
+    assert ours <= simulate(costs, partition, all_forwards_first(K, M)).step_time + 1e-9
 
 
 def test_interleaved_unbalanced_with_transfers_matches_hand_computation() -> None:
@@ -59,9 +93,9 @@ def test_recompute_adds_the_stage_forward_to_each_backward() -> None:
 @pytest.mark.parametrize(
     "pipeline, recompute, expected",
     [
-        ("simple", False, (40 + 2 * 5, 80 + 2 * 7)),
+        ("simple", False, (40 + 2 * 5, 80 + 1 * 7)),
         ("interleaved", False, (40 + 2 * 5, 80 + 1 * 7)),
-        ("simple", True, (40 + 5, 80 + 2 * 100 + 7)),
+        ("simple", True, (40 + 5, 80 + 1 * 100 + 7)),
         ("interleaved", True, (40 + 5, 80 + 1 * 100 + 7)),
     ],
 )

@@ -104,7 +104,8 @@ def test_solve_memory_matches_brute_force(problem: tuple[CostModel, int, int, st
 def pareto_optimum(costs: CostModel, K: int, M: int, cap: int | None, pipeline: str) -> float:
     """Least T by a Pareto DP over (bottleneck, cut total): exact, another algorithm."""
     L, p = costs.num_layers, costs.prefix
-    n = [M if pipeline == "simple" else min(K - s, M) for s in range(K)]
+    # simple: M microbatches in flight, but 1 on the last stage (its B follows its F)
+    n = [(M if s < K - 1 else 1) if pipeline == "simple" else min(K - s, M) for s in range(K)]
     fronts: list[dict[int, list[tuple[float, float]]]] = [{0: [(0.0, 0.0)]}]
     for s in range(K):
         nxt: dict[int, list[tuple[float, float]]] = {}
