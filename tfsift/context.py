@@ -22,6 +22,10 @@ class InputCaptured(Exception):
         self.inputs = inputs
 
 
+class StepFunctionError(ValueError):
+    """A ``@tfsift.step`` function broke a rule of steps (found while it runs or is traced)."""
+
+
 class GradientList(list[Any]):
     """What ``tfsift.gradients`` returns inside a step: filled in by the backward pass."""
 
@@ -35,10 +39,14 @@ class StepContext:
     """The hooks a model call and ``tfsift.gradients`` use while a step function runs."""
 
     def __init__(
-        self, model_call: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any], probe: bool
+        self,
+        model_call: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
+        probe: bool,
+        compiled: bool = False,
     ) -> None:
         self.model_call = model_call
         self.probe = probe
+        self.compiled = compiled  # the step function is being traced by tfsift itself
         self.requests: list[GradientList] = []
         self.tape: tf.GradientTape | None = None
 

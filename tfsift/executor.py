@@ -3,14 +3,15 @@
 Every schedule (``simple``, ``interleaved``, forward-only) is a list of
 ``partitioner.schedule.Action`` per stage; this is the only loop that runs them.
 On the last stage a forward runs the user's step function (the "head": loss and
-anything else computed from the predictions) and a backward starts from the
-gradient of the loss with respect to the predictions; on stage 0 the step
-function runs only until the model is called, to learn the model input.
+anything else computed from the predictions) and, in a training step, the
+backward too, in one compiled call (``tfsift.head``); the schedules put each
+backward right after its forward there, and the backward action finds it done.
+On stage 0 of a longer pipeline the step function runs only until the model is
+called, to learn the model input.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +21,8 @@ from keras import tree
 from partitioner.schedule import Action, Kind
 from tfsift import context
 from tfsift.comm import BACKWARD, FORWARD, PipeComm
-from tfsift.stage import Saved, Stage, is_float
+from tfsift.head import Head
+from tfsift.stage import Saved, Stage
 
 Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
 Spec = tuple[tuple[int, ...], Any]
@@ -40,8 +42,10 @@ class Executor:
         output_structure: Any,
         backward: bool,
         training: bool,
+        head: Head | None,
     ) -> None:
         self.stage, self.s, self.K = stage, stage.index, num_stages
+        self.head = head
         self.comm, self.fn, self.microbatches = comm, fn, microbatches
         self.in_specs, out_specs = specs
         # gradients come back only for float outputs (integer tensors carry none)
@@ -51,10 +55,10 @@ class Executor:
         self.inputs: dict[int, list[tf.Tensor]] = {}
         self.outputs: dict[int, list[tf.Tensor]] = {}
         self.saved: dict[int, Saved | None] = {}
-        self.heads: dict[int, tuple[tf.GradientTape | None, list[context.GradientList]]] = {}
         self.out_grads: dict[int, list[tf.Tensor]] = {}
         self.in_grads: dict[int, list[tf.Tensor]] = {}
         self.grad_sum: list[tf.Tensor] | None = None  # summed as backwards finish: no M copies
+        self.fused: set[int] = set()  # last stage: microbatches whose backward is done
         self.results: dict[int, Any] = {}
 
     def run(self, actions: Sequence[Action]) -> None:
@@ -95,59 +99,23 @@ class Executor:
         raise RuntimeError("the @tfsift.step function returned without calling the model")
 
     def _run_head(self, m: int) -> None:
-        ctx = context.StepContext(lambda model, a, k: self._head_model_call(m, a), probe=False)
-        args, kwargs = self.microbatches[m]
-        tape = tf.GradientTape() if self.backward else None
-        with context.active(ctx), tape if tape is not None else contextlib.nullcontext():
-            ctx.tape = tape
-            self.results[m] = self.fn(*args, **kwargs)
-        if self.backward and len(ctx.requests) != 1:
-            raise RuntimeError(
-                "a training step must call tfsift.gradients exactly once per call. "
-                f"Received: {len(ctx.requests)} calls"
-            )
-        self.heads[m] = (tape, ctx.requests)
-
-    def _head_model_call(self, m: int, args: tuple[Any, ...]) -> Any:
-        tape = context.current().tape  # type: ignore[union-attr]
-        inputs = _flat_inputs(args) if self.s == 0 else self.inputs.pop(m)
-        with tape.stop_recording() if tape is not None else contextlib.nullcontext():
-            outputs = self._stage_forward(m, inputs)
-        if tape is not None:
-            tape.watch([y for y in outputs if is_float(y)])
-        return tree.pack_sequence_as(self.output_structure, outputs)
+        assert self.head is not None, "the last stage runs the step function's head"
+        inputs = [] if self.s == 0 else self.inputs.pop(m)
+        done = self.head(inputs, self.microbatches[m], self.grad_sum)
+        self.results[m] = done.results
+        if self.backward:
+            self.grad_sum, self.in_grads[m] = done.grad_sum, done.in_grads
+            self.fused.add(m)
 
     def _backward(self, m: int) -> None:
-        direct: list[tf.Tensor | None] = []
         if self.last:
-            out_grads, direct = self._head_gradients(m)
-        else:
-            out_grads = self.out_grads.pop(m)
+            self.fused.remove(m)  # ran with the forward; KeyError if the schedule is wrong
+            return
         saved = self.saved.pop(m)
         assert saved is not None
-        var_grads, self.in_grads[m] = self.stage.backward(saved, out_grads)
+        var_grads, self.in_grads[m] = self.stage.backward(saved, self.out_grads.pop(m))
         self.outputs.pop(m, None)
-        for i, extra in enumerate(direct):  # a loss that reads a variable directly (a penalty)
-            if extra is not None:
-                var_grads[i] = var_grads[i] + tf.convert_to_tensor(extra)
-        if self.grad_sum is None:
-            self.grad_sum = var_grads
-        else:
-            self.grad_sum = [a + b for a, b in zip(self.grad_sum, var_grads, strict=True)]
-
-    def _head_gradients(self, m: int) -> tuple[list[tf.Tensor], list[tf.Tensor | None]]:
-        """d loss / d predictions, and d loss / d variable along paths that skip the model."""
-        tape, (request,) = self.heads.pop(m)
-        assert tape is not None
-        _check_request(request, self.stage.variables)
-        predictions = [y for y in self.outputs[m] if is_float(y)]
-        grads = tape.gradient(request.loss, predictions + list(self.stage.variables))
-        n = len(predictions)
-        out_grads = [
-            tf.zeros_like(y) if g is None else tf.convert_to_tensor(g)
-            for y, g in zip(predictions, grads[:n], strict=True)
-        ]
-        return out_grads, list(grads[n:])
+        self.grad_sum = self.stage.accumulate(self.grad_sum, var_grads)
 
     def _send_forward(self, m: int) -> None:
         self.comm.send(self.outputs[m], self.s + 1, FORWARD, m)
@@ -168,15 +136,6 @@ class Executor:
     def _shapes(self, specs: Sequence[Spec], m: int) -> list[Spec]:
         batch = microbatch_size(self.microbatches[m])
         return [((batch, *shape), dtype) for shape, dtype in specs]
-
-
-def _check_request(request: context.GradientList, variables: Sequence[Any]) -> None:
-    if [id(v) for v in request.variables] != [id(v) for v in variables]:
-        raise ValueError(
-            "tfsift.gradients must be called with model.trainable_variables (this rank's stage "
-            f"variables, {len(variables)} of them). Received: a list of "
-            f"{len(request.variables)} variables"
-        )
 
 
 _HANDLERS = {

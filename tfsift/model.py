@@ -78,10 +78,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             raise RuntimeError(
                 f"DistributedModel {self.name!r} can only be called inside a @tfsift.step function"
             )
-        if not tf.executing_eagerly():
+        if not (tf.executing_eagerly() or ctx.compiled):
             raise RuntimeError(
-                "a @tfsift.step function must run eagerly: do not wrap it in tf.function "
-                "(tfsift compiles each stage's forward and backward itself)"
+                "do not wrap a @tfsift.step function in tf.function: tfsift compiles the "
+                "stages' forward and backward and the loss head itself"
             )
         return ctx.model_call(self, args, kwargs)
 

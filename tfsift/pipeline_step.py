@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import tensorflow as tf
@@ -15,10 +15,9 @@ from partitioner import schedule
 from tfsift import context, runtime
 from tfsift.comm import PipeComm
 from tfsift.executor import Executor, Microbatch
+from tfsift.head import GRADS_MARKER, Head, mark_gradients
 from tfsift.model import DistributedModel
 from tfsift.step_output import GradientOutput, StepOutput
-
-_GRADS = "__tfsift_gradients__"
 
 
 @dataclasses.dataclass
@@ -30,9 +29,20 @@ class _Probe:
     training: bool
     actions: list[schedule.Action]
     comm: PipeComm
+    head: Head | None  # on the last stage
 
 
-def step(fn: Callable[..., Any]) -> Callable[..., Any]:
+@overload
+def step(fn: Callable[..., Any], *, compile: bool = True) -> Callable[..., Any]: ...
+
+
+@overload
+def step(
+    fn: None = None, *, compile: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+
+
+def step(fn: Callable[..., Any] | None = None, *, compile: bool = True) -> Any:
     """Turns a forward/backward function into a pipelined, microbatched step.
 
     Every tensor argument is split along axis 0 into ``microbatches`` pieces and
@@ -51,17 +61,33 @@ def step(fn: Callable[..., Any]) -> Callable[..., Any]:
     the step trains. Keep side effects (metric updates) after ``tfsift.gradients`` or
     outside the step.
 
+    On the last stage ``fn`` is compiled with ``tf.function`` together with the stage's
+    forward and backward (see ``tfsift.head``): Python side effects in it run when it is
+    traced, not every call. ``@tfsift.step(compile=False)`` runs it eagerly instead;
+    a function that cannot be traced falls back to that, with a warning.
+
     Raises:
         ValueError: a batch size not divisible by ``microbatches``.
     """
+    if fn is None:
+        return functools.partial(step, compile=compile)
+    return _make_step(fn, compile)
+
+
+def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
     probes: list[_Probe] = []
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not tf.executing_eagerly():
+            raise RuntimeError(
+                "do not wrap a @tfsift.step function in tf.function: tfsift compiles the "
+                "stages' forward and backward and the loss head itself"
+            )
         rt = runtime.get()
         microbatches = split(args, kwargs, rt.config.microbatches)
         if not probes:
-            probes.append(_probe(fn, microbatches[0], rt))
+            probes.append(_probe(fn, microbatches[0], rt, compile))
         probe = probes[0]
         part = probe.model.partitioned
         assert part is not None
@@ -75,6 +101,7 @@ def step(fn: Callable[..., Any]) -> Callable[..., Any]:
             part.output_structure,
             probe.backward,
             probe.training,
+            probe.head,
         )
         executor.run(probe.actions)
         return _gather(executor, rt)
@@ -85,6 +112,9 @@ def step(fn: Callable[..., Any]) -> Callable[..., Any]:
 def split(args: tuple[Any, ...], kwargs: dict[str, Any], M: int) -> list[Microbatch]:
     """Splits every tensor (or array) argument with a batch axis into ``M`` microbatches."""
     leaves = tree.flatten((args, kwargs))
+    if M == 1:
+        tensors = [_as_tensor(leaf) for leaf in leaves]
+        return [tree.pack_sequence_as((args, kwargs), tensors)]
     pieces = []
     for leaf in leaves:
         if (tf.is_tensor(leaf) or isinstance(leaf, np.ndarray)) and len(leaf.shape) > 0:
@@ -97,7 +127,13 @@ def split(args: tuple[Any, ...], kwargs: dict[str, Any], M: int) -> list[Microba
     return [tree.pack_sequence_as((args, kwargs), [p[m] for p in pieces]) for m in range(M)]
 
 
-def _probe(fn: Callable[..., Any], microbatch: Microbatch, rt: runtime.Runtime) -> _Probe:
+def _as_tensor(leaf: Any) -> Any:
+    return tf.convert_to_tensor(leaf) if isinstance(leaf, np.ndarray) else leaf
+
+
+def _probe(
+    fn: Callable[..., Any], microbatch: Microbatch, rt: runtime.Runtime, compile: bool
+) -> _Probe:
     seen: list[tuple[DistributedModel, bool]] = []
 
     def model_call(model: DistributedModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -124,7 +160,12 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch, rt: runtime.Runtime) 
         schedule.build(rt.config.pipeline, K, M, forward_only=not backward)
     )
     model, training = seen[0]
-    return _Probe(model, backward, training, plan[rt.stage], PipeComm(rt.pipe_comm))
+    head = None
+    if rt.stage == K - 1:
+        part = model.partitioned
+        assert part is not None
+        head = Head(part.stage, fn, part.output_structure, backward, training, compile)
+    return _Probe(model, backward, training, plan[rt.stage], PipeComm(rt.pipe_comm), head)
 
 
 def _gather(executor: Executor, rt: runtime.Runtime) -> Any:
@@ -143,18 +184,14 @@ def _gather(executor: Executor, rt: runtime.Runtime) -> Any:
 
 def _strip(value: Any) -> Any:
     """Replaces the gradient list by a marker and tensors by arrays (picklable, rank-neutral)."""
-    if isinstance(value, context.GradientList):
-        return _GRADS
-    if isinstance(value, (list, tuple)):
-        return type(value)(_strip(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items()}
-    return value.numpy() if tf.is_tensor(value) else value
+    return tree.map_structure(lambda v: v.numpy() if tf.is_tensor(v) else v, mark_gradients(value))
 
 
 def _merge(results: list[Any], grads: list[StepOutput]) -> Any:
     first = results[0]
-    if isinstance(first, context.GradientList) or (isinstance(first, str) and first == _GRADS):
+    if isinstance(first, context.GradientList) or (
+        isinstance(first, str) and first == GRADS_MARKER
+    ):
         return grads
     if isinstance(first, (list, tuple)):
         return type(first)(_merge([r[i] for r in results], grads) for i in range(len(first)))

@@ -32,8 +32,19 @@ class Stage:
         self._seeds = graph.seed_states()
         trainable = {id(v) for v in self.variables}
         self.state_variables = [v for v in graph.variables() if id(v) not in trainable]
-        self._forward = {flag: _compiled_forward(graph, flag) for flag in (True, False)}
+        self._forward = {
+            flag: _compiled_forward(graph, flag, first=index == 0) for flag in (True, False)
+        }
         self._recompute_backward = tf.function(self._backward_by_recompute, reduce_retracing=True)
+        self._add = tf.function(_add, reduce_retracing=True)
+
+    def accumulate(self, total: list[tf.Tensor] | None, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """``total + grads`` elementwise in one compiled call (``grads`` if no total yet)."""
+        return grads if total is None else list(self._add(total, grads))
+
+    def forward_call(self, inputs: Sequence[tf.Tensor], training: bool) -> list[tf.Tensor]:
+        """The stage's compiled forward, nothing kept (inside another function: inlined)."""
+        return list(self._forward[training](*inputs))
 
     def forward(
         self, inputs: Sequence[tf.Tensor], training: bool, keep: bool
@@ -41,7 +52,7 @@ class Stage:
         """Runs the stage; with ``keep`` returns what ``backward`` needs."""
         inputs = list(inputs)
         if not keep:
-            return list(self._forward[training](*inputs)), None
+            return self.forward_call(inputs, training), None
         if self.recompute:
             seeds = [tf.identity(s.value) for s in self._seeds]
             return list(self._forward[training](*inputs)), Saved(inputs, None, None, seeds)
@@ -110,11 +121,20 @@ def gradients(
     ]
 
 
-def _compiled_forward(graph: StageGraph, training: bool) -> Any:
+def _compiled_forward(graph: StageGraph, training: bool, first: bool) -> Any:
     def forward(*inputs: tf.Tensor) -> list[tf.Tensor]:
+        if first:
+            # Nobody needs gradients of the model input, but a tf.function's gradient
+            # computes them for all of its inputs: this lets the first layer's input
+            # gradient (a whole backward convolution, say) be pruned.
+            inputs = tuple(tf.stop_gradient(x) for x in inputs)
         return graph.run(inputs, training)
 
     return tf.function(forward, reduce_retracing=True)
+
+
+def _add(a: list[tf.Tensor], b: list[tf.Tensor]) -> list[tf.Tensor]:
+    return [x + y for x, y in zip(a, b, strict=True)]
 
 
 def is_float(x: Any) -> bool:

@@ -74,6 +74,8 @@ class GradientOutput(StepOutput):
         )
 
     def reduce_mean(self) -> tf.Tensor:
+        if self.count == 1:
+            return self.total
         return self.total / tf.cast(self.count, self.total.dtype)
 
     def reduce_sum(self) -> tf.Tensor:

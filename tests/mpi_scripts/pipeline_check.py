@@ -1,6 +1,7 @@
 """Every rank: pipeline gradients and loss for many configs against a one-process reference.
 
-usage: pipeline_check.py K MODELS MICROBATCHES PIPELINES OPTIMIZES   (comma-separated lists)
+usage: pipeline_check.py K MODELS MICROBATCHES PIPELINES OPTIMIZES [COMPILE]
+       (comma-separated lists; COMPILE "true" (default) or "false": @tfsift.step(compile=...))
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from mpi import report
 BATCH, SEED = 8, 1234
 
 
-def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, object]:
+def check(
+    name: str, K: int, M: int, pipeline: str, optimize: str, compile: bool
+) -> dict[str, object]:
     tfsift.init(
         {
             "partitions": K,
@@ -42,8 +45,11 @@ def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, 
     keras.utils.set_random_seed(SEED)
     model = MODELS[name]()
 
-    @tfsift.step
+    calls = []
+
+    @tfsift.step(compile=compile)
     def forward_backward(images, labels):  # type: ignore[no-untyped-def]
+        calls.append(1)  # Python: runs per microbatch eagerly, only when traced if compiled
         predictions = model(images, training=True)
         loss = LOSS(labels, predictions)
         return tfsift.gradients(loss, model.trainable_variables), loss, predictions
@@ -51,6 +57,7 @@ def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, 
     model.partition_model([x[: BATCH // M]])
     copy_stage_weights(ref, init, model)
     grads, loss, predictions = forward_backward(x, y)
+    forward_backward(x, y)  # a second step, to count the Python runs of the step function
     kept = {id(v) for v in model.variables}
     every = [v for layer in layer_attrs(model).values() for v in layer.variables]
     freed = {id(v) for v in every if v._value is None}
@@ -64,6 +71,8 @@ def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, 
         "M": M,
         "pipeline": pipeline,
         "optimize": optimize,
+        "compile": compile,
+        "body_calls": len(calls),
         "grad_error": max(errors) if errors else 0.0,
         "num_grads": len(grads),
         "loss": float(loss.reduce_mean()),
@@ -77,7 +86,8 @@ def check(name: str, K: int, M: int, pipeline: str, optimize: str) -> dict[str, 
 def main() -> None:
     K = int(sys.argv[1])
     lists = [arg.split(",") for arg in sys.argv[2:6]]
-    results = [check(n, K, int(m), p, o) for n, m, p, o in itertools.product(*lists)]
+    compile = (sys.argv[6] if len(sys.argv) > 6 else "true") == "true"
+    results = [check(n, K, int(m), p, o, compile) for n, m, p, o in itertools.product(*lists)]
     report(
         rank=tfsift.rank(), results=results, nvars=int(np.sum([r["num_grads"] for r in results]))
     )

@@ -22,6 +22,7 @@ def test_an_executor_is_freed_without_the_cycle_collector() -> None:
             None,
             True,
             True,  # type: ignore[arg-type]
+            None,
         )
         alive = weakref.ref(executor)
         del executor

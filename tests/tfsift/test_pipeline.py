@@ -35,9 +35,30 @@ def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
             assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
             assert r["pred_shape"] == [8, 10], label
             assert r["stage"] == rank, label
+            if rank == K - 1:  # the probe, then only traces of the compiled head: not 2 steps x M
+                assert r["body_calls"] < 1 + 2 * r["M"], label
             assert r["only_stage_weights_kept"], label
     for i, first in enumerate(got[0]["results"]):
         per_rank = [got[rank]["results"][i]["num_grads"] for rank in range(K)]
         # each variable lives on exactly one stage (the solver may leave a stage without any,
         # e.g. a lone reshape when profiling finds it slow)
         assert sum(per_rank) == VARIABLES[first["model"]], first
+
+
+def test_an_eager_head_matches_too() -> None:
+    """@tfsift.step(compile=False): the last stage runs the step function without tf.function."""
+    got = mpi.reports(
+        mpi.run(
+            2, "pipeline_check.py", "2", "skip,dropout", "2", "simple,interleaved",
+            "speed,memory", "false", timeout=600,
+        )
+    )  # fmt: skip
+    for rank, data in got.items():
+        assert len(data["results"]) == 2 * 2 * 2
+        for r in data["results"]:
+            label = f"rank {rank} {r['model']} {r['pipeline']} {r['optimize']}"
+            assert r["compile"] is False, label
+            if rank == 1:  # the probe, then every microbatch of the 2 steps, eagerly
+                assert r["body_calls"] == 1 + 2 * 2, label
+            assert r["grad_error"] < 1e-5, label
+            assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label

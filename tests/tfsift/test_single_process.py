@@ -71,3 +71,97 @@ def test_gradients_of_other_variables_are_refused_with_the_counts() -> None:
         "tfsift.gradients must be called with model.trainable_variables (this rank's stage "
         "variables, 4 of them). Received: a list of 1 variables"
     )
+
+
+def reference_gradients(model: Mlp, x: tf.Tensor, y: tf.Tensor, penalty: float) -> list[Any]:
+    with tf.GradientTape() as tape:
+        loss = LOSS(y, model.b(model.a(x))) + penalty * tf.reduce_sum(model.a.kernel**2)
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_loss_that_reads_a_variable_directly_gets_its_gradient(compile: bool) -> None:
+    tfsift.init({"microbatches": 4})
+    model = Mlp()
+    x, y = batch()
+
+    @tfsift.step(compile=compile)
+    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        logits = model(images, training=True)
+        loss = LOSS(labels, logits) + 0.5 * tf.reduce_sum(model.a.kernel**2)
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    grads, _ = train(x, y)
+    want = reference_gradients(model, x, y, 0.5)
+    for got, ref in zip(grads, want, strict=True):
+        np.testing.assert_allclose(got.accumulate().numpy(), ref, rtol=1e-5, atol=1e-7)
+
+
+def test_a_step_function_that_cannot_be_traced_runs_eagerly_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+    x, y = batch()
+    seen: list[float] = []
+
+    @tfsift.step
+    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        loss = LOSS(labels, model(images, training=True))
+        seen.append(float(loss.numpy()))  # eager only
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    with caplog.at_level("WARNING", logger="tfsift"):
+        grads, loss = train(x, y)
+        train(x, y)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(
+        "tfsift: the @tfsift.step function could not be compiled with tf.function ("
+    )
+    assert "it runs eagerly instead, which is slower" in warnings[0]
+    # the first call's probe (zero predictions: loss ln 3), then every microbatch eagerly
+    assert len(seen) == 1 + 2 * 2
+    assert seen[0] == pytest.approx(np.log(3))
+    np.testing.assert_allclose(float(loss.reduce_mean()), np.mean(seen[1:3]), rtol=1e-6)
+    for got, ref in zip(grads, reference_gradients(model, x, y, 0.0), strict=True):
+        np.testing.assert_allclose(got.accumulate().numpy(), ref, rtol=1e-5, atol=1e-7)
+
+
+def test_a_step_wrapped_in_tf_function_is_refused() -> None:
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+    x, y = batch()
+
+    @tfsift.step
+    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        loss = LOSS(labels, model(images, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    with pytest.raises(RuntimeError) as err:
+        tf.function(train)(x, y)
+    # tf.function prefixes the traceback of the user code it converted
+    assert (
+        str(err.value)
+        .rstrip()
+        .endswith(
+            "RuntimeError: do not wrap a @tfsift.step function in tf.function: tfsift compiles "
+            "the stages' forward and backward and the loss head itself"
+        )
+    )
+
+
+def test_a_step_returns_python_values_and_nested_outputs() -> None:
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+    x, y = batch()
+
+    @tfsift.step
+    def evaluate(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        logits = model(images, training=False)
+        return {"logits": logits, "loss": LOSS(labels, logits), "name": "eval", "none": None}
+
+    out = evaluate(x, y)
+    assert out["name"] == "eval" and out["none"] is None
+    assert out["logits"].concat().shape == (8, 3)
+    assert len(out["loss"]) == 2

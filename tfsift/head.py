@@ -1,0 +1,199 @@
+"""The last stage's forward, the user's loss head and the backward as one compiled call.
+
+On the last stage a microbatch's forward and backward depend on nothing another
+stage sends in between, so tfsift runs them together: one ``tf.function`` runs
+the stage's layers, the rest of the ``@tfsift.step`` function (the loss and
+whatever else it computes from the predictions), the gradients of the loss with
+respect to the stage's variables and inputs, and adds them to the running sum.
+Compared with an eager head this removes the per-microbatch Python work of the
+loss, of two gradient tapes and of the gradient sum; it also means the last
+stage keeps no activations between a forward and its backward.
+
+The step function is traced, so Python side effects in it run when it is traced,
+not every call (as in any ``tf.function``). A function that cannot be traced
+(it calls ``.numpy()``, for example) runs eagerly instead, with a warning;
+``@tfsift.step(compile=False)`` asks for that from the start. Eagerly, the same
+code runs without ``tf.function`` (the stage's layers still run compiled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+from keras import tree
+
+from tfsift import context
+from tfsift.stage import Stage, gradients, is_float
+
+log = logging.getLogger("tfsift")
+GRADS_MARKER = "__tfsift_gradients__"
+Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclasses.dataclass
+class HeadResult:
+    """What one compiled head call gives back for one microbatch."""
+
+    results: Any  # the step function's return value, tfsift.gradients replaced by the marker
+    grad_sum: list[tf.Tensor] | None  # the running sum of the stage's variable gradients
+    in_grads: list[tf.Tensor]  # d loss / d stage inputs, for the previous stage
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How to rebuild the step function's return value from the compiled call's tensors."""
+
+    skeleton: Any  # the return value with every tensor replaced by 0
+    leaves: tuple[Any, ...]  # its flattened leaves (tensors' places hold 0)
+    tensor_positions: tuple[int, ...]  # where in ``leaves`` the compiled outputs go
+
+
+class Head:
+    """Runs stage forward + step function (+ backward) of one microbatch on the last stage."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        fn: Callable[..., Any],
+        output_structure: Any,
+        backward: bool,
+        training: bool,
+        compile: bool = True,
+    ) -> None:
+        self.stage, self.fn, self.output_structure = stage, fn, output_structure
+        self.backward, self.training = backward, training
+        self.compiled = compile
+        self._tried = not compile
+        self._layout: _Layout | None = None
+        self._call: Callable[..., Any] = (
+            tf.function(self._run, reduce_retracing=True) if compile else self._run
+        )
+
+    def __call__(
+        self,
+        inputs: Sequence[tf.Tensor],
+        microbatch: Microbatch,
+        grad_sum: list[tf.Tensor] | None,
+    ) -> HeadResult:
+        """Runs one microbatch; ``inputs`` are the stage inputs (empty on stage 0)."""
+        args, kwargs = microbatch
+        try:
+            flat, grads, in_grads = self._call(list(inputs), args, kwargs, grad_sum)
+        except context.StepFunctionError:
+            raise
+        except Exception as error:
+            if self._tried:
+                raise
+            self._fall_back(error)
+            flat, grads, in_grads = self._call(list(inputs), args, kwargs, grad_sum)
+        self._tried = True
+        return HeadResult(
+            self._rebuild(flat), list(grads) if self.backward else None, list(in_grads)
+        )
+
+    def _fall_back(self, error: Exception) -> None:
+        """The first call could not trace the step function: run it eagerly from now on."""
+        log.warning(
+            "tfsift: the @tfsift.step function could not be compiled with tf.function "
+            "(%s: %s); it runs eagerly instead, which is slower. Make it "
+            "tf.function-compatible, or use @tfsift.step(compile=False) to skip this attempt.",
+            type(error).__name__,
+            error,
+        )
+        self.compiled, self._tried, self._call = False, True, self._run
+
+    def _rebuild(self, flat: Sequence[tf.Tensor]) -> Any:
+        layout = self._layout
+        assert layout is not None
+        leaves = list(layout.leaves)
+        for position, tensor in zip(layout.tensor_positions, flat, strict=True):
+            leaves[position] = tensor
+        return tree.pack_sequence_as(layout.skeleton, leaves)
+
+    def _run(
+        self,
+        inputs: list[tf.Tensor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        grad_sum: list[tf.Tensor] | None,
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+        stage = self.stage
+        first = stage.index == 0
+
+        def model_call(model: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            stage_inputs = [tf.convert_to_tensor(x) for x in tree.flatten(a)] if first else inputs
+            outputs = stage.forward_call(stage_inputs, self.training)
+            return tree.pack_sequence_as(self.output_structure, outputs)
+
+        ctx = context.StepContext(model_call, probe=False, compiled=self.compiled)
+        tape = tf.GradientTape() if self.backward else None
+        with tape if tape is not None else contextlib.nullcontext(), context.active(ctx):
+            if tape is not None:
+                tape.watch([x for x in inputs if is_float(x)])
+            results = self.fn(*args, **kwargs)
+        grads: list[tf.Tensor] = []
+        in_grads: list[tf.Tensor] = []
+        if tape is not None:
+            request = single_request(ctx.requests)
+            check_request(request, stage.variables)
+            wrt_inputs = [] if first else [x for x in inputs if is_float(x)]
+            all_grads = gradients(tape, request.loss, list(stage.variables) + wrt_inputs)
+            n = len(stage.variables)
+            grads, in_grads = all_grads[:n], all_grads[n:]
+            if grad_sum is not None:
+                grads = [a + b for a, b in zip(grad_sum, grads, strict=True)]
+        return self._flatten_results(results), grads, in_grads
+
+    def _flatten_results(self, results: Any) -> list[tf.Tensor]:
+        """The tensors of ``results``; records (once) how to put them back."""
+        marked = mark_gradients(results)
+        leaves = tree.flatten(marked)
+        positions = tuple(i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf))
+        plain = tuple(0 if i in positions else leaf for i, leaf in enumerate(leaves))
+        layout = _Layout(tree.pack_sequence_as(marked, list(plain)), plain, positions)
+        if self._layout is not None and (
+            self._layout.tensor_positions != positions or len(self._layout.leaves) != len(plain)
+        ):
+            raise context.StepFunctionError(
+                "a @tfsift.step function must return the same structure on every call. "
+                f"Received: {len(positions)} tensors among {len(plain)} values, after "
+                f"{len(self._layout.tensor_positions)} among {len(self._layout.leaves)}"
+            )
+        self._layout = layout
+        return [leaves[i] for i in positions]
+
+
+def mark_gradients(value: Any) -> Any:
+    """``value`` with every ``tfsift.gradients`` result replaced by ``GRADS_MARKER``."""
+    if isinstance(value, context.GradientList):
+        return GRADS_MARKER
+    if isinstance(value, (list, tuple)):
+        return type(value)(mark_gradients(v) for v in value)
+    if isinstance(value, dict):
+        return {k: mark_gradients(v) for k, v in value.items()}
+    return value
+
+
+def single_request(requests: Sequence[context.GradientList]) -> context.GradientList:
+    """The one ``tfsift.gradients`` call a training step makes per microbatch."""
+    if len(requests) != 1:
+        raise context.StepFunctionError(
+            "a training step must call tfsift.gradients exactly once per call. "
+            f"Received: {len(requests)} calls"
+        )
+    return requests[0]
+
+
+def check_request(request: context.GradientList, variables: Sequence[Any]) -> None:
+    """Gradients must be asked for this rank's stage variables, in their order."""
+    if [id(v) for v in request.variables] != [id(v) for v in variables]:
+        raise context.StepFunctionError(
+            "tfsift.gradients must be called with model.trainable_variables (this rank's stage "
+            f"variables, {len(variables)} of them). Received: a list of "
+            f"{len(request.variables)} variables"
+        )
