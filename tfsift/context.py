@@ -25,6 +25,10 @@ class InputCaptured(Exception):
 class StepFunctionError(ValueError):
     """A ``@tfsift.step`` function broke a rule of steps (found while it runs or is traced)."""
 
+    # AutoGraph leaves errors with this attribute as they are, instead of re-raising them
+    # as a StagingError, so the rule's message reaches the user unchanged from the trace.
+    ag_pass_through = True
+
 
 class GradientList(list[Any]):
     """What ``tfsift.gradients`` returns inside a step: filled in by the backward pass."""

@@ -37,7 +37,7 @@ Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
 
 @dataclasses.dataclass
 class HeadResult:
-    """What one compiled head call gives back for one microbatch."""
+    """What one head call gives back for one microbatch."""
 
     results: Any  # the step function's return value, tfsift.gradients replaced by the marker
     grad_sum: list[tf.Tensor] | None  # the running sum of the stage's variable gradients
@@ -150,7 +150,7 @@ class Head:
         return self._flatten_results(results), grads, in_grads
 
     def _flatten_results(self, results: Any) -> list[tf.Tensor]:
-        """The tensors of ``results``; records (once) how to put them back."""
+        """The tensors of ``results``; records how to put them back (the same every trace)."""
         marked = mark_gradients(results)
         leaves = tree.flatten(marked)
         positions = tuple(i for i, leaf in enumerate(leaves) if tf.is_tensor(leaf))
@@ -172,6 +172,8 @@ def mark_gradients(value: Any) -> Any:
     """``value`` with every ``tfsift.gradients`` result replaced by ``GRADS_MARKER``."""
     if isinstance(value, context.GradientList):
         return GRADS_MARKER
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(mark_gradients(v) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(mark_gradients(v) for v in value)
     if isinstance(value, dict):

@@ -194,7 +194,8 @@ def _merge(results: list[Any], grads: list[StepOutput]) -> Any:
     ):
         return grads
     if isinstance(first, (list, tuple)):
-        return type(first)(_merge([r[i] for r in results], grads) for i in range(len(first)))
+        merged = [_merge([r[i] for r in results], grads) for i in range(len(first))]
+        return type(first)(*merged) if hasattr(first, "_fields") else type(first)(merged)
     if isinstance(first, dict):
         return {k: _merge([r[k] for r in results], grads) for k in first}
     if isinstance(first, (np.ndarray, np.generic, float, int)) or tf.is_tensor(first):

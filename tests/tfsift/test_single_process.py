@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import keras
@@ -55,7 +56,9 @@ def test_microbatched_step_equals_a_full_batch_tape_and_eval_returns_predictions
     np.testing.assert_allclose(logits.numpy(), model.b(model.a(x)).numpy(), rtol=1e-5)
 
 
-def test_gradients_of_other_variables_are_refused_with_the_counts() -> None:
+def test_gradients_of_other_variables_are_refused_with_the_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     tfsift.init({"microbatches": 2})
     model = Mlp()
     x, y = batch()
@@ -65,12 +68,13 @@ def test_gradients_of_other_variables_are_refused_with_the_counts() -> None:
         loss = LOSS(labels, model(images, training=True))
         return tfsift.gradients(loss, model.trainable_variables[:1]), loss
 
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError) as err, caplog.at_level("WARNING", logger="tfsift"):
         train(x, y)
     assert str(err.value) == (
         "tfsift.gradients must be called with model.trainable_variables (this rank's stage "
         "variables, 4 of them). Received: a list of 1 variables"
     )
+    assert caplog.records == []  # raised from the compiled trace, not after falling back
 
 
 def reference_gradients(model: Mlp, x: tf.Tensor, y: tf.Tensor, penalty: float) -> list[Any]:
@@ -165,3 +169,39 @@ def test_a_step_returns_python_values_and_nested_outputs() -> None:
     assert out["name"] == "eval" and out["none"] is None
     assert out["logits"].concat().shape == (8, 3)
     assert len(out["loss"]) == 2
+
+
+def test_a_step_whose_return_structure_changes_is_refused() -> None:
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+    x, y = batch()
+
+    @tfsift.step
+    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        logits = model(images, training=True)
+        loss = LOSS(labels, logits)
+        grads = tfsift.gradients(loss, model.trainable_variables)
+        return (grads, loss, logits) if images.shape[0] == 4 else (grads, loss)
+
+    train(x, y)  # microbatches of 4
+    with pytest.raises(ValueError) as err:
+        train(x[:4], y[:4])  # microbatches of 2: traced again, one output fewer
+    assert str(err.value) == (
+        "a @tfsift.step function must return the same structure on every call. "
+        "Received: 1 tensors among 2 values, after 2 among 3"
+    )
+
+
+def test_named_tuples_come_back_as_named_tuples() -> None:
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+    x, y = batch()
+    Out = collections.namedtuple("Out", ["grads", "loss"])
+
+    @tfsift.step
+    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        loss = LOSS(labels, model(images, training=True))
+        return Out(tfsift.gradients(loss, model.trainable_variables), loss)
+
+    out = train(x, y)
+    assert isinstance(out, Out) and len(out.grads) == 4 and len(out.loss) == 2
