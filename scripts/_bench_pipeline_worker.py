@@ -1,7 +1,7 @@
 """One rank of ``scripts/bench_pipeline.py``: times one configuration and writes JSON.
 
 usage: _bench_pipeline_worker.py MODE CONFIG_JSON OUT_DIR
-       (MODE: single, pipeline, dp or reference)
+       (MODE: single, pipeline, dp, reference or microbatched)
 
 Letters: K stages, M microbatches, B the global batch. Every rank runs one compute
 thread; each writes ``OUT_DIR/rank<r>.json``.
@@ -32,6 +32,7 @@ from mpi4py import MPI  # noqa: E402
 
 import tfsift  # noqa: E402
 from partitioner.plan import make_plan  # noqa: E402
+from tfsift import executor  # noqa: E402
 from tfsift.profiler import profile  # noqa: E402
 
 Config = dict[str, Any]
@@ -39,12 +40,30 @@ Step = Callable[[], None]
 LOSS = keras.losses.MeanSquaredError()
 
 
-class Chain(tfsift.DistributedModel):
-    """``depth`` equal ``Dense(width, relu)`` layers: a perfectly balanced chain."""
+def chain_layers(cfg: Config) -> list[keras.layers.Layer]:
+    """``layers`` equal layers: Conv2D(width, 3x3, same) on side x side x width images
+    (``model="conv"``) or Dense(width) (``model="dense"``), relu; a perfectly balanced chain."""
+    if cfg["model"] == "conv":
+        return [
+            keras.layers.Conv2D(cfg["width"], 3, padding="same", activation="relu")
+            for _ in range(cfg["layers"])
+        ]
+    return [keras.layers.Dense(cfg["width"], activation="relu") for _ in range(cfg["layers"])]
 
-    def __init__(self, depth: int, width: int) -> None:
+
+def sample_shape(cfg: Config) -> tuple[int, ...]:
+    """One sample's shape: the chain's input and output are the same."""
+    if cfg["model"] == "conv":
+        return (cfg["side"], cfg["side"], cfg["width"])
+    return (cfg["width"],)
+
+
+class Chain(tfsift.DistributedModel):
+    """The benchmark's chain as a tfsift model."""
+
+    def __init__(self, cfg: Config) -> None:
         super().__init__()
-        self.blocks = [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
+        self.blocks = chain_layers(cfg)
 
     def call(self, x: Any) -> Any:
         for block in self.blocks:
@@ -52,15 +71,14 @@ class Chain(tfsift.DistributedModel):
         return x
 
 
-def plain_chain(depth: int, width: int) -> keras.Model:
+def plain_chain(cfg: Config) -> keras.Model:
     """The same chain as a plain Keras model (no tfsift)."""
-    layers = [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
-    return keras.Sequential([keras.Input((width,)), *layers])
+    return keras.Sequential([keras.Input(sample_shape(cfg)), *chain_layers(cfg)])
 
 
 def data(cfg: Config) -> tuple[tf.Tensor, tf.Tensor]:
     rng = np.random.default_rng(0)
-    shape = (cfg["batch"], cfg["width"])
+    shape = (cfg["batch"], *sample_shape(cfg))
     x = rng.normal(size=shape).astype("float32")
     y = rng.normal(size=shape).astype("float32")
     return tf.constant(x), tf.constant(y)
@@ -74,7 +92,7 @@ def compiled_update(optimizer: keras.optimizers.Optimizer, variables: list[Any])
 
 def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
     """The reference: a plain Keras 3 train step (tape, loss, SGD) in one tf.function."""
-    model = plain_chain(cfg["layers"], cfg["width"])
+    model = plain_chain(cfg)
     optimizer = keras.optimizers.SGD(1e-3)
     optimizer.build(model.trainable_variables)
 
@@ -95,7 +113,7 @@ def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
 
 def tfsift_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False) -> tuple[Step, Any]:
     """A ``@tfsift.step`` train step (its first, partitioning call is made here)."""
-    model = Chain(cfg["layers"], cfg["width"])
+    model = Chain(cfg)
 
     @tfsift.step
     def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
@@ -160,6 +178,31 @@ def timed(step: Step, cfg: Config) -> dict[str, Any]:
     wall, after = time.perf_counter() - start, thread_cpu()
     cpu = {k: after[k] - before[k] for k in before}
     return {"times": times, "thread_cpu_s": cpu, "timed_wall_s": wall}
+
+
+def action_seconds(step: Step) -> dict[str, float]:
+    """Seconds this rank spends per kind of schedule action (F, B, RF, ...) in one step.
+
+    Wraps ``Executor.run`` for that step with a timer around each action; computing
+    (F, B) against waiting (RF, RB) shows which stage sets the pace.
+    """
+    spent: dict[str, float] = {}
+    original = executor.Executor.run
+
+    def run(self: executor.Executor, actions: Any) -> None:
+        for action in actions:
+            start = time.perf_counter()
+            getattr(self, executor._HANDLERS[action.kind])(action.microbatch)
+            kind = action.kind.value
+            spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - start
+        self.comm.wait()
+
+    executor.Executor.run = run  # type: ignore[method-assign]
+    try:
+        synced_time(step, True)
+    finally:
+        executor.Executor.run = original  # type: ignore[method-assign]
+    return spent
 
 
 def maxrss_mib() -> float:
@@ -255,6 +298,7 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     gc.collect()
     reset_peak_rss()
     return timed(train, cfg) | {
+        "action_s": action_seconds(train),
         "first_step_s": first,
         "bounds": list(model.partitioned.bounds),
         "maxrss_before_mib": before,
@@ -277,9 +321,15 @@ def run_dp(cfg: Config) -> dict[str, Any]:
 
 
 def run_reference(cfg: Config) -> dict[str, Any]:
-    """One process: the plain Keras step alone (for batches other than the main one)."""
+    """One process: the plain Keras step alone (for models other than the main one)."""
     x, y = data(cfg)
     return {"times": time_steps({"keras": keras_step(cfg, x, y)}, cfg)["keras"]}
+
+
+def run_microbatched(cfg: Config) -> dict[str, Any]:
+    """One process: @tfsift.step with K=1 and cfg["M"] microbatches."""
+    x, y = data(cfg)
+    return {"times": one_process_microbatched(cfg, cfg["M"], x, y)}
 
 
 MODES: dict[str, Callable[[Config], dict[str, Any]]] = {
@@ -287,6 +337,7 @@ MODES: dict[str, Callable[[Config], dict[str, Any]]] = {
     "pipeline": run_pipeline,
     "dp": run_dp,
     "reference": run_reference,
+    "microbatched": run_microbatched,
 }
 
 

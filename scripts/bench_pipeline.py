@@ -52,9 +52,11 @@ Result = dict[str, Any]
 class Settings:
     """What one benchmark run measures."""
 
+    model: str = "conv"  # Conv2D(width, 3x3, same) on side x side x width images
     layers: int = 8
-    width: int = 1024
-    batch: int = 256
+    width: int = 128
+    side: int = 16
+    batch: int = 64
     K: int = 2
     microbatches: tuple[int, ...] = (1, 2, 4, 8, 16)
     pipelines: tuple[str, ...] = ("simple", "interleaved")
@@ -62,8 +64,9 @@ class Settings:
     warmup: int = 3
     steps: int = 10
     profile_repeats: int = 10
-    large_batch: int = 2048  # a second, smaller grid with M_large microbatches of B_large / M
-    large_M: int = 8
+    dense_width: int = 1024  # the memory-bound comparison: Dense(dense_width) x layers
+    dense_batch: int = 256
+    dense_M: int = 8
     max_load: float = 1.5
     max_wait: float = 300.0
 
@@ -71,17 +74,39 @@ class Settings:
         base = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("max_load", "max_wait")
+            if f.name not in ("max_load", "max_wait") and not f.name.startswith("dense_")
         }
         return base | {"collect": True} | extra
 
+    def dense_config(self) -> Result:
+        """The Dense chain at dense_M microbatches, interleaved, optimize=speed."""
+        return self.worker_config(
+            model="dense",
+            width=self.dense_width,
+            batch=self.dense_batch,
+            M=self.dense_M,
+            pipeline="interleaved",
+            optimize="speed",
+        )
+
+    def param_bytes(self) -> int:
+        """The main chain's float32 weights and biases."""
+        per_layer = (9 if self.model == "conv" else 1) * self.width**2 + self.width
+        return 4 * self.layers * per_layer
+
+    def output_bytes(self, samples: int) -> int:
+        """One layer's float32 output for ``samples`` samples of the main chain."""
+        return 4 * samples * self.width * (self.side**2 if self.model == "conv" else 1)
+
 
 QUICK = Settings(
+    width=32,
     microbatches=(1, 8),
     pipelines=("interleaved",),
     warmup=1,
     steps=3,
-    large_batch=512,
+    dense_width=256,
+    dense_batch=64,
     max_wait=0.0,
 )
 
@@ -129,32 +154,31 @@ def run_all(settings: Settings) -> Result:
     """Every job of the benchmark, single-process reference first."""
     say("single process: plain Keras vs @tfsift.step, simulator predictions")
     raw: Result = {"single": run_job(1, "single", settings.worker_config())[0]}
-    raw["pipeline"] = run_grid(settings, settings.microbatches, settings.batch)
+    raw["pipeline"] = run_grid(settings)
     say(f"K={settings.K} M={TARGET_M} interleaved speed, without the gc.collect() workaround")
     config = settings.worker_config(
         M=TARGET_M, pipeline="interleaved", optimize="speed", collect=False
     )
     raw["no_collect"] = run_job(settings.K, "pipeline", config)
-    say(f"B={settings.large_batch}: plain Keras, then the pipeline at M={settings.large_M}")
-    large = settings.worker_config(batch=settings.large_batch)
-    raw["large_reference"] = run_job(1, "reference", large)[0]
-    raw["large"] = run_grid(settings, (settings.large_M,), settings.large_batch)
+    dense = settings.dense_config()
+    say(f"memory-bound chain: Dense({settings.dense_width}), B={settings.dense_batch}")
+    raw["dense_reference"] = run_job(1, "reference", dense)[0]
+    raw["dense_k1"] = run_job(1, "microbatched", dense)[0]
+    raw["dense_pipeline"] = run_job(settings.K, "pipeline", dense)
     say("data parallel: 2 ranks with B/2 each, and 1 rank with B/2 alone")
     raw["dp"] = run_job(2, "dp", settings.worker_config())
     raw["dp_alone"] = run_job(1, "dp", settings.worker_config(batch=settings.batch // 2))
     return raw
 
 
-def run_grid(settings: Settings, microbatches: tuple[int, ...], batch: int) -> list[list[Result]]:
+def run_grid(settings: Settings) -> list[list[Result]]:
     """One K-rank pipeline job per (M, schedule, optimize)."""
     jobs = []
-    for M in microbatches:
+    for M in settings.microbatches:
         for pipeline in settings.pipelines:
             for optimize in settings.optimizes:
-                say(f"K={settings.K} B={batch} M={M} {pipeline} {optimize}")
-                config = settings.worker_config(
-                    batch=batch, M=M, pipeline=pipeline, optimize=optimize
-                )
+                say(f"K={settings.K} B={settings.batch} M={M} {pipeline} {optimize}")
+                config = settings.worker_config(M=M, pipeline=pipeline, optimize=optimize)
                 jobs.append(run_job(settings.K, "pipeline", config))
     return jobs
 
@@ -212,6 +236,7 @@ def job_row(ranks: list[Result], reference_ms: float, settings: Settings) -> Res
         "ideal": ideal(cfg["M"], settings.K),
         "bounds": ranks[0]["bounds"],
         "rss_timed_mib": [r["maxrss_timed_mib"] for r in ranks],
+        "busy_ms": [1000 * (r["action_s"].get("F", 0) + r["action_s"].get("B", 0)) for r in ranks],
         "rss_whole_mib": [r["maxrss_whole_mib"] for r in ranks],
         "first_step_s": max(r["first_step_s"] for r in ranks),
     }
@@ -221,7 +246,7 @@ def dp_summary(raw: Result, settings: Settings) -> Result:
     """The 2-rank data-parallel run against one rank doing half of the work alone."""
     per_step = zip(*(r["allreduce"] for r in raw["dp"]), strict=True)
     allreduce_ms = median_ms([max(ts) for ts in per_step])
-    nbytes = 4 * settings.layers * (settings.width**2 + settings.width)
+    nbytes = settings.param_bytes()
     helper = max(r["thread_cpu_s"]["other"] / r["timed_wall_s"] for r in raw["dp"])
     alone = raw["dp_alone"][0]
     return {
@@ -238,7 +263,6 @@ def dp_summary(raw: Result, settings: Settings) -> Result:
 def summary(raw: Result, settings: Settings) -> Result:
     single = raw["single"]
     keras_ms, tfsift_ms = (median_ms(single["times"][k]) for k in ("keras", "tfsift"))
-    large_ms = median_ms(raw["large_reference"]["times"])
     leak = raw["no_collect"]
     return dp_summary(raw, settings) | {
         "keras_ms": keras_ms,
@@ -251,9 +275,14 @@ def summary(raw: Result, settings: Settings) -> Result:
         "no_collect_ms": median_ms(leak[0]["times"]),
         "no_collect_rss": [r["maxrss_timed_mib"] for r in leak],
         "rows": pipeline_rows(raw, settings),
-        "large_ms": large_ms,
-        "large_rows": [job_row(ranks, large_ms, settings) for ranks in raw["large"]],
+        "dense": dense_summary(raw, settings),
     }
+
+
+def dense_summary(raw: Result, settings: Settings) -> Result:
+    reference = median_ms(raw["dense_reference"]["times"])
+    row = job_row(raw["dense_pipeline"], reference, settings)
+    return row | {"reference_ms": reference, "k1_ms": median_ms(raw["dense_k1"]["times"])}
 
 
 # ---------------------------------------------------------------- Markdown
@@ -274,6 +303,7 @@ def speedup_table(s: Result) -> str:
         "ideal",
         "predicted",
         "measured / ideal",
+        "computing, rank 0 / 1: ms",
     ]
     rows = [
         [
@@ -285,6 +315,7 @@ def speedup_table(s: Result) -> str:
             f"{r['ideal']:.2f}",
             f"{r['predicted']:.2f}",
             f"{r['speedup'] / r['ideal']:.0%}",
+            " / ".join(f"{x:.0f}" for x in r["busy_ms"]),
         ]
         for r in s["rows"]
         if r["optimize"] == "speed"
@@ -321,29 +352,25 @@ def memory_table(s: Result) -> str:
     return table(header, rows)
 
 
-def large_table(s: Result, settings: Settings) -> str:
+def dense_table(s: Result, settings: Settings) -> str:
+    d = s["dense"]
     header = [
-        "schedule",
-        "optimize",
-        "step ms",
+        "plain Keras, B: ms",
+        f"K=1, M={d['M']}: ms",
+        f"K={settings.K}, M={d['M']} ({d['pipeline']}): ms",
         "speed-up",
         "ideal",
         "measured / ideal",
-        "peak RSS in steps, rank 0 / 1 (MiB)",
     ]
-    rows = [
-        [
-            r["pipeline"],
-            r["optimize"],
-            f"{r['step_ms']:.1f}",
-            f"{r['speedup']:.2f}",
-            f"{r['ideal']:.2f}",
-            f"{r['speedup'] / r['ideal']:.0%}",
-            " / ".join(f"{x:.0f}" for x in r["rss_timed_mib"]),
-        ]
-        for r in s["large_rows"]
+    row = [
+        f"{d['reference_ms']:.1f}",
+        f"{d['k1_ms']:.1f}",
+        f"{d['step_ms']:.1f}",
+        f"{d['speedup']:.2f}",
+        f"{d['ideal']:.2f}",
+        f"{d['speedup'] / d['ideal']:.0%}",
     ]
-    return table(header, rows)
+    return table(header, [row])
 
 
 def overhead_table(s: Result) -> str:
@@ -365,7 +392,7 @@ def dp_table(s: Result) -> str:
         "1 rank, B: ms",
         "2 ranks, B/2 each: ms",
         "throughput ratio (ideal 2)",
-        f"allreduce of {s['grad_mib']:.0f} MiB: ms",
+        f"allreduce of {s['grad_mib']:.1f} MiB: ms",
         "share of step",
         "allreduce bandwidth",
         "1 rank, B/2 alone: ms",
@@ -416,32 +443,38 @@ def reading(s: Result, settings: Settings) -> str:
 def speed_reading(s: Result, settings: Settings) -> str:
     speed = [r for r in s["rows"] if r["optimize"] == "speed"]
     best = max(speed, key=lambda r: r["speedup"])
-    low, top = min(settings.microbatches), max(settings.microbatches)
+    top = max(settings.microbatches)
     k1_top = next(r["k1_ms"] for r in speed if r["M"] == top)
     bound = max(r["predicted"] / r["ideal"] for r in speed if r["M"] >= TARGET_M)
-    large = max(
-        (r for r in s["large_rows"] if r["optimize"] == "speed"), key=lambda r: r["speedup"]
-    )
+    d = s["dense"]
     return (
-        f"At B={settings.batch} the best K={settings.K} speed-up is {best['speedup']:.2f} "
-        f"({best['pipeline']}, M={best['M']}), and it falls as M grows, for two reasons. "
-        f"(1) Small microbatches compute less efficiently: the cost model's compute for the "
-        f"whole batch grows from {s['compute_ms'][low]:.0f} ms at M={low} to "
-        f"{s['compute_ms'][top]:.0f} ms at M={top}, so even the simulator, which charges "
-        f"nothing for the runtime, predicts at most {bound:.0%} of ideal for M >= {TARGET_M} "
-        f"at this batch size. (2) tfsift adds per-microbatch work outside the compiled "
-        f"stage functions, which the simulator does not model: one process running "
-        f"`@tfsift.step` with M={top} takes {k1_top:.0f} ms against {s['keras_ms']:.0f} ms "
-        f"for the whole batch in Keras. That work is the eager loss head, the forward and "
-        f"backward of each stage running as two compiled calls joined by a tape (not one "
-        f"fused graph), the per-microbatch gradient sum, and Python dispatch per action; the "
-        f"head runs on the last stage only, which the partitioner, balancing layer costs, "
-        f"does not see. The same work makes the K=1, M=1 step {s['overhead']:+.0%} slower "
-        f"than Keras. With "
-        f"{settings.large_batch // settings.large_M} samples per microbatch "
-        f"(B={settings.large_batch}, M={settings.large_M}) these costs are amortised and the "
-        f"pipeline reaches {large['speedup']:.2f} ({large['speedup'] / large['ideal']:.0%} of "
-        f"ideal, {large['pipeline']})."
+        f"The best K={settings.K} speed-up is {best['speedup']:.2f} ({best['pipeline']}, "
+        f"M={best['M']}). Microbatching without pipelining costs "
+        f"{k1_top / s['keras_ms'] - 1:+.0%}: one process running `@tfsift.step` with M={top} "
+        f"takes {k1_top:.0f} ms against {s['keras_ms']:.0f} ms for the whole batch in Keras "
+        f"(a convolution's work per sample does not shrink with the batch, and tfsift runs "
+        f"the last stage's forward, loss and backward as one compiled call). The "
+        f"simulator, which charges nothing for the "
+        f"runtime, predicts up to {bound:.0%} of ideal for M >= {TARGET_M}. In the best "
+        f"configuration rank 0 / 1 compute for "
+        f"{' / '.join(f'{x:.0f}' for x in best['busy_ms'])} ms of a {best['step_ms']:.0f} ms "
+        f"step, while one process needs {best['k1_ms'] / settings.K:.0f} ms for 1/{settings.K} "
+        f"of the work at the same M: a stage computes "
+        f"{max(best['busy_ms']) / (best['k1_ms'] / settings.K) - 1:+.0%} longer beside the "
+        f"other (two busy processes share this machine's memory bandwidth and caches, and "
+        f"stages before the last run their backward through TensorFlow's function gradient, "
+        f"not one fused graph). The remaining "
+        f"{best['step_ms'] - max(best['busy_ms']):.0f} ms are the fill-and-drain bubble "
+        f"(ideally 1/(M+K-1) of the step) and the transfers. "
+        f"**Where we lose**: a chain of {settings.layers} x Dense({settings.dense_width}) at "
+        f"B={settings.dense_batch} is memory-bound. With M={d['M']} each microbatch of "
+        f"{settings.dense_batch // d['M']} samples reads every "
+        f"{4 * settings.dense_width**2 / 2**20:.0f} MiB weight matrix again and writes a "
+        f"gradient as large, so one process with M={d['M']} takes {d['k1_ms']:.0f} ms against "
+        f"{d['reference_ms']:.0f} ms for the whole batch, and the K={settings.K} pipeline "
+        f"reaches {d['speedup']:.2f} ({d['speedup'] / d['ideal']:.0%} of ideal). Pipelining "
+        f"pays when a microbatch's compute outweighs its weight traffic: convolutions, or "
+        f"more samples per microbatch."
     )
 
 
@@ -453,34 +486,35 @@ def memory_reading(s: Result, settings: Settings) -> str:
         if r["optimize"] == "memory"
     ]
     growth = [(_rss(rows, top, i) - _rss(rows, low, i)) / (top - low) for i in range(settings.K)]
+    grads = settings.param_bytes() / settings.K / 2**20
     per_stage = settings.layers // settings.K
-    grads = 4 * per_stage * (settings.width**2 + settings.width) / 2**20
-    acts = 4 * per_stage * settings.large_batch // settings.large_M * settings.width / 2**20
+    acts = per_stage * settings.output_bytes(settings.batch // low) / 2**20
     return (
         f"optimize=memory makes steps {min(slower):.0%} to {max(slower):.0%} slower "
-        f"(recompute) and changes peak RSS little: at B={settings.batch} the differences "
-        f"are within run-to-run noise{_large_saving(s, settings)}. Peak RSS is the ~0.6 GiB "
-        f"TensorFlow runtime plus what "
-        f"grows with M: about {' / '.join(f'{g:.0f}' for g in growth)} MiB per extra "
-        f"microbatch on rank 0 / 1; a stage's gradients are {grads:.0f} MiB, and tfsift "
-        f"sums them as each backward finishes instead of keeping M copies. The layer "
-        f"outputs a stage keeps are {acts:.0f} MiB at B={settings.large_batch}, "
-        f"M={settings.large_M}: that bounds what optimize=memory can save on this model, "
-        f"next to the gradients, weights and TensorFlow runtime a rank holds anyway."
+        f"(recompute){_saving(s, settings)}. Peak RSS is the ~0.6 GiB TensorFlow runtime "
+        f"plus what grows with M: about {' / '.join(f'{g:.1f}' for g in growth)} MiB per "
+        f"extra microbatch on rank 0 / 1. A stage's gradients are {grads:.1f} MiB, summed as "
+        f"each backward finishes instead of kept M times. The layer outputs a stage keeps "
+        f"for all B={settings.batch} samples are {acts:.0f} MiB, whatever M is: that bounds "
+        f"what optimize=memory can save on this model (the last stage keeps none in either "
+        f"mode: its backward runs with its forward)."
     )
 
 
-def _large_saving(s: Result, settings: Settings) -> str:
-    large = {
-        r["optimize"]: r["rss_timed_mib"] for r in s["large_rows"] if r["pipeline"] == "simple"
+def _saving(s: Result, settings: Settings) -> str:
+    top = max(settings.microbatches)
+    simple = {
+        r["optimize"]: r["rss_timed_mib"]
+        for r in s["rows"]
+        if r["pipeline"] == "simple" and r["M"] == top
     }
-    if not {"speed", "memory"} <= set(large):
+    if not {"speed", "memory"} <= set(simple):
         return ""
-    saved = [a - b for a, b in zip(large["speed"], large["memory"], strict=True)]
+    saved = [a - b for a, b in zip(simple["speed"], simple["memory"], strict=True)]
     return (
-        f"; at B={settings.large_batch} with the simple schedule, which keeps all M "
-        f"microbatches' activations, it saves {' / '.join(f'{x:.0f}' for x in saved)} MiB on "
-        f"rank 0 / 1, out of about {max(large['speed']) / 1024:.0f} GiB"
+        f"; with the simple schedule at M={top}, where stage 0 holds every microbatch's "
+        f"activations before its first backward, it lowers peak RSS by "
+        f"{' / '.join(f'{x:.0f}' for x in saved)} MiB on rank 0 / 1"
     )
 
 
@@ -488,7 +522,7 @@ def dp_reading(s: Result) -> str:
     return (
         f"Two data-parallel ranks reach {s['tfsift_ms'] / s['dp_ms']:.2f}x the throughput of "
         f"one: the allreduce takes {s['allreduce_ms'] / s['dp_ms']:.0%} of the step (a "
-        f"{s['grad_mib']:.0f} MiB Horovod allreduce at {s['allreduce_gbps']:.1f} GB/s), and "
+        f"{s['grad_mib']:.1f} MiB Horovod allreduce at {s['allreduce_gbps']:.1f} GB/s), and "
         f"the rest of the step ({s['dp_ms'] - s['allreduce_ms']:.0f} ms) is slower than the "
         f"same B/2 work in a rank alone ({s['alone_ms']:.0f} ms), while threads other than "
         f"the main thread and TensorFlow's pools (Horovod's background loop, which polls "
@@ -505,22 +539,32 @@ def _rss(rows: list[Result], M: int, rank: int) -> float:
     return max(float(r["rss_timed_mib"][rank]) for r in rows if r["M"] == M)
 
 
+def model_text(settings: Settings) -> str:
+    if settings.model == "conv":
+        return (
+            f"{settings.layers} x Conv2D({settings.width}, 3x3, padding=same, relu) on "
+            f"{settings.side}x{settings.side}x{settings.width} inputs"
+        )
+    return f"{settings.layers} x Dense({settings.width}, relu) on {settings.width} features"
+
+
 def markdown(s: Result, settings: Settings, meta: Result) -> str:
     return "\n\n".join(
         [
             "## Pipeline speed-up, memory and step overhead",
             f"Measured {meta['date']} on {meta['cores']} cores (commit {meta['commit']}; "
             f"1-minute load {meta['load_start']:.2f} at start, {meta['load_end']:.2f} at end, "
-            f"this benchmark's own 2 ranks included), model: {settings.layers} x "
-            f"Dense({settings.width}, relu), input {settings.width} features, MSE loss, SGD, "
-            f"global batch B={settings.batch}, float32. One compute thread per rank. Each "
+            f"this benchmark's own 2 ranks included), model: {model_text(settings)}, MSE "
+            f"loss, SGD, global batch B={settings.batch}, float32. One compute thread per "
+            f"rank. Each "
             f"configuration runs in its own `mpirun` job; step times are the median of "
             f"{settings.steps} timed steps after {settings.warmup} warm-up steps, each started "
             f"by a barrier and timed on the slowest rank. Reference: one process running a "
             f"plain Keras 3 train step (GradientTape, the same loss, SGD) compiled with "
             f"tf.function on the whole batch: **{s['keras_ms']:.1f} ms**. All ratios come from "
             f"this one run.",
-            f"Rerun: `{RERUN}` (about 6 minutes; it first waits up to {settings.max_wait:.0f} s "
+            f"Rerun: `{RERUN}` (this run took {meta.get('seconds', 0) / 60:.0f} minutes; it "
+            f"first waits up to {settings.max_wait:.0f} s "
             f"for the 1-minute load to drop below {settings.max_load}).",
             f"### K={settings.K} pipeline speed-up (optimize=speed)",
             speedup_table(s),
@@ -531,7 +575,9 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "`make_plan(costs, K, M, ...).predicted_step_time` for costs profiled at microbatch "
             "B/M; both profiles come from `tfsift.profiler.profile` in one single-thread "
             "process. So *predicted* includes the lower efficiency of small matrix products "
-            "and the transfers, but none of the runtime's own work.",
+            "and the transfers, but none of the runtime's own work. *computing*: the time "
+            "each rank spends in forward and backward actions during one extra step (the "
+            "rest of the step it waits for the other stage).",
             "![measured, ideal and predicted speed-up](pipeline_speedup.png)",
             "### Memory: optimize=speed vs memory",
             memory_table(s),
@@ -543,10 +589,9 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "not count the runtime. *bounds*: the stage boundaries the runtime's own plan "
             "chose (at M=1 every split has the same simulated step time, and the speed "
             "solver's tie-break is not by memory).",
-            f"### Larger microbatches: B={settings.large_batch}, M={settings.large_M}",
-            f"Reference: plain Keras on B={settings.large_batch} in one process, "
-            f"{s['large_ms']:.1f} ms.",
-            large_table(s, settings),
+            f"### Where we lose: a memory-bound chain ({settings.layers} x "
+            f"Dense({settings.dense_width}), B={settings.dense_batch})",
+            dense_table(s, settings),
             "### @tfsift.step overhead",
             overhead_table(s),
             "### Data parallel: 2 ranks vs 1",
@@ -601,7 +646,6 @@ def plot(s: Result, settings: Settings, path: Path) -> None:
 
 def _plot_one(ax: Any, s: Result, pipeline: str, settings: Settings) -> None:
     rows = [r for r in s["rows"] if r["pipeline"] == pipeline]
-    large_rows = s["large_rows"]
     Ms = list(settings.microbatches)
     for optimize, style in (("speed", "o-"), ("memory", "s-")):
         mine = sorted((r for r in rows if r["optimize"] == optimize), key=lambda r: r["M"])
@@ -610,10 +654,6 @@ def _plot_one(ax: Any, s: Result, pipeline: str, settings: Settings) -> None:
     speed = sorted((r for r in rows if r["optimize"] == "speed"), key=lambda r: r["M"])
     ax.plot(Ms, [r["predicted"] for r in speed], "^--", label="predicted (speed)")
     ax.plot(Ms, [ideal(M, settings.K) for M in Ms], "k:", label="ideal M*K/(M+K-1)")
-    large = [r for r in large_rows if r["pipeline"] == pipeline and r["optimize"] == "speed"]
-    if large:
-        label = f"measured (speed), B={settings.large_batch}"
-        ax.plot([settings.large_M], [large[0]["speedup"]], "*", markersize=12, label=label)
     ax.axhline(1.0, color="grey", linewidth=0.5)
     ax.set_xscale("log", base=2)
     ax.set_xticks(Ms, [str(M) for M in Ms])
