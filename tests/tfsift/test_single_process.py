@@ -30,15 +30,26 @@ def batch() -> tuple[tf.Tensor, tf.Tensor]:
     return tf.constant(rng.normal(size=(8, 5)), tf.float32), tf.constant(rng.integers(0, 3, 8))
 
 
-def test_microbatched_step_equals_a_full_batch_tape_and_eval_returns_predictions() -> None:
-    tfsift.init({"microbatches": 4})
-    model = Mlp()
-    x, y = batch()
+def start(microbatches: int) -> tuple[Mlp, tf.Tensor, tf.Tensor]:
+    """tfsift.init with ``microbatches``, a fresh model and the batch."""
+    tfsift.init({"microbatches": microbatches})
+    return Mlp(), *batch()
+
+
+def standard_step(model: Mlp) -> Any:
+    """The README's training step: (gradients, loss)."""
 
     @tfsift.step
     def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
         loss = LOSS(labels, model(images, training=True))
         return tfsift.gradients(loss, model.trainable_variables), loss
+
+    return train
+
+
+def test_microbatched_step_equals_a_full_batch_tape_and_eval_returns_predictions() -> None:
+    model, x, y = start(4)
+    train = standard_step(model)
 
     @tfsift.step
     def evaluate(images: tf.Tensor) -> Any:
@@ -59,9 +70,7 @@ def test_microbatched_step_equals_a_full_batch_tape_and_eval_returns_predictions
 def test_gradients_of_other_variables_are_refused_with_the_counts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    tfsift.init({"microbatches": 2})
-    model = Mlp()
-    x, y = batch()
+    model, x, y = start(2)
 
     @tfsift.step
     def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
@@ -85,9 +94,7 @@ def reference_gradients(model: Mlp, x: tf.Tensor, y: tf.Tensor, penalty: float) 
 
 @pytest.mark.parametrize("compile", [True, False])
 def test_a_loss_that_reads_a_variable_directly_gets_its_gradient(compile: bool) -> None:
-    tfsift.init({"microbatches": 4})
-    model = Mlp()
-    x, y = batch()
+    model, x, y = start(4)
 
     @tfsift.step(compile=compile)
     def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
@@ -104,9 +111,7 @@ def test_a_loss_that_reads_a_variable_directly_gets_its_gradient(compile: bool) 
 def test_a_step_function_that_cannot_be_traced_runs_eagerly_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    tfsift.init({"microbatches": 2})
-    model = Mlp()
-    x, y = batch()
+    model, x, y = start(2)
     seen: list[float] = []
 
     @tfsift.step
@@ -133,15 +138,9 @@ def test_a_step_function_that_cannot_be_traced_runs_eagerly_with_a_warning(
 
 
 def test_a_step_wrapped_in_tf_function_is_refused() -> None:
-    tfsift.init({"microbatches": 2})
-    model = Mlp()
-    x, y = batch()
+    model, x, y = start(2)
 
-    @tfsift.step
-    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
-        loss = LOSS(labels, model(images, training=True))
-        return tfsift.gradients(loss, model.trainable_variables), loss
-
+    train = standard_step(model)
     with pytest.raises(RuntimeError) as err:
         tf.function(train)(x, y)
     # tf.function prefixes the traceback of the user code it converted
@@ -156,9 +155,7 @@ def test_a_step_wrapped_in_tf_function_is_refused() -> None:
 
 
 def test_a_step_returns_python_values_and_nested_outputs() -> None:
-    tfsift.init({"microbatches": 2})
-    model = Mlp()
-    x, y = batch()
+    model, x, y = start(2)
 
     @tfsift.step
     def evaluate(images: tf.Tensor, labels: tf.Tensor) -> Any:
@@ -172,9 +169,7 @@ def test_a_step_returns_python_values_and_nested_outputs() -> None:
 
 
 def test_a_step_whose_return_structure_changes_is_refused() -> None:
-    tfsift.init({"microbatches": 2})
-    model = Mlp()
-    x, y = batch()
+    model, x, y = start(2)
 
     @tfsift.step
     def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
@@ -193,9 +188,7 @@ def test_a_step_whose_return_structure_changes_is_refused() -> None:
 
 
 def test_named_tuples_come_back_as_named_tuples() -> None:
-    tfsift.init({"microbatches": 2})
-    model = Mlp()
-    x, y = batch()
+    model, x, y = start(2)
     Out = collections.namedtuple("Out", ["grads", "loss"])
 
     @tfsift.step
