@@ -52,7 +52,6 @@ class StepContext:
         self.probe = probe
         self.compiled = compiled  # the step function is being traced by tfsift itself
         self.requests: list[GradientList] = []
-        self.tape: tf.GradientTape | None = None
 
 
 _CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
