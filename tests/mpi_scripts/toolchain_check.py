@@ -23,8 +23,9 @@ else:
     buf = np.empty(5, dtype=np.float64)
     world.Recv(buf, source=0, tag=3)
     received = buf.tolist()
-world.Barrier()  # a rank leaving early would shut Horovod down under the other
-report(
+# Every Horovod query before the barrier: once one rank is past it and exits, Horovod shuts
+# down for the other too ("Process set does not exist or has not been registered").
+result = dict(
     rank=r,
     size=hvd.size(),
     tf=tf.__version__,
@@ -35,3 +36,5 @@ report(
     received=received,
     set_size=mine.size(),
 )
+world.Barrier()
+report(**result)
