@@ -22,6 +22,12 @@ class InputCaptured(Exception):
         self.inputs = inputs
 
 
+GRAPH_MODE_ERROR = (
+    "do not wrap a @tfsift.step function in tf.function: tfsift compiles the "
+    "stages' forward and backward and the loss head itself"
+)
+
+
 class StepFunctionError(ValueError):
     """A ``@tfsift.step`` function broke a rule of steps (found while it runs or is traced)."""
 

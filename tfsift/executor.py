@@ -81,10 +81,10 @@ class Executor:
         else:
             self._stage_forward(m, self.inputs.pop(m))
 
-    def _stage_forward(self, m: int, inputs: list[tf.Tensor]) -> list[tf.Tensor]:
-        outputs, self.saved[m] = self.stage.forward(inputs, self.training, keep=self.backward)
-        self.outputs[m] = outputs
-        return outputs
+    def _stage_forward(self, m: int, inputs: list[tf.Tensor]) -> None:
+        self.outputs[m], self.saved[m] = self.stage.forward(
+            inputs, self.training, keep=self.backward
+        )
 
     def _capture_input(self, m: int) -> list[tf.Tensor]:
         def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -28,7 +28,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift import context
-from tfsift.stage import Stage, gradients, is_float
+from tfsift.stage import Stage, add, gradients, is_float
 
 log = logging.getLogger("tfsift")
 GRADS_MARKER = "__tfsift_gradients__"
@@ -146,7 +146,7 @@ class Head:
             n = len(stage.variables)
             grads, in_grads = all_grads[:n], all_grads[n:]
             if grad_sum is not None:
-                grads = [a + b for a, b in zip(grad_sum, grads, strict=True)]
+                grads = add(grad_sum, grads)
         return self._flatten_results(results), grads, in_grads
 
     def _flatten_results(self, results: Any) -> list[tf.Tensor]:

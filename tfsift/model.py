@@ -79,10 +79,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 f"DistributedModel {self.name!r} can only be called inside a @tfsift.step function"
             )
         if not (tf.executing_eagerly() or ctx.compiled):
-            raise RuntimeError(
-                "do not wrap a @tfsift.step function in tf.function: tfsift compiles the "
-                "stages' forward and backward and the loss head itself"
-            )
+            raise RuntimeError(context.GRAPH_MODE_ERROR)
         return ctx.model_call(self, args, kwargs)
 
     @property

@@ -15,7 +15,7 @@ from partitioner import schedule
 from tfsift import context, runtime
 from tfsift.comm import PipeComm
 from tfsift.executor import Executor, Microbatch
-from tfsift.head import GRADS_MARKER, Head, mark_gradients
+from tfsift.head import GRADS_MARKER, Head
 from tfsift.model import DistributedModel
 from tfsift.step_output import GradientOutput, StepOutput
 
@@ -80,10 +80,7 @@ def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not tf.executing_eagerly():
-            raise RuntimeError(
-                "do not wrap a @tfsift.step function in tf.function: tfsift compiles the "
-                "stages' forward and backward and the loss head itself"
-            )
+            raise RuntimeError(context.GRAPH_MODE_ERROR)
         rt = runtime.get()
         microbatches = split(args, kwargs, rt.config.microbatches)
         if not probes:
@@ -183,15 +180,13 @@ def _gather(executor: Executor, rt: runtime.Runtime) -> Any:
 
 
 def _strip(value: Any) -> Any:
-    """Replaces the gradient list by a marker and tensors by arrays (picklable, rank-neutral)."""
-    return tree.map_structure(lambda v: v.numpy() if tf.is_tensor(v) else v, mark_gradients(value))
+    """Tensors become arrays (picklable); the head already put the marker for the gradients."""
+    return tree.map_structure(lambda v: v.numpy() if tf.is_tensor(v) else v, value)
 
 
 def _merge(results: list[Any], grads: list[StepOutput]) -> Any:
     first = results[0]
-    if isinstance(first, context.GradientList) or (
-        isinstance(first, str) and first == GRADS_MARKER
-    ):
+    if isinstance(first, str) and first == GRADS_MARKER:
         return grads
     if isinstance(first, (list, tuple)):
         merged = [_merge([r[i] for r in results], grads) for i in range(len(first))]

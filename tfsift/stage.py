@@ -36,7 +36,7 @@ class Stage:
             flag: _compiled_forward(graph, flag, first=index == 0) for flag in (True, False)
         }
         self._recompute_backward = tf.function(self._backward_by_recompute, reduce_retracing=True)
-        self._add = tf.function(_add, reduce_retracing=True)
+        self._add = tf.function(add, reduce_retracing=True)
 
     def accumulate(self, total: list[tf.Tensor] | None, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """``total + grads`` elementwise in one compiled call (``grads`` if no total yet)."""
@@ -133,7 +133,8 @@ def _compiled_forward(graph: StageGraph, training: bool, first: bool) -> Any:
     return tf.function(forward, reduce_retracing=True)
 
 
-def _add(a: list[tf.Tensor], b: list[tf.Tensor]) -> list[tf.Tensor]:
+def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Elementwise sums of two equally long tensor lists (gradient accumulation)."""
     return [x + y for x, y in zip(a, b, strict=True)]
 
 
