@@ -28,6 +28,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift import context
+from tfsift.compiled import Compiled
 from tfsift.stage import Stage, add, gradients, is_float
 
 log = logging.getLogger("tfsift")
@@ -70,9 +71,7 @@ class Head:
         self.compiled = compile
         self._tried = not compile
         self._layout: _Layout | None = None
-        self._call: Callable[..., Any] = (
-            tf.function(self._run, reduce_retracing=True) if compile else self._run
-        )
+        self._call: Callable[..., Any] = Compiled(self._run) if compile else self._run
 
     def __call__(
         self,

@@ -8,6 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfsift.compiled import Compiled
 from tfsift.graph import StageGraph
 
 
@@ -35,8 +36,8 @@ class Stage:
         self._forward = {
             flag: _compiled_forward(graph, flag, first=index == 0) for flag in (True, False)
         }
-        self._recompute_backward = tf.function(self._backward_by_recompute, reduce_retracing=True)
-        self._add = tf.function(add, reduce_retracing=True)
+        self._recompute_backward = Compiled(self._backward_by_recompute)
+        self._add = Compiled(add)
 
     def accumulate(self, total: list[tf.Tensor] | None, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """``total + grads`` elementwise in one compiled call (``grads`` if no total yet)."""
@@ -121,7 +122,7 @@ def gradients(
     ]
 
 
-def _compiled_forward(graph: StageGraph, training: bool, first: bool) -> Any:
+def _compiled_forward(graph: StageGraph, training: bool, first: bool) -> Compiled:
     def forward(*inputs: tf.Tensor) -> list[tf.Tensor]:
         if first:
             # Nobody needs gradients of the model input, but a tf.function's gradient
@@ -130,7 +131,7 @@ def _compiled_forward(graph: StageGraph, training: bool, first: bool) -> Any:
             inputs = tuple(tf.stop_gradient(x) for x in inputs)
         return graph.run(inputs, training)
 
-    return tf.function(forward, reduce_retracing=True)
+    return Compiled(forward)
 
 
 def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:

@@ -1,0 +1,73 @@
+"""tfsift.compiled: tf.function dispatch through concrete functions keyed by signature."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfsift.compiled import Compiled, signature
+
+
+def counting(fn: Any) -> tuple[Compiled, list[int]]:
+    """``Compiled(fn)`` and a list that grows by one each time ``fn``'s Python body runs."""
+    calls: list[int] = []
+
+    def body(*args: Any) -> Any:
+        calls.append(1)
+        return fn(*args)
+
+    return Compiled(body), calls
+
+
+def test_same_signature_traces_once_and_reuses_the_concrete_function() -> None:
+    scale, calls = counting(lambda x, k: x * k)
+    for value in range(3):
+        out = scale(tf.fill((2, 3), float(value)), 2.0)
+        np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 2.0 * value, np.float32))
+    assert (len(calls), scale.traces) == (1, 1)
+
+
+def test_a_new_shape_or_python_value_gets_its_own_trace() -> None:
+    scale, calls = counting(lambda x, k: x * k)
+    assert float(scale(tf.ones((2,)), 2.0)[0]) == 2.0
+    assert float(scale(tf.ones((2,)), 3.0)[0]) == 3.0  # the Python value is baked in
+    assert tuple(scale(tf.ones((5,)), 3.0).shape) == (5,)
+    assert scale.traces == 3
+    assert len(calls) == 3
+
+
+def test_nested_arguments_are_keyed_by_structure() -> None:
+    total, _ = counting(lambda xs, d: xs[0] + xs[1] + d["b"])
+    out = total([tf.ones((2,)), tf.ones((2,))], {"b": tf.ones((2,))})
+    np.testing.assert_array_equal(out.numpy(), [3.0, 3.0])
+    assert total.traces == 1
+
+
+def test_unkeyable_arguments_fall_back_to_tf_function() -> None:
+    total, _ = counting(lambda x, a: x + a)
+    out = total(tf.ones((2,)), np.array([1.0, 2.0], np.float32))  # an array is unhashable
+    np.testing.assert_array_equal(out.numpy(), [2.0, 3.0])
+    assert total.traces == 0
+    ragged = tf.ragged.constant([[1.0], [2.0, 3.0]])
+    assert signature((ragged,)) is None
+
+
+def test_gradients_flow_through_a_compiled_call() -> None:
+    square, _ = counting(lambda x: x * x)
+    x = tf.constant([1.0, 3.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = square(x)
+    np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [2.0, 6.0])
+
+
+def test_signature_names_shapes_dtypes_and_values() -> None:
+    x = tf.zeros((4, 2), tf.int32)
+    assert signature(x) == ((4, 2), tf.int32)
+    assert signature([x, None, 1]) == (
+        list,
+        (((4, 2), tf.int32), ("None",), ("V", int, 1)),
+    )
+    assert signature({"k": [1.5]}) == (dict, (("k", (list, (("V", float, 1.5),))),))

