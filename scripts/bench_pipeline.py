@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -37,6 +38,7 @@ PLOT = ROOT / "docs" / "pipeline_speedup.png"
 BEGIN, END = "<!-- pipeline:begin -->", "<!-- pipeline:end -->"
 RERUN = ".venv/bin/python scripts/bench_pipeline.py"
 SPEED_TARGET, OVERHEAD_TARGET, TARGET_M = 0.90, 0.05, 8
+CASE_PIPELINE = "interleaved"  # the schedule of the "where we lose" comparisons
 ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -56,7 +58,7 @@ class Settings:
     layers: int = 8
     width: int = 128
     side: int = 16
-    batch: int = 64
+    batch: int = 128  # 8 samples per microbatch at M=16 (see small_batch)
     K: int = 2
     microbatches: tuple[int, ...] = (1, 2, 4, 8, 16)
     pipelines: tuple[str, ...] = ("simple", "interleaved")
@@ -67,6 +69,8 @@ class Settings:
     dense_width: int = 1024  # the memory-bound comparison: Dense(dense_width) x layers
     dense_batch: int = 256
     dense_M: int = 8
+    small_batch: int = 64  # the small-microbatch comparison: the same chain, B/M = 4
+    small_M: int = 16
     max_load: float = 1.5
     max_wait: float = 300.0
 
@@ -74,20 +78,28 @@ class Settings:
         base = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("max_load", "max_wait") and not f.name.startswith("dense_")
+            if f.name not in ("max_load", "max_wait")
+            and not f.name.startswith(("dense_", "small_"))
         }
         return base | {"collect": True} | extra
 
-    def dense_config(self) -> Result:
-        """The Dense chain at dense_M microbatches, interleaved, optimize=speed."""
-        return self.worker_config(
-            model="dense",
-            width=self.dense_width,
-            batch=self.dense_batch,
-            M=self.dense_M,
-            pipeline="interleaved",
-            optimize="speed",
-        )
+    def comparisons(self) -> dict[str, Result]:
+        """Where we lose, by name: the worker config of each (interleaved, optimize=speed).
+
+        ``dense``: a memory-bound chain of Dense(dense_width) layers; ``small``: the main
+        chain with only B/M = small_batch/small_M samples per microbatch.
+        """
+        fixed = {"pipeline": CASE_PIPELINE, "optimize": "speed"}
+        return {
+            "dense": self.worker_config(
+                model="dense",
+                width=self.dense_width,
+                batch=self.dense_batch,
+                M=self.dense_M,
+                **fixed,
+            ),
+            "small": self.worker_config(batch=self.small_batch, M=self.small_M, **fixed),
+        }
 
     def param_bytes(self) -> int:
         """The main chain's float32 weights and biases."""
@@ -107,6 +119,8 @@ QUICK = Settings(
     steps=3,
     dense_width=256,
     dense_batch=64,
+    small_batch=32,
+    small_M=8,
     max_wait=0.0,
 )
 
@@ -160,11 +174,14 @@ def run_all(settings: Settings) -> Result:
         M=TARGET_M, pipeline="interleaved", optimize="speed", collect=False
     )
     raw["no_collect"] = run_job(settings.K, "pipeline", config)
-    dense = settings.dense_config()
-    say(f"memory-bound chain: Dense({settings.dense_width}), B={settings.dense_batch}")
-    raw["dense_reference"] = run_job(1, "reference", dense)[0]
-    raw["dense_k1"] = run_job(1, "microbatched", dense)[0]
-    raw["dense_pipeline"] = run_job(settings.K, "pipeline", dense)
+    raw["compare"] = {}
+    for name, config in settings.comparisons().items():
+        say(f"where we lose ({name}): {config['model']} chain, B={config['batch']}")
+        raw["compare"][name] = {
+            "reference": run_job(1, "reference", config)[0],
+            "k1": run_job(1, "microbatched", config)[0],
+            "pipeline": run_job(settings.K, "pipeline", config),
+        }
     say("data parallel: 2 ranks with B/2 each, and 1 rank with B/2 alone")
     raw["dp"] = run_job(2, "dp", settings.worker_config())
     raw["dp_alone"] = run_job(1, "dp", settings.worker_config(batch=settings.batch // 2))
@@ -275,14 +292,20 @@ def summary(raw: Result, settings: Settings) -> Result:
         "no_collect_ms": median_ms(leak[0]["times"]),
         "no_collect_rss": [r["maxrss_timed_mib"] for r in leak],
         "rows": pipeline_rows(raw, settings),
-        "dense": dense_summary(raw, settings),
+        "compare": {
+            name: comparison_summary(jobs, settings) for name, jobs in raw["compare"].items()
+        },
     }
 
 
-def dense_summary(raw: Result, settings: Settings) -> Result:
-    reference = median_ms(raw["dense_reference"]["times"])
-    row = job_row(raw["dense_pipeline"], reference, settings)
-    return row | {"reference_ms": reference, "k1_ms": median_ms(raw["dense_k1"]["times"])}
+def comparison_summary(jobs: Result, settings: Settings) -> Result:
+    reference = median_ms(jobs["reference"]["times"])
+    row = job_row(jobs["pipeline"], reference, settings)
+    return row | {
+        "reference_ms": reference,
+        "k1_ms": median_ms(jobs["k1"]["times"]),
+        "batch": jobs["pipeline"][0]["config"]["batch"],
+    }
 
 
 # ---------------------------------------------------------------- Markdown
@@ -352,25 +375,41 @@ def memory_table(s: Result) -> str:
     return table(header, rows)
 
 
-def dense_table(s: Result, settings: Settings) -> str:
-    d = s["dense"]
+def comparison_table(s: Result, settings: Settings) -> str:
     header = [
+        "case",
+        "B",
+        "M",
+        "samples per microbatch",
         "plain Keras, B: ms",
-        f"K=1, M={d['M']}: ms",
-        f"K={settings.K}, M={d['M']} ({d['pipeline']}): ms",
+        "K=1, same M: ms",
+        f"K={settings.K} ({CASE_PIPELINE}): ms",
         "speed-up",
         "ideal",
         "measured / ideal",
     ]
-    row = [
-        f"{d['reference_ms']:.1f}",
-        f"{d['k1_ms']:.1f}",
-        f"{d['step_ms']:.1f}",
-        f"{d['speedup']:.2f}",
-        f"{d['ideal']:.2f}",
-        f"{d['speedup'] / d['ideal']:.0%}",
+    rows = [
+        [
+            case_name(name, settings),
+            str(d["batch"]),
+            str(d["M"]),
+            str(d["batch"] // d["M"]),
+            f"{d['reference_ms']:.1f}",
+            f"{d['k1_ms']:.1f}",
+            f"{d['step_ms']:.1f}",
+            f"{d['speedup']:.2f}",
+            f"{d['ideal']:.2f}",
+            f"{d['speedup'] / d['ideal']:.0%}",
+        ]
+        for name, d in s["compare"].items()
     ]
-    return table(header, [row])
+    return table(header, rows)
+
+
+def case_name(name: str, settings: Settings) -> str:
+    if name == "dense":
+        return f"{settings.layers} x Dense({settings.dense_width}): memory-bound"
+    return "the main chain, small microbatches"
 
 
 def overhead_table(s: Result) -> str:
@@ -446,35 +485,62 @@ def speed_reading(s: Result, settings: Settings) -> str:
     top = max(settings.microbatches)
     k1_top = next(r["k1_ms"] for r in speed if r["M"] == top)
     bound = max(r["predicted"] / r["ideal"] for r in speed if r["M"] >= TARGET_M)
-    d = s["dense"]
     return (
         f"The best K={settings.K} speed-up is {best['speedup']:.2f} ({best['pipeline']}, "
         f"M={best['M']}). Microbatching without pipelining costs "
         f"{k1_top / s['keras_ms'] - 1:+.0%}: one process running `@tfsift.step` with M={top} "
-        f"takes {k1_top:.0f} ms against {s['keras_ms']:.0f} ms for the whole batch in Keras "
-        f"(a convolution's work per sample does not shrink with the batch, and tfsift runs "
-        f"the last stage's forward, loss and backward as one compiled call). The "
-        f"simulator, which charges nothing for the "
-        f"runtime, predicts up to {bound:.0%} of ideal for M >= {TARGET_M}. In the best "
-        f"configuration rank 0 / 1 compute for "
+        f"({settings.batch // top} samples per microbatch) takes {k1_top:.0f} ms against "
+        f"{s['keras_ms']:.0f} ms for the whole batch in Keras. The simulator, which charges "
+        f"nothing for the runtime, predicts up to {bound:.0%} of ideal for M >= {TARGET_M}. "
+        f"In the best configuration rank 0 / 1 compute for "
         f"{' / '.join(f'{x:.0f}' for x in best['busy_ms'])} ms of a {best['step_ms']:.0f} ms "
         f"step, while one process needs {best['k1_ms'] / settings.K:.0f} ms for 1/{settings.K} "
-        f"of the work at the same M: a stage computes "
-        f"{max(best['busy_ms']) / (best['k1_ms'] / settings.K) - 1:+.0%} longer beside the "
-        f"other (two busy processes share this machine's memory bandwidth and caches, and "
-        f"stages before the last run their backward through TensorFlow's function gradient, "
-        f"not one fused graph). The remaining "
+        f"of the work at the same M. Three things keep the stages from that: "
+        f"{_balance_text(best, settings)}; two busy processes share this machine's memory "
+        f"bandwidth and caches; and stages before the last run their backward through "
+        f"TensorFlow's function gradient (a tape), not one fused graph. The remaining "
         f"{best['step_ms'] - max(best['busy_ms']):.0f} ms are the fill-and-drain bubble "
-        f"(ideally 1/(M+K-1) of the step) and the transfers. "
+        f"(ideally 1/(M+K-1) of the step) and the transfers. {_lose_text(s, settings)}"
+    )
+
+
+def _balance_text(row: Result, settings: Settings) -> str:
+    """The stages' shares of the chain's matrix products (stage 0 skips one)."""
+    if settings.model != "conv":
+        return "the stages are not equal"
+    bounds = row["bounds"]
+    # per layer and sample: forward, weight gradient and input gradient; nobody needs the
+    # input gradient of the model's first layer
+    sizes = [hi - lo for lo, hi in itertools.pairwise(bounds)]
+    products = [3 * n - (s == 0) for s, n in enumerate(sizes)]
+    total = sum(products)
+    return (
+        f"the stages are not equal even in a chain of equal layers (stage 0 never computes "
+        f"its first layer's input gradient, so with bounds {tuple(bounds)} the stages do "
+        f"{' / '.join(str(p) for p in products)} of the {total} matrix products per sample, "
+        f"the largest share {max(products) / total:.1%} against 1/{settings.K} in the ideal)"
+    )
+
+
+def _lose_text(s: Result, settings: Settings) -> str:
+    d, small = s["compare"]["dense"], s["compare"]["small"]
+    return (
         f"**Where we lose**: a chain of {settings.layers} x Dense({settings.dense_width}) at "
-        f"B={settings.dense_batch} is memory-bound. With M={d['M']} each microbatch of "
-        f"{settings.dense_batch // d['M']} samples reads every "
-        f"{4 * settings.dense_width**2 / 2**20:.0f} MiB weight matrix again and writes a "
+        f"B={d['batch']} is memory-bound. With M={d['M']} each microbatch of "
+        f"{d['batch'] // d['M']} samples reads every "
+        f"{4 * settings.dense_width**2 / 2**20:.2g} MiB weight matrix again and writes a "
         f"gradient as large, so one process with M={d['M']} takes {d['k1_ms']:.0f} ms against "
         f"{d['reference_ms']:.0f} ms for the whole batch, and the K={settings.K} pipeline "
-        f"reaches {d['speedup']:.2f} ({d['speedup'] / d['ideal']:.0%} of ideal). Pipelining "
-        f"pays when a microbatch's compute outweighs its weight traffic: convolutions, or "
-        f"more samples per microbatch."
+        f"reaches {d['speedup']:.2f} ({d['speedup'] / d['ideal']:.0%} of ideal). The main "
+        f"chain at B={small['batch']} and M={small['M']} ({small['batch'] // small['M']} "
+        f"samples per microbatch) reaches {small['speedup']:.2f} "
+        f"({small['speedup'] / small['ideal']:.0%} of ideal): one process already takes "
+        f"{small['k1_ms'] / small['reference_ms'] - 1:+.0%} longer with those microbatches, "
+        f"and the runtime's fixed work per microbatch (a compiled call per action, the "
+        f"gradient tape, the transfers) is spread over {settings.batch // small['batch']}x "
+        f"fewer samples than at B={settings.batch}. "
+        f"Pipelining pays when a microbatch's compute outweighs its weight traffic and the "
+        f"runtime's work per microbatch: convolutions, or more samples per microbatch."
     )
 
 
@@ -589,9 +655,10 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "not count the runtime. *bounds*: the stage boundaries the runtime's own plan "
             "chose (at M=1 every split has the same simulated step time, and the speed "
             "solver's tie-break is not by memory).",
-            f"### Where we lose: a memory-bound chain ({settings.layers} x "
-            f"Dense({settings.dense_width}), B={settings.dense_batch})",
-            dense_table(s, settings),
+            "### Where we lose",
+            comparison_table(s, settings),
+            f"Each case in its own jobs, {CASE_PIPELINE} schedule, optimize=speed; the "
+            "reference is plain Keras on the case's whole batch B.",
             "### @tfsift.step overhead",
             overhead_table(s),
             "### Data parallel: 2 ranks vs 1",
