@@ -2,11 +2,11 @@
 
 A pipeline calls each stage's compiled functions once per microbatch. On every
 call ``tf.function`` canonicalises all its arguments into a function type and
-looks that up among its traces; with a dozen tensors that took about 0.35 ms
-here, against 0.18 ms for calling the concrete function it finds (measured on
-this project's 2-core test machine). ``Compiled`` keys the concrete functions by
-the arguments' structure, shapes and dtypes itself, and falls back to the
-``tf.function`` for arguments it cannot key (an unhashable Python value).
+looks that up among its traces, which is a large part of a call's fixed cost
+(``scripts/bench_dispatch.py`` measures it). ``Compiled`` keys the concrete
+functions by the arguments' structure, shapes, dtypes and Python values itself,
+and falls back to the ``tf.function`` for arguments it cannot key (an unhashable
+Python value, a ragged or sparse tensor).
 """
 
 from __future__ import annotations
