@@ -11,10 +11,14 @@ Python value, a ragged or sparse tensor).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import tensorflow as tf
+
+log = logging.getLogger("tfsift")
+RETRACE_WARNING = 8  # traces of one function after which tfsift warns, once
 
 
 class Compiled:
@@ -26,9 +30,10 @@ class Compiled:
         array([2., 2.], dtype=float32)
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.function = tf.function(fn, reduce_retracing=True)
         self._concrete: dict[Hashable, Any] = {}
+        self.name = name or getattr(fn, "__qualname__", repr(fn))
 
     def __call__(self, *args: Any) -> Any:
         key = signature(args)
@@ -38,7 +43,20 @@ class Compiled:
         if concrete is None:
             concrete = self.function.get_concrete_function(*args)
             self._concrete[key] = concrete
+            if len(self._concrete) == RETRACE_WARNING:
+                self._warn(key)
         return concrete(*args)
+
+    def _warn(self, key: Hashable) -> None:
+        # tf.function warns about frequent retracing only for calls it dispatches itself
+        log.warning(
+            "tfsift: %s has been traced for %d different argument signatures; each new "
+            "shape or Python value (a number passed to the step function, say) costs a "
+            "trace. Pass values that change between calls as tensors. Latest signature: %s",
+            self.name,
+            len(self._concrete),
+            key,
+        )
 
     @property
     def traces(self) -> int:

@@ -71,7 +71,8 @@ class Head:
         self.compiled = compile
         self._tried = not compile
         self._layout: _Layout | None = None
-        self._call: Callable[..., Any] = Compiled(self._run) if compile else self._run
+        name = f"the @tfsift.step function {getattr(fn, '__qualname__', fn)!r}"
+        self._call: Callable[..., Any] = Compiled(self._run, name) if compile else self._run
 
     def __call__(
         self,

@@ -33,11 +33,11 @@ class Stage:
         self._seeds = graph.seed_states()
         trainable = {id(v) for v in self.variables}
         self.state_variables = [v for v in graph.variables() if id(v) not in trainable]
-        self._forward = {
-            flag: _compiled_forward(graph, flag, first=index == 0) for flag in (True, False)
-        }
-        self._recompute_backward = Compiled(self._backward_by_recompute)
-        self._add = Compiled(add)
+        self._forward = {flag: _compiled_forward(graph, flag, index) for flag in (True, False)}
+        self._recompute_backward = Compiled(
+            self._backward_by_recompute, f"stage {index}'s recomputing backward"
+        )
+        self._add = Compiled(add, f"stage {index}'s gradient sum")
 
     def accumulate(self, total: list[tf.Tensor] | None, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """``total + grads`` elementwise in one compiled call (``grads`` if no total yet)."""
@@ -122,16 +122,16 @@ def gradients(
     ]
 
 
-def _compiled_forward(graph: StageGraph, training: bool, first: bool) -> Compiled:
+def _compiled_forward(graph: StageGraph, training: bool, index: int) -> Compiled:
     def forward(*inputs: tf.Tensor) -> list[tf.Tensor]:
-        if first:
+        if index == 0:
             # Nobody needs gradients of the model input, but a tf.function's gradient
             # computes them for all of its inputs: this lets the first layer's input
             # gradient (a whole backward convolution, say) be pruned.
             inputs = tuple(tf.stop_gradient(x) for x in inputs)
         return graph.run(inputs, training)
 
-    return Compiled(forward)
+    return Compiled(forward, f"stage {index}'s forward")
 
 
 def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from tfsift.compiled import Compiled, signature
+from tfsift.compiled import RETRACE_WARNING, Compiled, signature
 
 
 def counting(fn: Any) -> tuple[Compiled, list[int]]:
@@ -71,3 +73,25 @@ def test_signature_names_shapes_dtypes_and_values() -> None:
         (((4, 2), tf.int32), ("None",), ("V", int, 1)),
     )
     assert signature({"k": [1.5]}) == (dict, (("k", (list, (("V", float, 1.5),))),))
+
+
+def test_many_signatures_warn_once_naming_the_latest(caplog: pytest.LogCaptureFixture) -> None:
+    def scale(x: tf.Tensor, k: float) -> tf.Tensor:
+        return x * k
+
+    compiled = Compiled(scale)
+    x = tf.ones((2,))
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        for k in range(RETRACE_WARNING - 1):
+            compiled(x, float(k))
+        assert caplog.messages == []
+        for k in range(RETRACE_WARNING - 1, 2 * RETRACE_WARNING):
+            compiled(x, float(k))
+    last = float(RETRACE_WARNING - 1)
+    assert caplog.messages == [
+        f"tfsift: test_many_signatures_warn_once_naming_the_latest.<locals>.scale has been "
+        f"traced for {RETRACE_WARNING} different argument signatures; each new shape or "
+        "Python value (a number passed to the step function, say) costs a trace. Pass values "
+        "that change between calls as tensors. Latest signature: "
+        f"(<class 'tuple'>, (((2,), tf.float32), ('V', <class 'float'>, {last})))"
+    ]

@@ -198,3 +198,26 @@ def test_named_tuples_come_back_as_named_tuples() -> None:
 
     out = train(x, y)
     assert isinstance(out, Out) and len(out.grads) == 4 and len(out.loss) == 2
+
+
+def test_a_python_number_that_changes_every_call_warns_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model, x, y = start(1)
+
+    @tfsift.step
+    def train(images: tf.Tensor, labels: tf.Tensor, weight: float) -> Any:
+        loss = weight * LOSS(labels, model(images, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    with caplog.at_level("WARNING", logger="tfsift"):
+        losses = [float(train(x, y, float(w))[1].reduce_mean()) for w in range(1, 11)]
+    # every value is honoured (a trace bakes the Python number in)
+    np.testing.assert_allclose(np.array(losses) / losses[0], np.arange(1, 11), rtol=1e-5)
+    warnings = [m for m in caplog.messages if "different argument signatures" in m]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        "tfsift: the @tfsift.step function "
+        "'test_a_python_number_that_changes_every_call_warns_once.<locals>.train' has been "
+        "traced for 8 different argument signatures"
+    )
