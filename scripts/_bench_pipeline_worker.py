@@ -32,7 +32,6 @@ from mpi4py import MPI  # noqa: E402
 
 import tfsift  # noqa: E402
 from partitioner.plan import make_plan  # noqa: E402
-from tfsift import executor  # noqa: E402
 from tfsift.profiler import profile  # noqa: E402
 
 Config = dict[str, Any]
@@ -180,29 +179,14 @@ def timed(step: Step, cfg: Config) -> dict[str, Any]:
     return {"times": times, "thread_cpu_s": cpu, "timed_wall_s": wall}
 
 
-def action_seconds(step: Step) -> dict[str, float]:
-    """Seconds this rank spends per kind of schedule action (F, B, RF, ...) in one step.
-
-    Wraps ``Executor.run`` for that step with a timer around each action; computing
-    (F, B) against waiting (RF, RB) shows which stage sets the pace.
-    """
-    spent: dict[str, float] = {}
-    original = executor.Executor.run
-
-    def run(self: executor.Executor, actions: Any) -> None:
-        for action in actions:
-            start = time.perf_counter()
-            getattr(self, executor._HANDLERS[action.kind])(action.microbatch)
-            kind = action.kind.value
-            spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - start
-        self.comm.wait()
-
-    executor.Executor.run = run  # type: ignore[method-assign]
-    try:
+def timeline(step: Step) -> tuple[dict[str, float], list[list[Any]]]:
+    """One step recorded with ``tfsift.timeline()``: this rank's seconds per kind of
+    action (F, B, RF, ...) and every stage's events as [stage, action, start, end]."""
+    with tfsift.timeline() as recorded:
         synced_time(step, True)
-    finally:
-        executor.Executor.run = original  # type: ignore[method-assign]
-    return spent
+    measured = recorded.steps[-1]
+    events = [[e.stage, str(e.action), e.start, e.end] for e in measured.events]
+    return measured.seconds(tfsift.mp_rank()), events
 
 
 def maxrss_mib() -> float:
@@ -297,8 +281,10 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     whole = maxrss_mib()
     gc.collect()
     reset_peak_rss()
+    action_s, events = timeline(train)
     return timed(train, cfg) | {
-        "action_s": action_seconds(train),
+        "action_s": action_s,
+        "events": events,
         "first_step_s": first,
         "bounds": list(model.partitioned.bounds),
         "maxrss_before_mib": before,

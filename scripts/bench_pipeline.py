@@ -35,11 +35,13 @@ from tfsift.launch import mpirun_command  # noqa: E402
 WORKER = ROOT / "scripts" / "_bench_pipeline_worker.py"
 DOC = ROOT / "docs" / "benchmarks.md"
 PLOT = ROOT / "docs" / "pipeline_speedup.png"
+TIMELINE = ROOT / "docs" / "pipeline_timeline.png"
 BEGIN, END = "<!-- pipeline:begin -->", "<!-- pipeline:end -->"
 RERUN = ".venv/bin/python scripts/bench_pipeline.py"
 SPEED_TARGET, OVERHEAD_TARGET, TARGET_M = 0.90, 0.05, 8
 NOISE = 0.02  # ratios closer than this to a target are called undecided
 CASE_PIPELINE = "interleaved"  # the schedule of the "where we lose" comparisons
+TIMELINE_ROW = (TARGET_M, "interleaved", "speed")  # (M, pipeline, optimize) drawn step by step
 ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -257,6 +259,7 @@ def job_row(ranks: list[Result], reference_ms: float, settings: Settings) -> Res
         "busy_ms": [1000 * (r["action_s"].get("F", 0) + r["action_s"].get("B", 0)) for r in ranks],
         "rss_whole_mib": [r["maxrss_whole_mib"] for r in ranks],
         "first_step_s": max(r["first_step_s"] for r in ranks),
+        "events": ranks[0]["events"],
     }
 
 
@@ -665,6 +668,11 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "each rank spends in forward and backward actions during one extra step (the "
             "rest of the step it waits for the other stage).",
             "![measured, ideal and predicted speed-up](pipeline_speedup.png)",
+            f"One measured step ({TIMELINE_ROW[1]}, M={TIMELINE_ROW[0]}, "
+            f"optimize={TIMELINE_ROW[2]}), recorded with `tfsift.timeline()`: blank is "
+            "waiting for the other stage (or a transfer); on the last stage each forward "
+            "box includes its backward (one compiled call).",
+            "![a measured pipeline step](pipeline_timeline.png)",
             "### Memory: optimize=speed vs memory",
             memory_table(s),
             "*peak RSS in steps*: `ru_maxrss` over the timed steps only (the kernel's peak "
@@ -729,6 +737,19 @@ def plot(s: Result, settings: Settings, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def draw_measured(s: Result, settings: Settings, path: Path) -> None:
+    """The Gantt chart of the step recorded in the TIMELINE_ROW job."""
+    from partitioner.schedule import Action
+    from partitioner.simulator import Event
+    from tfsift.timing import StepTimeline
+
+    row = next(r for r in s["rows"] if (r["M"], r["pipeline"], r["optimize"]) == TIMELINE_ROW)
+    events = tuple(Event(st, Action.parse(a), b, e) for st, a, b, e in row["events"])
+    measured = StepTimeline(events, settings.K, max(e.end for e in events))
+    M, pipeline, optimize = TIMELINE_ROW
+    measured.draw(path, title=f"K={settings.K}, M={M}, {pipeline}, optimize={optimize}")
 
 
 def _plot_one(ax: Any, s: Result, pipeline: str, settings: Settings) -> None:
@@ -804,6 +825,7 @@ def main() -> None:
         args.json.write_text(json.dumps(record, indent=1))
     if not args.no_docs:
         plot(s, settings, PLOT)
+        draw_measured(s, settings, TIMELINE)
         write_section(text, DOC)
     say(f"done; the measurements took {meta.get('seconds', 0):.0f} s")
 

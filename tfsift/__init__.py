@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tfsift.pipeline_step import step
     from tfsift.placement import partition
     from tfsift.step_output import StepOutput
+    from tfsift.timing import timeline
 
 _EXPORTS = {
     "DistributedModel": "tfsift.model",
@@ -51,6 +52,7 @@ _EXPORTS = {
     "shard": "tfsift.data",
     "size": "tfsift.api",
     "step": "tfsift.pipeline_step",
+    "timeline": "tfsift.timing",
 }
 __all__ = [
     "DistributedModel",
@@ -72,6 +74,7 @@ __all__ = [
     "shard",
     "size",
     "step",
+    "timeline",
 ]
 
 

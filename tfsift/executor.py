@@ -12,6 +12,7 @@ called, to learn the model input.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,12 +62,20 @@ class Executor:
         self.fused: set[int] = set()  # last stage: microbatches whose backward is done
         self.results: dict[int, Any] = {}
 
-    def run(self, actions: Sequence[Action]) -> None:
-        """Executes ``actions`` in order, then completes outstanding sends."""
+    def run(
+        self, actions: Sequence[Action], timed: list[tuple[Action, float, float]] | None = None
+    ) -> None:
+        """Executes ``actions`` in order, then completes outstanding sends.
+
+        With ``timed``, appends (action, start, end) in ``time.perf_counter`` seconds.
+        """
         for action in actions:
+            start = time.perf_counter()
             # Look the handler up per action: a dict of bound methods on self would make a
             # reference cycle that keeps every step's tensors alive until a full GC.
             getattr(self, _HANDLERS[action.kind])(action.microbatch)
+            if timed is not None:
+                timed.append((action, start, time.perf_counter()))
         self.comm.wait()
 
     @property

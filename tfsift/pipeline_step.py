@@ -12,7 +12,7 @@ import tensorflow as tf
 from keras import tree
 
 from partitioner import schedule
-from tfsift import context, runtime
+from tfsift import context, runtime, timing
 from tfsift.comm import PipeComm
 from tfsift.executor import Executor, Microbatch
 from tfsift.head import GRADS_MARKER, Head
@@ -100,7 +100,14 @@ def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
             probe.training,
             probe.head,
         )
-        executor.run(probe.actions)
+        recording = timing.active()
+        if recording is None:
+            executor.run(probe.actions)
+        else:
+            timed: list[tuple[schedule.Action, float, float]] = []
+            origin = timing.start(rt.pipe_comm)
+            executor.run(probe.actions, timed)
+            timing.finish(recording, rt.pipe_comm, rt.stage, origin, timed)
         return _gather(executor, rt)
 
     return wrapper

@@ -1,0 +1,142 @@
+"""Measured timelines: when each schedule action of a pipelined step ran, on every stage.
+
+The executor times every action it runs; inside ``with tfsift.timeline()`` each
+``@tfsift.step`` call also starts with a barrier of the pipeline's ranks (the common
+time origin) and ends by gathering every stage's actions to every rank. The result
+uses the simulator's ``Event`` records, so a measured step can be drawn and compared
+with ``tfsift simulate --timeline`` directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from partitioner.schedule import COMPUTE_ORDER, Action
+from partitioner.simulator import Event
+from partitioner.timeline import draw_events
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimeline:
+    """One measured step: every stage's actions, in seconds from a common start.
+
+    The start is the moment each rank leaves a barrier of the pipeline's ranks, so
+    times on different ranks agree to within that barrier's exit skew.
+
+    Args:
+        events: every action of every stage, in each stage's execution order.
+        stages: the number of stages K.
+        step_time: seconds from the start to the end of the last action.
+    """
+
+    events: tuple[Event, ...]
+    stages: int
+    step_time: float
+
+    def busy(self) -> tuple[float, ...]:
+        """Seconds each stage spent in forward and backward actions."""
+        return tuple(
+            sum(
+                e.end - e.start
+                for e in self.events
+                if e.stage == s and e.action.kind in COMPUTE_ORDER
+            )
+            for s in range(self.stages)
+        )
+
+    def seconds(self, stage: int) -> dict[str, float]:
+        """Seconds ``stage`` spent per kind of action ("F", "B", "RF", ...); a receive's
+        time includes the wait for its message."""
+        out: dict[str, float] = {}
+        for e in self.events:
+            if e.stage == stage:
+                out[e.action.kind.value] = out.get(e.action.kind.value, 0.0) + e.end - e.start
+        return out
+
+    @property
+    def bubble_fraction(self) -> float:
+        """``1 - sum(busy) / (K * step_time)``, as the simulator defines it."""
+        return 1 - sum(self.busy()) / (self.stages * self.step_time) if self.step_time else 0.0
+
+    def draw(self, path: str | Path, title: str = "") -> None:
+        """Writes a PNG Gantt chart of the forwards and backwards to ``path``."""
+        summary = f"measured step {self.step_time:.4g} s, bubble {self.bubble_fraction:.1%}"
+        draw_events(
+            self.events,
+            self.stages,
+            self.step_time,
+            path,
+            f"{title}: {summary}" if title else summary,
+        )
+
+
+class Timeline:
+    """The steps recorded inside one ``with tfsift.timeline()`` block, in call order."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepTimeline] = []
+
+
+_recording: list[Timeline] = []
+
+
+@contextlib.contextmanager
+def timeline() -> Iterator[Timeline]:
+    """Records when every schedule action of each ``@tfsift.step`` call inside runs.
+
+    A collective: every rank of a pipeline must enter it around the same step calls
+    (each recorded step begins with a barrier and ends with a gather of the pipeline's
+    ranks), like ``tfsift.allreduce``.
+
+    Example:
+        >>> with tfsift.timeline() as recorded:
+        ...     grads, loss = forward_backward(images, labels)
+        >>> step = recorded.steps[-1]
+        >>> step.busy(), step.bubble_fraction
+        >>> if tfsift.rank() == 0:
+        ...     step.draw("timeline.png", title="K=2, M=8, interleaved")
+
+    Returns:
+        A ``Timeline`` whose ``steps`` fill in as the steps run.
+    """
+    recording = Timeline()
+    _recording.append(recording)
+    try:
+        yield recording
+    finally:
+        _recording.remove(recording)
+
+
+def active() -> Timeline | None:
+    """The innermost recording ``timeline()`` block, if any."""
+    return _recording[-1] if _recording else None
+
+
+def start(comm: Any) -> float:
+    """The step's time origin on this rank: right after a barrier of ``comm``."""
+    comm.Barrier()
+    return time.perf_counter()
+
+
+def finish(
+    recording: Timeline,
+    comm: Any,
+    stage: int,
+    origin: float,
+    timed: Sequence[tuple[Action, float, float]],
+) -> None:
+    """Gathers every stage's timed actions over ``comm`` and appends the step."""
+    mine = [(str(a), begin - origin, end - origin) for a, begin, end in timed]
+    gathered = comm.allgather((stage, mine))
+    events = tuple(
+        Event(s, Action.parse(text), begin, end)
+        for s, actions in sorted(gathered)
+        for text, begin, end in actions
+    )
+    step_time = max((e.end for e in events), default=0.0)
+    recording.steps.append(StepTimeline(events, len(gathered), step_time))
