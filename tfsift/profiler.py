@@ -21,7 +21,9 @@ def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> Cos
 
     Forward time is the median over ``repeats`` runs after a warm-up, less the fixed cost
     of calling a compiled function; backward time is the median of forward+backward runs
-    less the forward median.
+    less the forward median. A node with no trainable weights upstream of it is timed
+    without its input gradient: the first stage stops gradients at the model input, so
+    TensorFlow never computes it (such nodes open the chain, so they sit in stage 0).
 
     Args:
         graph: the traced model.
@@ -35,8 +37,9 @@ def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> Cos
     overhead = dispatch_overhead(repeats)
     seen: set[int] = set()
     layers = []
+    wrt_inputs = needs_input_gradients(graph)
     for i, gn in enumerate(graph.nodes):
-        forward, both = _node_functions(gn, values)
+        forward, both = _node_functions(gn, values, wrt_inputs[i])
         f_raw = _median_time(forward, repeats)
         f_time = max(f_raw - overhead, 0.0)
         b_time = max(_median_time(both, repeats) - f_raw, 0.0) if both is not None else 0.0
@@ -62,13 +65,27 @@ def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:
     return values
 
 
+def needs_input_gradients(graph: Graph) -> list[bool]:
+    """Per node: whether a training step computes its input gradient, i.e. whether some
+    trainable weight lies upstream of it (the model input itself needs no gradient)."""
+    downstream: set[int] = set()  # tensors that depend on a trainable weight
+    needs = []
+    for gn in graph.nodes:
+        reads = any(t in downstream for t in gn.inputs)
+        needs.append(reads)
+        if reads or getattr(gn.operation, "trainable_variables", []):
+            downstream.update(gn.outputs)
+    return needs
+
+
 def _node_functions(
-    gn: GraphNode, values: dict[int, Any]
+    gn: GraphNode, values: dict[int, Any], wrt_inputs: bool
 ) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
     args, kwargs = gn.node.arguments.fill_in(values)
     if "training" in getattr(gn.operation, "_call_context_args", ()):
         kwargs["training"] = True
-    inputs = [values[t] for t in gn.inputs if is_float(values[t])]
+    floats = [values[t] for t in gn.inputs if is_float(values[t])]
+    inputs = floats if wrt_inputs else []
     sources = inputs + list(getattr(gn.operation, "trainable_variables", []))
 
     def forward() -> Any:

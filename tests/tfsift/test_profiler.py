@@ -1,0 +1,39 @@
+"""tfsift.profiler: which input gradients a step computes, and the cost model it emits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfsift.graph import trace
+from tfsift.profiler import needs_input_gradients, profile
+
+
+class Scaled(keras.Model):  # type: ignore[misc]
+    """Weight-free ops before the first Dense, then a skip connection around the second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(6)
+        self.b = keras.layers.Dense(6)
+
+    def call(self, x: Any) -> Any:
+        h = self.a(keras.ops.multiply(keras.ops.reshape(x, (-1, 6)), 2.0))
+        return keras.ops.add(self.b(h), h)
+
+
+def test_only_nodes_downstream_of_a_weight_need_their_input_gradient() -> None:
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    names = [type(gn.operation).__name__ for gn in graph.nodes]
+    assert names == ["Reshape", "Multiply", "Dense", "Dense", "Add"]
+    assert needs_input_gradients(graph) == [False, False, False, True, True]
+
+
+def test_weight_free_nodes_before_the_first_weight_cost_no_backward() -> None:
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    costs = profile(graph, [tf.ones((4, 3, 2))], repeats=3)
+    backward = [layer.backward_time for layer in costs.layers]
+    assert backward[:2] == [0.0, 0.0]  # nothing to differentiate: no weights, no input grad
+    assert costs.batch_size == 4
