@@ -763,7 +763,7 @@ def draw_measured(s: Result, settings: Settings, path: Path) -> None:
 
     row = next(r for r in s["rows"] if (r["M"], r["pipeline"], r["optimize"]) == TIMELINE_ROW)
     events = tuple(Event(st, Action.parse(a), b, e) for st, a, b, e in row["events"])
-    measured = StepTimeline(events, settings.K, max(e.end for e in events))
+    measured = StepTimeline(events, settings.K)
     M, pipeline, optimize = TIMELINE_ROW
     measured.draw(path, title=f"K={settings.K}, M={M}, {pipeline}, optimize={optimize}")
 

@@ -56,10 +56,10 @@ class Stage:
             return self.forward_call(inputs, training), None
         if self.recompute:
             seeds = [tf.identity(s.value) for s in self._seeds]
-            return list(self._forward[training](*inputs)), Saved(inputs, None, None, seeds)
+            return self.forward_call(inputs, training), Saved(inputs, None, None, seeds)
         with tf.GradientTape() as tape:
             tape.watch(_floats(inputs))
-            outputs = list(self._forward[training](*inputs))
+            outputs = self.forward_call(inputs, training)
         return outputs, Saved(inputs, outputs, tape, None)
 
     def backward(

@@ -80,12 +80,3 @@ class GradientOutput(StepOutput):
 
     def reduce_sum(self) -> tf.Tensor:
         return self.total
-
-    def accumulate(self) -> tf.Tensor:
-        return self.reduce_mean()
-
-    def concat(self) -> tf.Tensor:
-        return tf.concat(self.outputs, axis=0)
-
-    def stack(self) -> tf.Tensor:
-        return tf.stack(self.outputs, axis=0)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from partitioner.schedule import COMPUTE_ORDER, Action
+from partitioner.schedule import COMPUTE, Action
 from partitioner.simulator import Event
 from partitioner.timeline import draw_events
 
@@ -31,21 +31,20 @@ class StepTimeline:
     Args:
         events: every action of every stage, in each stage's execution order.
         stages: the number of stages K.
-        step_time: seconds from the start to the end of the last action.
     """
 
     events: tuple[Event, ...]
     stages: int
-    step_time: float
+
+    @property
+    def step_time(self) -> float:
+        """Seconds from the start to the end of the last action."""
+        return max((e.end for e in self.events), default=0.0)
 
     def busy(self) -> tuple[float, ...]:
         """Seconds each stage spent in forward and backward actions."""
         return tuple(
-            sum(
-                e.end - e.start
-                for e in self.events
-                if e.stage == s and e.action.kind in COMPUTE_ORDER
-            )
+            sum(e.end - e.start for e in self.events if e.stage == s and e.action.kind in COMPUTE)
             for s in range(self.stages)
         )
 
@@ -138,5 +137,4 @@ def finish(
         for s, actions in sorted(gathered)
         for text, begin, end in actions
     )
-    step_time = max((e.end for e in events), default=0.0)
-    recording.steps.append(StepTimeline(events, len(gathered), step_time))
+    recording.steps.append(StepTimeline(events, len(gathered)))

@@ -12,11 +12,10 @@ import tensorflow as tf
 
 import mpi
 import tfsift
-from partitioner.schedule import Action, Kind, add_communication, build
+from partitioner.schedule import COMPUTE, Action, Kind, add_communication, build
 
 LOSS = keras.losses.MeanSquaredError()
 SKEW = 2e-3  # seconds: tolerance for comparing times taken on two ranks
-COMPUTE = {Kind.FORWARD, Kind.BACKWARD}
 
 
 class Pair(tfsift.DistributedModel):
