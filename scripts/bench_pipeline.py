@@ -198,7 +198,7 @@ def run_grid(settings: Settings) -> list[Result]:
     """K-rank pipeline jobs, one per (M, schedule, optimize) and ``repeats`` per target row,
     each between two one-process reference jobs.
 
-    The machine's speed drifts over a run (3-5% over a few minutes, seen here), so each
+    The machine's speed drifts over a run (by up to 8% in one 25-minute run here), so each
     speed-up compares a pipeline job with the mean of the reference jobs right before and
     right after it (a linear drift cancels); neighbouring jobs share a reference. The rows
     the targets are about run ``repeats`` times and report the median."""
