@@ -8,11 +8,12 @@ likewise waits for B(s + 1, m). Transfers are link delays: they never occupy a s
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
-from partitioner.schedule import Action, Kind, Schedule, ScheduleError, validate
+from partitioner.schedule import COMPUTE, Action, Kind, Schedule, ScheduleError, validate
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _stage_peak(memory: tuple[int, int, int], row: list[Action], recompute: bool
     for a in row:
         if a.kind is Kind.FORWARD and training:
             held += kept
-        if a.kind in (Kind.FORWARD, Kind.BACKWARD):
+        if a.kind in COMPUTE:
             peak = max(peak, held + (activation if recompute or not training else 0))
         if a.kind is Kind.BACKWARD:
             held -= kept
@@ -132,15 +133,34 @@ def simulate(
     validate(schedule, M)
     events = _run(costs, partition, schedule, recompute)
     step = max((e.end for e in events), default=0.0)
-    busy = tuple(sum(e.end - e.start for e in events if e.stage == s) for s in range(K))
+    busy = busy_seconds(events, K)
     return SimResult(
         step_time=step,
         busy=busy,
         idle=tuple(step - b for b in busy),
-        bubble_fraction=1.0 - sum(busy) / (K * step) if step > 0 else 0.0,
+        bubble_fraction=bubble_fraction(busy, step),
         peak_memory=peak_memory(costs, partition, schedule, recompute=recompute),
         events=tuple(sorted(events, key=lambda e: (e.start, e.stage))),
     )
+
+
+def busy_seconds(events: Iterable[Event], stages: int) -> tuple[float, ...]:
+    """Seconds each of ``stages`` stages spends in forward and backward events.
+
+    Example:
+        >>> busy_seconds([Event(0, Action.parse("0F0"), 0.0, 2.0)], 2)
+        (2.0, 0.0)
+    """
+    busy = [0.0] * stages
+    for e in events:
+        if e.action.kind in COMPUTE:
+            busy[e.stage] += e.end - e.start
+    return tuple(busy)
+
+
+def bubble_fraction(busy: Sequence[float], step_time: float) -> float:
+    """``1 - sum(busy) / (K * step_time)`` for K = ``len(busy)`` stages (0 for an empty step)."""
+    return 1.0 - sum(busy) / (len(busy) * step_time) if step_time > 0 else 0.0
 
 
 def _run(
@@ -149,10 +169,7 @@ def _run(
     times = stage_times(costs, partition)
     cut = costs.prefix.cut
     b = partition.bounds
-    rows = {
-        s: [a for a in row if a.kind in (Kind.FORWARD, Kind.BACKWARD)]
-        for s, row in schedule.items()
-    }
+    rows = {s: [a for a in row if a.kind in COMPUTE] for s, row in schedule.items()}
     end: dict[Action, float] = {}
     free, position, events = [0.0] * len(rows), [0] * len(rows), []
     progress = True

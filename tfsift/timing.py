@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from partitioner.schedule import COMPUTE, Action
-from partitioner.simulator import Event
+from partitioner.schedule import Action
+from partitioner.simulator import Event, bubble_fraction, busy_seconds
 from partitioner.timeline import draw_events
 
 
@@ -43,10 +43,7 @@ class StepTimeline:
 
     def busy(self) -> tuple[float, ...]:
         """Seconds each stage spent in forward and backward actions."""
-        return tuple(
-            sum(e.end - e.start for e in self.events if e.stage == s and e.action.kind in COMPUTE)
-            for s in range(self.stages)
-        )
+        return busy_seconds(self.events, self.stages)
 
     def seconds(self, stage: int) -> dict[str, float]:
         """Seconds ``stage`` spent per kind of action ("F", "B", "RF", ...); a receive's
@@ -60,7 +57,7 @@ class StepTimeline:
     @property
     def bubble_fraction(self) -> float:
         """``1 - sum(busy) / (K * step_time)``, as the simulator defines it."""
-        return 1 - sum(self.busy()) / (self.stages * self.step_time) if self.step_time else 0.0
+        return bubble_fraction(self.busy(), self.step_time)
 
     def draw(self, path: str | Path, title: str = "") -> None:
         """Writes a PNG Gantt chart of the forwards and backwards to ``path``."""

@@ -9,7 +9,15 @@ import partitioner.simulator
 from partitioner.costs import CostModel, LayerCost
 from partitioner.partition import Partition
 from partitioner.schedule import Action, Kind, Schedule, add_communication, build, forward_only
-from partitioner.simulator import peak_memory, simulate, stage_memory, stage_times
+from partitioner.simulator import (
+    Event,
+    bubble_fraction,
+    busy_seconds,
+    peak_memory,
+    simulate,
+    stage_memory,
+    stage_times,
+)
 
 
 def two_layers() -> CostModel:
@@ -158,3 +166,18 @@ def test_partition_must_fit_costs_and_schedule() -> None:
 
 def test_docstring_examples_run() -> None:
     assert doctest.testmod(partitioner.simulator).failed == 0
+
+
+def test_busy_seconds_counts_only_forwards_and_backwards_per_stage() -> None:
+    events = [
+        Event(0, Action.parse("0F0"), 0.0, 2.0),
+        Event(0, Action.parse("0SF0"), 2.0, 2.5),  # a transfer: not computing
+        Event(1, Action.parse("1RF0"), 0.0, 2.5),
+        Event(1, Action.parse("1F0"), 2.5, 3.0),
+        Event(1, Action.parse("1B0"), 3.0, 4.0),
+        Event(0, Action.parse("0B0"), 4.0, 7.0),
+    ]
+    busy = busy_seconds(events, 2)
+    assert busy == (5.0, 1.5)
+    assert bubble_fraction(busy, 7.0) == pytest.approx(1 - 6.5 / 14)
+    assert bubble_fraction((0.0, 0.0), 0.0) == 0.0
