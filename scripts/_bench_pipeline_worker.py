@@ -41,7 +41,9 @@ LOSS = keras.losses.MeanSquaredError()
 
 def chain_layers(cfg: Config) -> list[keras.layers.Layer]:
     """``layers`` equal layers: Conv2D(width, 3x3, same) on side x side x width images
-    (``model="conv"``) or Dense(width) (``model="dense"``), relu; a perfectly balanced chain."""
+    (``model="conv"``) or Dense(width) (``model="dense"``), relu. Equal layers, not quite
+    equal stages: the first stage skips its first layer's input gradient (the reading
+    in bench_pipeline.py gives the shares)."""
     if cfg["model"] == "conv":
         return [
             keras.layers.Conv2D(cfg["width"], 3, padding="same", activation="relu")
