@@ -32,7 +32,7 @@ from mpi4py import MPI  # noqa: E402
 
 import tfsift  # noqa: E402
 from partitioner.plan import make_plan  # noqa: E402
-from tfsift.profiler import profile  # noqa: E402
+from tfsift.planning.profiler import profile  # noqa: E402
 
 Config = dict[str, Any]
 Step = Callable[[], None]

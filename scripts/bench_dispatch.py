@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_pipeline import write_section  # noqa: E402
 
-from tfsift.compiled import Compiled  # noqa: E402
+from tfsift.pipeline.compiled import Compiled  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- dispatch:begin -->", "<!-- dispatch:end -->"
@@ -87,7 +87,7 @@ def cases() -> dict[str, Callable[[], Any]]:
     n = 2 * len(grads) + 1
     return {
         f"`tf.function`, {n} tensor arguments": lambda: polymorphic(grads, grads, x),
-        "`tfsift.compiled.Compiled`, the same function": lambda: compiled(grads, grads, x),
+        "`tfsift.pipeline.compiled.Compiled`, the same function": lambda: compiled(grads, grads, x),
         "its concrete function, called directly": lambda: concrete(grads, grads, x),
         f"stage forward + backward joined by a tape ({LAYERS} tiny layers)": taped,
         f"one compiled forward + backward, as in the last stage ({LAYERS} tiny layers)": (

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tfsift.launch import mpirun_command  # noqa: E402
+from tfsift.parallel.launch import mpirun_command  # noqa: E402
 
 WORKER = ROOT / "scripts" / "_bench_pipeline_worker.py"
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -715,7 +715,7 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "*ideal* = M*K/(M+K-1). *predicted* = the cost model's one-process step (the sum "
             "of every layer's profiled forward+backward time at microbatch B) divided by "
             "`make_plan(costs, K, M, ...).predicted_step_time` for costs profiled at microbatch "
-            "B/M; both profiles come from `tfsift.profiler.profile` in one single-thread "
+            "B/M; both profiles come from `tfsift.planning.profiler.profile` in one single-thread "
             "process. So *predicted* includes the lower efficiency of small matrix products "
             "and the transfers, but none of the runtime's own work. *computing*: the time "
             "each rank spends in forward and backward actions during one extra step (the "
@@ -796,7 +796,7 @@ def draw_measured(s: Result, settings: Settings, path: Path) -> None:
     """The Gantt chart of the step recorded in the TIMELINE_ROW job."""
     from partitioner.schedule import Action
     from partitioner.simulator import Event
-    from tfsift.timing import StepTimeline
+    from tfsift.pipeline.timeline import StepTimeline
 
     row = next(r for r in s["rows"] if (r["M"], r["pipeline"], r["optimize"]) == TIMELINE_ROW)
     events = tuple(Event(st, Action.parse(a), b, e) for st, a, b, e in row["events"])

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from tfsift.version import __version__
 
 if TYPE_CHECKING:
-    from tfsift.api import (
+    from tfsift.model import DistributedModel
+    from tfsift.parallel.collectives import allreduce, broadcast_variables
+    from tfsift.parallel.ranks import (
         dp_process_set,
         dp_rank,
         dp_size,
@@ -24,35 +26,33 @@ if TYPE_CHECKING:
         rank,
         size,
     )
-    from tfsift.collectives import allreduce, broadcast_variables
-    from tfsift.context import gradients
-    from tfsift.data import shard
-    from tfsift.model import DistributedModel
-    from tfsift.pipeline_step import step
-    from tfsift.placement import partition
-    from tfsift.step_output import StepOutput
-    from tfsift.timing import timeline
+    from tfsift.parallel.shard import shard
+    from tfsift.pipeline.context import gradients
+    from tfsift.pipeline.outputs import StepOutput
+    from tfsift.pipeline.step import step
+    from tfsift.pipeline.timeline import timeline
+    from tfsift.planning.placement import partition
 
 _EXPORTS = {
     "DistributedModel": "tfsift.model",
-    "StepOutput": "tfsift.step_output",
-    "allreduce": "tfsift.collectives",
-    "broadcast_variables": "tfsift.collectives",
-    "dp_process_set": "tfsift.api",
-    "dp_rank": "tfsift.api",
-    "dp_size": "tfsift.api",
-    "gradients": "tfsift.context",
-    "init": "tfsift.api",
-    "local_rank": "tfsift.api",
-    "mp_process_set": "tfsift.api",
-    "mp_rank": "tfsift.api",
-    "mp_size": "tfsift.api",
-    "partition": "tfsift.placement",
-    "rank": "tfsift.api",
-    "shard": "tfsift.data",
-    "size": "tfsift.api",
-    "step": "tfsift.pipeline_step",
-    "timeline": "tfsift.timing",
+    "StepOutput": "tfsift.pipeline.outputs",
+    "allreduce": "tfsift.parallel.collectives",
+    "broadcast_variables": "tfsift.parallel.collectives",
+    "dp_process_set": "tfsift.parallel.ranks",
+    "dp_rank": "tfsift.parallel.ranks",
+    "dp_size": "tfsift.parallel.ranks",
+    "gradients": "tfsift.pipeline.context",
+    "init": "tfsift.parallel.ranks",
+    "local_rank": "tfsift.parallel.ranks",
+    "mp_process_set": "tfsift.parallel.ranks",
+    "mp_rank": "tfsift.parallel.ranks",
+    "mp_size": "tfsift.parallel.ranks",
+    "partition": "tfsift.planning.placement",
+    "rank": "tfsift.parallel.ranks",
+    "shard": "tfsift.parallel.shard",
+    "size": "tfsift.parallel.ranks",
+    "step": "tfsift.pipeline.step",
+    "timeline": "tfsift.pipeline.timeline",
 }
 __all__ = [
     "DistributedModel",

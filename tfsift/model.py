@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 from keras import tree
-from mpi4py import MPI
 
-from tfsift import context, placement, runtime
-from tfsift.collectives import broadcast_variables
-from tfsift.config import Config
-from tfsift.graph import Graph, trace
-from tfsift.profiler import profile
-from tfsift.stage import Stage
+from tfsift.parallel import runtime
+from tfsift.parallel.collectives import broadcast_variables
+from tfsift.pipeline import context
+from tfsift.pipeline.stage import Stage
+from tfsift.planning import keras_internals, placement
+from tfsift.planning.bounds import plan_bounds
+from tfsift.planning.graph import Graph, trace
 
 log = logging.getLogger("tfsift")
 Spec = tuple[tuple[int, ...], Any]
@@ -125,7 +124,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             return self.partitioned
         rt = runtime.get()
         graph = trace(self, example)
-        bounds = _plan_bounds(self, graph, example, rt)
+        bounds = plan_bounds(graph, self._tfsift.placements, example, rt)
         s = rt.stage
         sub = graph.stage(bounds[s], bounds[s + 1])
         stage = Stage(sub, s, recompute=rt.config.optimize == "memory")
@@ -145,101 +144,13 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         return part
 
 
-def _plan_bounds(
-    model: DistributedModel, graph: Graph, example: Sequence[tf.Tensor], rt: runtime.Runtime
-) -> tuple[int, ...]:
-    cfg, L = rt.config, len(graph)
-    if cfg.partitions > L:
-        raise ValueError(
-            f"too few layers to split into partitions (layers: {L}, partitions: {cfg.partitions})"
-        )
-    if cfg.partitions == 1:
-        return (0, L)
-    if not cfg.auto_partition:
-        return manual_bounds(graph, model._tfsift.placements, cfg.partitions, cfg.default_partition)
-    # Only rank 0 touches the plan file, and every rank takes the bounds (or the error)
-    # from its broadcast: a rank that saw the file rank 0 had just written would skip the
-    # broadcast and leave the others waiting in it.
-    outcome: tuple[str, Any] | None = None
-    if rt.rank == 0:
-        try:
-            outcome = ("ok", _rank0_bounds(graph, example, cfg))
-        except (OSError, ValueError) as err:
-            outcome = ("error", str(err))
-    status, payload = MPI.COMM_WORLD.bcast(outcome, root=0)
-    if status == "error":
-        raise ValueError(payload)
-    return tuple(payload)
-
-
-def _rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tuple[int, ...]:
-    """Loads the plan file if there is one, else profiles, solves and saves the plan."""
-    from partitioner.plan import Plan, make_plan
-
-    if cfg.plan_file and os.path.exists(cfg.plan_file):
-        return _bounds_from_plan(Plan.load(cfg.plan_file), graph, cfg.partitions)
-    costs = profile(graph, example, cfg.profile_repeats)
-    plan = make_plan(
-        costs,
-        cfg.partitions,
-        cfg.microbatches,
-        optimize=cfg.optimize,
-        pipeline=cfg.pipeline,
-        memory_cap=cfg.memory_cap,
-    )
-    if cfg.plan_file:
-        plan.save(cfg.plan_file)
-    return tuple(plan.bounds)
-
-
-def manual_bounds(
-    graph: Graph, placements: dict[int, int], K: int, default: int
-) -> tuple[int, ...]:
-    """Stage bounds from ``tfsift.partition`` blocks; ``keras.ops`` nodes follow the node before."""
-    stages: list[int] = []
-    for gn in graph.nodes:
-        if isinstance(gn.operation, keras.layers.Layer):
-            stages.append(placements.get(id(gn.operation), default))
-        else:
-            stages.append(stages[-1] if stages else default)
-        if stages[-1] >= K:
-            raise ValueError(
-                f"partition index must be < partitions={K}. Received: {stages[-1]} "
-                f"for layer {gn.name!r}"
-            )
-        if len(stages) > 1 and stages[-1] < stages[-2]:
-            raise ValueError(
-                "manual placement must follow the model's call order: layer "
-                f"{gn.name!r} (partition {stages[-1]}) is called after a layer of "
-                f"partition {stages[-2]}"
-            )
-    empty = sorted(set(range(K)) - set(stages))
-    if empty:
-        raise ValueError(
-            f"every partition needs at least one layer. Received: no layers in partitions {empty}"
-        )
-    return (*[stages.index(s) for s in range(K)], len(stages))
-
-
-def _bounds_from_plan(plan: Any, graph: Graph, K: int) -> tuple[int, ...]:
-    names = [gn.name for gn in graph.nodes]
-    planned = [name for stage in plan.stage_layers for name in stage]
-    if planned != names or len(plan.bounds) != K + 1:
-        raise ValueError(
-            "the plan file does not match this model and config "
-            f"(plan: {len(plan.bounds) - 1} stages, "
-            f"{len(planned)} layers; model: {K} partitions, {len(names)} layers)"
-        )
-    return tuple(plan.bounds)
-
-
 def _release_other_stages(graph: Graph, sub: Any) -> None:
     """Frees the weights of layers this rank does not run, so a rank holds only its stage."""
     keep = {id(v) for v in sub.variables()}
     for gn in graph.nodes:
         for var in getattr(gn.operation, "variables", []):
             if id(var) not in keep:
-                var._value = None
+                keras_internals.free(var)
 
 
 def _specs(graph: Graph, ids: Sequence[int]) -> list[Spec]:

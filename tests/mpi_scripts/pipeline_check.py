@@ -24,6 +24,7 @@ from models import (
     rel_error,
 )
 from mpi import report
+from tfsift.planning import keras_internals
 
 BATCH, SEED = 8, 1234
 
@@ -60,7 +61,7 @@ def check(
     forward_backward(x, y)  # a second step, to count the Python runs of the step function
     kept = {id(v) for v in model.variables}
     every = [v for layer in layer_attrs(model).values() for v in layer.variables]
-    freed = {id(v) for v in every if v._value is None}
+    freed = {id(v) for v in every if keras_internals.is_freed(v)}
     order = gradient_map(ref, model)
     errors = [
         rel_error(g.accumulate().numpy(), ref_grads[i]) for g, i in zip(grads, order, strict=True)

@@ -1,4 +1,4 @@
-"""tfsift.profiler: which input gradients a step computes, and the cost model it emits."""
+"""tfsift.planning.profiler: which input gradients a step computes, and the cost model it emits."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfsift.graph import trace
-from tfsift.profiler import needs_input_gradients, profile
+from tfsift.planning.graph import trace
+from tfsift.planning.profiler import needs_input_gradients, profile
 
 
 class Scaled(keras.Model):  # type: ignore[misc]

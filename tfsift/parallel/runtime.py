@@ -15,7 +15,7 @@ from typing import Any
 from mpi4py import MPI
 
 from tfsift.config import Config
-from tfsift.topology import Topology
+from tfsift.parallel.topology import Topology
 
 log = logging.getLogger("tfsift")
 

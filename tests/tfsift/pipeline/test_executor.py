@@ -6,7 +6,7 @@ import gc
 import types
 import weakref
 
-from tfsift.executor import Executor
+from tfsift.pipeline.executor import Executor
 
 
 def test_an_executor_is_freed_without_the_cycle_collector() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from partitioner.costs import CostModel
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_profile_writes_costs_for_every_traced_node(tmp_path: Path) -> None:

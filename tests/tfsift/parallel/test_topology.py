@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfsift.topology import Topology
+from tfsift.parallel.topology import Topology
 
 
 def test_cluster_puts_each_pipeline_on_adjacent_ranks() -> None:

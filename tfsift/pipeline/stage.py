@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import tensorflow as tf
 
-from tfsift.compiled import Compiled
-from tfsift.graph import StageGraph
+from tfsift.pipeline.compiled import Compiled
+from tfsift.planning.autodiff import floats, gradients
+from tfsift.planning.graph import StageGraph
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ class Stage:
             seeds = [tf.identity(s.value) for s in self._seeds]
             return self.forward_call(inputs, training), Saved(inputs, None, None, seeds)
         with tf.GradientTape() as tape:
-            tape.watch(_floats(inputs))
+            tape.watch(floats(inputs))
             outputs = self.forward_call(inputs, training)
         return outputs, Saved(inputs, outputs, tape, None)
 
@@ -84,7 +84,7 @@ class Stage:
         for state, seed in zip(self._seeds, seeds, strict=True):
             state.assign(seed)
         with tf.GradientTape() as tape:
-            tape.watch(_floats(inputs))
+            tape.watch(floats(inputs))
             outputs = self.graph.run(inputs, True)
         result = self._gradients(tape, inputs, outputs, out_grads)
         for var, value in zip(self.state_variables, before, strict=True):
@@ -98,28 +98,10 @@ class Stage:
         outputs: Sequence[tf.Tensor],
         out_grads: Sequence[tf.Tensor],
     ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-        wrt_inputs = _floats(inputs) if self.index > 0 else []
-        grads = gradients(tape, _floats(outputs), list(self.variables) + wrt_inputs, out_grads)
+        wrt_inputs = floats(inputs) if self.index > 0 else []
+        grads = gradients(tape, floats(outputs), list(self.variables) + wrt_inputs, out_grads)
         n = len(self.variables)
         return grads[:n], grads[n:]
-
-
-def gradients(
-    tape: tf.GradientTape,
-    targets: Any,
-    sources: Sequence[Any],
-    output_gradients: Sequence[tf.Tensor] | None = None,
-) -> list[tf.Tensor]:
-    """``tape.gradient`` with dense results and zeros for sources the targets do not reach."""
-    grads = tape.gradient(
-        targets,
-        list(sources),
-        output_gradients=None if output_gradients is None else list(output_gradients),
-    )
-    return [
-        tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype)) if g is None else tf.convert_to_tensor(g)
-        for x, g in zip(sources, grads, strict=True)
-    ]
 
 
 def _compiled_forward(graph: StageGraph, training: bool, index: int) -> Compiled:
@@ -137,12 +119,3 @@ def _compiled_forward(graph: StageGraph, training: bool, index: int) -> Compiled
 def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """Elementwise sums of two equally long tensor lists (gradient accumulation)."""
     return [x + y for x, y in zip(a, b, strict=True)]
-
-
-def is_float(x: Any) -> bool:
-    """Whether gradients flow through ``x`` (a tensor or a KerasTensor)."""
-    return bool(tf.as_dtype(x.dtype).is_floating)
-
-
-def _floats(xs: Sequence[Any]) -> list[Any]:
-    return [x for x in xs if is_float(x)]

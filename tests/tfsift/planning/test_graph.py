@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfsift.graph import trace
+from tfsift.planning.graph import trace
 
 
 class Skip(keras.Model):  # type: ignore[misc]

@@ -12,8 +12,9 @@ import tensorflow as tf
 from keras import tree
 
 from partitioner.costs import CostModel, LayerCost
-from tfsift.graph import Graph, GraphNode
-from tfsift.stage import gradients, is_float
+from tfsift.planning import keras_internals
+from tfsift.planning.autodiff import gradients, is_float
+from tfsift.planning.graph import Graph, GraphNode
 
 
 def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> CostModel:
@@ -60,8 +61,7 @@ def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:
     """Every tensor of the graph computed on ``example``, keyed by KerasTensor id."""
     values: dict[int, Any] = dict(zip(graph.inputs, example, strict=True))
     for gn in graph.nodes:
-        args, kwargs = gn.node.arguments.fill_in(values)
-        values.update(zip(gn.outputs, tree.flatten(gn.operation(*args, **kwargs)), strict=True))
+        values.update(zip(gn.outputs, keras_internals.call_node(gn.node, values), strict=True))
     return values
 
 
@@ -81,9 +81,7 @@ def needs_input_gradients(graph: Graph) -> list[bool]:
 def _node_functions(
     gn: GraphNode, values: dict[int, Any], wrt_inputs: bool
 ) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
-    args, kwargs = gn.node.arguments.fill_in(values)
-    if "training" in getattr(gn.operation, "_call_context_args", ()):
-        kwargs["training"] = True
+    args, kwargs = keras_internals.node_arguments(gn.node, values, training=True)
     floats = [values[t] for t in gn.inputs if is_float(values[t])]
     inputs = floats if wrt_inputs else []
     sources = inputs + list(getattr(gn.operation, "trainable_variables", []))

@@ -27,9 +27,10 @@ from typing import Any
 import tensorflow as tf
 from keras import tree
 
-from tfsift import context
-from tfsift.compiled import Compiled
-from tfsift.stage import Stage, add, gradients, is_float
+from tfsift.pipeline import context
+from tfsift.pipeline.compiled import Compiled
+from tfsift.pipeline.stage import Stage, add
+from tfsift.planning.autodiff import gradients, is_float
 
 log = logging.getLogger("tfsift")
 GRADS_MARKER = "__tfsift_gradients__"

@@ -1,4 +1,4 @@
-"""tfsift.compiled: tf.function dispatch through concrete functions keyed by signature."""
+"""tfsift.pipeline.compiled: tf.function dispatch through concrete functions keyed by signature."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfsift.compiled import RETRACE_WARNING, Compiled, signature
+from tfsift.pipeline.compiled import RETRACE_WARNING, Compiled, signature
 
 
 def counting(fn: Any) -> tuple[Compiled, list[int]]:

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     """Builds the target model, profiles one random microbatch and writes the cost model."""
     import tensorflow as tf
 
-    from tfsift.graph import trace
-    from tfsift.profiler import format_table, profile
+    from tfsift.planning.graph import trace
+    from tfsift.planning.profiler import format_table, profile
 
     if args.batch_size < 1:
         raise SystemExit(f"tfsift profile: --batch-size must be >= 1. Received: {args.batch_size}")

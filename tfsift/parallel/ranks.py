@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tfsift import runtime
 from tfsift.config import Config
+from tfsift.parallel import runtime
 
 
 def init(config: Mapping[str, Any] | None = None) -> None:

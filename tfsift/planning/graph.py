@@ -18,6 +18,8 @@ import keras
 import numpy as np
 from keras import tree
 
+from tfsift.planning import keras_internals
+
 _MODEL_INPUT = -1
 
 
@@ -97,11 +99,8 @@ class StageGraph:
         """Executes the stage's nodes in order on concrete tensors."""
         tensors = dict(zip(self.inputs, values, strict=True))
         for gn in self.nodes:
-            args, kwargs = gn.node.arguments.fill_in(tensors)
-            if "training" in getattr(gn.operation, "_call_context_args", ()):
-                kwargs["training"] = training
-            result = gn.operation(*args, **kwargs)
-            tensors.update(zip(gn.outputs, tree.flatten(result), strict=True))
+            outputs = keras_internals.call_node(gn.node, tensors, training)
+            tensors.update(zip(gn.outputs, outputs, strict=True))
         return [tensors[t] for t in self.outputs]
 
     def layers(self) -> list[Any]:
@@ -126,8 +125,7 @@ class StageGraph:
         found = []
         for layer in self.layers():
             if isinstance(layer, keras.layers.Layer):
-                for sub in layer._flatten_layers(include_self=True):
-                    found += [g.state for g in getattr(sub, "_seed_generators", [])]
+                found += keras_internals.seed_states(layer)
         return _dedupe(found)
 
 
@@ -151,8 +149,7 @@ def _order(outputs: Sequence[Any], inputs: set[int]) -> list[GraphNode]:
         tensor, expanded = stack.pop()
         if id(tensor) in inputs:
             continue
-        op, node_index, _ = tensor._keras_history
-        node = op._inbound_nodes[node_index]
+        node = keras_internals.producer(tensor)
         if id(node) in done or node.is_input:
             continue
         if expanded:

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfsift import runtime
+from tfsift.parallel import runtime
 
 
 def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:

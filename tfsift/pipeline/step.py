@@ -5,19 +5,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 import tensorflow as tf
 from keras import tree
 
 from partitioner import schedule
-from tfsift import context, runtime, timing
-from tfsift.comm import PipeComm
-from tfsift.executor import Executor, Microbatch
-from tfsift.head import GRADS_MARKER, Head
-from tfsift.model import DistributedModel
-from tfsift.step_output import GradientOutput, StepOutput
+from tfsift.parallel import runtime
+from tfsift.parallel.comm import PipeComm
+from tfsift.pipeline import context, timeline
+from tfsift.pipeline.executor import Executor, Microbatch
+from tfsift.pipeline.head import GRADS_MARKER, Head
+from tfsift.pipeline.outputs import GradientOutput, StepOutput
+
+if TYPE_CHECKING:  # the model module imports this package: no import cycle at run time
+    from tfsift.model import DistributedModel
 
 
 @dataclasses.dataclass
@@ -62,7 +65,7 @@ def step(fn: Callable[..., Any] | None = None, *, compile: bool = True) -> Any:
     outside the step.
 
     On the last stage ``fn`` is compiled with ``tf.function`` together with the stage's
-    forward and backward (see ``tfsift.head``): Python side effects in it run when it is
+    forward and backward (see ``tfsift.pipeline.head``): Python side effects in it run when it is
     traced, not every call. ``@tfsift.step(compile=False)`` runs it eagerly instead;
     a function that cannot be traced falls back to that, with a warning.
 
@@ -100,14 +103,14 @@ def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
             probe.training,
             probe.head,
         )
-        recording = timing.active()
+        recording = timeline.active()
         if recording is None:
             executor.run(probe.actions)
         else:
             timed: list[tuple[schedule.Action, float, float]] = []
-            origin = timing.start(rt.pipe_comm)
+            origin = timeline.start(rt.pipe_comm)
             executor.run(probe.actions, timed)
-            timing.finish(recording, rt.pipe_comm, rt.stage, origin, timed)
+            timeline.finish(recording, rt.pipe_comm, rt.stage, origin, timed)
         return _gather(executor, rt)
 
     return wrapper

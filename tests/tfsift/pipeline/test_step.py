@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfsift.pipeline_step import split
+from tfsift.pipeline.step import split
 
 
 def test_tensors_and_arrays_split_along_axis_0_and_other_arguments_repeat() -> None:

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     from partitioner.cli import add_subcommands
 
     add_subcommands(commands)
-    from tfsift.profile_command import add_subcommand
+    from tfsift.cli.profile import add_subcommand
 
     add_subcommand(commands)
     run = commands.add_parser("run", help="launch a training script on N local ranks with mpirun")
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tfsift.launch import mpirun_command
+    from tfsift.parallel.launch import mpirun_command
 
     if not args.script:
         raise SystemExit("tfsift run: expected a script to launch. Received: nothing after -np")

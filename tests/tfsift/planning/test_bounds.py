@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import tfsift
-from tfsift.graph import trace
-from tfsift.model import manual_bounds
+from tfsift.planning.bounds import manual_bounds
+from tfsift.planning.graph import trace
 
 
 class Placed(tfsift.DistributedModel):

@@ -4,7 +4,7 @@ Every schedule (``simple``, ``interleaved``, forward-only) is a list of
 ``partitioner.schedule.Action`` per stage; this is the only loop that runs them.
 On the last stage a forward runs the user's step function (the "head": loss and
 anything else computed from the predictions) and, in a training step, the
-backward too, in one compiled call (``tfsift.head``); the schedules put each
+backward too, in one compiled call (``tfsift.pipeline.head``); the schedules put each
 backward right after its forward there, and the backward action finds it done.
 On stage 0 of a longer pipeline the step function runs only until the model is
 called, to learn the model input.
@@ -20,10 +20,10 @@ import tensorflow as tf
 from keras import tree
 
 from partitioner.schedule import Action, Kind
-from tfsift import context
-from tfsift.comm import BACKWARD, FORWARD, PipeComm
-from tfsift.head import Head
-from tfsift.stage import Saved, Stage
+from tfsift.parallel.comm import BACKWARD, FORWARD, PipeComm
+from tfsift.pipeline import context
+from tfsift.pipeline.head import Head
+from tfsift.pipeline.stage import Saved, Stage
 
 Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
 Spec = tuple[tuple[int, ...], Any]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfsift.step_output import GradientOutput, StepOutput
+from tfsift.pipeline.outputs import GradientOutput, StepOutput
 
 
 def test_reductions_over_microbatches() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfsift import runtime
+from tfsift.parallel import runtime
 
 
 def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> tf.data.Dataset:

@@ -1,0 +1,105 @@
+"""Imports point one way: leaves <- parallel <- planning <- pipeline <- model <- features <- cli."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "tfsift"
+
+# A module may import modules of its own layer or of lower layers, never of higher ones.
+LAYERS = {
+    "tfsift.version": 0,
+    "tfsift.env": 0,
+    "tfsift.config": 0,
+    "tfsift.parallel": 1,
+    "tfsift.planning": 2,
+    "tfsift.pipeline": 3,
+    "tfsift.model": 4,
+    "tfsift.sift": 5,
+    "tfsift.checkpoint": 5,
+    "tfsift.cli": 6,
+    "tfsift": 7,  # __init__: the public names, imported lazily
+}
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYERS:
+            return LAYERS[".".join(parts[:n])]
+    raise AssertionError(f"{module} is in no layer; add its package to LAYERS")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def run_time_imports(tree: ast.AST) -> list[str]:
+    """Every module imported outside ``if TYPE_CHECKING:`` blocks (function bodies too)."""
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from a import b` imports module a.b when there is one, else a name of a
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.append(sub if is_module(sub) else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def edges() -> list[tuple[str, str]]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = module_name(path)
+        for imported in run_time_imports(ast.parse(path.read_text(), str(path))):
+            if imported.split(".")[0] == "tfsift":
+                out.append((importer, imported))
+    return out
+
+
+def is_module(name: str) -> bool:
+    path = ROOT / Path(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    upward = [
+        f"{importer} (layer {layer(importer)}) imports {imported} (layer {layer(imported)})"
+        for importer, imported in edges()
+        if layer(imported) > layer(importer)
+    ]
+    assert upward == []
+
+
+def test_the_checker_sees_an_upward_import() -> None:
+    tree = ast.parse("import tfsift.model\nif TYPE_CHECKING:\n    import tfsift.cli\n")
+    assert run_time_imports(tree) == ["tfsift.model"]
+    assert layer("tfsift.model") > layer("tfsift.pipeline.step")
+
+
+@pytest.mark.parametrize("package", ["parallel", "planning", "pipeline", "cli"])
+def test_every_module_of_a_package_has_a_one_line_docstring(package: str) -> None:
+    for path in sorted((PACKAGE / package).glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        assert doc, f"{path} has no module docstring"
+
+
+def test_partitioner_never_imports_tfsift() -> None:
+    for path in sorted((ROOT / "partitioner").rglob("*.py")):
+        imported = run_time_imports(ast.parse(path.read_text()))
+        assert [m for m in imported if m.split(".")[0] == "tfsift"] == [], path

@@ -1,0 +1,5 @@
+"""The ``tfsift`` command line: profile, plan, simulate, run."""
+
+from tfsift.cli.main import main
+
+__all__ = ["main"]

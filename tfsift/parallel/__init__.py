@@ -1,0 +1,1 @@
+"""Processes and their messages: the runtime, rank layout, MPI and Horovod collectives, sharding."""

@@ -1,0 +1,1 @@
+"""From a Keras model to stage bounds: graph tracing, profiling, placement, the plan."""

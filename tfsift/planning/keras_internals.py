@@ -1,0 +1,62 @@
+"""The only module that touches Keras 3's private APIs (pinned to keras==3.15.*).
+
+tfsift needs four things Keras does not expose publicly: the node that produced a
+symbolic tensor (to walk a traced ``call``), re-running one node on concrete values
+with its recorded arguments, the seed generators a layer owns (to replay dropout
+masks when recomputing), and freeing a variable's buffer (so a rank holds only its
+stage). Keeping them here means a Keras upgrade is checked in one file;
+``tests/tfsift/planning/test_keras_internals.py`` pins each one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras import tree
+
+
+def producer(tensor: Any) -> Any:
+    """The ``keras.src.ops.node.Node`` whose call produced the symbolic ``tensor``."""
+    operation, node_index, _ = tensor._keras_history
+    return operation._inbound_nodes[node_index]
+
+
+def node_arguments(
+    node: Any, values: dict[int, Any], training: bool | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The node's recorded call arguments with its input tensors replaced by ``values``
+    (keyed by the symbolic tensors' ids); ``training`` is passed where the layer takes it."""
+    args, kwargs = node.arguments.fill_in(values)
+    if training is not None and takes_training(node.operation):
+        kwargs["training"] = training
+    return tuple(args), dict(kwargs)
+
+
+def call_node(node: Any, values: dict[int, Any], training: bool | None = None) -> list[Any]:
+    """Runs one traced node on concrete ``values``; returns its flattened outputs."""
+    args, kwargs = node_arguments(node, values, training)
+    return list(tree.flatten(node.operation(*args, **kwargs)))
+
+
+def takes_training(operation: Any) -> bool:
+    """Whether a layer's ``call`` takes a ``training`` argument."""
+    return "training" in getattr(operation, "_call_context_args", ())
+
+
+def seed_states(layer: Any) -> list[Any]:
+    """The state variables of every seed generator owned by ``layer`` or its sub-layers."""
+    return [
+        generator.state
+        for sub in layer._flatten_layers(include_self=True)
+        for generator in getattr(sub, "_seed_generators", [])
+    ]
+
+
+def free(variable: Any) -> None:
+    """Drops a variable's buffer (it must never be read again)."""
+    variable._value = None
+
+
+def is_freed(variable: Any) -> bool:
+    """Whether ``free`` dropped this variable's buffer."""
+    return variable._value is None
