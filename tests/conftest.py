@@ -8,3 +8,13 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mpi: launches real mpirun/horovodrun jobs (multi-process)")
     config.addinivalue_line("markers", "slow: takes more than ~20 seconds")
+
+
+@pytest.fixture(autouse=True)
+def fresh_tfsift_state() -> object:
+    """Every test starts without a runtime, open timelines or partition blocks."""
+    from tfsift import state
+
+    state.reset()
+    yield
+    state.reset()

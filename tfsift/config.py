@@ -9,11 +9,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from partitioner.schedule import PIPELINES
+from partitioner.solver import OPTIMIZE
 from tfsift import env
 
-PIPELINES = ("simple", "interleaved")
-OPTIMIZE = ("speed", "memory")
+# The choice lists have one home each: schedules and solvers in partitioner/ (which
+# cannot import tfsift), rank placements here (topology.py reads them from here).
 PLACEMENTS = ("cluster", "spread")
+__all__ = ["OPTIMIZE", "PIPELINES", "PLACEMENTS", "Config", "parse_bytes"]
 _UNITS = {
     "": 1,
     "B": 1,

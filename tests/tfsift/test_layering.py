@@ -15,6 +15,7 @@ LAYERS = {
     "tfsift.version": 0,
     "tfsift.env": 0,
     "tfsift.config": 0,
+    "tfsift.state": 0,
     "tfsift.parallel": 1,
     "tfsift.planning": 2,
     "tfsift.pipeline": 3,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfsift.config import PLACEMENTS
+
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
@@ -30,9 +32,9 @@ class Topology:
     placement: str = "cluster"
 
     def __post_init__(self) -> None:
-        if self.placement not in ("cluster", "spread"):
+        if self.placement not in PLACEMENTS:
             raise ValueError(
-                "placement_strategy must be one of 'cluster', 'spread'. "
+                f"placement_strategy must be one of {', '.join(map(repr, PLACEMENTS))}. "
                 f"Received: placement_strategy={self.placement!r}"
             )
         if self.size % self.partitions:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -15,24 +14,14 @@ from partitioner import schedule
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import PipeComm
 from tfsift.pipeline import context, timeline
-from tfsift.pipeline.executor import Executor, Microbatch
+from tfsift.pipeline.executor import Executor, Microbatch, StepResult, Timed
 from tfsift.pipeline.head import GRADS_MARKER, Head
 from tfsift.pipeline.outputs import GradientOutput, StepOutput
+from tfsift.pipeline.plan import StepPlan, describe_arguments
+from tfsift.pipeline.roles import role_for
 
 if TYPE_CHECKING:  # the model module imports this package: no import cycle at run time
     from tfsift.model import DistributedModel
-
-
-@dataclasses.dataclass
-class _Probe:
-    """What the first call learns about a step function (the same on every rank)."""
-
-    model: DistributedModel
-    backward: bool
-    training: bool
-    actions: list[schedule.Action]
-    comm: PipeComm
-    head: Head | None  # on the last stage
 
 
 @overload
@@ -78,42 +67,36 @@ def step(fn: Callable[..., Any] | None = None, *, compile: bool = True) -> Any:
 
 
 def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
-    probes: list[_Probe] = []
+    plans: list[StepPlan] = []  # the one plan, made by the first call
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not tf.executing_eagerly():
             raise RuntimeError(context.GRAPH_MODE_ERROR)
         rt = runtime.get()
-        microbatches = split(args, kwargs, rt.config.microbatches)
-        if not probes:
-            probes.append(_probe(fn, microbatches[0], rt, compile))
-        probe = probes[0]
-        part = probe.model.partitioned
-        assert part is not None
-        executor = Executor(
-            part.stage,
-            rt.topology.partitions,
-            probe.comm,
-            fn,
-            microbatches,
-            (part.in_specs, part.out_specs),
-            part.output_structure,
-            probe.backward,
-            probe.training,
-            probe.head,
-        )
-        recording = timeline.active()
-        if recording is None:
-            executor.run(probe.actions)
+        if plans:
+            plans[0].check(rt, args, kwargs)
+            microbatches = split(args, kwargs, plans[0].M)
         else:
-            timed: list[tuple[schedule.Action, float, float]] = []
-            origin = timeline.start(rt.pipe_comm)
-            executor.run(probe.actions, timed)
-            timeline.finish(recording, rt.pipe_comm, rt.stage, origin, timed)
-        return _gather(executor, rt)
+            microbatches = split(args, kwargs, rt.config.microbatches)
+            plans.append(make_plan(fn, microbatches[0], rt, compile, args, kwargs))
+        return run(plans[0], fn, microbatches)
 
     return wrapper
+
+
+def run(plan: StepPlan, fn: Callable[..., Any], microbatches: Sequence[Microbatch]) -> Any:
+    """Runs one step of ``plan`` (recorded inside ``tfsift.timeline()``); returns its outputs."""
+    executor = Executor(plan, fn, microbatches)
+    recording = timeline.active()
+    if recording is None:
+        return _gather(executor.run(), plan)
+    timed: Timed = []
+    pipe = plan.comm.comm
+    origin = timeline.start(pipe)
+    result = executor.run(timed)
+    timeline.finish(recording, pipe, plan.s, origin, timed)
+    return _gather(result, plan)
 
 
 def split(args: tuple[Any, ...], kwargs: dict[str, Any], M: int) -> list[Microbatch]:
@@ -138,9 +121,53 @@ def _as_tensor(leaf: Any) -> Any:
     return tf.convert_to_tensor(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 
-def _probe(
-    fn: Callable[..., Any], microbatch: Microbatch, rt: runtime.Runtime, compile: bool
-) -> _Probe:
+def make_plan(
+    fn: Callable[..., Any],
+    microbatch: Microbatch,
+    rt: runtime.Runtime,
+    compile: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> StepPlan:
+    """Probes ``fn`` on the first microbatch (partitioning the model) and builds its plan."""
+    model, backward, training = _probe(fn, microbatch)
+    part = model.partitioned
+    assert part is not None
+    cfg, K = rt.config, rt.topology.partitions
+    actions = schedule.add_communication(
+        schedule.build(cfg.pipeline, K, cfg.microbatches, forward_only=not backward)
+    )
+    s = part.stage.index
+    head = None
+    if s == K - 1:
+        head = Head(part.stage, fn, part.output_structure, backward, training, compile)
+    return StepPlan(
+        K=K,
+        M=cfg.microbatches,
+        pipeline=cfg.pipeline,
+        optimize=cfg.optimize,
+        model=model,
+        stage=part.stage,
+        role=role_for(s, K),
+        actions=tuple(actions[s]),
+        in_specs=tuple(part.in_specs),
+        # gradients come back only for float outputs (integer tensors carry none)
+        grad_specs=tuple(spec for spec in part.out_specs if tf.as_dtype(spec[1]).is_floating),
+        output_structure=part.output_structure,
+        comm=PipeComm(rt.pipe_comm),
+        head=head,
+        backward=backward,
+        training=training,
+        arguments=describe_arguments(args, kwargs),
+        runtime=rt,
+    )
+
+
+def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedModel, bool, bool]:
+    """Runs ``fn`` once with the model returning zeros, up to ``tfsift.gradients``.
+
+    Returns the model it calls, whether it trains, and the model call's ``training``.
+    """
     seen: list[tuple[DistributedModel, bool]] = []
 
     def model_call(model: DistributedModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -162,31 +189,20 @@ def _probe(
         raise RuntimeError("the @tfsift.step function did not call a tfsift.DistributedModel")
     if len({id(m) for m, _ in seen}) > 1:
         raise RuntimeError("a @tfsift.step function may call only one DistributedModel")
-    K, M = rt.topology.partitions, rt.config.microbatches
-    plan = schedule.add_communication(
-        schedule.build(rt.config.pipeline, K, M, forward_only=not backward)
-    )
     model, training = seen[0]
-    head = None
-    if rt.stage == K - 1:
-        part = model.partitioned
-        assert part is not None
-        head = Head(part.stage, fn, part.output_structure, backward, training, compile)
-    return _Probe(model, backward, training, plan[rt.stage], PipeComm(rt.pipe_comm), head)
+    return model, backward, training
 
 
-def _gather(executor: Executor, rt: runtime.Runtime) -> Any:
+def _gather(result: StepResult, plan: StepPlan) -> Any:
     """Per-output StepOutputs; the last stage's results are broadcast along the pipeline."""
-    K, M = rt.topology.partitions, rt.config.microbatches
-    results = [executor.results[m] for m in range(M)] if executor.last else None
-    if K > 1:
-        shared = rt.pipe_comm.bcast(
-            [_strip(r) for r in results] if results is not None else None, root=K - 1
-        )
+    results = result.results
+    if plan.K > 1:
+        mine = [_strip(r) for r in results] if results is not None else None
+        shared = plan.comm.comm.bcast(mine, root=plan.K - 1)
         results = results if results is not None else shared
     assert results is not None
-    grads = executor.grad_sum or []
-    return _merge(results, [GradientOutput(g, M) for g in grads])
+    grads = result.grad_sum or []
+    return _merge(results, [GradientOutput(g, plan.M) for g in grads])
 
 
 def _strip(value: Any) -> Any:

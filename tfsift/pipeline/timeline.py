@@ -19,6 +19,7 @@ from typing import Any
 from partitioner.schedule import Action
 from partitioner.simulator import Event, bubble_fraction, busy_seconds
 from partitioner.timeline import draw_events
+from tfsift.state import STATE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +79,6 @@ class Timeline:
         self.steps: list[StepTimeline] = []
 
 
-_recording: list[Timeline] = []
-
-
 @contextlib.contextmanager
 def timeline() -> Iterator[Timeline]:
     """Records when every schedule action of each ``@tfsift.step`` call inside runs.
@@ -101,16 +99,16 @@ def timeline() -> Iterator[Timeline]:
         A ``Timeline`` whose ``steps`` fill in as the steps run.
     """
     recording = Timeline()
-    _recording.append(recording)
+    STATE.timelines.append(recording)
     try:
         yield recording
     finally:
-        _recording.remove(recording)
+        STATE.timelines.remove(recording)
 
 
 def active() -> Timeline | None:
     """The innermost recording ``timeline()`` block, if any."""
-    return _recording[-1] if _recording else None
+    return STATE.timelines[-1] if STATE.timelines else None
 
 
 def start(comm: Any) -> float:

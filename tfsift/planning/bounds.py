@@ -8,7 +8,6 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from mpi4py import MPI
 
 from tfsift.config import Config
 from tfsift.parallel import runtime
@@ -45,7 +44,7 @@ def plan_bounds(
             outcome = ("ok", _rank0_bounds(graph, example, cfg))
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
-    status, payload = MPI.COMM_WORLD.bcast(outcome, root=0)
+    status, payload = rt.world.bcast(outcome, root=0)
     if status == "error":
         raise ValueError(payload)
     return tuple(payload)

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Iterator
 
-_CURRENT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "tfsift_partition", default=None
-)
+from tfsift.state import STATE
 
 
 @contextlib.contextmanager
@@ -23,13 +20,13 @@ def partition(index: int) -> Iterator[None]:
     """
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"tfsift.partition index must be an integer >= 0. Received: {index!r}")
-    token = _CURRENT.set(index)
+    STATE.partitions.append(index)
     try:
         yield
     finally:
-        _CURRENT.reset(token)
+        STATE.partitions.pop()
 
 
 def current() -> int | None:
     """The partition index of the innermost ``partition`` block, if any."""
-    return _CURRENT.get()
+    return STATE.partitions[-1] if STATE.partitions else None

@@ -1,31 +1,218 @@
-"""The executor frees each step's tensors as soon as the step returns."""
+"""The executor in one process: two stages on two threads joined by a fake communicator.
+
+Schedules are data, so the executor can be driven without MPI: each stage's plan is
+built by hand from a traced model, the messages go through queues, and the result is
+compared with one full-batch tape (the mpirun tests are the end-to-end proof).
+"""
 
 from __future__ import annotations
 
 import gc
+import queue
+import threading
 import types
 import weakref
+from collections.abc import Sequence
+from typing import Any
 
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfsift
+from partitioner import schedule
+from tfsift.pipeline import executor as executor_module
 from tfsift.pipeline.executor import Executor
+from tfsift.pipeline.head import Head
+from tfsift.pipeline.plan import StepPlan
+from tfsift.pipeline.roles import FirstStage, LastStage, MiddleStage, role_for
+from tfsift.pipeline.stage import Stage
+from tfsift.pipeline.step import split
+from tfsift.planning.graph import trace
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+Spec = tuple[tuple[int, ...], Any]
+
+
+class Chain(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(6, activation="tanh")
+        self.b = keras.layers.Dense(5, activation="relu")
+        self.drop = keras.layers.Dropout(0.0)
+        self.c = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.c(self.drop(self.b(self.a(x))))
+
+
+class FakePipe:
+    """A ``PipeComm`` over in-process queues; records every call in order."""
+
+    def __init__(self, stage: int, queues: dict[tuple[int, int, int, int], queue.Queue[Any]]):
+        self.stage, self.queues = stage, queues
+        self.calls: list[str] = []
+        self.comm = None
+
+    def _queue(self, src: int, dst: int, direction: int, m: int) -> queue.Queue[Any]:
+        return self.queues.setdefault((src, dst, direction, m), queue.Queue())
+
+    def send(self, tensors: Sequence[tf.Tensor], dest: int, direction: int, m: int) -> None:
+        self.calls.append(f"send{'FB'[direction]}{m}->{dest}")
+        self._queue(self.stage, dest, direction, m).put([t.numpy() for t in tensors])
+
+    def recv(self, specs: Sequence[Spec], source: int, direction: int, m: int) -> list[tf.Tensor]:
+        self.calls.append(f"recv{'FB'[direction]}{m}<-{source}")
+        arrays = self._queue(source, self.stage, direction, m).get(timeout=10)
+        assert [tuple(a.shape) for a in arrays] == [tuple(s) for s, _ in specs]
+        return [tf.convert_to_tensor(a) for a in arrays]
+
+    def wait(self) -> None:
+        self.calls.append("wait")
+
+
+class TrainFn:
+    """The README's training step; ``variables`` is what ``model.trainable_variables``
+    would be on the last stage's rank (set once that stage is built)."""
+
+    def __init__(self, model: Chain) -> None:
+        self.model, self.variables = model, []
+
+    def __call__(self, x: tf.Tensor, y: tf.Tensor) -> Any:
+        loss = LOSS(y, self.model(x, training=True))
+        return tfsift.gradients(loss, self.variables), loss
+
+
+def train_fn(model: Chain) -> TrainFn:
+    return TrainFn(model)
+
+
+def plans(
+    model: Chain, fn: Any, example: tf.Tensor, K: int, M: int, pipeline: str, recompute: bool
+) -> list[StepPlan]:
+    """One hand-built plan per stage, cutting the 4-node chain into K equal parts."""
+    graph = trace(model, [example])
+    bounds = {1: (0, 4), 2: (0, 2, 4), 4: (0, 1, 2, 3, 4)}[K]
+    actions = schedule.add_communication(schedule.build(pipeline, K, M))
+    queues: dict[tuple[int, int, int, int], queue.Queue[Any]] = {}
+    out = []
+    for s in range(K):
+        sub = graph.stage(bounds[s], bounds[s + 1])
+        stage = Stage(sub, s, recompute)
+        specs = [(tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in sub.inputs]
+        outs = [(tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in sub.outputs]
+        last = s == K - 1
+        head = None
+        if last:
+            fn.variables = stage.variables
+            head = Head(stage, fn, graph.structure, True, True)
+        plan = StepPlan(
+            K, M, pipeline, "memory" if recompute else "speed", model, stage, role_for(s, K),
+            tuple(actions[s]), tuple(specs), tuple(outs), graph.structure,
+            FakePipe(s, queues),  # type: ignore[arg-type]
+            head, True, True, "(tensor(rank 2), tensor(rank 1))", None,  # type: ignore[arg-type]
+        )  # fmt: skip
+        out.append(plan)
+    return out
+
+
+def run_pipeline(plans_: list[StepPlan], fn: Any, x: tf.Tensor, y: tf.Tensor) -> list[Any]:
+    microbatches = split((x, y), {}, plans_[0].M)
+    results: list[Any] = [None] * len(plans_)
+    errors: list[BaseException] = []
+
+    def work(s: int) -> None:
+        try:
+            results[s] = Executor(plans_[s], fn, microbatches).run()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(len(plans_))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+def batch() -> tuple[tf.Tensor, tf.Tensor]:
+    rng = np.random.default_rng(3)
+    return tf.constant(rng.normal(size=(8, 4)), tf.float32), tf.constant(rng.integers(0, 3, 8))
+
+
+@pytest.mark.parametrize("K", [1, 2, 4])
+@pytest.mark.parametrize("M", [1, 4])
+@pytest.mark.parametrize("pipeline", ["simple", "interleaved"])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_threaded_stages_give_the_full_batch_gradients(
+    K: int, M: int, pipeline: str, recompute: bool
+) -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    fn = train_fn(model)
+    stage_plans = plans(model, fn, x[: 8 // M], K, M, pipeline, recompute)
+    results = run_pipeline(stage_plans, fn, x, y)
+    with tf.GradientTape() as tape:
+        want_loss = LOSS(y, model.c(model.b(model.a(x))))
+    want = tape.gradient(want_loss, model.trainable_variables)
+    got = [g / M for r in results for g in r.grad_sum]
+    assert len(got) == len(want) == 6
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-7)
+    losses = [float(r[1]) for r in results[-1].results]
+    assert np.mean(losses) == pytest.approx(float(want_loss), rel=1e-5)
+    assert all(r.results is None for r in results[:-1])  # only the last stage has results
+
+
+def test_stage_0_talks_in_the_schedule_order_interleaved_m4() -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    fn = train_fn(model)
+    stage_plans = plans(model, fn, x[:2], 2, 4, "interleaved", False)
+    run_pipeline(stage_plans, fn, x, y)
+    assert stage_plans[0].comm.calls == [  # type: ignore[attr-defined]
+        "sendF0->1", "sendF1->1", "recvB0<-1", "sendF2->1", "recvB1<-1", "sendF3->1",
+        "recvB2<-1", "recvB3<-1", "wait",
+    ]  # fmt: skip
+    assert stage_plans[1].comm.calls == [  # type: ignore[attr-defined]
+        "recvF0<-0", "sendB0->0", "recvF1<-0", "sendB1->0", "recvF2<-0", "sendB2->0",
+        "recvF3<-0", "sendB3->0", "wait",
+    ]  # fmt: skip
+
+
+def test_roles_follow_the_stage_position() -> None:
+    assert isinstance(role_for(0, 1), LastStage)
+    assert isinstance(role_for(0, 3), FirstStage)
+    assert isinstance(role_for(1, 3), MiddleStage)
+    assert isinstance(role_for(2, 3), LastStage)
+
+
+def test_a_schedule_with_a_backward_before_its_forward_fails_on_the_last_stage() -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    fn = train_fn(model)
+    (plan,) = plans(model, fn, x, 1, 1, "simple", False)
+    bad = plan.actions[::-1]  # B0 before F0
+    broken = StepPlan(**{**plan.__dict__, "actions": bad})
+    with pytest.raises(KeyError):
+        Executor(broken, fn, split((x, y), {}, 1)).run()
 
 
 def test_an_executor_is_freed_without_the_cycle_collector() -> None:
     gc.disable()
     try:
-        executor = Executor(
-            types.SimpleNamespace(index=0),  # type: ignore[arg-type]
-            1,
-            None,
-            None,
-            [],
-            ([], []),
-            None,
-            True,
-            True,  # type: ignore[arg-type]
-            None,
-        )
+        plan = types.SimpleNamespace(actions=(), comm=types.SimpleNamespace(wait=lambda: None))
+        executor = Executor(plan, None, [])  # type: ignore[arg-type]
         alive = weakref.ref(executor)
         del executor
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_the_handler_table_names_a_method_for_every_action_kind() -> None:
+    assert set(executor_module._HANDLERS) == set(schedule.Kind)
+    for name in executor_module._HANDLERS.values():
+        assert callable(getattr(Executor, name))

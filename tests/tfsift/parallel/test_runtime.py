@@ -1,0 +1,44 @@
+"""tfsift.init in one process: a second call keeps, replaces or refuses the runtime."""
+
+from __future__ import annotations
+
+import pytest
+
+import tfsift
+from tfsift import state
+from tfsift.parallel import runtime
+
+
+def test_init_with_an_equal_config_keeps_the_runtime() -> None:
+    tfsift.init({"microbatches": 2})
+    first = runtime.get()
+    tfsift.init({"microbatches": 2})
+    assert runtime.get() is first
+
+
+def test_init_with_another_config_replaces_the_runtime_and_keeps_the_layout() -> None:
+    tfsift.init({"microbatches": 2})
+    first = runtime.get()
+    tfsift.init({"microbatches": 4})
+    second = runtime.get()
+    assert second is not first
+    assert (second.config.microbatches, first.config.microbatches) == (4, 2)
+    assert second.pipe_comm is first.pipe_comm  # same rank layout: the communicator is reused
+
+
+def test_reset_frees_the_pipeline_communicator() -> None:
+    tfsift.init({})
+    rt = runtime.get()
+    state.reset()
+    assert rt.pipe_comm is None and state.STATE.runtime is None
+    with pytest.raises(RuntimeError) as err:
+        runtime.get()
+    assert str(err.value) == "tfsift.init() must be called before using tfsift"
+
+
+def test_partition_blocks_nest_and_unwind_in_the_process_state() -> None:
+    with tfsift.partition(1):
+        with tfsift.partition(2):
+            assert state.STATE.partitions == [1, 2]
+        assert state.STATE.partitions == [1]
+    assert state.STATE.partitions == []

@@ -1,0 +1,83 @@
+"""A step function's plan is made once; calls it cannot run are refused with the reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfsift
+from tfsift.pipeline.plan import describe_arguments
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class Mlp(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(4)
+
+    def call(self, x: Any) -> Any:
+        return self.a(x)
+
+
+def make_step(model: Mlp) -> Any:
+    @tfsift.step
+    def train(x: tf.Tensor, y: tf.Tensor, scale: float = 1.0) -> Any:
+        loss = scale * LOSS(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    return train
+
+
+def data() -> tuple[tf.Tensor, tf.Tensor]:
+    return tf.ones((8, 3)), tf.constant(np.arange(8) % 4)
+
+
+def test_a_step_planned_before_a_second_init_is_refused_with_both_configs() -> None:
+    tfsift.init({"microbatches": 4})
+    train = make_step(Mlp())
+    train(*data())
+    tfsift.init({"microbatches": 2, "pipeline": "simple"})
+    with pytest.raises(RuntimeError) as err:
+        train(*data())
+    assert str(err.value) == (
+        "tfsift.init was called again after this @tfsift.step function was planned for "
+        "partitions=1, microbatches=4, pipeline='interleaved', optimize='speed'; a plan cannot "
+        "follow a new configuration, so create the model and its @tfsift.step functions after "
+        "the last tfsift.init. Received: partitions=1, microbatches=2, pipeline='simple', "
+        "optimize='speed'"
+    )
+
+
+def test_the_same_config_again_keeps_the_plan() -> None:
+    tfsift.init({"microbatches": 4})
+    train = make_step(Mlp())
+    first = float(train(*data())[1].reduce_mean())
+    tfsift.init({"microbatches": 4})
+    assert float(train(*data())[1].reduce_mean()) == pytest.approx(first, abs=1e3)
+
+
+def test_arguments_of_another_structure_are_refused() -> None:
+    tfsift.init({"microbatches": 2})
+    train = make_step(Mlp())
+    x, y = data()
+    train(x, y)
+    train(x[:4], y[:4], 2.0)  # sizes and Python values may change: same structure
+    with pytest.raises(ValueError) as err:
+        train(x, tf.reshape(y, (8, 1)), scale=2.0)
+    assert str(err.value) == (
+        "a @tfsift.step function must be called with arguments of the same structure every "
+        "time (its plan was made for (args[0]: tensor(rank 2), args[1]: tensor(rank 1))). "
+        "Received: (args[0]: tensor(rank 2), args[1]: tensor(rank 2))"
+    )
+
+
+def test_arguments_are_described_by_nesting_and_kind() -> None:
+    text = describe_arguments(
+        ({"a": tf.ones((2, 3))}, [np.zeros(2), None]), {"t": 0.5, "w": tf.ones((2,))}
+    )
+    assert text == "(args[0]['a']: tensor(rank 2), args[1][0]: tensor(rank 1), w: tensor(rank 1))"

@@ -1,0 +1,94 @@
+"""What a forward and a backward action mean on the first, a middle and the last stage.
+
+The executor runs one schedule loop for every stage; the role it is given decides
+where a forward's inputs come from and where a backward's gradients go:
+
+- ``FirstStage`` (s = 0 < K - 1): runs the step function only up to the model call,
+  to learn the model input, then the stage forward; its backward sends nothing back.
+- ``MiddleStage`` (0 < s < K - 1): forward on received activations, backward on
+  received gradients.
+- ``LastStage`` (s = K - 1, also K = 1): the head runs stage forward, the rest of the
+  step function and, in a training step, the backward, fused; the schedule's backward
+  action only checks that it ran.
+
+Roles hold no state (the executor does), so one role object serves every step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import tensorflow as tf
+from keras import tree
+
+from tfsift.pipeline import context
+
+if TYPE_CHECKING:
+    from tfsift.pipeline.executor import Executor
+
+
+class Role(Protocol):
+    """Stage-specific meaning of the schedule's F and B actions."""
+
+    def forward(self, ex: Executor, m: int) -> None: ...
+
+    def backward(self, ex: Executor, m: int) -> None: ...
+
+
+class FirstStage:
+    """Stage 0 of a pipeline of two or more stages."""
+
+    def forward(self, ex: Executor, m: int) -> None:
+        ex.stage_forward(m, model_input(ex, m))
+
+    def backward(self, ex: Executor, m: int) -> None:
+        ex.stage_backward(m)
+
+
+class MiddleStage:
+    """A stage that receives activations and sends them on."""
+
+    def forward(self, ex: Executor, m: int) -> None:
+        ex.stage_forward(m, ex.inputs.pop(m))
+
+    def backward(self, ex: Executor, m: int) -> None:
+        ex.stage_backward(m)
+
+
+class LastStage:
+    """The stage that runs the step function's head (the only stage when K = 1)."""
+
+    def forward(self, ex: Executor, m: int) -> None:
+        head = ex.plan.head
+        assert head is not None, "the last stage runs the step function's head"
+        inputs = [] if ex.plan.s == 0 else ex.inputs.pop(m)
+        done = head(inputs, ex.microbatches[m], ex.grad_sum)
+        ex.results[m] = done.results
+        if ex.plan.backward:
+            ex.grad_sum, ex.in_grads[m] = done.grad_sum, done.in_grads
+            ex.fused.add(m)
+
+    def backward(self, ex: Executor, m: int) -> None:
+        ex.fused.remove(m)  # ran with the forward; KeyError if the schedule is wrong
+
+
+def role_for(s: int, K: int) -> Role:
+    """The role of stage ``s`` of ``K``."""
+    if s == K - 1:
+        return LastStage()
+    return FirstStage() if s == 0 else MiddleStage()
+
+
+def model_input(ex: Executor, m: int) -> list[tf.Tensor]:
+    """Runs the step function on microbatch ``m`` until it calls the model; returns the input."""
+
+    def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise context.InputCaptured([tf.convert_to_tensor(x) for x in tree.flatten(args)])
+
+    args, kwargs = ex.microbatches[m]
+    try:
+        with context.active(context.StepContext(capture, probe=False)):
+            ex.fn(*args, **kwargs)
+    except context.InputCaptured as captured:
+        return captured.inputs
+    raise RuntimeError("the @tfsift.step function returned without calling the model")

@@ -1,0 +1,42 @@
+"""Process-wide mutable state, all in one place, with a reset for tests.
+
+tfsift keeps three things per process: the runtime ``tfsift.init`` set up (config,
+rank layout, communicators), the ``tfsift.timeline()`` recordings open now, and the
+``tfsift.partition()`` blocks open now. Everything else a step needs is built once
+into its immutable plan (``tfsift.pipeline.plan``) and passed down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class ProcessState:
+    """The process's mutable state.
+
+    Args:
+        runtime: the ``tfsift.parallel.runtime.Runtime`` of the last ``tfsift.init``.
+        timelines: open ``tfsift.timeline()`` recordings, innermost last.
+        partitions: indices of open ``tfsift.partition()`` blocks, innermost last.
+    """
+
+    runtime: Any = None
+    timelines: list[Any] = dataclasses.field(default_factory=list)
+    partitions: list[int] = dataclasses.field(default_factory=list)
+
+
+STATE = ProcessState()
+
+
+def reset() -> None:
+    """Forgets everything: frees the runtime's communicators and clears the open blocks.
+
+    For tests; a training script calls ``tfsift.init`` once instead.
+    """
+    if STATE.runtime is not None:
+        STATE.runtime.close()
+    STATE.runtime = None
+    STATE.timelines.clear()
+    STATE.partitions.clear()
