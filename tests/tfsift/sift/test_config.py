@@ -1,0 +1,152 @@
+import dataclasses
+
+import pytest
+
+from tfsift.sift.config import LOSS_KINDS, METHODS, POLICIES, RESCALES, SCORERS, SiftConfig
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    config = SiftConfig()
+    assert (config.policy, config.beta, config.history, config.delay) == ("relative", 1.0, 500, 0)
+    assert (config.min_prob, config.keep, config.eta, config.curriculum_T) == (0.0, 0.5, 1.0, 1e3)
+    assert config.methods == METHODS
+    assert config.methods == (
+        "uniform",
+        "big_loss",
+        "small_loss",
+        "grad_norm",
+        "adaboost",
+        "coreset_extremes",
+        "coreset_mean",
+    )
+    assert (config.rescale, config.score_batches, config.drop_remainder) == (None, 1, True)
+    assert (config.scorer, config.exit_after, config.exit_head, config.exit_lr) == (
+        "full",
+        None,
+        None,
+        1e-3,
+    )
+    assert (config.stale, config.seed, config.log_dir, config.loss_kind) == (0, 0, None, "auto")
+
+
+def test_choices_are_module_constants() -> None:
+    assert POLICIES == (
+        "relative",
+        "big_loss",
+        "small_loss",
+        "uniform",
+        "grad_norm",
+        "adaboost",
+        "coreset_extremes",
+        "coreset_mean",
+        "adaptive",
+    )
+    assert RESCALES == ("normalized", "unbiased")
+    assert SCORERS == ("full", "early_exit")
+    assert LOSS_KINDS == ("auto", "softmax_crossentropy", "squared_error")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"beta": 0}, "beta must be > 0. Received: beta=0"),
+        ({"beta": -1.5}, "beta must be > 0. Received: beta=-1.5"),
+        ({"beta": "1"}, "beta must be a finite number. Received: beta='1'"),
+        ({"beta": True}, "beta must be a finite number. Received: beta=True"),
+        ({"eta": float("nan")}, "eta must be a finite number. Received: eta=nan"),
+        ({"curriculum_T": float("inf")}, "curriculum_T must be a finite number. Received: "
+         "curriculum_T=inf"),
+        ({"exit_lr": 0.0}, "exit_lr must be > 0. Received: exit_lr=0.0"),
+        ({"history": 0}, "history must be an integer >= 1. Received: history=0"),
+        ({"history": True}, "history must be an integer >= 1. Received: history=True"),
+        ({"history": 5.0}, "history must be an integer >= 1. Received: history=5.0"),
+        ({"delay": -1}, "delay must be an integer >= 0. Received: delay=-1"),
+        ({"score_batches": 0}, "score_batches must be an integer >= 1. Received: score_batches=0"),
+        ({"stale": -2}, "stale must be an integer >= 0. Received: stale=-2"),
+        ({"seed": -1}, "seed must be an integer >= 0. Received: seed=-1"),
+        ({"min_prob": 1.5}, "min_prob must be in [0, 1]. Received: min_prob=1.5"),
+        ({"keep": 1.5}, "keep must be in (0, 1]. Received: keep=1.5"),
+        ({"keep": 0}, "keep must be in (0, 1]. Received: keep=0"),
+        ({"drop_remainder": 1}, "drop_remainder must be true or false. Received: "
+         "drop_remainder=1"),
+        ({"scorer": "fast"}, "scorer must be one of 'full', 'early_exit'. Received: "
+         "scorer='fast'"),
+        ({"loss_kind": "mse"}, "loss_kind must be one of 'auto', 'softmax_crossentropy', "
+         "'squared_error'. Received: loss_kind='mse'"),
+        ({"rescale": "none"}, "rescale must be None or one of 'normalized', 'unbiased'. "
+         "Received: rescale='none'"),
+        ({"exit_after": ""}, "exit_after must be None or a non-empty string. Received: "
+         "exit_after=''"),
+        ({"log_dir": 3}, "log_dir must be None or a non-empty string. Received: log_dir=3"),
+        ({"exit_head": 3}, "exit_head must be None or a callable Keras layer. Received: "
+         "exit_head=3"),
+    ],
+)  # fmt: skip
+def test_invalid_field_raises_with_constraint_and_value(
+    changes: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        SiftConfig(**changes)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_unknown_policy_lists_every_choice() -> None:
+    with pytest.raises(ValueError) as caught:
+        SiftConfig(policy="foo")
+    assert str(caught.value) == (
+        "policy must be one of 'relative', 'big_loss', 'small_loss', 'uniform', 'grad_norm', "
+        "'adaboost', 'coreset_extremes', 'coreset_mean', 'adaptive'. Received: policy='foo'"
+    )
+
+
+def test_unknown_method_lists_every_method() -> None:
+    with pytest.raises(ValueError) as caught:
+        SiftConfig(methods=("foo",))
+    assert str(caught.value) == (
+        "methods must be among 'uniform', 'big_loss', 'small_loss', 'grad_norm', 'adaboost', "
+        "'coreset_extremes', 'coreset_mean'. Received: methods=('foo',)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("methods", "message"),
+    [
+        ((), "methods must be a non-empty list of method names. Received: methods=()"),
+        ("uniform", "methods must be a non-empty list of method names. Received: "
+         "methods='uniform'"),
+        (("uniform", "big_loss", "uniform"), "methods must not repeat a method. Received: "
+         "methods=('uniform', 'big_loss', 'uniform')"),
+    ],
+)  # fmt: skip
+def test_methods_must_be_a_nonempty_list_without_repeats(methods: object, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        SiftConfig(methods=methods)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_methods_given_as_a_list_are_stored_as_a_tuple() -> None:
+    config = SiftConfig(methods=["big_loss", "small_loss"])  # type: ignore[arg-type]
+    assert config.methods == ("big_loss", "small_loss")
+
+
+def test_ints_are_accepted_for_float_fields() -> None:
+    config = SiftConfig(beta=3, keep=1, min_prob=0, eta=2, curriculum_T=10, exit_lr=1)
+    assert (config.beta, config.keep, config.min_prob) == (3, 1, 0)
+
+
+def test_any_callable_is_accepted_as_exit_head() -> None:
+    head = SiftConfig(scorer="early_exit", exit_after="dense_1", exit_head=abs).exit_head
+    assert head is abs
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SiftConfig().beta = 2.0  # type: ignore[misc]
+
+
+def test_replace_returns_a_validated_copy() -> None:
+    config = SiftConfig(policy="adaptive")
+    assert config.replace(keep=0.25) == SiftConfig(policy="adaptive", keep=0.25)
+    assert config.keep == 0.5
+    with pytest.raises(ValueError, match="keep must be in"):
+        config.replace(keep=2.0)

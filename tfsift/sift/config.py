@@ -1,0 +1,198 @@
+"""The frozen, validated configuration of data sifting."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+POLICIES = (
+    "relative",
+    "big_loss",
+    "small_loss",
+    "uniform",
+    "grad_norm",
+    "adaboost",
+    "coreset_extremes",
+    "coreset_mean",
+    "adaptive",
+)
+METHODS = (
+    "uniform",
+    "big_loss",
+    "small_loss",
+    "grad_norm",
+    "adaboost",
+    "coreset_extremes",
+    "coreset_mean",
+)
+RESCALES = ("normalized", "unbiased")
+SCORERS = ("full", "early_exit")
+LOSS_KINDS = ("auto", "softmax_crossentropy", "squared_error")
+
+
+@dataclasses.dataclass(frozen=True)
+class SiftConfig:
+    """How batches are scored and which samples are kept.
+
+    Example:
+        >>> config = SiftConfig(policy="big_loss", keep=0.25)
+        >>> config.replace(keep=0.5).keep
+        0.5
+
+    Fields:
+        policy: the selection rule; ``"relative"`` is Selective-Backprop (keep sample i
+            with probability P_i from its loss percentile), ``"adaptive"`` is
+            AdaSelection over ``methods``, every other name keeps the fraction ``keep``.
+        beta: relative only; the exponent in P_i = max(min_prob, p_i ** beta).
+            Larger keeps fewer: the long-run kept fraction is 1 / (1 + beta).
+        history: relative only; how many recent losses the percentiles come from.
+        delay: source batches passed through unsifted before sifting starts.
+        min_prob: relative only; the least probability of keeping a sample.
+        keep: fraction policies and adaptive; the fraction of each scored batch kept
+            (at least one sample).
+        methods: adaptive only; the base methods AdaSelection weighs against each other.
+        eta: adaptive only; the learning rate of the method weights.
+        curriculum_T: adaptive only; T in the curriculum weight T / (T + t), which
+            starts favouring easy (small-loss) samples and fades.
+        rescale: how the training step reweights kept samples' losses by their keep
+            probabilities (``Selection.probs``): None leaves them unweighted,
+            ``"unbiased"`` weighs each by 1 / P_i and ``"normalized"`` by 1 / P_i
+            divided by the weights' mean.
+        score_batches: source batches scored in one forward pass.
+        drop_remainder: whether a kept set smaller than a training batch is dropped at
+            the end of the data rather than trained on.
+        scorer: ``"full"`` scores with the whole model, ``"early_exit"`` with the layers
+            up to ``exit_after`` followed by ``exit_head``.
+        exit_after: early_exit only; the name of the layer the scoring pass stops after.
+        exit_head: early_exit only; a Keras layer (any callable) mapping that layer's
+            output to predictions.
+        exit_lr: early_exit only; the learning rate of the exit head.
+        stale: epochs a sample's score is reused before it is scored again (0: every
+            epoch).
+        seed: seeds the random draws of the selection.
+        log_dir: where per-step sifting records are written (None: not written).
+        loss_kind: which closed form the grad_norm method uses for the gradient at the
+            logits; ``"auto"`` picks from the labels (see ``tfsift.sift.scores``).
+    """
+
+    policy: str = "relative"
+    beta: float = 1.0
+    history: int = 500
+    delay: int = 0
+    min_prob: float = 0.0
+    keep: float = 0.5
+    methods: tuple[str, ...] = METHODS
+    eta: float = 1.0
+    curriculum_T: float = 1000.0
+    rescale: str | None = None
+    score_batches: int = 1
+    drop_remainder: bool = True
+    scorer: str = "full"
+    exit_after: str | None = None
+    exit_head: object = None
+    exit_lr: float = 1e-3
+    stale: int = 0
+    seed: int = 0
+    log_dir: str | None = None
+    loss_kind: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check_choice("policy", self.policy, POLICIES)
+        _check_positive("beta", self.beta)
+        _check_int("history", self.history, 1)
+        _check_int("delay", self.delay, 0)
+        _check_unit("min_prob", self.min_prob)
+        _check_keep(self.keep)
+        object.__setattr__(self, "methods", check_methods(self.methods))
+        _check_positive("eta", self.eta)
+        _check_positive("curriculum_T", self.curriculum_T)
+        _check_optional_choice("rescale", self.rescale, RESCALES)
+        _check_int("score_batches", self.score_batches, 1)
+        _check_bool("drop_remainder", self.drop_remainder)
+        _check_choice("scorer", self.scorer, SCORERS)
+        _check_optional_name("exit_after", self.exit_after)
+        _check_head(self.exit_head)
+        _check_positive("exit_lr", self.exit_lr)
+        _check_int("stale", self.stale, 0)
+        _check_int("seed", self.seed, 0)
+        _check_optional_name("log_dir", self.log_dir)
+        _check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
+
+    def replace(self, **changes: Any) -> SiftConfig:
+        """A copy with `changes` applied, validated again."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number. Received: {name}={value!r}")
+    return float(value)
+
+
+def _check_positive(name: str, value: object) -> None:
+    if _check_number(name, value) <= 0:
+        raise ValueError(f"{name} must be > 0. Received: {name}={value!r}")
+
+
+def _check_unit(name: str, value: object) -> None:
+    if not 0 <= _check_number(name, value) <= 1:
+        raise ValueError(f"{name} must be in [0, 1]. Received: {name}={value!r}")
+
+
+def _check_keep(value: object) -> None:
+    if not 0 < _check_number("keep", value) <= 1:
+        raise ValueError(f"keep must be in (0, 1]. Received: keep={value!r}")
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}. Received: {name}={value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, allowed))}. Received: {name}={value!r}"
+        )
+
+
+def _check_optional_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value is not None and value not in allowed:
+        raise ValueError(
+            f"{name} must be None or one of {', '.join(map(repr, allowed))}. "
+            f"Received: {name}={value!r}"
+        )
+
+
+def _check_optional_name(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name} must be None or a non-empty string. Received: {name}={value!r}")
+
+
+def _check_head(value: object) -> None:
+    if value is not None and not callable(value):
+        raise ValueError(
+            f"exit_head must be None or a callable Keras layer. Received: exit_head={value!r}"
+        )
+
+
+def check_methods(value: object) -> tuple[str, ...]:
+    """`value` as a tuple of known, distinct AdaSelection methods."""
+    if isinstance(value, str) or not isinstance(value, tuple | list) or not value:
+        raise ValueError(
+            f"methods must be a non-empty list of method names. Received: methods={value!r}"
+        )
+    methods = tuple(value)
+    if any(method not in METHODS for method in methods):
+        raise ValueError(
+            f"methods must be among {', '.join(map(repr, METHODS))}. Received: methods={methods!r}"
+        )
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"methods must not repeat a method. Received: methods={methods!r}")
+    return methods

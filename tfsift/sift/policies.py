@@ -1,0 +1,215 @@
+"""Selection policies: per-sample losses in, kept indices out (NumPy only).
+
+Letters: B samples scored in one selection, k = max(1, floor(keep * B)) kept by the
+fraction policies (fewer when fewer than k losses are finite). Every policy keeps only
+samples with a finite loss and returns their indices ascending. The fraction policies
+keep the k samples with
+
+    big_loss          the highest losses
+    small_loss        the lowest losses
+    uniform           k positions drawn without replacement from the rng
+    grad_norm         the highest gradient norms at the logits (``tfsift.sift.scores``)
+    adaboost          the highest a_i = 0.5 ln((1 + l~_i) / (1 - l~_i)),
+                      l~ = min(l / (max l + 1e-12), 1 - 1e-6)
+    coreset_extremes  the ceil(k/2) highest and the floor(k/2) lowest losses
+    coreset_mean      the losses closest to the batch's mean loss
+
+with ties to the lower index. ``relative`` (``tfsift.sift.relative``) and ``adaptive``
+(``tfsift.sift.adaptive``) carry state across steps. ``make_policy`` builds any of them
+behind one interface, `Policy`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from tfsift.sift.adaptive import AdaptivePolicy
+from tfsift.sift.config import METHODS, SiftConfig
+from tfsift.sift.relative import LossHistory, RelativePolicy, relative_probabilities
+from tfsift.sift.scores import adaboost_alphas, grad_norms
+from tfsift.sift.selection import (
+    FloatArray,
+    IntArray,
+    Selection,
+    check_losses,
+    finite_mask,
+    finite_rows,
+    kept_count,
+    require_logits,
+    top_k,
+)
+
+__all__ = [
+    "AdaptivePolicy",
+    "FractionPolicy",
+    "LossHistory",
+    "Policy",
+    "RelativePolicy",
+    "Selection",
+    "check_losses",
+    "choose",
+    "finite_mask",
+    "kept_count",
+    "make_policy",
+    "relative_probabilities",
+]
+
+
+class Policy(Protocol):
+    """What the training step asks of every policy."""
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether `select` needs the logits and labels (grad_norm does)."""
+        ...
+
+    def observe(self, losses: npt.ArrayLike) -> None:
+        """Takes all replicas' losses of a step, before `select`; a no-op but for relative."""
+
+    def select(
+        self,
+        losses: npt.ArrayLike,
+        rng: np.random.Generator | None = None,
+        logits: npt.ArrayLike | None = None,
+        labels: npt.ArrayLike | None = None,
+        uniforms: npt.ArrayLike | None = None,
+    ) -> Selection:
+        """The kept samples of one scored batch."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers worth logging each step."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """Plain NumPy and numbers for a checkpoint."""
+        ...
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores what `state` took."""
+
+
+def make_policy(config: SiftConfig) -> Policy:
+    """The policy `config` names, with its parameters.
+
+    Example:
+        >>> make_policy(SiftConfig(policy="big_loss", keep=0.5)).select([3.0, 1.0]).indices
+        array([0])
+    """
+    if config.policy == "relative":
+        return RelativePolicy(config.beta, config.history, config.min_prob)
+    if config.policy == "adaptive":
+        return AdaptivePolicy(
+            config.methods, config.keep, config.eta, config.curriculum_T, config.loss_kind
+        )
+    return FractionPolicy(config.policy, config.keep, config.loss_kind)
+
+
+class FractionPolicy:
+    """Keeps k = max(1, floor(keep * B)) samples of each batch by one fixed method.
+
+    Example:
+        >>> FractionPolicy("coreset_extremes", 0.5).select([0.1, 0.9, 0.5, 0.7]).indices
+        array([0, 1])
+    """
+
+    def __init__(self, method: str, keep: float = 0.5, loss_kind: str = "auto") -> None:
+        if method not in METHODS:
+            raise ValueError(
+                f"method must be one of {', '.join(map(repr, METHODS))}. "
+                f"Received: method={method!r}"
+            )
+        self.method = method
+        self.keep = keep
+        self.loss_kind = loss_kind
+        self.needs_logits = method == "grad_norm"
+
+    def observe(self, losses: npt.ArrayLike) -> None:
+        """Nothing: fraction policies keep no history."""
+
+    def select(
+        self,
+        losses: npt.ArrayLike,
+        rng: np.random.Generator | None = None,
+        logits: npt.ArrayLike | None = None,
+        labels: npt.ArrayLike | None = None,
+        uniforms: npt.ArrayLike | None = None,
+    ) -> Selection:
+        """The k samples `method` keeps among the finite ones; probs are k / B (B the
+        finite count). `uniforms` is unused."""
+        array = check_losses(losses)
+        if self.needs_logits:
+            require_logits(self.method, logits, labels)
+        finite = np.flatnonzero(finite_mask(array))
+        if len(finite) == 0:
+            return Selection.empty()
+        k = min(kept_count(self.keep, len(array)), len(finite))
+        rows = (finite_rows(logits, finite, len(array)), finite_rows(labels, finite, len(array)))
+        chosen = choose(self.method, array[finite], k, rng, *rows, loss_kind=self.loss_kind)
+        return Selection(finite[chosen], np.full(k, k / len(finite)))
+
+    def metrics(self) -> dict[str, float]:
+        """Nothing to report."""
+        return {}
+
+    def state(self) -> dict[str, Any]:
+        """Nothing to save."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
+
+
+def choose(
+    method: str,
+    losses: FloatArray,
+    k: int,
+    rng: np.random.Generator | None = None,
+    logits: npt.ArrayLike | None = None,
+    labels: npt.ArrayLike | None = None,
+    loss_kind: str = "auto",
+) -> IntArray:
+    """The positions (ascending) of the k samples `method` keeps; all losses finite.
+
+    Example:
+        >>> choose("coreset_mean", np.array([0.0, 0.4, 1.0, 0.6]), 2).tolist()
+        [1, 3]
+    """
+    if method == "uniform":
+        if rng is None:
+            raise ValueError("the uniform method needs an rng. Received: rng=None")
+        return np.sort(rng.choice(len(losses), size=k, replace=False)).astype(np.int64)
+    if method == "grad_norm":
+        require_logits(method, logits, labels)
+        assert logits is not None and labels is not None
+        return top_k(grad_norms(logits, labels, loss_kind), k)
+    if method == "coreset_extremes":
+        return coreset_extremes(losses, k)
+    return top_k(_loss_scores(method, losses), k)
+
+
+def coreset_extremes(losses: FloatArray, k: int) -> IntArray:
+    """The ceil(k/2) highest losses, then the floor(k/2) lowest of the rest."""
+    high = np.argsort(-losses, kind="stable")[: k - k // 2]
+    ascending = np.argsort(losses, kind="stable")
+    low = ascending[~np.isin(ascending, high)][: k // 2]
+    return np.sort(np.concatenate([high, low])).astype(np.int64)
+
+
+def _loss_scores(method: str, losses: FloatArray) -> FloatArray:
+    """A score whose k highest are the samples `method` keeps."""
+    if method == "big_loss":
+        return losses
+    if method == "small_loss":
+        return -losses
+    if method == "adaboost":
+        return adaboost_alphas(losses)
+    if method == "coreset_mean":
+        result: FloatArray = -np.abs(losses - losses.mean())
+        return result
+    raise ValueError(
+        f"method must be one of {', '.join(map(repr, METHODS))}. Received: method={method!r}"
+    )
