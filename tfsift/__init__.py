@@ -32,9 +32,12 @@ if TYPE_CHECKING:
     from tfsift.pipeline.step import step
     from tfsift.pipeline.timeline import timeline
     from tfsift.planning.placement import partition
+    from tfsift.sift.config import SiftConfig
+    from tfsift.sift.transform import sift, sift_metrics
 
 _EXPORTS = {
     "DistributedModel": "tfsift.model",
+    "SiftConfig": "tfsift.sift.config",
     "StepOutput": "tfsift.pipeline.outputs",
     "allreduce": "tfsift.parallel.collectives",
     "broadcast_variables": "tfsift.parallel.collectives",
@@ -50,12 +53,15 @@ _EXPORTS = {
     "partition": "tfsift.planning.placement",
     "rank": "tfsift.parallel.ranks",
     "shard": "tfsift.parallel.shard",
+    "sift": "tfsift.sift.transform",
+    "sift_metrics": "tfsift.sift.transform",
     "size": "tfsift.parallel.ranks",
     "step": "tfsift.pipeline.step",
     "timeline": "tfsift.pipeline.timeline",
 }
 __all__ = [
     "DistributedModel",
+    "SiftConfig",
     "StepOutput",
     "__version__",
     "allreduce",
@@ -72,6 +78,8 @@ __all__ = [
     "partition",
     "rank",
     "shard",
+    "sift",
+    "sift_metrics",
     "size",
     "step",
     "timeline",
@@ -79,6 +87,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "sift":  # the callable sub-package (see tfsift/sift/__init__.py)
+        return importlib.import_module("tfsift.sift")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'tfsift' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,8 +1,9 @@
 """Process-wide mutable state, all in one place, with a reset for tests.
 
-tfsift keeps three things per process: the runtime ``tfsift.init`` set up (config,
-rank layout, communicators), the ``tfsift.timeline()`` recordings open now, and the
-``tfsift.partition()`` blocks open now. Everything else a step needs is built once
+tfsift keeps a few things per process: the runtime ``tfsift.init`` set up (config,
+rank layout, communicators), the ``tfsift.timeline()`` recordings and
+``tfsift.partition()`` blocks open now, the step running now, and the last sifted
+dataset's metrics. Everything else a step needs is built once
 into its immutable plan (``tfsift.pipeline.plan``) and passed down.
 """
 
@@ -20,11 +21,15 @@ class ProcessState:
         runtime: the ``tfsift.parallel.runtime.Runtime`` of the last ``tfsift.init``.
         timelines: open ``tfsift.timeline()`` recordings, innermost last.
         partitions: indices of open ``tfsift.partition()`` blocks, innermost last.
+        running_step: the name of the ``@tfsift.step`` function running now, if any.
+        sift_metrics: the metrics of the sifted dataset iterated last.
     """
 
     runtime: Any = None
     timelines: list[Any] = dataclasses.field(default_factory=list)
     partitions: list[int] = dataclasses.field(default_factory=list)
+    running_step: str | None = None
+    sift_metrics: Any = None
 
 
 STATE = ProcessState()
@@ -40,3 +45,5 @@ def reset() -> None:
     STATE.runtime = None
     STATE.timelines.clear()
     STATE.partitions.clear()
+    STATE.running_step = None
+    STATE.sift_metrics = None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -19,6 +21,7 @@ from tfsift.pipeline.head import GRADS_MARKER, Head
 from tfsift.pipeline.outputs import GradientOutput, StepOutput
 from tfsift.pipeline.plan import StepPlan, describe_arguments
 from tfsift.pipeline.roles import role_for
+from tfsift.state import STATE
 
 if TYPE_CHECKING:  # the model module imports this package: no import cycle at run time
     from tfsift.model import DistributedModel
@@ -69,10 +72,16 @@ def step(fn: Callable[..., Any] | None = None, *, compile: bool = True) -> Any:
 def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
     plans: list[StepPlan] = []  # the one plan, made by the first call
 
+    name = getattr(fn, "__qualname__", repr(fn))
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not tf.executing_eagerly():
             raise RuntimeError(context.GRAPH_MODE_ERROR)
+        with _running(name):
+            return _call(args, kwargs)
+
+    def _call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         rt = runtime.get()
         if plans:
             plans[0].check(rt, args, kwargs)
@@ -82,7 +91,31 @@ def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
             plans.append(make_plan(fn, microbatches[0], rt, compile, args, kwargs))
         return run(plans[0], fn, microbatches)
 
+    wrapper.tfsift_step = True  # type: ignore[attr-defined]
     return wrapper
+
+
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _running(name: str) -> Iterator[None]:
+    """Marks step ``name`` as running; refuses a step that would nest in or overlap another
+    (two steps at once would interleave their messages on the same communicator)."""
+    with _LOCK:
+        other = STATE.running_step
+        if other is None:
+            STATE.running_step = name
+    if other is not None:
+        raise RuntimeError(
+            f"the @tfsift.step function {name!r} was called while {other!r} was running; "
+            "steps cannot nest or overlap (a sifted dataset read ahead of training by a "
+            "prefetch or a parallel map after tfsift.sift does this)"
+        )
+    try:
+        yield
+    finally:
+        STATE.running_step = None
 
 
 def run(plan: StepPlan, fn: Callable[..., Any], microbatches: Sequence[Microbatch]) -> Any:
@@ -171,11 +204,13 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedM
     seen: list[tuple[DistributedModel, bool]] = []
 
     def model_call(model: DistributedModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        part = model.partition_model([tf.convert_to_tensor(x) for x in tree.flatten(args)])
+        inputs = [tf.convert_to_tensor(x) for x in tree.flatten(args)]
+        part = model.partition_model(inputs)
         seen.append((model, bool(kwargs.get("training", False))))
-        flat = [
-            tf.zeros(t.shape, t.dtype) for t in (part.graph.tensors[i] for i in part.graph.outputs)
-        ]
+        # zeros of this call's batch size: the model may have been traced by another step
+        batch = int(inputs[0].shape[0])
+        outputs = (part.graph.tensors[i] for i in part.graph.outputs)
+        flat = [tf.zeros((batch, *t.shape[1:]), t.dtype) for t in outputs]
         return tree.pack_sequence_as(part.output_structure, flat)
 
     args, kwargs = microbatch

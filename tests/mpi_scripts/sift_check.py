@@ -1,0 +1,109 @@
+"""Every rank: sift a dataset through a pipeline (and replicas); report what each rank saw.
+
+usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN
+  UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
+  TRAIN "1": train on the sifted batches (scoring and training interleave)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfsift
+from mpi import report
+
+N, B, SEED = 384, 16, 5
+PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+MEAN = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class Net(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(16, activation="tanh")
+        self.drop = keras.layers.Dropout(0.3)  # scoring runs in inference mode: no effect
+        self.b = keras.layers.Dense(8, activation="tanh")
+        self.c = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.c(self.b(self.drop(self.a(x))))
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 4)).astype(np.float32)
+    x[:, 0] = np.arange(N) / 1000  # the sample id rides along in the features
+    return x, rng.integers(0, 3, N)
+
+
+def ids(x: Any) -> list[int]:
+    return [round(float(v) * 1000) for v in np.asarray(x)[:, 0]]
+
+
+def source(uneven: bool) -> tf.data.Dataset:
+    ds = tf.data.Dataset.from_tensor_slices(data())
+    if uneven:  # deliberately uneven shards: 10 and 14 batches
+        r = tfsift.dp_rank()
+        start = sum(10 + 4 * q for q in range(r)) * B
+        return ds.skip(start).take((10 + 4 * r) * B).batch(B, drop_remainder=True)
+    return tfsift.shard(ds).batch(B, drop_remainder=True)
+
+
+def main() -> None:
+    K, placement, policy = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    uneven, train = sys.argv[4] == "1", sys.argv[5] == "1"
+    tfsift.init(
+        {
+            "partitions": K,
+            "microbatches": 2,
+            "placement_strategy": placement,
+            "profile_repeats": 1,
+        }
+    )
+    keras.utils.set_random_seed(SEED)
+    model = Net()
+
+    @tfsift.step
+    def score_all(x: tf.Tensor, y: tf.Tensor) -> Any:
+        return PER_SAMPLE(y, model(x, training=False))
+
+    x, y = data()
+    losses = score_all(x, y).concat().numpy()  # every sample's loss, before any training
+    order = [ids(xb) for xb, _ in source(uneven)]
+    config = tfsift.SiftConfig(policy=policy, beta=1.0, history=64, keep=0.5, seed=SEED)
+    sifted = source(uneven).apply(tfsift.sift(model, PER_SAMPLE, config))
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tfsift.step
+    def step(xb: tf.Tensor, yb: tf.Tensor) -> Any:
+        loss = MEAN(yb, model(xb, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    batches, step_losses = [], []
+    for xb, yb in sifted:
+        batches.append(ids(xb))
+        if train:
+            grads, loss = step(xb, yb)
+            grads = tfsift.allreduce(grads)
+            if grads:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            step_losses.append(float(loss.reduce_mean()))
+    report(
+        rank=tfsift.rank(),
+        stage=tfsift.mp_rank(),
+        replica=tfsift.dp_rank(),
+        losses=losses.tolist(),
+        order=order,
+        batches=batches,
+        step_losses=step_losses,
+        metrics={k: v for k, v in tfsift.sift_metrics().items() if isinstance(v, (int, float))},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Sifting under real mpirun: pipelined scoring, replicas in lock-step, uneven shards.
+
+Each job reports, per rank, every sample's loss (one forward-only pass before any
+training), the order of its replica's source batches and the ids of the sifted
+batches it yielded. The expected batches are replayed here with the pure policy:
+the history takes every replica's losses of a round in replica order, each replica
+draws from its own seeded generator, and each round yields the MIN over replicas of
+the full batches ready.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import mpi
+from tfsift.sift.policies import RelativePolicy
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+B, SEED = 16, 5
+
+
+def replay(reports: dict[int, dict[str, Any]], policy: str) -> dict[int, list[list[int]]]:
+    """The sifted batches each replica should yield, from the reported losses and order."""
+    losses = np.asarray(reports[0]["losses"])
+    orders = {r["replica"]: r["order"] for r in reports.values()}
+    R = len(orders)
+    history = RelativePolicy(1.0, 64)
+    buffers: dict[int, list[int]] = {r: [] for r in range(R)}
+    out: dict[int, list[list[int]]] = {r: [] for r in range(R)}
+
+    def yield_ready() -> None:
+        n = min(len(buffers[r]) // B for r in range(R))
+        for r in range(R):
+            for _ in range(n):
+                out[r].append(buffers[r][:B])
+                buffers[r] = buffers[r][B:]
+
+    for t in range(min(len(o) for o in orders.values())):
+        yield_ready()
+        group = {r: orders[r][t] for r in range(R)}
+        history.observe(np.concatenate([losses[group[r]] for r in range(R)]))
+        for r in range(R):
+            mine = losses[group[r]]
+            if policy == "relative":
+                kept = history.select(mine, np.random.default_rng([SEED, r, t])).indices
+            else:  # big_loss, keep 0.5
+                kept = np.sort(np.argsort(-mine, kind="stable")[: B // 2])
+            buffers[r] += [group[r][int(i)] for i in kept]
+    yield_ready()  # the round that found a shard empty
+    yield_ready()  # the drain
+    return out
+
+
+def check_lock_step(reports: dict[int, dict[str, Any]]) -> None:
+    by_replica: dict[int, list[Any]] = {}
+    for rep in reports.values():
+        by_replica.setdefault(rep["replica"], []).append(rep["batches"])
+    for replica, seen in by_replica.items():
+        assert all(b == seen[0] for b in seen), f"ranks of replica {replica} differ"
+    counts = {len(rep["batches"]) for rep in reports.values()}
+    assert len(counts) == 1, f"replicas yielded different numbers of batches: {counts}"
+    assert all(len(batch) == B for rep in reports.values() for batch in rep["batches"])
+
+
+def run(np_: int, *args: str) -> dict[int, dict[str, Any]]:
+    return mpi.reports(mpi.run(np_, "sift_check.py", *args, timeout=240))
+
+
+def test_pipelined_scoring_keeps_what_one_process_would_on_the_same_losses() -> None:
+    reports = run(2, "2", "cluster", "relative", "0", "0")
+    check_lock_step(reports)
+    assert {r["stage"] for r in reports.values()} == {0, 1}
+    assert reports[0]["batches"] == replay(reports, "relative")[0]
+    assert len(reports[0]["batches"]) >= 4
+
+
+@pytest.mark.parametrize("placement", ["cluster", "spread"])
+def test_two_stages_by_two_replicas_share_the_history_and_stay_in_lock_step(
+    placement: str,
+) -> None:
+    reports = run(4, "2", placement, "relative", "0", "0")
+    check_lock_step(reports)
+    want = replay(reports, "relative")
+    for rep in reports.values():
+        assert rep["batches"] == want[rep["replica"]]
+    metrics = reports[0]["metrics"]
+    assert metrics["samples_seen"] == 12 * B  # 384 samples / 2 replicas / B
+    assert 0.3 < metrics["kept_fraction"] < 0.7  # beta 1 keeps about half
+
+
+def test_uneven_shards_end_together_while_training() -> None:
+    reports = run(4, "2", "cluster", "big_loss", "1", "1")
+    check_lock_step(reports)
+    # replica 0 has 10 source batches, replica 1 has 14: both stop after 10 rounds
+    assert len(reports[0]["batches"]) == 10 * (B // 2) // B
+    pipeline = [r for r in reports.values() if r["replica"] == 0]
+    assert pipeline[0]["step_losses"] == pipeline[1]["step_losses"]
+    assert all(np.isfinite(r["step_losses"]).all() for r in reports.values())

@@ -1,0 +1,267 @@
+"""tfsift.sift in one process: exact selections, refills, delay, weights, errors, lock-step."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfsift
+from tfsift.sift.policies import RelativePolicy
+
+PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+MEAN = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+N, B = 192, 16
+
+
+class Net(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(8, activation="tanh")
+        self.b = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
+def data(n: int = N) -> tuple[np.ndarray, np.ndarray]:
+    """Features whose column 0 is the sample id / 1000, and labels."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    x[:, 0] = np.arange(n) / 1000
+    return x, rng.integers(0, 3, n)
+
+
+def ids(x: Any) -> list[int]:
+    return [round(float(v) * 1000) for v in np.asarray(x)[:, 0]]
+
+
+def source(n: int = N, batch: int = B) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices(data(n)).batch(batch, drop_remainder=True)
+
+
+def start(microbatches: int = 1) -> Net:
+    tfsift.init({"microbatches": microbatches})
+    keras.utils.set_random_seed(1)
+    return Net()
+
+
+def full_losses(model: Net) -> np.ndarray:
+    """Every sample's loss from the whole model, outside the pipeline (no training)."""
+    x, y = data()
+    model.partition_model([tf.constant(x[:B])])
+    return np.asarray(PER_SAMPLE(y, model.b(model.a(x))))
+
+
+def test_relative_selection_equals_the_policy_replayed_on_the_same_losses() -> None:
+    model = start()
+    config = tfsift.SiftConfig(policy="relative", beta=1.0, history=50, seed=7)
+    losses = full_losses(model)
+    got = [i for x, _ in source().apply(tfsift.sift(model, PER_SAMPLE, config)) for i in ids(x)]
+    policy, kept = RelativePolicy(1.0, 50), []
+    for r in range(N // B):
+        batch = losses[r * B : (r + 1) * B]
+        policy.observe(batch)
+        chosen = policy.select(batch, np.random.default_rng([7, 0, r]))
+        kept += [r * B + int(i) for i in chosen.indices]
+    assert got == kept[: len(kept) // B * B]
+    assert len(got) % B == 0 and len(got) >= B
+
+
+def test_every_sifted_batch_has_the_source_batch_size_and_metrics_count_it() -> None:
+    model = start(microbatches=4)
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.25)
+    sizes = [int(x.shape[0]) for x, _ in source().apply(tfsift.sift(model, PER_SAMPLE, config))]
+    assert sizes == [B] * 3  # 12 batches x 4 kept = 48 samples = 3 batches
+    metrics = tfsift.sift_metrics()
+    assert metrics["samples_seen"] == N and metrics["samples_kept"] == 48
+    assert metrics["kept_fraction"] == 0.25 and metrics["batches_yielded"] == 3
+    assert metrics["mean_loss_kept"] > metrics["mean_loss_scored"]
+
+
+def test_big_loss_keeps_the_highest_losses_of_each_scored_group() -> None:
+    model = start()
+    losses = full_losses(model)
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, score_batches=3)
+    got = [i for x, _ in source().apply(tfsift.sift(model, PER_SAMPLE, config)) for i in ids(x)]
+    want = []
+    for r in range(N // (3 * B)):
+        group = losses[r * 3 * B : (r + 1) * 3 * B]
+        want += sorted(r * 3 * B + int(i) for i in np.argsort(-group, kind="stable")[: 3 * B // 2])
+    assert got == want
+
+
+def test_the_delay_passes_the_first_batches_through_unchanged() -> None:
+    model = start()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.25, delay=3)
+    batches = [ids(x) for x, _ in source().apply(tfsift.sift(model, PER_SAMPLE, config))]
+    assert batches[:3] == [list(range(r * B, (r + 1) * B)) for r in range(3)]
+    assert tfsift.sift_metrics()["samples_kept"] == 3 * B + 9 * 4
+
+
+def test_the_remainder_is_yielded_in_whole_microbatches_when_asked() -> None:
+    model = start(microbatches=4)
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, drop_remainder=False)
+    sizes = [int(x.shape[0]) for x, _ in source(80).apply(tfsift.sift(model, PER_SAMPLE, config))]
+    assert sizes == [B, B, 8]  # 5 batches x 8 kept = 40 = 16 + 16 + 8
+    model = start(microbatches=4)
+    config = config.replace(keep=0.3125)  # 5 of 16: 25 kept, 9 left, 8 yielded
+    sizes = [int(x.shape[0]) for x, _ in source(80).apply(tfsift.sift(model, PER_SAMPLE, config))]
+    assert sizes == [B, 8]
+
+
+@pytest.mark.parametrize("rescale", ["unbiased", "normalized"])
+def test_rescale_adds_the_inverse_keep_probability_as_sample_weight(rescale: str) -> None:
+    model = start()
+    config = tfsift.SiftConfig(policy="uniform", keep=0.25, rescale=rescale)
+    *_, w = next(iter(source().apply(tfsift.sift(model, PER_SAMPLE, config))))
+    assert w.dtype == tf.float32 and w.shape == (B,)
+    want = 4.0 if rescale == "unbiased" else 1.0
+    np.testing.assert_allclose(w.numpy(), np.full(B, want), rtol=1e-6)
+
+
+def test_nonfinite_losses_are_never_kept_and_are_counted_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = start()
+
+    def poisoned(y_true: Any, y_pred: Any) -> Any:
+        losses = PER_SAMPLE(y_true, y_pred)
+        return tf.where(tf.range(tf.shape(losses)[0]) % 4 == 0, np.nan, losses)
+
+    config = tfsift.SiftConfig(policy="big_loss", keep=1.0)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        got = [i for x, _ in source().apply(tfsift.sift(model, poisoned, config)) for i in ids(x)]
+    assert got and all(i % 4 != 0 for i in got)
+    assert tfsift.sift_metrics()["nonfinite_losses"] == N // 4
+    warnings = [r.getMessage() for r in caplog.records if "NaN or infinite" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_loss_that_returns_one_value_per_batch_is_refused_with_a_hint() -> None:
+    model = start()
+    with pytest.raises(ValueError) as err:
+        next(iter(source().apply(tfsift.sift(model, MEAN))))
+    assert str(err.value) == (
+        "the per-sample loss must return one loss per sample (shape (B,)); it returned a "
+        "single value. Use a Keras loss with reduction=None. Received: shape=()"
+    )
+
+
+def test_a_batch_size_not_divisible_by_microbatches_is_refused_before_training() -> None:
+    model = start(microbatches=4)
+    with pytest.raises(ValueError) as err:
+        source(batch=10).apply(tfsift.sift(model, PER_SAMPLE))
+    assert str(err.value) == (
+        "the sifted dataset's batch size must be divisible by microbatches=4, since every "
+        "sifted batch has that size. Received: batch size 10"
+    )
+
+
+def test_an_unbatched_dataset_and_a_wrong_first_argument_are_refused() -> None:
+    model = start()
+    unbatched = tf.data.Dataset.from_tensor_slices(data())
+    with pytest.raises(ValueError) as err:
+        unbatched.apply(tfsift.sift(model, PER_SAMPLE))
+    assert str(err.value).startswith("tfsift.sift needs a batched dataset (apply it after")
+    with pytest.raises(TypeError) as type_err:
+        tfsift.sift(keras.Sequential([keras.layers.Dense(2)]), PER_SAMPLE)
+    assert str(type_err.value) == (
+        "tfsift.sift expects a tfsift.DistributedModel and a per-sample loss, or a "
+        "forward-only @tfsift.step function. Received: Sequential"
+    )
+
+
+def test_a_scoring_step_serves_dict_elements() -> None:
+    model = start()
+
+    @tfsift.step
+    def score(batch: dict[str, Any]) -> Any:
+        return PER_SAMPLE(batch["y"], model(batch["x"], training=False))
+
+    x, y = data()
+    dicts = tf.data.Dataset.from_tensor_slices({"x": x, "y": y}).batch(B, drop_remainder=True)
+    config = tfsift.SiftConfig(policy="small_loss", keep=0.5)
+    out = list(dicts.apply(tfsift.sift(score, config=config)))
+    assert len(out) == N // B // 2 and set(out[0]) == {"x", "y"}
+    assert out[0]["x"].shape == (B, 4)
+
+
+def train(prefetch: int, path: str) -> list[np.ndarray]:
+    """Two sifted epochs with Adam; returns the final weights."""
+    model = start(microbatches=2)
+    config = tfsift.SiftConfig(policy="relative", beta=1.0, history=64, seed=3)
+    sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    if prefetch:
+        sifted = sifted.prefetch(prefetch)
+    if path == "graph":
+        sifted = sifted.take(1000)  # a transformation after sift: the tf.data path
+    optimizer = keras.optimizers.Adam(0.05)
+
+    @tfsift.step
+    def step(x: tf.Tensor, y: tf.Tensor) -> Any:
+        loss = MEAN(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    for _ in range(2):
+        for x, y in sifted:
+            grads, _ = step(x, y)
+            pairs = zip(tfsift.allreduce(grads), model.trainable_variables, strict=True)
+            optimizer.apply_gradients(pairs)
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def test_prefetch_after_sift_and_the_tf_data_path_train_exactly_like_plain_iteration() -> None:
+    plain = train(0, "python")
+    for prefetch, path in [(2, "python"), (0, "graph")]:
+        got = train(prefetch, path)
+        for a, b in zip(got, plain, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_prefetch_ahead_of_training_raises_instead_of_scoring_stale() -> None:
+    model = start()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5)
+    ahead = source().apply(tfsift.sift(model, PER_SAMPLE, config)).take(100).prefetch(4)
+
+    @tfsift.step
+    def step(x: tf.Tensor, y: tf.Tensor) -> Any:
+        import time
+
+        time.sleep(0.2)  # the prefetch thread scores meanwhile
+        loss = MEAN(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    with pytest.raises((RuntimeError, tf.errors.OpError)) as err:
+        for x, y in ahead:
+            step(x, y)
+    assert "steps cannot nest or overlap" in str(err.value) or "in lock-step" in str(err.value)
+
+
+def test_a_step_called_inside_a_step_is_refused() -> None:
+    model = start()
+
+    @tfsift.step
+    def inner(x: tf.Tensor) -> Any:
+        return model(x, training=False)
+
+    @tfsift.step(compile=False)
+    def outer(x: tf.Tensor) -> Any:
+        inner(x)
+        return model(x, training=False)
+
+    with pytest.raises(RuntimeError) as err:
+        outer(tf.ones((4, 4)))
+    assert "was called while" in str(err.value)
+    assert "steps cannot nest or overlap" in str(err.value)
+
+
+def test_tfsift_sift_is_callable_after_its_modules_are_imported() -> None:
+    import tfsift.sift.config  # binds the package to tfsift.sift
+
+    assert callable(tfsift.sift)
+    assert tfsift.SiftConfig is tfsift.sift.config.SiftConfig

@@ -1,0 +1,89 @@
+"""Counters of a sifted dataset, with SageMaker smart sifting's meanings.
+
+``samples_seen`` counts samples read from the source dataset (delay included),
+``samples_scored`` those whose loss was computed, ``samples_kept`` those that
+entered the refill buffer (every sample during the delay). ``kept_fraction`` is
+kept / seen. Mean losses are over the finite losses of scored samples and of the
+kept ones among them. Times are wall-clock seconds this rank spent scoring (the
+forward pass and its collectives), selecting (the policy and the replicas'
+agreement) and accumulating (copying samples into and out of the buffer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class SiftMetrics:
+    """Running totals since the sifted dataset was made (across epochs)."""
+
+    samples_seen: int = 0
+    samples_scored: int = 0
+    samples_kept: int = 0
+    nonfinite_losses: int = 0
+    batches_yielded: int = 0
+    rounds: int = 0
+    epochs: int = 0
+    loss_sum_scored: float = 0.0
+    loss_sum_kept: float = 0.0
+    finite_scored: int = 0
+    finite_kept: int = 0
+    time_scoring: float = 0.0
+    time_selecting: float = 0.0
+    time_accumulating: float = 0.0
+    policy: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def record(self, losses: np.ndarray, kept: np.ndarray) -> None:
+        """Adds one scored group: its losses and the indices kept."""
+        finite = np.isfinite(losses)
+        self.samples_scored += len(losses)
+        self.nonfinite_losses += int((~finite).sum())
+        self.finite_scored += int(finite.sum())
+        self.loss_sum_scored += float(losses[finite].sum())
+        self.finite_kept += len(kept)
+        self.loss_sum_kept += float(losses[kept].sum())
+
+    def as_dict(self) -> dict[str, Any]:
+        """The metrics as plain numbers (what ``tfsift.sift_metrics()`` returns)."""
+        out: dict[str, Any] = {
+            "samples_seen": self.samples_seen,
+            "samples_scored": self.samples_scored,
+            "samples_kept": self.samples_kept,
+            "kept_fraction": self.samples_kept / self.samples_seen if self.samples_seen else 0.0,
+            "mean_loss_scored": _mean(self.loss_sum_scored, self.finite_scored),
+            "mean_loss_kept": _mean(self.loss_sum_kept, self.finite_kept),
+            "nonfinite_losses": self.nonfinite_losses,
+            "batches_yielded": self.batches_yielded,
+            "epochs": self.epochs,
+            "time_scoring": self.time_scoring,
+            "time_selecting": self.time_selecting,
+            "time_accumulating": self.time_accumulating,
+        }
+        out.update({f"policy/{k}": v for k, v in self.policy.items()})
+        return out
+
+
+def _mean(total: float, count: int) -> float:
+    return total / count if count else float("nan")
+
+
+class ScalarLog:
+    """TensorBoard scalars of the metrics under ``log_dir`` (written by rank 0 only)."""
+
+    def __init__(self, log_dir: str) -> None:
+        import tensorflow as tf
+
+        self._tf = tf
+        self._writer = tf.summary.create_file_writer(log_dir)
+
+    def write(self, metrics: SiftMetrics) -> None:
+        """One point per numeric metric at step ``batches_yielded``."""
+        with self._writer.as_default(step=metrics.batches_yielded):
+            for name, value in metrics.as_dict().items():
+                if isinstance(value, (int, float)) and np.isfinite(value):
+                    self._tf.summary.scalar(f"sift/{name}", float(value))
+        self._writer.flush()

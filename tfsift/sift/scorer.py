@@ -1,0 +1,105 @@
+"""Per-sample losses of candidate samples, from a forward-only pass through the pipeline.
+
+``FullScorer`` wraps the model and a per-sample loss into a forward-only
+``@tfsift.step`` (the forward-only schedule: no backward, no dropout, no BatchNorm
+statistic updates, since the model is called with ``training=False``). The losses
+are computed on the last stage and broadcast along the pipeline, so every rank of a
+pipeline holds the same losses and takes the same keep decisions. ``StepScorer``
+calls a user's own forward-only step instead, for elements that are not ``(x, y)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfsift.pipeline.outputs import StepOutput
+from tfsift.pipeline.step import step
+
+Element = Any  # one dataset element: a tuple, a dict, or a tensor (NumPy arrays here)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """What scoring a group of samples gives the policy.
+
+    Args:
+        losses: one loss per sample, shape (B,).
+        logits: the model's outputs (for ``grad_norm``), or None.
+        labels: the labels, when the element is an ``(x, y)`` pair and logits are asked.
+    """
+
+    losses: np.ndarray
+    logits: np.ndarray | None = None
+    labels: np.ndarray | None = None
+
+
+class FullScorer:
+    """Scores ``(x, y)`` elements with ``per_sample_loss(y, model(x, training=False))``."""
+
+    def __init__(self, model: Any, per_sample_loss: Callable[..., Any], needs_logits: bool) -> None:
+        self.needs_logits = needs_logits
+
+        @step
+        def score(x: Any, y: Any) -> Any:
+            predictions = model(x, training=False)
+            losses = per_sample_loss(y, predictions)
+            return (losses, predictions) if needs_logits else losses
+
+        self._step = score
+
+    def __call__(self, element: Element) -> Scores:
+        if not (isinstance(element, tuple) and len(element) == 2):
+            raise ValueError(
+                "tfsift.sift(model, per_sample_loss) needs dataset elements that are (x, y) "
+                "pairs; for other elements pass a forward-only @tfsift.step that returns "
+                "per-sample losses: tfsift.sift(score_step, config=config). Received: "
+                f"{describe(element)}"
+            )
+        x, y = element
+        out = self._step(x, y)
+        if not self.needs_logits:
+            return Scores(concat(out))
+        losses, logits = out
+        return Scores(concat(losses), concat(logits), np.asarray(y))
+
+
+class StepScorer:
+    """Scores any element with the user's forward-only ``@tfsift.step`` function."""
+
+    needs_logits = False
+
+    def __init__(self, score_step: Callable[..., Any]) -> None:
+        self._step = score_step
+
+    def __call__(self, element: Element) -> Scores:
+        out = self._step(*element) if isinstance(element, tuple) else self._step(element)
+        return Scores(concat(out))
+
+
+def concat(value: Any) -> np.ndarray:
+    """A step output (``StepOutput``, tensor or array) as one array joined along axis 0."""
+    if isinstance(value, StepOutput):
+        parts = [np.asarray(v) for v in value.outputs]
+        if any(p.ndim == 0 for p in parts):
+            return np.asarray(parts) if len(parts) > 1 else parts[0]
+        return np.concatenate(parts, axis=0)
+    if isinstance(value, (tuple, list, dict)):
+        raise ValueError(
+            "the scoring step must return the per-sample losses alone (one tensor of shape "
+            f"(B,)). Received: a {type(value).__name__}"
+        )
+    return np.asarray(value.numpy() if tf.is_tensor(value) else value)
+
+
+def describe(element: Element) -> str:
+    """A short description of an element's structure, for error messages."""
+    if isinstance(element, tuple):
+        return f"a tuple of {len(element)}"
+    if isinstance(element, dict):
+        return f"a dict with keys {sorted(element)}"
+    return type(element).__name__

@@ -1,0 +1,362 @@
+"""``tfsift.sift``: a tf.data transform that trains only on the informative samples.
+
+Letters: B the source batch size, g = ``score_batches`` source batches scored
+together, R replicas, M microbatches. One source *round* reads g batches, scores
+them in one forward-only pass through the pipeline, lets the policy keep some, and
+adds the kept samples to a buffer that yields full batches of B::
+
+    source ─► round: read g batches ─► agree [ready, more] ─► yield n full batches
+                     ─► score (pipeline forward) ─► allgather losses ─► select ─► buffer
+
+Lock-step: a round's scoring runs only when the consumer asks for the next batch
+and none is ready, so it always sees the weights of the last optimizer update.
+Iterating the sifted dataset directly (``for x, y in train``) runs the rounds on the
+consumer's own thread; ``.prefetch(n)`` on it prefetches the *source* batches instead
+(scoring must not run ahead). Other transformations after it run the rounds inside
+tf.data through ``from_generator`` with prefetch injection and autotuning off, one
+round per request; a round that would score while a ``@tfsift.step`` runs raises.
+
+Replicas: every replica must yield the same number of batches, or the gradient
+allreduce of the one with more would wait forever. Each round starts with a MIN over
+the replicas of [full batches ready, more data upstream]: every replica yields that
+many, and all stop when the shortest shard ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from keras import tree
+
+from tfsift.parallel import runtime
+from tfsift.sift.buffer import SampleBuffer
+from tfsift.sift.config import SiftConfig
+from tfsift.sift.metrics import ScalarLog, SiftMetrics
+from tfsift.sift.policies import Policy, check_losses, make_policy
+from tfsift.sift.replicas import ReplicaGroup
+from tfsift.sift.scorer import FullScorer, Scores, StepScorer
+from tfsift.state import STATE
+
+log = logging.getLogger("tfsift")
+Element = Any
+
+
+def sift(
+    model_or_step: Any,
+    per_sample_loss: Callable[..., Any] | None = None,
+    config: SiftConfig | None = None,
+) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
+    """A transform for ``tf.data.Dataset.apply`` that keeps only informative samples.
+
+    Example:
+        >>> config = tfsift.SiftConfig(policy="relative", beta=3.0, history=500, delay=10)
+        >>> train = tfsift.shard(dataset).batch(64, drop_remainder=True)
+        >>> train = train.apply(tfsift.sift(model, per_sample_loss, config))
+        >>> for x, y in train:                      # batches of 64 kept samples
+        ...     grads, loss = forward_backward(x, y)
+
+    Args:
+        model_or_step: the ``tfsift.DistributedModel`` being trained (elements must be
+            ``(x, y)`` batches), or a forward-only ``@tfsift.step`` function that takes
+            an element's parts and returns one loss per sample (any element structure).
+        per_sample_loss: ``loss(y_true, y_pred)`` returning one loss per sample, e.g. a
+            Keras loss with ``reduction=None``; only with a model.
+        config: a ``tfsift.SiftConfig`` (default: ``SiftConfig()``).
+
+    Returns:
+        A function of a batched dataset returning a dataset with the same element
+        structure and batch size B (with ``rescale``, a ``sample_weight`` is added).
+
+    Raises:
+        TypeError: arguments of the wrong kind.
+        ValueError: a config the scorer cannot serve, or (when the transform is applied)
+            a batch size not divisible by ``microbatches``.
+    """
+    config = SiftConfig() if config is None else config
+    if not isinstance(config, SiftConfig):
+        raise TypeError(f"config must be a tfsift.SiftConfig. Received: {type(config).__name__}")
+    scorer = _scorer(model_or_step, per_sample_loss, config)
+
+    def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return SiftedDataset(Sifter(dataset.element_spec, scorer, config), dataset)
+
+    return apply
+
+
+def sift_metrics() -> dict[str, Any]:
+    """The metrics of the sifted dataset iterated last on this rank (``{}`` if none yet).
+
+    Keys: samples_seen, samples_scored, samples_kept, kept_fraction, mean_loss_scored,
+    mean_loss_kept, nonfinite_losses, batches_yielded, epochs, time_scoring,
+    time_selecting, time_accumulating, and ``policy/<name>`` (e.g. adaptive's weights).
+    """
+    metrics = STATE.sift_metrics
+    return {} if metrics is None else dict(metrics.as_dict())
+
+
+def _scorer(
+    model_or_step: Any, per_sample_loss: Callable[..., Any] | None, config: SiftConfig
+) -> Callable[[Element], Scores]:
+    from tfsift.model import DistributedModel
+
+    needs_logits = make_policy(config).needs_logits
+    if isinstance(model_or_step, DistributedModel):
+        if not callable(per_sample_loss):
+            raise TypeError(
+                "tfsift.sift(model, per_sample_loss, config) needs a per-sample loss function. "
+                f"Received: per_sample_loss={per_sample_loss!r}"
+            )
+        return FullScorer(model_or_step, per_sample_loss, needs_logits)
+    if getattr(model_or_step, "tfsift_step", False):
+        if per_sample_loss is not None:
+            raise TypeError(
+                "tfsift.sift(score_step, config=...) takes no loss: the step returns the "
+                f"per-sample losses. Received: per_sample_loss={per_sample_loss!r}"
+            )
+        if needs_logits:
+            raise ValueError(
+                f"policy {config.policy!r} needs the model's logits, which only "
+                "tfsift.sift(model, per_sample_loss, config) provides. Received: a @tfsift.step"
+            )
+        return StepScorer(model_or_step)
+    raise TypeError(
+        "tfsift.sift expects a tfsift.DistributedModel and a per-sample loss, or a "
+        f"forward-only @tfsift.step function. Received: {type(model_or_step).__name__}"
+    )
+
+
+class Sifter:
+    """The state of one sifted dataset: policy, metrics, replica group, round counter."""
+
+    def __init__(
+        self, element_spec: Any, scorer: Callable[[Element], Scores], config: SiftConfig
+    ) -> None:
+        rt = runtime.get()
+        self.config, self.scorer = config, scorer
+        self.element_spec = element_spec
+        self.M, self.replica = rt.config.microbatches, rt.replica
+        self.batch_size = _static_batch(element_spec)
+        _check_divisible(self.batch_size, self.M)
+        self.policy: Policy = make_policy(config)
+        self.metrics = SiftMetrics()
+        self.rounds = 0  # source rounds over all epochs: seeds each round's draws
+        self.batches_read = 0  # source batches over all epochs: counts the delay
+        self._group: ReplicaGroup | None = None
+        self._log = ScalarLog(config.log_dir) if config.log_dir and rt.rank == 0 else None
+
+    def epoch(self, source: tf.data.Dataset) -> Iterator[Element]:
+        """One pass over ``source``: yields sifted batches as NumPy elements."""
+        STATE.sift_metrics = self.metrics
+        self.metrics.epochs += 1
+        group = self._replicas()
+        buffer = SampleBuffer()
+        upstream = iter(source)
+        structure: list[Any] = []
+        while True:
+            leaves = self._read(upstream, structure)
+            B = self.batch_size or 0
+            n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
+            for _ in range(n):
+                yield self._emit(buffer, B, structure[0])
+            if not more:  # the shortest shard ended: every replica stops here
+                break
+            assert leaves is not None
+            self._round(leaves, structure[0], buffer, group)
+        yield from self._drain(buffer, group, structure)
+
+    def _replicas(self) -> ReplicaGroup:
+        if self._group is None:
+            self._group = ReplicaGroup(runtime.get())
+        return self._group
+
+    def _read(self, upstream: Iterator[Any], structure: list[Any]) -> list[np.ndarray] | None:
+        """The next g source batches (1 during the delay) as one element's leaves."""
+        g = 1 if self.batches_read < self.config.delay else self.config.score_batches
+        parts = []
+        for _ in range(g):
+            element = next(upstream, None)
+            if element is None:
+                break
+            parts.append([np.asarray(leaf) for leaf in tree.flatten(element)])
+            if not structure:
+                structure.append(element)
+            if self.batch_size is None:
+                self.batch_size = int(parts[0][0].shape[0])
+                _check_divisible(self.batch_size, self.M)
+        if not parts:
+            return None
+        self.batches_read += len(parts)
+        return [np.concatenate(p, axis=0) for p in zip(*parts, strict=True)]
+
+    def _round(
+        self, leaves: list[np.ndarray], structure: Any, buffer: SampleBuffer, group: ReplicaGroup
+    ) -> None:
+        """Scores one group of source batches and buffers the samples the policy keeps."""
+        n = int(leaves[0].shape[0])
+        self.metrics.samples_seen += n
+        if self.batches_read <= self.config.delay:
+            self._accumulate(buffer, leaves, np.arange(n), np.ones(n))
+            self.metrics.samples_kept += n
+            return
+        start = time.perf_counter()
+        scores = self._score(tree.pack_sequence_as(structure, leaves), n)
+        everyone = group.allgather(scores.losses)
+        selected = time.perf_counter()
+        self.metrics.time_scoring += selected - start
+        self.policy.observe(np.concatenate(everyone))
+        rng = np.random.default_rng([self.config.seed, self.replica, self.rounds])
+        chosen = self.policy.select(scores.losses, rng, scores.logits, scores.labels)
+        self.rounds += 1
+        self._note_nonfinite(scores.losses)
+        self.metrics.record(scores.losses, chosen.indices)
+        self.metrics.samples_kept += len(chosen)
+        self.metrics.policy = self.policy.metrics()
+        self.metrics.time_selecting += time.perf_counter() - selected
+        self._accumulate(buffer, leaves, chosen.indices, chosen.probs)
+
+    def _score(self, element: Element, n: int) -> Scores:
+        running = STATE.running_step
+        if running is not None:
+            raise RuntimeError(
+                "tfsift.sift: the sifted dataset was asked for a batch while the @tfsift.step "
+                f"function {running!r} was running: something reads it ahead of training (a "
+                ".prefetch() or a parallel .map() after tfsift.sift). Sifting scores with the "
+                "current weights, so it must run in lock-step with the training loop: apply "
+                "prefetch and map before tfsift.sift, or call .prefetch() on the sifted "
+                "dataset itself (it then prefetches the source batches)."
+            )
+        scores = self.scorer(element)
+        check_losses(scores.losses, n)
+        return scores
+
+    def _accumulate(
+        self, buffer: SampleBuffer, leaves: list[np.ndarray], indices: np.ndarray, probs: Any
+    ) -> None:
+        start = time.perf_counter()
+        buffer.add(leaves, indices, np.asarray(probs))
+        self.metrics.time_accumulating += time.perf_counter() - start
+
+    def _emit(self, buffer: SampleBuffer, n: int, structure: Any) -> Element:
+        start = time.perf_counter()
+        leaves, probs = buffer.take(n)
+        element = tree.pack_sequence_as(structure, leaves)
+        self.metrics.time_accumulating += time.perf_counter() - start
+        self.metrics.batches_yielded += 1
+        if self._log is not None:
+            self._log.write(self.metrics)
+        return _with_weights(element, probs, self.config.rescale)
+
+    def _drain(
+        self, buffer: SampleBuffer, group: ReplicaGroup, structure: list[Any]
+    ) -> Iterator[Element]:
+        """The end of an epoch: the full batches every replica has, then the remainder."""
+        B = self.batch_size or 0
+        if B and structure:
+            (n,) = group.agree([len(buffer) // B])
+            for _ in range(n):
+                yield self._emit(buffer, B, structure[0])
+            if not self.config.drop_remainder:
+                (left,) = group.agree([len(buffer)])
+                left -= left % self.M  # a partial batch must still split into M microbatches
+                if left > 0:
+                    yield self._emit(buffer, left, structure[0])
+        buffer.clear()
+
+    def _note_nonfinite(self, losses: np.ndarray) -> None:
+        bad = int((~np.isfinite(losses)).sum())
+        if bad and self.metrics.nonfinite_losses == 0:
+            log.warning(
+                "tfsift.sift: %d of %d scored samples have a NaN or infinite loss; they are "
+                "never kept (their gradient would destroy the weights) and are counted in "
+                "sift_metrics()['nonfinite_losses']",
+                bad,
+                len(losses),
+            )
+
+    def output_signature(self) -> Any:
+        """The sifted elements' spec: the source's with an unknown batch size (+ weight)."""
+        spec = tree.map_structure(
+            lambda s: tf.TensorSpec((None, *s.shape[1:]), s.dtype), self.element_spec
+        )
+        weight = tf.TensorSpec((None,), tf.float32)
+        if self.config.rescale is None:
+            return spec
+        if isinstance(spec, tuple):
+            return (*spec, weight)
+        if isinstance(spec, dict):
+            return {**spec, "sample_weight": weight}
+        return (spec, weight)
+
+
+class SiftedDataset(tf.data.Dataset):  # type: ignore[misc]
+    """The dataset ``tfsift.sift`` returns: a ``tf.data.Dataset`` whose Python iteration
+    runs the sifting rounds on the consumer's thread (see the module docstring)."""
+
+    def __init__(self, sifter: Sifter, source: tf.data.Dataset) -> None:
+        self.sifter, self.source = sifter, source
+        graph = tf.data.Dataset.from_generator(
+            lambda: sifter.epoch(source), output_signature=sifter.output_signature()
+        ).with_options(_lock_step_options())
+        self._tfsift_graph = graph
+        super().__init__(tf.data.experimental.to_variant(graph))
+
+    def _inputs(self) -> list[tf.data.Dataset]:
+        return []
+
+    @property
+    def element_spec(self) -> Any:
+        return self._tfsift_graph.element_spec
+
+    def __iter__(self) -> Iterator[Any]:
+        for element in self.sifter.epoch(self.source):
+            yield tree.map_structure(tf.convert_to_tensor, element)
+
+    def prefetch(self, buffer_size: Any, name: str | None = None) -> SiftedDataset:
+        """Prefetches the source batches; the sifting rounds stay in lock-step."""
+        return SiftedDataset(self.sifter, self.source.prefetch(buffer_size, name=name))
+
+
+def _lock_step_options() -> tf.data.Options:
+    options = tf.data.Options()
+    # A prefetch tf.data adds by itself, or an autotuned buffer, would run the generator
+    # (and so the scoring) ahead of the training step that has not updated the weights yet.
+    options.experimental_optimization.inject_prefetch = False
+    options.autotune.enabled = False
+    return options
+
+
+def _static_batch(spec: Any) -> int | None:
+    leaves = tree.flatten(spec)
+    if not leaves or any(len(s.shape) == 0 for s in leaves):
+        raise ValueError(
+            "tfsift.sift needs a batched dataset (apply it after .batch(B)). Received: "
+            f"element_spec={spec}"
+        )
+    dim = leaves[0].shape[0]
+    return None if dim is None else int(dim)
+
+
+def _check_divisible(batch: int | None, M: int) -> None:
+    if batch is not None and batch % M:
+        raise ValueError(
+            f"the sifted dataset's batch size must be divisible by microbatches={M}, since "
+            f"every sifted batch has that size. Received: batch size {batch}"
+        )
+
+
+def _with_weights(element: Element, probs: np.ndarray, rescale: str | None) -> Element:
+    if rescale is None:
+        return element
+    weights = (1.0 / probs).astype(np.float32)
+    if rescale == "normalized":
+        weights = weights / weights.mean()
+    if isinstance(element, tuple):
+        return (*element, weights)
+    if isinstance(element, dict):
+        return {**element, "sample_weight": weights}
+    return (element, weights)
