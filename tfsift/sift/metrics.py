@@ -75,8 +75,16 @@ class ScalarLog:
     """TensorBoard scalars of the metrics under ``log_dir`` (written by rank 0 only)."""
 
     def __init__(self, log_dir: str) -> None:
+        import importlib.util
+
         import tensorflow as tf
 
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ValueError(
+                "SiftConfig(log_dir=...) writes TensorBoard scalars, which needs the "
+                "tensorboard package (pip install tensorboard). Received: "
+                f"log_dir={log_dir!r} without tensorboard installed"
+            )
         self._tf = tf
         self._writer = tf.summary.create_file_writer(log_dir)
 

@@ -265,3 +265,18 @@ def test_tfsift_sift_is_callable_after_its_modules_are_imported() -> None:
 
     assert callable(tfsift.sift)
     assert tfsift.SiftConfig is tfsift.sift.config.SiftConfig
+
+
+def test_log_dir_gets_tensorboard_scalars_of_the_metrics(tmp_path: Any) -> None:
+    model = start()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, log_dir=str(tmp_path))
+    batches = len(list(source().apply(tfsift.sift(model, PER_SAMPLE, config))))
+    tags: dict[str, list[float]] = {}
+    for path in tmp_path.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor))
+                tags.setdefault(value.tag, []).append(number)
+    assert len(tags["sift/kept_fraction"]) == batches == N // B // 2
+    assert tags["sift/kept_fraction"][-1] == 0.5
+    assert tags["sift/samples_seen"][-1] == N
