@@ -1,8 +1,9 @@
 """Every rank: sift a dataset through a pipeline (and replicas); report what each rank saw.
 
-usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN
+usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN [SCORER]
   UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
   TRAIN "1": train on the sifted batches (scoring and training interleave)
+  SCORER "full" (default) or "early_exit"
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def source(uneven: bool) -> tf.data.Dataset:
 def main() -> None:
     K, placement, policy = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     uneven, train = sys.argv[4] == "1", sys.argv[5] == "1"
+    scorer = sys.argv[6] if len(sys.argv) > 6 else "full"
     tfsift.init(
         {
             "partitions": K,
@@ -75,7 +77,15 @@ def main() -> None:
     x, y = data()
     losses = score_all(x, y).concat().numpy()  # every sample's loss, before any training
     order = [ids(xb) for xb, _ in source(uneven)]
-    config = tfsift.SiftConfig(policy=policy, beta=1.0, history=64, keep=0.5, seed=SEED)
+    config = tfsift.SiftConfig(
+        policy=policy,
+        beta=1.0,
+        history=64,
+        keep=0.5,
+        seed=SEED,
+        scorer=scorer,
+        delay=2 if scorer == "early_exit" else 0,  # the replay in the test assumes no delay
+    )
     sifted = source(uneven).apply(tfsift.sift(model, PER_SAMPLE, config))
     optimizer = keras.optimizers.SGD(0.1)
 
@@ -93,7 +103,9 @@ def main() -> None:
             if grads:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             step_losses.append(float(loss.reduce_mean()))
+    head = getattr(sifted.sifter.scorer, "_head", None)  # early exit: on stage 0 only
     report(
+        head=[float(np.sum(w.numpy())) for w in head.weights] if head is not None else None,
         rank=tfsift.rank(),
         stage=tfsift.mp_rank(),
         replica=tfsift.dp_rank(),

@@ -36,6 +36,7 @@ class SiftMetrics:
     time_selecting: float = 0.0
     time_accumulating: float = 0.0
     policy: dict[str, float] = dataclasses.field(default_factory=dict)
+    scorer: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def record(self, losses: np.ndarray, kept: np.ndarray) -> None:
         """Adds one scored group: its losses and the indices kept."""
@@ -64,6 +65,7 @@ class SiftMetrics:
             "time_accumulating": self.time_accumulating,
         }
         out.update({f"policy/{k}": v for k, v in self.policy.items()})
+        out.update(self.scorer)
         return out
 
 

@@ -51,6 +51,24 @@ class ReplicaGroup:
         self._comm.Allreduce(mine, out, op=MPI.MIN)
         return [int(v) for v in out]
 
+    def mean(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The elementwise mean of ``arrays`` over the replicas (one fused allreduce)."""
+        if self.replicas == 1:
+            return arrays
+        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64)
+        total = np.empty_like(flat)
+        self._comm.Allreduce(flat, total, op=MPI.SUM)
+        total /= self.replicas
+        out, at = [], 0
+        for a in arrays:
+            out.append(total[at : at + a.size].reshape(a.shape).astype(a.dtype))
+            at += a.size
+        return out
+
+    def bcast(self, value: Any) -> Any:
+        """Replica 0's ``value`` on every replica."""
+        return value if self.replicas == 1 else self._comm.bcast(value, root=0)
+
     def close(self) -> None:
         """Frees the communicator (collective over the group)."""
         if self._comm is not None:

@@ -38,7 +38,26 @@ class Scores:
     labels: np.ndarray | None = None
 
 
-class FullScorer:
+class Scorer:
+    """What the sifter asks of a scorer; the full scorers learn nothing between rounds."""
+
+    needs_logits = False
+    metrics: dict[str, float] = {}  # noqa: RUF012 - read-only default, never mutated
+
+    def __call__(self, element: Element) -> Scores:
+        raise NotImplementedError
+
+    def bind(self, group: Any) -> None:
+        """Told the replica group once, before the first round."""
+
+    def warm(self, element: Element) -> None:
+        """Called for each round of the delay (nothing is scored then)."""
+
+    def learn(self, kept: np.ndarray) -> None:
+        """Called after each selection with the kept positions of the last scoring."""
+
+
+class FullScorer(Scorer):
     """Scores ``(x, y)`` elements with ``per_sample_loss(y, model(x, training=False))``."""
 
     def __init__(self, model: Any, per_sample_loss: Callable[..., Any], needs_logits: bool) -> None:
@@ -68,10 +87,8 @@ class FullScorer:
         return Scores(concat(losses), concat(logits), np.asarray(y))
 
 
-class StepScorer:
+class StepScorer(Scorer):
     """Scores any element with the user's forward-only ``@tfsift.step`` function."""
-
-    needs_logits = False
 
     def __init__(self, score_step: Callable[..., Any]) -> None:
         self._step = score_step

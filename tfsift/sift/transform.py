@@ -36,10 +36,11 @@ from keras import tree
 from tfsift.parallel import runtime
 from tfsift.sift.buffer import SampleBuffer
 from tfsift.sift.config import SiftConfig
+from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.replicas import ReplicaGroup
-from tfsift.sift.scorer import FullScorer, Scores, StepScorer
+from tfsift.sift.scorer import FullScorer, Scorer, Scores, StepScorer
 from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
@@ -101,7 +102,7 @@ def sift_metrics() -> dict[str, Any]:
 
 def _scorer(
     model_or_step: Any, per_sample_loss: Callable[..., Any] | None, config: SiftConfig
-) -> Callable[[Element], Scores]:
+) -> Scorer:
     from tfsift.model import DistributedModel
 
     needs_logits = make_policy(config).needs_logits
@@ -111,12 +112,19 @@ def _scorer(
                 "tfsift.sift(model, per_sample_loss, config) needs a per-sample loss function. "
                 f"Received: per_sample_loss={per_sample_loss!r}"
             )
+        if config.scorer == "early_exit":
+            return EarlyExitScorer(model_or_step, per_sample_loss, config, needs_logits)
         return FullScorer(model_or_step, per_sample_loss, needs_logits)
     if getattr(model_or_step, "tfsift_step", False):
         if per_sample_loss is not None:
             raise TypeError(
                 "tfsift.sift(score_step, config=...) takes no loss: the step returns the "
                 f"per-sample losses. Received: per_sample_loss={per_sample_loss!r}"
+            )
+        if config.scorer == "early_exit":
+            raise ValueError(
+                "scorer='early_exit' needs tfsift.sift(model, per_sample_loss, config): it "
+                "runs the model's first layers and a head of its own. Received: a @tfsift.step"
             )
         if needs_logits:
             raise ValueError(
@@ -133,9 +141,7 @@ def _scorer(
 class Sifter:
     """The state of one sifted dataset: policy, metrics, replica group, round counter."""
 
-    def __init__(
-        self, element_spec: Any, scorer: Callable[[Element], Scores], config: SiftConfig
-    ) -> None:
+    def __init__(self, element_spec: Any, scorer: Scorer, config: SiftConfig) -> None:
         rt = runtime.get()
         self.config, self.scorer = config, scorer
         self.element_spec = element_spec
@@ -172,6 +178,7 @@ class Sifter:
     def _replicas(self) -> ReplicaGroup:
         if self._group is None:
             self._group = ReplicaGroup(runtime.get())
+            self.scorer.bind(self._group)
         return self._group
 
     def _read(self, upstream: Iterator[Any], structure: list[Any]) -> list[np.ndarray] | None:
@@ -200,6 +207,7 @@ class Sifter:
         n = int(leaves[0].shape[0])
         self.metrics.samples_seen += n
         if self.batches_read <= self.config.delay:
+            self.scorer.warm(tree.pack_sequence_as(structure, leaves))
             self._accumulate(buffer, leaves, np.arange(n), np.ones(n))
             self.metrics.samples_kept += n
             return
@@ -216,7 +224,11 @@ class Sifter:
         self.metrics.record(scores.losses, chosen.indices)
         self.metrics.samples_kept += len(chosen)
         self.metrics.policy = self.policy.metrics()
+        self.metrics.scorer = dict(self.scorer.metrics)
         self.metrics.time_selecting += time.perf_counter() - selected
+        start = time.perf_counter()
+        self.scorer.learn(chosen.indices)
+        self.metrics.time_scoring += time.perf_counter() - start
         self._accumulate(buffer, leaves, chosen.indices, chosen.probs)
 
     def _score(self, element: Element, n: int) -> Scores:

@@ -99,3 +99,14 @@ def test_uneven_shards_end_together_while_training() -> None:
     pipeline = [r for r in reports.values() if r["replica"] == 0]
     assert pipeline[0]["step_losses"] == pipeline[1]["step_losses"]
     assert all(np.isfinite(r["step_losses"]).all() for r in reports.values())
+
+
+def test_early_exit_scores_on_stage_0_and_keeps_every_replica_head_equal() -> None:
+    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit")
+    check_lock_step(reports)
+    heads = [r["head"] for r in reports.values() if r["stage"] == 0]
+    assert len(heads) == 2 and heads[0] == heads[1]  # averaged gradients, same start
+    assert all(r["head"] is None for r in reports.values() if r["stage"] == 1)
+    assert -1.0 <= reports[0]["metrics"]["exit_spearman"] <= 1.0
+    pipeline = [r for r in reports.values() if r["replica"] == 1]
+    assert pipeline[0]["step_losses"] == pipeline[1]["step_losses"]

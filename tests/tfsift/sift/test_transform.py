@@ -280,3 +280,69 @@ def test_log_dir_gets_tensorboard_scalars_of_the_metrics(tmp_path: Any) -> None:
     assert len(tags["sift/kept_fraction"]) == batches == N // B // 2
     assert tags["sift/kept_fraction"][-1] == 0.5
     assert tags["sift/samples_seen"][-1] == N
+
+
+class Deep(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(16, activation="relu", name="a")
+        self.b = keras.layers.Dense(16, activation="relu", name="b")
+        self.c = keras.layers.Dense(16, activation="relu", name="c")
+        self.d = keras.layers.Dense(3, name="d")
+
+    def call(self, x: Any) -> Any:
+        return self.d(self.c(self.b(self.a(x))))
+
+
+def test_early_exit_scores_with_the_first_layers_and_a_head_that_learns() -> None:
+    tfsift.init({"microbatches": 2})
+    keras.utils.set_random_seed(2)
+    model = Deep()
+    config = tfsift.SiftConfig(
+        policy="big_loss", keep=0.5, scorer="early_exit", exit_after="b", exit_lr=0.05, delay=2
+    )
+    sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    first = [ids(x) for x, _ in sifted]
+    scorer = sifted.sifter.scorer
+    head = scorer._head
+    assert [type(layer).__name__ for layer in head.layers] == ["Flatten", "Dense", "Reshape"]
+    assert head.layers[1].kernel.shape == (16, 3)  # layer b's 16 features to the 3 logits
+    # the kept samples are the highest early-exit losses of their batch, not the model's
+    head_before = [w.numpy() for w in head.weights]
+    trunk_before = [w.numpy() for w in model.trainable_variables]
+    assert len(first) == 2 + (N // B - 2) // 2
+    epoch_two = [ids(xb) for xb, _ in sifted]  # the delay is over: 8 of every 16 kept
+    assert len(epoch_two) == N // B // 2
+    assert sorted(epoch_two[0]) == epoch_two[0] and set(epoch_two[0]) <= set(range(2 * B))
+    assert all((w.numpy() != b).any() for w, b in zip(head.weights, head_before, strict=True))
+    for w, b in zip(model.trainable_variables, trunk_before, strict=True):
+        np.testing.assert_array_equal(w.numpy(), b)  # no gradient reaches the trunk
+    assert -1.0 <= tfsift.sift_metrics()["exit_spearman"] <= 1.0
+
+
+def test_early_exit_refuses_a_layer_outside_stage_0_and_a_scoring_step() -> None:
+    tfsift.init({})
+    model = Deep()
+    config = tfsift.SiftConfig(scorer="early_exit", exit_after="e")
+    with pytest.raises(ValueError) as err:
+        next(iter(source().apply(tfsift.sift(model, PER_SAMPLE, config))))
+    assert str(err.value) == (
+        "exit_after must name a layer of stage 0 (a, b, c, d); 'e' is not a layer of the "
+        "model. Received: exit_after='e'"
+    )
+
+    @tfsift.step
+    def score(x: tf.Tensor, y: tf.Tensor) -> Any:
+        return PER_SAMPLE(y, model(x, training=False))
+
+    with pytest.raises(ValueError) as value_err:
+        tfsift.sift(score, config=config)
+    assert str(value_err.value).startswith("scorer='early_exit' needs tfsift.sift(model,")
+
+
+def test_spearman_is_one_for_the_same_order_and_minus_one_reversed() -> None:
+    from tfsift.sift.early_exit import spearman
+
+    a = np.array([0.3, 0.1, 0.9, 0.5])
+    assert spearman(a, a * 2 + 1) == pytest.approx(1.0)
+    assert spearman(a, -a) == pytest.approx(-1.0)

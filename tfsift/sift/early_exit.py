@@ -1,0 +1,187 @@
+"""Early-exit scoring (SIFT, Das et al., ICML 2024): losses from a small head on stage 0.
+
+Scoring with the full model costs a forward through every stage for each candidate,
+which can cost more than the backward passes sifting saves. The early-exit scorer
+runs only stage 0's layers up to ``exit_after`` and a small head (flatten + Dense to
+the model's output shape, or ``SiftConfig.exit_head``) on that layer's output, on
+stage 0 alone: the scored batch never traverses the pipeline. Stage 0 broadcasts the
+losses to the other stages of its pipeline (a duplicate of the pipeline communicator),
+so every rank keeps the same samples.
+
+The head learns online from the features the scoring pass already computed: after
+each selection one gradient step on the kept samples (during the delay, on all), with
+the user's loss and its own Adam optimizer (``exit_lr``); no gradient reaches the
+trunk. Its gradients are averaged over the replicas and its initial weights are
+broadcast from replica 0, so the head is the same on every replica. Every
+``VALIDATE_EVERY`` rounds the full pipelined loss is computed on the same samples and
+the Spearman rank correlation between the two is reported as ``exit_spearman``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfsift.parallel import runtime
+from tfsift.pipeline.compiled import Compiled
+from tfsift.planning.graph import StageGraph
+from tfsift.sift.config import SiftConfig
+from tfsift.sift.replicas import ReplicaGroup
+from tfsift.sift.scorer import FullScorer, Scorer, Scores, describe
+
+VALIDATE_EVERY = 20  # rounds between two Spearman checks against the full loss
+
+
+class EarlyExitScorer(Scorer):
+    """Scores ``(x, y)`` elements with stage 0's layers up to the exit and a trained head."""
+
+    def __init__(
+        self, model: Any, per_sample_loss: Callable[..., Any], config: SiftConfig, logits: bool
+    ) -> None:
+        self.model, self.loss, self.config = model, per_sample_loss, config
+        self.needs_logits = logits
+        self.full = FullScorer(model, per_sample_loss, logits)
+        self.metrics: dict[str, float] = {}
+        self._built = False
+        self._rounds = 0
+        self._last: tuple[Any, Any] | None = None  # features and labels of the last scoring
+
+    def bind(self, group: ReplicaGroup) -> None:
+        """The replicas the head's gradients are averaged over (set by the sifter)."""
+        self._group = group
+
+    def __call__(self, element: Any) -> Scores:
+        x, y = _pair(element)
+        self._build(x)
+        losses, logits = (None, None)
+        if self._stage == 0:
+            features = self._features(tf.convert_to_tensor(x))
+            self._last = (features, tf.convert_to_tensor(y))
+            out = self._score(features, self._last[1])
+            losses, logits = out[0].numpy(), out[1].numpy()
+        losses, logits = self._pipe.bcast((losses, logits if self.needs_logits else None), root=0)
+        self._rounds += 1
+        if self._rounds % VALIDATE_EVERY == 1:
+            self._validate(element, losses)
+        labels = np.asarray(y) if self.needs_logits else None
+        return Scores(np.asarray(losses), logits, labels)
+
+    def learn(self, kept: np.ndarray) -> None:
+        """One gradient step of the head on the kept samples of the last scoring."""
+        if self._stage != 0 or self._last is None:
+            return
+        features, y = self._last
+        mask = np.zeros(int(features.shape[0]), np.float32)
+        mask[kept] = 1.0
+        grads = [g.numpy() for g in self._head_grads(features, y, tf.constant(mask))]
+        grads = self._group.mean(grads)
+        self._optimizer.apply_gradients(
+            zip([tf.constant(g) for g in grads], self._head.trainable_variables, strict=True)
+        )
+        self._last = None
+
+    def warm(self, element: Any) -> None:
+        """During the delay: no selection, but the head learns from every sample."""
+        self(element)
+        n = int(np.asarray(_pair(element)[0]).shape[0])
+        self.learn(np.arange(n))
+
+    def _build(self, x: Any) -> None:
+        if self._built:
+            return
+        rt = runtime.get()
+        part = self.model.partitioned
+        if part is None:  # no step has run yet: partition now (a collective, like a step)
+            batch = int(np.asarray(x).shape[0]) // rt.config.microbatches
+            part = self.model.partition_model([tf.convert_to_tensor(np.asarray(x)[:batch])])
+        self._stage = part.stage.index
+        self._pipe = rt.pipe_comm.Dup()
+        if self._stage == 0:
+            exit_graph = _exit_graph(part.graph, part.bounds, self.config.exit_after)
+            self._features = Compiled(lambda x: exit_graph.run([x], False)[0], "exit features")
+            out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
+            feature_shape = tuple(part.graph.tensors[exit_graph.outputs[0]].shape[1:])
+            self._head = _make_head(self.config.exit_head, feature_shape, out_shape)
+            self._optimizer = keras.optimizers.Adam(self.config.exit_lr)
+            self._optimizer.build(self._head.trainable_variables)
+            self._score = Compiled(self._head_losses, "exit head")
+            self._head_grads = Compiled(self._masked_grads, "exit head gradients")
+            self._sync_initial_weights()
+        self._built = True
+
+    def _head_losses(self, features: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        predictions = self._head(features, training=False)
+        return tf.reshape(self.loss(y, predictions), [-1]), predictions
+
+    def _masked_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> list[Any]:
+        with tf.GradientTape() as tape:
+            losses = tf.reshape(self.loss(y, self._head(features, training=True)), [-1])
+            loss = tf.reduce_sum(losses * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
+        return list(tape.gradient(loss, self._head.trainable_variables))
+
+    def _sync_initial_weights(self) -> None:
+        weights = self._group.bcast([w.numpy() for w in self._head.weights])
+        for var, value in zip(self._head.weights, weights, strict=True):
+            var.assign(value)
+
+    def _validate(self, element: Any, early: np.ndarray) -> None:
+        """Spearman correlation of early-exit and full losses on this round's samples."""
+        full = self.full(element).losses
+        finite = np.isfinite(early) & np.isfinite(full)
+        if finite.sum() > 2:
+            self.metrics["exit_spearman"] = spearman(early[finite], full[finite])
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (ties broken by position)."""
+    ra = np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(np.float64)
+    rb = np.argsort(np.argsort(b, kind="stable"), kind="stable").astype(np.float64)
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _pair(element: Any) -> tuple[Any, Any]:
+    if not (isinstance(element, tuple) and len(element) == 2):
+        raise ValueError(
+            "early-exit scoring needs dataset elements that are (x, y) pairs. Received: "
+            f"{describe(element)}"
+        )
+    return element[0], element[1]
+
+
+def _exit_graph(graph: Any, bounds: tuple[int, ...], exit_after: str | None) -> StageGraph:
+    """Stage 0's nodes up to and including the exit layer, ending at its output."""
+    names = [gn.name for gn in graph.nodes]
+    first_stage = names[bounds[0] : bounds[1]]
+    if exit_after is None:
+        # the last layer of stage 0; with one stage that is the model's output, so the
+        # middle of the model instead (scoring with the whole model is scorer="full")
+        index = bounds[1] - 1 if len(bounds) > 2 else max(len(names) // 2 - 1, 0)
+    elif exit_after not in first_stage:
+        where = "is not a layer of the model" if exit_after not in names else "is not on stage 0"
+        raise ValueError(
+            f"exit_after must name a layer of stage 0 ({', '.join(first_stage)}); "
+            f"{exit_after!r} {where}. Received: exit_after={exit_after!r}"
+        )
+    else:
+        index = names.index(exit_after)
+    node = graph.nodes[index]
+    return StageGraph(tuple(graph.nodes[: index + 1]), graph.live(0), tuple(node.outputs[:1]))
+
+
+def _make_head(user: Any, feature_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Any:
+    head = user or keras.Sequential(
+        [
+            keras.layers.Flatten(),
+            keras.layers.Dense(math.prod(out_shape)),
+            keras.layers.Reshape(out_shape),
+        ]
+    )
+    head.build((None, *feature_shape))
+    return head
