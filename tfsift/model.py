@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
+from tfsift.config import Config
 from tfsift.parallel import runtime
 from tfsift.parallel.collectives import broadcast_variables
 from tfsift.pipeline import context
@@ -33,6 +34,7 @@ class Partitioned:
     in_specs: list[Spec]
     out_specs: list[Spec]
     output_structure: Any
+    config: Config  # what it was partitioned under
 
 
 @dataclasses.dataclass
@@ -120,9 +122,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
         Called by the first step; every rank must call it (the plan is broadcast from rank 0).
         """
-        if self.partitioned is not None:
-            return self.partitioned
         rt = runtime.get()
+        if self.partitioned is not None:
+            _check_same_partitioning(self.partitioned.config, rt.config)
+            return self.partitioned
         graph = trace(self, example)
         bounds = plan_bounds(graph, self._tfsift.placements, example, rt)
         s = rt.stage
@@ -138,6 +141,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _specs(graph, sub.inputs),
             _specs(graph, sub.outputs),
             graph.structure,
+            rt.config,
         )
         self._tfsift.partitioned = part
         log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)
@@ -155,3 +159,24 @@ def _release_other_stages(graph: Graph, sub: Any) -> None:
 
 def _specs(graph: Graph, ids: Sequence[int]) -> list[Spec]:
     return [(tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in ids]
+
+
+_PARTITIONING = (
+    "partitions",
+    "optimize",
+    "placement_strategy",
+    "auto_partition",
+    "default_partition",
+)
+
+
+def _check_same_partitioning(made: Config, now: Config) -> None:
+    """A partitioned model cannot follow a tfsift.init that changed how it is cut."""
+    changed = [k for k in _PARTITIONING if getattr(made, k) != getattr(now, k)]
+    if changed:
+        raise RuntimeError(
+            "this DistributedModel was partitioned under "
+            + ", ".join(f"{k}={getattr(made, k)!r}" for k in changed)
+            + " and tfsift.init was called again since; create the model after the last "
+            "tfsift.init. Received: " + ", ".join(f"{k}={getattr(now, k)!r}" for k in changed)
+        )

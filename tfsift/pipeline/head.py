@@ -21,14 +21,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import tensorflow as tf
 from keras import tree
 
 from tfsift.pipeline import context
-from tfsift.pipeline.compiled import Compiled
+from tfsift.pipeline.compiled import Compiled, signature
 from tfsift.pipeline.stage import Stage, add
 from tfsift.planning.autodiff import gradients, is_float
 
@@ -71,7 +71,11 @@ class Head:
         self.backward, self.training = backward, training
         self.compiled = compile
         self._tried = not compile
-        self._layout: _Layout | None = None
+        # One layout per traced signature: a concrete function traced for other arguments
+        # (another Python value, say) returns that trace's non-tensor values.
+        self._layouts: dict[Hashable, _Layout] = {}
+        self._layout: _Layout | None = None  # the latest trace's
+        self._key: Hashable = None
         name = f"the @tfsift.step function {getattr(fn, '__qualname__', fn)!r}"
         self._call: Callable[..., Any] = Compiled(self._run, name) if compile else self._run
 
@@ -83,6 +87,7 @@ class Head:
     ) -> HeadResult:
         """Runs one microbatch; ``inputs`` are the stage inputs (empty on stage 0)."""
         args, kwargs = microbatch
+        self._key = signature((list(inputs), args, kwargs, grad_sum))
         try:
             flat, grads, in_grads = self._call(list(inputs), args, kwargs, grad_sum)
         except context.StepFunctionError:
@@ -109,7 +114,8 @@ class Head:
         self.compiled, self._tried, self._call = False, True, self._run
 
     def _rebuild(self, flat: Sequence[tf.Tensor]) -> Any:
-        layout = self._layout
+        layout = self._layouts.get(self._key) if self._key is not None else None
+        layout = layout or self._layout
         assert layout is not None
         leaves = list(layout.leaves)
         for position, tensor in zip(layout.tensor_positions, flat, strict=True):
@@ -166,6 +172,8 @@ class Head:
                 f"{len(self._layout.tensor_positions)} among {len(self._layout.leaves)}"
             )
         self._layout = layout
+        if self._key is not None:
+            self._layouts[self._key] = layout
         return [leaves[i] for i in positions]
 
 

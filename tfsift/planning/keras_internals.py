@@ -39,7 +39,8 @@ def call_node(node: Any, values: dict[int, Any], training: bool | None = None) -
 
 
 def takes_training(operation: Any) -> bool:
-    """Whether a layer's ``call`` takes a ``training`` argument."""
+    """Whether Keras passes a ``training`` flag to this operation: every layer (a layer
+    whose ``call`` lacks the argument ignores it), no ``keras.ops`` function."""
     return "training" in getattr(operation, "_call_context_args", ())
 
 

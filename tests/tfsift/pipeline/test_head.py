@@ -239,11 +239,6 @@ def test_a_step_whose_return_structure_changes_is_refused(compile: bool) -> None
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Head keeps one _Layout, the latest trace's, but Compiled reuses older traces: "
-    "a Python value returned by the step comes back from the wrong call",
-)
 def test_python_values_returned_by_an_earlier_trace_come_back_unchanged() -> None:
     model, graph, x, _ = setup()
 

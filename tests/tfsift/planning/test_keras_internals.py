@@ -1,0 +1,50 @@
+"""Each private Keras API tfsift relies on still behaves as planning/keras_internals.py says."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfsift.planning import keras_internals
+
+
+def test_producer_finds_the_node_that_made_a_symbolic_tensor() -> None:
+    dense = keras.layers.Dense(3)
+    out = dense(keras.Input((4,)))
+    assert keras_internals.producer(out).operation is dense
+
+
+def test_a_node_reruns_on_concrete_values_with_its_recorded_arguments() -> None:
+    inp = keras.Input((4,))
+    drop = keras.layers.Dropout(0.999, seed=1)
+    out = drop(inp)
+    node = keras_internals.producer(out)
+    ones = tf.ones((2, 4))
+    (inference,) = keras_internals.call_node(node, {id(inp): ones}, training=False)
+    (trained,) = keras_internals.call_node(node, {id(inp): ones}, training=True)
+    np.testing.assert_array_equal(inference.numpy(), ones.numpy())
+    assert not np.array_equal(trained.numpy(), ones.numpy())  # training=True reached it
+
+
+def test_layers_take_the_training_flag_and_ops_do_not() -> None:
+    inp = keras.Input((4,))
+    relu = keras_internals.producer(keras.ops.relu(inp)).operation
+    assert keras_internals.takes_training(keras.layers.Dropout(0.5))
+    assert keras_internals.takes_training(keras.layers.Dense(2))
+    assert not keras_internals.takes_training(relu)
+
+
+def test_seed_states_include_sub_layers_generators() -> None:
+    inner = keras.layers.Dropout(0.5, seed=3)
+    block = keras.Sequential([keras.layers.Dense(2), inner])
+    states = keras_internals.seed_states(block)
+    assert len(states) == 1 and states[0] is inner.seed_generator.state
+
+
+def test_free_drops_the_buffer() -> None:
+    dense = keras.layers.Dense(2)
+    dense.build((None, 3))
+    assert not keras_internals.is_freed(dense.kernel)
+    keras_internals.free(dense.kernel)
+    assert keras_internals.is_freed(dense.kernel)
