@@ -60,10 +60,10 @@ class EarlyExitScorer(Scorer):
         self._build(x)
         losses, logits = (None, None)
         if self._stage == 0:
-            features = self._features(tf.convert_to_tensor(x))
-            self._last = (features, tf.convert_to_tensor(y))
-            out = self._score(features, self._last[1])
-            losses, logits = out[0].numpy(), out[1].numpy()
+            labels = tf.convert_to_tensor(y)
+            features, out_losses, out_logits = self._score(tf.convert_to_tensor(x), labels)
+            self._last = (features, labels)
+            losses, logits = out_losses.numpy(), out_logits.numpy()
         losses, logits = self._pipe.bcast((losses, logits if self.needs_logits else None), root=0)
         self._rounds += 1
         if self._rounds % VALIDATE_EVERY == 1:
@@ -78,11 +78,12 @@ class EarlyExitScorer(Scorer):
         features, y = self._last
         mask = np.zeros(int(features.shape[0]), np.float32)
         mask[kept] = 1.0
-        grads = [g.numpy() for g in self._head_grads(features, y, tf.constant(mask))]
-        grads = self._group.mean(grads)
-        self._optimizer.apply_gradients(
-            zip([tf.constant(g) for g in grads], self._head.trainable_variables, strict=True)
-        )
+        if self._group.replicas == 1:  # nothing to average: one compiled call
+            self._head_step(features, y, tf.constant(mask))
+        else:
+            grads = [g.numpy() for g in self._head_grads(features, y, tf.constant(mask))]
+            grads = self._group.mean(grads)
+            self._apply([tf.constant(g) for g in grads])
         self._last = None
 
     def warm(self, element: Any) -> None:
@@ -103,20 +104,33 @@ class EarlyExitScorer(Scorer):
         self._pipe = rt.pipe_comm.Dup()
         if self._stage == 0:
             exit_graph = _exit_graph(part.graph, part.bounds, self.config.exit_after)
-            self._features = Compiled(lambda x: exit_graph.run([x], False)[0], "exit features")
+            self._exit_graph = exit_graph
             out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
             feature_shape = tuple(part.graph.tensors[exit_graph.outputs[0]].shape[1:])
             self._head = _make_head(self.config.exit_head, feature_shape, out_shape)
             self._optimizer = keras.optimizers.Adam(self.config.exit_lr)
             self._optimizer.build(self._head.trainable_variables)
-            self._score = Compiled(self._head_losses, "exit head")
+            self._score = Compiled(self._exit_losses, "early-exit scoring")
             self._head_grads = Compiled(self._masked_grads, "exit head gradients")
+            self._head_step = Compiled(self._train_head, "exit head step")
+            self._apply = Compiled(self._apply_grads, "exit head update")
             self._sync_initial_weights()
         self._built = True
 
-    def _head_losses(self, features: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _exit_losses(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Features at the exit, per-sample losses and predictions: one compiled call."""
+        features = self._exit_graph.run([x], False)[0]
         predictions = self._head(features, training=False)
-        return tf.reshape(self.loss(y, predictions), [-1]), predictions
+        return features, tf.reshape(self.loss(y, predictions), [-1]), predictions
+
+    def _train_head(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        grads = self._masked_grads(features, y, mask)
+        self._apply_grads(grads)
+        return tf.constant(0)
+
+    def _apply_grads(self, grads: list[Any]) -> tf.Tensor:
+        self._optimizer.apply(grads, self._head.trainable_variables)
+        return tf.constant(0)
 
     def _masked_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> list[Any]:
         with tf.GradientTape() as tape:

@@ -1,7 +1,8 @@
 """Counters of a sifted dataset, with SageMaker smart sifting's meanings.
 
 ``samples_seen`` counts samples read from the source dataset (delay included),
-``samples_scored`` those whose loss was computed, ``samples_kept`` those that
+``samples_scored`` those whose loss was computed, ``samples_reused`` those whose
+loss came from the ``stale`` cache instead, ``samples_kept`` those that
 entered the refill buffer (every sample during the delay). ``kept_fraction`` is
 kept / seen. Mean losses are over the finite losses of scored samples and of the
 kept ones among them. Times are wall-clock seconds this rank spent scoring (the
@@ -24,6 +25,7 @@ class SiftMetrics:
     samples_seen: int = 0
     samples_scored: int = 0
     samples_kept: int = 0
+    samples_reused: int = 0
     nonfinite_losses: int = 0
     batches_yielded: int = 0
     rounds: int = 0
@@ -38,10 +40,10 @@ class SiftMetrics:
     policy: dict[str, float] = dataclasses.field(default_factory=dict)
     scorer: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    def record(self, losses: np.ndarray, kept: np.ndarray) -> None:
-        """Adds one scored group: its losses and the indices kept."""
+    def record(self, losses: np.ndarray, kept: np.ndarray, scored: int) -> None:
+        """Adds one group: its losses, the indices kept, how many were scored (not reused)."""
         finite = np.isfinite(losses)
-        self.samples_scored += len(losses)
+        self.samples_scored += scored
         self.nonfinite_losses += int((~finite).sum())
         self.finite_scored += int(finite.sum())
         self.loss_sum_scored += float(losses[finite].sum())
@@ -54,6 +56,7 @@ class SiftMetrics:
             "samples_seen": self.samples_seen,
             "samples_scored": self.samples_scored,
             "samples_kept": self.samples_kept,
+            "samples_reused": self.samples_reused,
             "kept_fraction": self.samples_kept / self.samples_seen if self.samples_seen else 0.0,
             "mean_loss_scored": _mean(self.loss_sum_scored, self.finite_scored),
             "mean_loss_kept": _mean(self.loss_sum_kept, self.finite_kept),

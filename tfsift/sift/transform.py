@@ -41,6 +41,7 @@ from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import FullScorer, Scorer, Scores, StepScorer
+from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
@@ -112,6 +113,11 @@ def _scorer(
                 "tfsift.sift(model, per_sample_loss, config) needs a per-sample loss function. "
                 f"Received: per_sample_loss={per_sample_loss!r}"
             )
+        if config.stale and needs_logits:
+            raise ValueError(
+                f"stale reuses losses, but policy {config.policy!r} needs fresh logits. "
+                f"Received: stale={config.stale}, policy={config.policy!r}"
+            )
         if config.scorer == "early_exit":
             return EarlyExitScorer(model_or_step, per_sample_loss, config, needs_logits)
         return FullScorer(model_or_step, per_sample_loss, needs_logits)
@@ -153,6 +159,7 @@ class Sifter:
         self.rounds = 0  # source rounds over all epochs: seeds each round's draws
         self.batches_read = 0  # source batches over all epochs: counts the delay
         self._group: ReplicaGroup | None = None
+        self.cache = ScoreCache(config.stale) if config.stale else None
         self._log = ScalarLog(config.log_dir) if config.log_dir and rt.rank == 0 else None
 
     def epoch(self, source: tf.data.Dataset) -> Iterator[Element]:
@@ -212,7 +219,7 @@ class Sifter:
             self.metrics.samples_kept += n
             return
         start = time.perf_counter()
-        scores = self._score(tree.pack_sequence_as(structure, leaves), n)
+        scores, scored = self._scores(leaves, structure, n)
         everyone = group.allgather(scores.losses)
         selected = time.perf_counter()
         self.metrics.time_scoring += selected - start
@@ -221,15 +228,34 @@ class Sifter:
         chosen = self.policy.select(scores.losses, rng, scores.logits, scores.labels)
         self.rounds += 1
         self._note_nonfinite(scores.losses)
-        self.metrics.record(scores.losses, chosen.indices)
+        self.metrics.record(scores.losses, chosen.indices, len(scored))
         self.metrics.samples_kept += len(chosen)
         self.metrics.policy = self.policy.metrics()
         self.metrics.scorer = dict(self.scorer.metrics)
         self.metrics.time_selecting += time.perf_counter() - selected
         start = time.perf_counter()
-        self.scorer.learn(chosen.indices)
+        self.scorer.learn(_positions_in(scored, chosen.indices, n))
         self.metrics.time_scoring += time.perf_counter() - start
         self._accumulate(buffer, leaves, chosen.indices, chosen.probs)
+
+    def _scores(
+        self, leaves: list[np.ndarray], structure: Any, n: int
+    ) -> tuple[Scores, np.ndarray]:
+        """The group's losses, and which positions were scored now (the rest reused)."""
+        if self.cache is None:
+            return self._score(tree.pack_sequence_as(structure, leaves), n), np.arange(n)
+        keys = self.cache.fingerprints(leaves)
+        fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
+        need = np.flatnonzero(~fresh)
+        if len(need):
+            # pad to whole source batches, so the scorer sees at most g batch sizes
+            B = self.batch_size or len(need)
+            padded = np.concatenate([need, np.repeat(need[:1], -len(need) % B)])
+            part = tree.pack_sequence_as(structure, [leaf[padded] for leaf in leaves])
+            losses[need] = self._score(part, len(padded)).losses[: len(need)]
+            self.cache.store(keys[need], losses[need], self.metrics.epochs)
+        self.metrics.samples_reused += n - len(need)
+        return Scores(losses), need
 
     def _score(self, element: Element, n: int) -> Scores:
         running = STATE.running_step
@@ -359,6 +385,15 @@ def _check_divisible(batch: int | None, M: int) -> None:
             f"the sifted dataset's batch size must be divisible by microbatches={M}, since "
             f"every sifted batch has that size. Received: batch size {batch}"
         )
+
+
+def _positions_in(scored: np.ndarray, kept: np.ndarray, n: int) -> np.ndarray:
+    """Where the kept samples sit among the ones scored this round (the scorer's rows)."""
+    where = np.full(n, -1)
+    where[scored] = np.arange(len(scored))
+    rows: np.ndarray = where[kept]
+    kept_rows: np.ndarray = rows[rows >= 0]
+    return kept_rows
 
 
 def _with_weights(element: Element, probs: np.ndarray, rescale: str | None) -> Element:

@@ -346,3 +346,58 @@ def test_spearman_is_one_for_the_same_order_and_minus_one_reversed() -> None:
     a = np.array([0.3, 0.1, 0.9, 0.5])
     assert spearman(a, a * 2 + 1) == pytest.approx(1.0)
     assert spearman(a, -a) == pytest.approx(-1.0)
+
+
+def test_stale_reuses_last_epochs_losses_and_rescores_after_stale_epochs() -> None:
+    model = start()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, stale=1)
+    sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    epochs = [[i for x, _ in sifted for i in ids(x)] for _ in range(3)]
+    metrics = tfsift.sift_metrics()
+    assert metrics["samples_scored"] == 2 * N  # epochs 1 and 3 score, epoch 2 reuses
+    assert metrics["samples_reused"] == N
+    assert epochs[0] == epochs[1] == epochs[2]  # no training: the same losses each time
+
+
+def test_stale_scores_only_the_samples_it_has_no_loss_for() -> None:
+    from tfsift.sift.transform import SiftedDataset
+
+    model = start()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, stale=5)
+    first = source().take(6).apply(tfsift.sift(model, PER_SAMPLE, config))  # ids 0..95
+    list(first)
+    list(SiftedDataset(first.sifter, source().skip(3)))  # ids 48..191: 48 of them known
+    assert tfsift.sift_metrics()["samples_scored"] == 96 + 96
+    assert tfsift.sift_metrics()["samples_reused"] == 48
+
+
+def test_score_cache_keys_survive_shuffling_and_expire() -> None:
+    from tfsift.sift.stale import ScoreCache
+
+    cache = ScoreCache(epochs=2)
+    x, y = data(10)
+    keys = cache.fingerprints([x, y])
+    assert len(set(keys.tolist())) == 10
+    cache.store(keys, np.arange(10.0), epoch=1)
+    order = np.random.default_rng(0).permutation(10)
+    again = cache.fingerprints([x[order], y[order]])
+    fresh, losses = cache.lookup(again, epoch=3)
+    assert fresh.all() and losses.tolist() == order.astype(float).tolist()
+    assert not cache.lookup(again, epoch=4)[0].any()
+
+
+def test_stale_with_a_policy_that_needs_logits_is_refused() -> None:
+    model = start()
+    with pytest.raises(ValueError) as err:
+        tfsift.sift(model, PER_SAMPLE, tfsift.SiftConfig(policy="grad_norm", stale=2))
+    assert str(err.value) == (
+        "stale reuses losses, but policy 'grad_norm' needs fresh logits. Received: stale=2, "
+        "policy='grad_norm'"
+    )
+
+
+def test_kept_positions_map_to_the_rows_scored_this_round() -> None:
+    from tfsift.sift.transform import _positions_in
+
+    scored = np.array([1, 4, 5])  # rows 0, 1, 2 of the scorer's batch
+    assert _positions_in(scored, np.array([0, 4, 5, 7]), 8).tolist() == [1, 2]
