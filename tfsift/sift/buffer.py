@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,22 @@ class SampleBuffer:
         self._probs = [probs[n:]] if n < self._size else []
         self._size -= n
         return [leaf[:n] for leaf in leaves], probs[:n]
+
+    def state(self) -> dict[str, Any]:
+        """The buffered samples as arrays (leaf_0, leaf_1, ..., probs)."""
+        if not self._size:
+            return {"leaves": [], "probs": np.empty(0)}
+        leaves, probs = self.take(self._size)
+        self.add(leaves, np.arange(len(probs)), probs)
+        return {"leaves": leaves, "probs": probs}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> SampleBuffer:
+        """A buffer holding what ``state()`` saved."""
+        buffer = cls()
+        probs = np.asarray(state["probs"])
+        buffer.add([np.asarray(v) for v in state["leaves"]], np.arange(len(probs)), probs)
+        return buffer
 
     def clear(self) -> None:
         """Drops everything (the end of an epoch with ``drop_remainder``)."""

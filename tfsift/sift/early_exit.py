@@ -50,6 +50,7 @@ class EarlyExitScorer(Scorer):
         self._built = False
         self._rounds = 0
         self._last: tuple[Any, Any] | None = None  # features and labels of the last scoring
+        self._pending: dict[str, Any] | None = None  # a loaded state, applied once built
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""
@@ -92,6 +93,30 @@ class EarlyExitScorer(Scorer):
         n = int(np.asarray(_pair(element)[0]).shape[0])
         self.learn(np.arange(n))
 
+    def state(self) -> dict[str, Any]:
+        """The head's weights and its optimizer's variables (stage 0), and the round count."""
+        if not self._built or self._stage != 0:
+            return {"rounds": self._rounds}
+        return {
+            "rounds": self._rounds,
+            "head": [w.numpy() for w in self._head.weights],
+            "optimizer": [v.numpy() for v in self._optimizer.variables],
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores ``state()``; the head is built at the next scoring and loaded then."""
+        self._rounds = int(state["rounds"])
+        self._pending = state if "head" in state else None
+
+    def _restore(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        for var, value in zip(self._head.weights, pending["head"], strict=True):
+            var.assign(value)
+        for var, value in zip(self._optimizer.variables, pending["optimizer"], strict=True):
+            var.assign(value)
+
     def _build(self, x: Any) -> None:
         if self._built:
             return
@@ -115,6 +140,7 @@ class EarlyExitScorer(Scorer):
             self._head_step = Compiled(self._train_head, "exit head step")
             self._apply = Compiled(self._apply_grads, "exit head update")
             self._sync_initial_weights()
+            self._restore()
         self._built = True
 
     def _exit_losses(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

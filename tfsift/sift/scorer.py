@@ -56,6 +56,13 @@ class Scorer:
     def learn(self, kept: np.ndarray) -> None:
         """Called after each selection with the kept positions of the last scoring."""
 
+    def state(self) -> dict[str, Any]:
+        """What the scorer learnt (nothing, for the full scorers)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores ``state()``."""
+
 
 class FullScorer(Scorer):
     """Scores ``(x, y)`` elements with ``per_sample_loss(y, model(x, training=False))``."""

@@ -73,6 +73,16 @@ class ScoreCache:
         self._losses = np.concatenate([self._losses, losses[new]])[order]
         self._epochs = np.concatenate([self._epochs, np.full(new.sum(), epoch)])[order]
 
+    def state(self) -> dict[str, np.ndarray]:
+        """The cached keys, losses and epochs."""
+        return {"keys": self._keys, "losses": self._losses, "epochs": self._epochs}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restores ``state()``."""
+        self._keys = np.asarray(state["keys"], np.float64)
+        self._losses = np.asarray(state["losses"], np.float64)
+        self._epochs = np.asarray(state["epochs"], np.int64)
+
     def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         at = np.searchsorted(self._keys, keys)
         inside = at < len(self._keys)

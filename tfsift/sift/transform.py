@@ -24,6 +24,7 @@ many, and all stop when the shortest shard ends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -160,16 +161,56 @@ class Sifter:
         self.batches_read = 0  # source batches over all epochs: counts the delay
         self._group: ReplicaGroup | None = None
         self.cache = ScoreCache(config.stale) if config.stale else None
+        self.epoch_read = 0  # source batches read in the current epoch
+        self.buffer = SampleBuffer()
+        self._resume: tuple[int, SampleBuffer] | None = None
+        self._unsifted = 0
         self._log = ScalarLog(config.log_dir) if config.log_dir and rt.rank == 0 else None
 
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly from the last batch yielded: plain NumPy
+        arrays, numbers and strings (for ``tfsift.CheckpointManager``)."""
+        return {
+            "policy": self.policy.state(),
+            "rounds": self.rounds,
+            "batches_read": self.batches_read - self._unsifted,
+            "batch_size": self.batch_size,
+            "epoch_read": self.epoch_read - self._unsifted,
+            "buffer": self.buffer.state(),
+            "metrics": dataclasses.asdict(self.metrics),
+            "cache": None if self.cache is None else self.cache.state(),
+            "scorer": self.scorer.state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores ``state()``; the next epoch resumes the saved one where it stopped."""
+        self.policy.load_state(state["policy"])
+        self.rounds, self.batches_read = int(state["rounds"]), int(state["batches_read"])
+        self.batch_size = state["batch_size"]
+        self.metrics = SiftMetrics(**state["metrics"])
+        if self.cache is not None and state["cache"] is not None:
+            self.cache.load_state(state["cache"])
+        self.scorer.load_state(state["scorer"])
+        self._resume = (int(state["epoch_read"]), SampleBuffer.from_state(state["buffer"]))
+
     def epoch(self, source: tf.data.Dataset) -> Iterator[Element]:
-        """One pass over ``source``: yields sifted batches as NumPy elements."""
+        """One pass over ``source``: yields sifted batches as NumPy elements.
+
+        After ``load_state``, the first call resumes the saved epoch instead: it skips
+        the source batches that epoch had read and starts from the saved buffer.
+        """
         STATE.sift_metrics = self.metrics
-        self.metrics.epochs += 1
         group = self._replicas()
-        buffer = SampleBuffer()
+        resume, self._resume = self._resume, None
+        if resume is None:
+            self.metrics.epochs += 1
+            self.epoch_read, self.buffer = 0, SampleBuffer()
+        else:
+            self.epoch_read, self.buffer = resume
+            source = source.skip(self.epoch_read)
+        buffer = self.buffer
         upstream = iter(source)
-        structure: list[Any] = []
+        structure: list[Any] = [self.element_spec]
         while True:
             leaves = self._read(upstream, structure)
             B = self.batch_size or 0
@@ -180,6 +221,7 @@ class Sifter:
                 break
             assert leaves is not None
             self._round(leaves, structure[0], buffer, group)
+            self._unsifted = 0
         yield from self._drain(buffer, group, structure)
 
     def _replicas(self) -> ReplicaGroup:
@@ -197,14 +239,14 @@ class Sifter:
             if element is None:
                 break
             parts.append([np.asarray(leaf) for leaf in tree.flatten(element)])
-            if not structure:
-                structure.append(element)
             if self.batch_size is None:
                 self.batch_size = int(parts[0][0].shape[0])
                 _check_divisible(self.batch_size, self.M)
         if not parts:
             return None
         self.batches_read += len(parts)
+        self.epoch_read += len(parts)
+        self._unsifted = len(parts)  # read, not yet sifted: a saved state reads them again
         return [np.concatenate(p, axis=0) for p in zip(*parts, strict=True)]
 
     def _round(

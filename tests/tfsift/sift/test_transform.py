@@ -401,3 +401,28 @@ def test_kept_positions_map_to_the_rows_scored_this_round() -> None:
 
     scored = np.array([1, 4, 5])  # rows 0, 1, 2 of the scorer's batch
     assert _positions_in(scored, np.array([0, 4, 5, 7]), 8).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("scorer", ["full", "early_exit"])
+def test_a_sifter_restored_mid_epoch_yields_what_the_uninterrupted_one_would(
+    scorer: str,
+) -> None:
+    tfsift.init({})
+    config = tfsift.SiftConfig(
+        policy="relative", beta=1.0, history=32, seed=4, scorer=scorer, exit_after="b", stale=1
+    )
+    keras.utils.set_random_seed(2)
+    model = Deep()
+    whole = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    want = [[ids(x) for x, _ in whole] for _ in range(2)]
+    keras.utils.set_random_seed(2)
+    model = Deep()
+    first = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    stream = iter(first)
+    got = [ids(next(stream)[0]) for _ in range(2)]  # stop after two batches
+    saved = first.sifter.state()
+    again = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    again.sifter.load_state(saved)
+    got += [ids(x) for x, _ in again]  # the rest of epoch 1
+    assert got == want[0]
+    assert [ids(x) for x, _ in again] == want[1]
