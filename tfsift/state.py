@@ -23,6 +23,8 @@ class ProcessState:
         partitions: indices of open ``tfsift.partition()`` blocks, innermost last.
         running_step: the name of the ``@tfsift.step`` function running now, if any.
         sift_metrics: the metrics of the sifted dataset iterated last.
+        idle_task: work for stage 0 to run while it waits for the last microbatch's
+            gradients in the next training step (``SiftConfig(overlap=True)``).
     """
 
     runtime: Any = None
@@ -30,6 +32,7 @@ class ProcessState:
     partitions: list[int] = dataclasses.field(default_factory=list)
     running_step: str | None = None
     sift_metrics: Any = None
+    idle_task: Any = None
 
 
 STATE = ProcessState()
@@ -47,3 +50,4 @@ def reset() -> None:
     STATE.partitions.clear()
     STATE.running_step = None
     STATE.sift_metrics = None
+    STATE.idle_task = None

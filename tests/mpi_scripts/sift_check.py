@@ -3,7 +3,7 @@
 usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN [SCORER]
   UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
   TRAIN "1": train on the sifted batches (scoring and training interleave)
-  SCORER "full" (default) or "early_exit"
+  SCORER "full" (default), "early_exit" or "early_exit_overlap"
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def main() -> None:
     K, placement, policy = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     uneven, train = sys.argv[4] == "1", sys.argv[5] == "1"
     scorer = sys.argv[6] if len(sys.argv) > 6 else "full"
+    overlap = scorer == "early_exit_overlap"
+    scorer = "early_exit" if overlap else scorer
     tfsift.init(
         {
             "partitions": K,
@@ -83,6 +85,7 @@ def main() -> None:
         history=64,
         keep=0.5,
         seed=SEED,
+        overlap=overlap,
         scorer=scorer,
         delay=2 if scorer == "early_exit" else 0,  # the replay in the test assumes no delay
     )

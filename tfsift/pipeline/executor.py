@@ -25,6 +25,7 @@ from partitioner.schedule import Action, Kind
 from tfsift.parallel.comm import BACKWARD, FORWARD
 from tfsift.pipeline.plan import Spec, StepPlan
 from tfsift.pipeline.stage import Saved
+from tfsift.state import STATE
 
 Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
 Timed = list[tuple[Action, float, float]]
@@ -110,6 +111,11 @@ class Executor:
         self.plan.comm.send(self.in_grads.pop(m), self.plan.s - 1, BACKWARD, m)
 
     def _recv_backward(self, m: int) -> None:
+        if self.plan.s == 0 and m == self.plan.M - 1 and STATE.idle_task is not None:
+            # Stage 0 has nothing left to do until the last gradients arrive (the drain,
+            # about one microbatch of the later stages' work): run the registered task.
+            task, STATE.idle_task = STATE.idle_task, None
+            task()
         specs = self._shapes(self.plan.grad_specs, m)
         self.out_grads[m] = self.plan.comm.recv(specs, self.plan.s + 1, BACKWARD, m)
 

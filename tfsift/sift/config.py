@@ -70,6 +70,9 @@ class SiftConfig:
         exit_lr: early_exit only; the learning rate of the exit head.
         stale: epochs a sample's score is reused before it is scored again (0: every
             epoch).
+        overlap: early_exit only; score the next round on stage 0 while it waits for the
+            last microbatch's gradients of the current training step (the drain), with
+            the weights before that step's update (one step staler than without).
         seed: seeds the random draws of the selection.
         log_dir: where per-step sifting records are written (None: not written).
         loss_kind: which closed form the grad_norm method uses for the gradient at the
@@ -93,6 +96,7 @@ class SiftConfig:
     exit_head: object = None
     exit_lr: float = 1e-3
     stale: int = 0
+    overlap: bool = False
     seed: int = 0
     log_dir: str | None = None
     loss_kind: str = "auto"
@@ -115,6 +119,12 @@ class SiftConfig:
         _check_head(self.exit_head)
         _check_positive("exit_lr", self.exit_lr)
         _check_int("stale", self.stale, 0)
+        _check_bool("overlap", self.overlap)
+        if self.overlap and self.scorer != "early_exit":
+            raise ValueError(
+                "overlap runs the early-exit scoring during the pipeline's drain; it needs "
+                f"scorer='early_exit'. Received: overlap=True, scorer={self.scorer!r}"
+            )
         _check_int("seed", self.seed, 0)
         _check_optional_name("log_dir", self.log_dir)
         _check_choice("loss_kind", self.loss_kind, LOSS_KINDS)

@@ -33,6 +33,7 @@ from tfsift.planning.graph import StageGraph
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import FullScorer, Scorer, Scores, describe
+from tfsift.state import STATE
 
 VALIDATE_EVERY = 20  # rounds between two Spearman checks against the full loss
 
@@ -51,6 +52,8 @@ class EarlyExitScorer(Scorer):
         self._rounds = 0
         self._last: tuple[Any, Any] | None = None  # features and labels of the last scoring
         self._pending: dict[str, Any] | None = None  # a loaded state, applied once built
+        self._prepared: tuple[Any, list[Any]] | None = None  # overlap: (x, [result])
+        self.overlapped = 0  # rounds whose scoring ran during a training step's drain
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""
@@ -61,16 +64,43 @@ class EarlyExitScorer(Scorer):
         self._build(x)
         losses, logits = (None, None)
         if self._stage == 0:
-            labels = tf.convert_to_tensor(y)
-            features, out_losses, out_logits = self._score(tf.convert_to_tensor(x), labels)
+            features, labels, out_losses, out_logits = self._take_prepared(x) or self._compute(x, y)
             self._last = (features, labels)
             losses, logits = out_losses.numpy(), out_logits.numpy()
         losses, logits = self._pipe.bcast((losses, logits if self.needs_logits else None), root=0)
+        if self.config.overlap:
+            self.metrics["overlapped_rounds"] = float(self._pipe.bcast(self.overlapped, root=0))
         self._rounds += 1
         if self._rounds % VALIDATE_EVERY == 1:
             self._validate(element, losses)
         labels = np.asarray(y) if self.needs_logits else None
         return Scores(np.asarray(losses), logits, labels)
+
+    def prepare(self, element: Any) -> None:
+        """With ``overlap``: stage 0 scores ``element`` during the next training step's
+        drain (``tfsift.pipeline.executor``), and the round that follows uses the result."""
+        if not self.config.overlap:
+            return
+        x, y = _pair(element)
+        self._build(x)
+        if self._stage != 0:
+            return
+        done: list[Any] = []
+        self._prepared = (x, done)
+        STATE.idle_task = lambda: done.append(self._compute(x, y))
+
+    def _take_prepared(self, x: Any) -> Any:
+        prepared, self._prepared = self._prepared, None
+        STATE.idle_task = None  # not run (no training step came): score now instead
+        if prepared is not None and prepared[0] is x and prepared[1]:
+            self.overlapped += 1
+            return prepared[1][0]
+        return None
+
+    def _compute(self, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
+        labels = tf.convert_to_tensor(y)
+        features, losses, logits = self._score(tf.convert_to_tensor(x), labels)
+        return features, labels, losses, logits
 
     def learn(self, kept: np.ndarray) -> None:
         """One gradient step of the head on the kept samples of the last scoring."""
@@ -128,7 +158,8 @@ class EarlyExitScorer(Scorer):
         self._stage = part.stage.index
         self._pipe = rt.pipe_comm.Dup()
         if self._stage == 0:
-            exit_graph = _exit_graph(part.graph, part.bounds, self.config.exit_after)
+            exit_after = _node_name(self.model, part.graph, self.config.exit_after)
+            exit_graph = _exit_graph(part.graph, part.bounds, exit_after)
             self._exit_graph = exit_graph
             out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
             feature_shape = tuple(part.graph.tensors[exit_graph.outputs[0]].shape[1:])
@@ -195,6 +226,18 @@ def _pair(element: Any) -> tuple[Any, Any]:
     return element[0], element[1]
 
 
+def _node_name(model: Any, graph: Any, exit_after: str | None) -> str | None:
+    """``exit_after`` as a node name: a layer's name, or the model attribute holding it."""
+    names = [gn.name for gn in graph.nodes]
+    if exit_after is None or exit_after in names:
+        return exit_after
+    layer = getattr(model, exit_after, None)
+    for gn in graph.nodes:
+        if layer is not None and gn.operation is layer:
+            return str(gn.name)
+    return exit_after
+
+
 def _exit_graph(graph: Any, bounds: tuple[int, ...], exit_after: str | None) -> StageGraph:
     """Stage 0's nodes up to and including the exit layer, ending at its output."""
     names = [gn.name for gn in graph.nodes]
@@ -206,7 +249,8 @@ def _exit_graph(graph: Any, bounds: tuple[int, ...], exit_after: str | None) -> 
     elif exit_after not in first_stage:
         where = "is not a layer of the model" if exit_after not in names else "is not on stage 0"
         raise ValueError(
-            f"exit_after must name a layer of stage 0 ({', '.join(first_stage)}); "
+            "exit_after must name a layer of stage 0 (by layer name or model attribute: "
+            f"{', '.join(first_stage)}); "
             f"{exit_after!r} {where}. Received: exit_after={exit_after!r}"
         )
     else:

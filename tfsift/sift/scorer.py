@@ -50,6 +50,9 @@ class Scorer:
     def bind(self, group: Any) -> None:
         """Told the replica group once, before the first round."""
 
+    def prepare(self, element: Element) -> None:
+        """Told the next round's element before the training step that precedes it."""
+
     def warm(self, element: Element) -> None:
         """Called for each round of the delay (nothing is scored then)."""
 

@@ -215,6 +215,9 @@ class Sifter:
             leaves = self._read(upstream, structure)
             B = self.batch_size or 0
             n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
+            if n and more and self.config.overlap and self.batches_read > self.config.delay:
+                assert leaves is not None
+                self.scorer.prepare(tree.pack_sequence_as(structure[0], leaves))
             for _ in range(n):
                 yield self._emit(buffer, B, structure[0])
             if not more:  # the shortest shard ended: every replica stops here

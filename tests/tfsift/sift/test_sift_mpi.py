@@ -110,3 +110,14 @@ def test_early_exit_scores_on_stage_0_and_keeps_every_replica_head_equal() -> No
     assert -1.0 <= reports[0]["metrics"]["exit_spearman"] <= 1.0
     pipeline = [r for r in reports.values() if r["replica"] == 1]
     assert pipeline[0]["step_losses"] == pipeline[1]["step_losses"]
+
+
+def test_overlap_scores_the_next_round_during_the_drain_of_training_steps() -> None:
+    reports = run(2, "2", "cluster", "relative", "0", "1", "early_exit_overlap")
+    check_lock_step(reports)
+    metrics = reports[0]["metrics"]
+    steps = len(reports[0]["step_losses"])
+    # rounds after a step were scored in its drain; not: the delay's and the drain's steps,
+    # and the second of two steps that follow one round
+    assert 0.6 * steps <= metrics["overlapped_rounds"] < steps
+    assert reports[1]["metrics"]["overlapped_rounds"] == metrics["overlapped_rounds"]

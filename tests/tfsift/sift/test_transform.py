@@ -327,8 +327,8 @@ def test_early_exit_refuses_a_layer_outside_stage_0_and_a_scoring_step() -> None
     with pytest.raises(ValueError) as err:
         next(iter(source().apply(tfsift.sift(model, PER_SAMPLE, config))))
     assert str(err.value) == (
-        "exit_after must name a layer of stage 0 (a, b, c, d); 'e' is not a layer of the "
-        "model. Received: exit_after='e'"
+        "exit_after must name a layer of stage 0 (by layer name or model attribute: a, b, c, "
+        "d); 'e' is not a layer of the model. Received: exit_after='e'"
     )
 
     @tfsift.step
@@ -426,3 +426,12 @@ def test_a_sifter_restored_mid_epoch_yields_what_the_uninterrupted_one_would(
     got += [ids(x) for x, _ in again]  # the rest of epoch 1
     assert got == want[0]
     assert [ids(x) for x, _ in again] == want[1]
+
+
+def test_exit_after_accepts_the_model_attribute_holding_the_layer() -> None:
+    tfsift.init({})
+    model = Net()  # layers named dense_N by Keras, held as model.a and model.b
+    config = tfsift.SiftConfig(policy="big_loss", scorer="early_exit", exit_after="a")
+    sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    next(iter(sifted))
+    assert sifted.sifter.scorer._exit_graph.nodes[-1].operation is model.a
