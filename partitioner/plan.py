@@ -116,8 +116,20 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """Reads a file written by `save`."""
-        return cls.from_json(Path(path).read_text())
+        """Reads a file written by `save`.
+
+        Raises:
+            ValueError: the file is not a plan (its name and the parser's reason).
+        """
+        text = Path(path).read_text()
+        try:
+            return cls.from_json(text)
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"the plan file {str(path)!r} is not a valid tfsift plan ({type(err).__name__}: "
+                f"{err}); delete it to make a new plan, or fix plan_file. Received: "
+                f"{len(text)} characters starting {text[:40]!r}"
+            ) from err
 
 
 def make_plan(

@@ -69,3 +69,12 @@ def test_inconsistent_plan_is_rejected() -> None:
 
 def test_docstring_examples_run() -> None:
     assert doctest.testmod(partitioner.plan).failed == 0
+
+
+def test_a_corrupt_plan_file_is_named_in_the_error(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text('{"bounds": [0, 2, 4')
+    with pytest.raises(ValueError) as err:
+        Plan.load(path)
+    assert str(err.value).startswith(f"the plan file {str(path)!r} is not a valid tfsift plan (")
+    assert "delete it to make a new plan" in str(err.value)

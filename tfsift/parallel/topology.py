@@ -38,8 +38,15 @@ class Topology:
                 f"Received: placement_strategy={self.placement!r}"
             )
         if self.size % self.partitions:
+            hint = (
+                f"; launch {self.partitions} or a multiple of {self.partitions} processes, e.g. "
+                f"mpirun -np {self.partitions} python train.py, horovodrun -np "
+                f"{self.partitions} -H localhost:{self.partitions} python train.py or tfsift "
+                f"run -np {self.partitions} train.py"
+            )
             raise ValueError(
                 f"world size {self.size} is not divisible by partitions={self.partitions}"
+                + (hint if self.size < self.partitions else "")
             )
 
     @property

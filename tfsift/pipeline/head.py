@@ -203,8 +203,18 @@ def single_request(requests: Sequence[context.GradientList]) -> context.Gradient
 def check_request(request: context.GradientList, variables: Sequence[Any]) -> None:
     """Gradients must be asked for this rank's stage variables, in their order."""
     if [id(v) for v in request.variables] != [id(v) for v in variables]:
+        received = f"a list of {len(request.variables)} variables"
+        if len(request.variables) == len(variables):
+            at = next(
+                i for i, (a, b) in enumerate(zip(request.variables, variables, strict=True))
+                if a is not b
+            )  # fmt: skip
+            received += (
+                f", the same number but not the same variables in the same order (first "
+                f"difference at position {at}: {getattr(request.variables[at], 'path', '?')!r} "
+                f"where {getattr(variables[at], 'path', '?')!r} was expected)"
+            )
         raise context.StepFunctionError(
             "tfsift.gradients must be called with model.trainable_variables (this rank's stage "
-            f"variables, {len(variables)} of them). Received: a list of "
-            f"{len(request.variables)} variables"
+            f"variables, {len(variables)} of them). Received: {received}"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
@@ -28,16 +29,23 @@ if TYPE_CHECKING:  # the model module imports this package: no import cycle at r
 
 
 @overload
-def step(fn: Callable[..., Any], *, compile: bool = True) -> Callable[..., Any]: ...
+def step(
+    fn: Callable[..., Any], *, compile: bool = True, non_split_inputs: Sequence[str] = ()
+) -> Callable[..., Any]: ...
 
 
 @overload
 def step(
-    fn: None = None, *, compile: bool = True
+    fn: None = None, *, compile: bool = True, non_split_inputs: Sequence[str] = ()
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
-def step(fn: Callable[..., Any] | None = None, *, compile: bool = True) -> Any:
+def step(
+    fn: Callable[..., Any] | None = None,
+    *,
+    compile: bool = True,
+    non_split_inputs: Sequence[str] = (),
+) -> Any:
     """Turns a forward/backward function into a pipelined, microbatched step.
 
     Every tensor argument is split along axis 0 into ``microbatches`` pieces and
@@ -61,16 +69,67 @@ def step(fn: Callable[..., Any] | None = None, *, compile: bool = True) -> Any:
     traced, not every call. ``@tfsift.step(compile=False)`` runs it eagerly instead;
     a function that cannot be traced falls back to that, with a warning.
 
+    Arguments named in ``non_split_inputs`` (as SageMaker model parallelism's
+    ``non_split_inputs``) reach every microbatch whole: a temperature of shape (1,), say.
+
     Raises:
-        ValueError: a batch size not divisible by ``microbatches``.
+        ValueError: a batch size not divisible by ``microbatches``; a name in
+            ``non_split_inputs`` that is not an argument of ``fn``.
     """
     if fn is None:
-        return functools.partial(step, compile=compile)
-    return _make_step(fn, compile)
+        return functools.partial(step, compile=compile, non_split_inputs=non_split_inputs)
+    return _make_step(fn, compile, list(non_split_inputs))
 
 
-def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
+def _whole_arguments(fn: Callable[..., Any], names: Sequence[str]) -> inspect.Signature | None:
+    """``fn``'s signature when some arguments are not split (checked), else None."""
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"non_split_inputs must be a list of argument names. Received: {names!r}")
+    if not names:
+        return None
+    signature = inspect.signature(fn)
+    unknown = [n for n in names if n not in signature.parameters]
+    if unknown:
+        raise ValueError(
+            "non_split_inputs must name arguments of the step function "
+            f"({', '.join(signature.parameters)}). Received: {', '.join(map(repr, unknown))}"
+        )
+    return signature
+
+
+class _Whole:
+    """An argument passed whole to every microbatch (``non_split_inputs``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _mark_whole(
+    signature: inspect.Signature | None,
+    names: Sequence[str],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if signature is None:
+        return args, kwargs
+    bound = signature.bind(*args, **kwargs)
+    for name in names:
+        if name in bound.arguments:
+            bound.arguments[name] = _Whole(bound.arguments[name])
+    return bound.args, bound.kwargs
+
+
+def _unmark(microbatch: Microbatch) -> Microbatch:
+    args, kwargs = microbatch
+    unwrap = [a.value if isinstance(a, _Whole) else a for a in args]
+    return tuple(unwrap), {k: v.value if isinstance(v, _Whole) else v for k, v in kwargs.items()}
+
+
+def _make_step(
+    fn: Callable[..., Any], compile: bool, names: Sequence[str] = ()
+) -> Callable[..., Any]:
     plans: list[StepPlan] = []  # the one plan, made by the first call
+    signature = _whole_arguments(fn, names)
 
     name = getattr(fn, "__qualname__", repr(fn))
 
@@ -83,12 +142,13 @@ def _make_step(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
 
     def _call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         rt = runtime.get()
+        marked = _mark_whole(signature, names, args, kwargs)
         if plans:
-            plans[0].check(rt, args, kwargs)
-            microbatches = split(args, kwargs, plans[0].M)
+            plans[0].check(rt, *marked)
+            microbatches = [_unmark(mb) for mb in split(*marked, plans[0].M)]
         else:
-            microbatches = split(args, kwargs, rt.config.microbatches)
-            plans.append(make_plan(fn, microbatches[0], rt, compile, args, kwargs))
+            microbatches = [_unmark(mb) for mb in split(*marked, rt.config.microbatches)]
+            plans.append(make_plan(fn, microbatches[0], rt, compile, *marked))
         return run(plans[0], fn, microbatches)
 
     wrapper.tfsift_step = True  # type: ignore[attr-defined]
@@ -143,7 +203,12 @@ def split(args: tuple[Any, ...], kwargs: dict[str, Any], M: int) -> list[Microba
         if (tf.is_tensor(leaf) or isinstance(leaf, np.ndarray)) and len(leaf.shape) > 0:
             batch = int(leaf.shape[0])
             if batch % M:
-                raise ValueError(f"batch size {batch} is not divisible by microbatches={M}")
+                raise ValueError(
+                    f"batch size {batch} is not divisible by microbatches={M}: every batch "
+                    "splits into M equal microbatches (batch the dataset with "
+                    "drop_remainder=True, or pass a non-batch argument through "
+                    "@tfsift.step(non_split_inputs=[...]))"
+                )
             pieces.append(tf.split(tf.convert_to_tensor(leaf), M, axis=0))
         else:
             pieces.append([leaf] * M)
@@ -224,6 +289,14 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedM
         raise RuntimeError("the @tfsift.step function did not call a tfsift.DistributedModel")
     if len({id(m) for m, _ in seen}) > 1:
         raise RuntimeError("a @tfsift.step function may call only one DistributedModel")
+    if len(seen) > 1:
+        # Only the last stage runs the step function; the other stages would run their
+        # layers once, on the first call's inputs, and return wrong results silently.
+        raise RuntimeError(
+            f"a @tfsift.step function may call its DistributedModel once per step; "
+            f"{seen[0][0].name!r} was called {len(seen)} times. Combine the inputs into one "
+            "call (e.g. concatenate them along the batch axis and split the outputs)"
+        )
     model, training = seen[0]
     return model, backward, training
 

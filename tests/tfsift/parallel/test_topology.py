@@ -38,3 +38,13 @@ def test_world_size_must_be_divisible_by_partitions() -> None:
 def test_rank_out_of_range_is_named() -> None:
     with pytest.raises(ValueError, match=r"rank must be in \[0, 4\). Received: rank=4"):
         Topology(4, 2).stage(4)
+
+
+def test_too_few_processes_suggest_a_launcher() -> None:
+    with pytest.raises(ValueError) as err:
+        Topology(1, 2)
+    assert str(err.value) == (
+        "world size 1 is not divisible by partitions=2; launch 2 or a multiple of 2 "
+        "processes, e.g. mpirun -np 2 python train.py, horovodrun -np 2 -H localhost:2 python "
+        "train.py or tfsift run -np 2 train.py"
+    )

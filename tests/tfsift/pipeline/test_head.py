@@ -164,9 +164,12 @@ def test_gradients_of_other_variables_are_refused(compile: bool) -> None:
     run = head(stage, graph, train_fn(model, wrong), compile=compile)
     with pytest.raises(StepFunctionError) as err:
         run([], ((x, y), {}), None)
+    kernel, bias = stage.variables[0].path, stage.variables[1].path
     assert str(err.value) == (
         "tfsift.gradients must be called with model.trainable_variables (this rank's stage "
-        "variables, 4 of them). Received: a list of 4 variables"
+        "variables, 4 of them). Received: a list of 4 variables, the same number but not the "
+        f"same variables in the same order (first difference at position 0: {bias!r} where "
+        f"{kernel!r} was expected)"
     )
 
 

@@ -95,3 +95,20 @@ def test_a_model_partitioned_before_init_changed_its_cut_is_refused() -> None:
         "called again since; create the model after the last tfsift.init. Received: "
         "optimize='memory'"
     )
+
+
+def test_a_model_called_twice_in_one_step_is_refused() -> None:
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+
+    @tfsift.step
+    def twice(x: tf.Tensor) -> Any:
+        return model(x, training=False) + model(3 * x, training=False)
+
+    with pytest.raises(RuntimeError) as err:
+        twice(tf.ones((8, 3)))
+    assert str(err.value) == (
+        f"a @tfsift.step function may call its DistributedModel once per step; {model.name!r} "
+        "was called 2 times. Combine the inputs into one call (e.g. concatenate them along "
+        "the batch axis and split the outputs)"
+    )
