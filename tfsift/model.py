@@ -118,7 +118,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         return self.variables
 
     def partition_model(self, example: Sequence[tf.Tensor]) -> Partitioned:
-        """Traces, plans and splits the model for inputs shaped like ``example`` (one microbatch).
+        """Traces, plans and splits the model for inputs shaped like ``example`` (one microbatch):
+        the model call's positional arguments, each a tensor or a nest of tensors.
 
         Called by the first step; every rank must call it (the plan is broadcast from rank 0).
         """
@@ -127,7 +128,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _check_same_partitioning(self.partitioned.config, rt.config)
             return self.partitioned
         graph = trace(self, example)
-        bounds = plan_bounds(graph, self._tfsift.placements, example, rt)
+        flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
+        bounds = plan_bounds(graph, self._tfsift.placements, flat, rt)
         s = rt.stage
         sub = graph.stage(bounds[s], bounds[s + 1])
         stage = Stage(sub, s, recompute=rt.config.optimize == "memory")

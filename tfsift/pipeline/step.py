@@ -270,7 +270,7 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedM
 
     def model_call(model: DistributedModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inputs = [tf.convert_to_tensor(x) for x in tree.flatten(args)]
-        part = model.partition_model(inputs)
+        part = model.partition_model(list(tree.map_structure(tf.convert_to_tensor, args)))
         seen.append((model, bool(kwargs.get("training", False))))
         # zeros of this call's batch size: the model may have been traced by another step
         batch = int(inputs[0].shape[0])

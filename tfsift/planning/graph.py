@@ -130,13 +130,20 @@ class StageGraph:
 
 
 def trace(model: Any, example: Sequence[Any]) -> Graph:
-    """Traces ``model.call`` on symbolic inputs shaped like ``example`` (batch dimension kept)."""
-    symbolic = [
-        keras.Input(batch_shape=tuple(x.shape), dtype=keras.backend.standardize_dtype(x.dtype))
-        for x in example
-    ]
+    """Traces ``model.call`` on symbolic inputs shaped like ``example`` (batch dimension kept).
+
+    ``example`` holds the call's positional arguments, each a tensor or a nest of them (a
+    list, tuple or dict input stays one argument); the graph's inputs are their leaves in
+    ``tree.flatten`` order, which is how every stage passes them around.
+    """
+    symbolic = tree.map_structure(
+        lambda x: keras.Input(
+            batch_shape=tuple(x.shape), dtype=keras.backend.standardize_dtype(x.dtype)
+        ),
+        list(example),
+    )
     out = model.call(*symbolic)
-    return Graph(symbolic, tree.flatten(out), out)
+    return Graph(tree.flatten(symbolic), tree.flatten(out), out)
 
 
 def _order(outputs: Sequence[Any], inputs: set[int]) -> list[GraphNode]:
