@@ -18,7 +18,7 @@ from tfsift.pipeline import context
 from tfsift.pipeline.stage import Stage
 from tfsift.planning import keras_internals, placement
 from tfsift.planning.bounds import plan_bounds
-from tfsift.planning.graph import Graph, trace
+from tfsift.planning.graph import Graph, check_unshared, trace
 
 log = logging.getLogger("tfsift")
 Spec = tuple[tuple[int, ...], Any]
@@ -130,6 +130,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         bounds = plan_bounds(graph, self._tfsift.placements, flat, rt)
+        check_unshared(graph, bounds)
         s = rt.stage
         sub = graph.stage(bounds[s], bounds[s + 1])
         stage = Stage(sub, s, recompute=rt.config.optimize == "memory")
@@ -148,6 +149,102 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         self._tfsift.partitioned = part
         log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)
         return part
+
+    # ---- Keras' save paths on a partitioned model (issue 14) --------------------------------
+    # After partitioning a rank holds only its stage's weights (the others are freed), so
+    # Keras' own save paths cannot see the whole model: save and save_weights name the tfsift
+    # function to use; count_params and summary describe every stage from the traced graph.
+
+    def save(self, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+        """Keras' ``save``; a partitioned model raises, naming ``tfsift.save_model``."""
+        self._tfsift_refuse(
+            "save",
+            "tfsift.save_model(model, path), which writes one .keras file of the whole model",
+        )
+        return super().save(filepath, *args, **kwargs)
+
+    def save_weights(self, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+        """Keras' ``save_weights``; a partitioned model raises, naming the tfsift functions."""
+        self._tfsift_refuse(
+            "save_weights",
+            "tfsift.CheckpointManager(model, optimizer, directory).save(step) for a "
+            "checkpoint (tfsift.load_weights(model, directory) loads it), or "
+            "tfsift.save_model(model, path) for one .keras file of the whole model",
+        )
+        return super().save_weights(filepath, *args, **kwargs)
+
+    def count_params(self) -> int:
+        """The number of weights of the whole model, every stage's (as Keras counts them)."""
+        part = self.partitioned
+        if part is None:
+            return int(super().count_params())
+        return sum(self._tfsift_params(node.operation) for node in self._tfsift_first_uses())
+
+    def summary(self, *args: Any, print_fn: Any = None, **kwargs: Any) -> None:
+        """Keras' summary; a partitioned model lists its nodes by stage and says which
+        layers each stage (and this rank) holds."""
+        part = self.partitioned
+        if part is None:
+            super().summary(*args, print_fn=print_fn, **kwargs)
+            return
+        for line in self._tfsift_summary(part):
+            (print_fn or print)(line)
+
+    def _tfsift_refuse(self, method: str, instead: str) -> None:
+        part = self.partitioned
+        if part is not None:
+            raise RuntimeError(
+                f"model.{method}() cannot save DistributedModel {self.name!r} once it is "
+                f"partitioned (partitions={len(part.bounds) - 1}; this rank holds only stage "
+                f"{part.stage.index}'s weights). Use {instead}."
+            )
+
+    def _tfsift_first_uses(self) -> list[Any]:
+        """The traced nodes that first call each operation (a shared layer counts once)."""
+        part = self.partitioned
+        seen: set[int] = set()
+        first = []
+        for node in part.graph.nodes if part else []:
+            if id(node.operation) not in seen:
+                seen.add(id(node.operation))
+                first.append(node)
+        return first
+
+    @staticmethod
+    def _tfsift_params(operation: Any) -> int:
+        total = 0
+        for weight in getattr(operation, "weights", []):
+            size = 1
+            for dim in weight.shape:
+                size *= int(dim)
+            total += size
+        return total
+
+    def _tfsift_summary(self, part: Partitioned) -> list[str]:
+        first = {id(node) for node in self._tfsift_first_uses()}
+        rows, held = [("stage", "node", "layer", "output shape", "params")], []
+        for s in range(len(part.bounds) - 1):
+            nodes = part.graph.nodes[part.bounds[s] : part.bounds[s + 1]]
+            params = 0
+            for node in nodes:
+                n = self._tfsift_params(node.operation) if id(node) in first else 0
+                params += n
+                shapes = [(None, *part.graph.tensors[t].shape[1:]) for t in node.outputs]
+                shape = str(shapes[0] if len(shapes) == 1 else shapes)
+                rows.append((str(s), node.name, type(node.operation).__name__, shape, f"{n:,}"))
+            mine = "  <- this rank" if s == part.stage.index else ""
+            names = ", ".join(node.name for node in nodes)
+            held.append(f"stage {s}: {names} ({params:,} params){mine}")
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        table = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+        title = (
+            f'Model "{self.name}": partitions={len(part.bounds) - 1}; this rank holds stage '
+            f"{part.stage.index}"
+        )
+        total = f"Total params: {self.count_params():,} (all stages)"
+        return [title, *table, *held, total]
+
+    # ---- end of Keras' save paths -------------------------------------------------------------
 
 
 def _release_other_stages(graph: Graph, sub: Any) -> None:

@@ -129,6 +129,28 @@ class StageGraph:
         return _dedupe(found)
 
 
+def check_unshared(graph: Graph, bounds: Sequence[int]) -> None:
+    """Refuses a layer with weights called in two stages (its gradients would not be summed).
+
+    Raises:
+        ValueError: naming the layer, its calls and their stages.
+    """
+    stages: dict[int, list[tuple[str, int]]] = {}
+    for s in range(len(bounds) - 1):
+        for gn in graph.nodes[bounds[s] : bounds[s + 1]]:
+            if getattr(gn.operation, "variables", None):
+                stages.setdefault(id(gn.operation), []).append((gn.name, s))
+    for calls in stages.values():
+        if len({s for _, s in calls}) > 1:
+            where = ", ".join(f"{name!r} on stage {s}" for name, s in calls)
+            raise ValueError(
+                "a layer whose weights are shared by calls on different stages is not "
+                "supported (each stage would update its own copy). Keep its calls on one "
+                "stage (auto_partition=False and tfsift.partition), or use separate layers. "
+                f"Received: calls {where}"
+            )
+
+
 def trace(model: Any, example: Sequence[Any]) -> Graph:
     """Traces ``model.call`` on symbolic inputs shaped like ``example`` (batch dimension kept).
 

@@ -34,6 +34,25 @@ def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> Cos
     Returns:
         A ``CostModel`` with ``batch_size`` set to the example's batch size.
     """
+    # Timing runs every layer in training mode, which moves BatchNorm statistics and seed
+    # generators on this rank only; put every variable back afterwards.
+    saved = [(v, v.numpy()) for v in _variables(graph)]
+    try:
+        return _profile(graph, example, repeats)
+    finally:
+        for var, value in saved:
+            var.assign(value)
+
+
+def _variables(graph: Graph) -> list[Any]:
+    found: dict[int, Any] = {}
+    for gn in graph.nodes:
+        for var in getattr(gn.operation, "variables", []):
+            found.setdefault(id(var), var)
+    return list(found.values())
+
+
+def _profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int) -> CostModel:
     values = evaluate(graph, example)
     overhead = dispatch_overhead(repeats)
     seen: set[int] = set()

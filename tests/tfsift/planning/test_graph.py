@@ -52,3 +52,26 @@ def test_stages_chained_compute_the_whole_model() -> None:
     want = model.c(model.b(model.a(x)) + model.a(x))
     np.testing.assert_allclose(out[0].numpy(), want.numpy(), rtol=1e-6)
     assert [len(s.trainable_variables()) for s in (first, second)] == [4, 2]
+
+
+def test_a_layer_called_on_two_stages_is_refused_by_name() -> None:
+    import keras
+    import pytest
+    import tensorflow as tf
+
+    from tfsift.planning.graph import check_unshared, trace
+
+    class Tied(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tied = keras.layers.Dense(4, name="tied")
+            self.mid = keras.layers.Dense(4, name="mid")
+
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            return self.tied(self.mid(self.tied(x)))
+
+    graph = trace(Tied(), [tf.ones((2, 4))])
+    check_unshared(graph, (0, 3))  # nodes tied, mid, tied#1 on one stage
+    with pytest.raises(ValueError) as err:
+        check_unshared(graph, (0, 2, 3))
+    assert str(err.value).endswith("Received: calls 'tied' on stage 0, 'tied#1' on stage 1")

@@ -37,3 +37,30 @@ def test_weight_free_nodes_before_the_first_weight_cost_no_backward() -> None:
     backward = [layer.backward_time for layer in costs.layers]
     assert backward[:2] == [0.0, 0.0]  # nothing to differentiate: no weights, no input grad
     assert costs.batch_size == 4
+
+
+def test_profiling_leaves_batchnorm_statistics_and_seeds_unchanged() -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfsift.planning.graph import trace
+    from tfsift.planning.profiler import profile
+
+    class Net(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = keras.layers.BatchNormalization()
+            self.drop = keras.layers.Dropout(0.5, seed=1)
+            self.out = keras.layers.Dense(2)
+
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            return self.out(self.drop(self.bn(x)))
+
+    model = Net()
+    x = tf.constant(np.random.default_rng(0).normal(3.0, 2.0, (8, 4)), tf.float32)
+    graph = trace(model, [x])
+    before = {v.path: v.numpy() for v in model.variables}
+    profile(graph, [x], repeats=2)
+    for v in model.variables:
+        np.testing.assert_array_equal(v.numpy(), before[v.path])  # moving mean/var, seeds

@@ -1,0 +1,47 @@
+"""Realistic models pipelined on 2 stages (both schedules, both modes) equal one process.
+
+ResNet-style CNN with BatchNormalization (moving statistics compared too), a transformer
+encoder block, custom layers owning sub-layers, GRU + LSTM, a keras.Sequential block with
+dropout, and tied weights (one layer called at two depths): those work when both calls
+land on one stage and are refused with a clear error otherwise. Multi-input and
+multi-output models: tests/tfsift/test_multi_io.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+MODELS = "resnet_bn,encoder,custom,recurrent,sequential,shared"
+SHARED_ERROR = "a layer whose weights are shared by calls on different stages is not supported"
+
+
+def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() -> None:
+    job = mpi.run(2, "zoo_check.py", "2", MODELS, "simple,interleaved", "speed,memory",
+                  timeout=600)  # fmt: skip
+    reports = mpi.reports(job)
+    assert len(reports) == 2
+    checked = 0
+    for rank, rep in reports.items():
+        for result in rep["results"]:
+            if "error" in result:
+                assert result["model"] == "shared", result
+                assert result["error"].startswith(SHARED_ERROR)
+                continue
+            checked += 1
+            assert result["grad_error"] < 1e-5, (rank, result)
+            assert result["state_error"] < 1e-5, (rank, result)
+            assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
+    assert checked >= 2 * 5 * 4  # every model but the tied one in every configuration
+    by_config: dict[tuple[str, str], int] = {}
+    for rep in reports.values():
+        for result in rep["results"]:
+            if "error" not in result:
+                key = (result["model"], result["config"])
+                by_config[key] = by_config.get(key, 0) + result["num_grads"]
+    totals = {r["model"]: r["total_grads"] for rep in reports.values() for r in rep["results"]
+              if "error" not in r}  # fmt: skip
+    for (model, _), count in by_config.items():
+        assert count == totals[model]  # the stages' variables partition the model's
