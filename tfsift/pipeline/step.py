@@ -22,6 +22,7 @@ from tfsift.pipeline.head import GRADS_MARKER, Head
 from tfsift.pipeline.outputs import GradientOutput, StepOutput
 from tfsift.pipeline.plan import StepPlan, describe_arguments
 from tfsift.pipeline.roles import role_for
+from tfsift.planning import keras_internals
 from tfsift.state import STATE
 
 if TYPE_CHECKING:  # the model module imports this package: no import cycle at run time
@@ -269,6 +270,12 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedM
     seen: list[tuple[DistributedModel, bool]] = []
 
     def model_call(model: DistributedModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if keras_internals.tape_recording():
+            raise context.StepFunctionError(
+                "do not use tf.GradientTape inside a @tfsift.step function: the model's "
+                "layers run on other ranks, so a tape here sees none of them. Return "
+                "tfsift.gradients(loss, model.trainable_variables) instead"
+            )
         inputs = [tf.convert_to_tensor(x) for x in tree.flatten(args)]
         part = model.partition_model(list(tree.map_structure(tf.convert_to_tensor, args)))
         seen.append((model, bool(kwargs.get("training", False))))

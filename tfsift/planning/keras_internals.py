@@ -1,4 +1,4 @@
-"""The only module that touches Keras 3's private APIs (pinned to keras==3.15.*).
+"""The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
 tfsift needs four things Keras does not expose publicly: the node that produced a
 symbolic tensor (to walk a traced ``call``), re-running one node on concrete values
@@ -61,3 +61,11 @@ def free(variable: Any) -> None:
 def is_freed(variable: Any) -> bool:
     """Whether ``free`` dropped this variable's buffer."""
     return variable._value is None
+
+
+def tape_recording() -> bool:
+    """Whether a ``tf.GradientTape`` is recording on this thread (TensorFlow has no public
+    query; a step uses it to refuse a user's tape around the model call)."""
+    from tensorflow.python.eager import record
+
+    return bool(record.could_possibly_record())

@@ -112,3 +112,22 @@ def test_a_model_called_twice_in_one_step_is_refused() -> None:
         "was called 2 times. Combine the inputs into one call (e.g. concatenate them along "
         "the batch axis and split the outputs)"
     )
+
+
+def test_a_gradient_tape_inside_a_step_is_refused_at_the_first_call() -> None:
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+
+    @tfsift.step
+    def train(x: tf.Tensor, y: tf.Tensor) -> Any:
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        return tape.gradient(loss, model.trainable_variables), loss
+
+    with pytest.raises(ValueError) as err:
+        train(*data())
+    assert str(err.value) == (
+        "do not use tf.GradientTape inside a @tfsift.step function: the model's layers run "
+        "on other ranks, so a tape here sees none of them. Return "
+        "tfsift.gradients(loss, model.trainable_variables) instead"
+    )
