@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from partitioner.costs import CostModel, format_bytes
 from partitioner.plan import Plan, make_plan, simulate_plan
 from partitioner.schedule import PIPELINES
-from partitioner.simulator import stage_times
+from partitioner.simulator import SimResult, stage_times
 from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_loads
-from partitioner.timeline import draw_timeline
+from partitioner.timeline import draw_timeline, draw_timelines
 
 _UNITS = {
     "": 1,
@@ -79,6 +79,11 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         default=list(PIPELINES),
         metavar="NAME,...",
         help="comma-separated (default: simple,interleaved)",
+    )
+    simulate.add_argument(
+        "--timeline",
+        metavar="PNG",
+        help="also draw every simulated step, one panel per row, on one time axis",
     )
     simulate.set_defaults(func=_simulate)
 
@@ -156,11 +161,20 @@ def _simulate(args: argparse.Namespace) -> int:
         ]
     except (OSError, ValueError) as error:
         return _fail(error)
-    print(_table(["pipeline", "M", "step time", "bubble", "max peak memory"], rows))
+    header = ["pipeline", "M", "step time", "bubble", "max peak memory"]
+    print(_table(header, [row for row, _ in rows]))
+    drawn = [(f"{row[0]}, M={row[1]}", result) for row, result in rows if result is not None]
+    if args.timeline and drawn:
+        draw_timelines(drawn, args.timeline)
+        print(f"wrote {args.timeline}")
+    elif args.timeline:
+        print(f"nothing drawn in {args.timeline}: no row fits the memory cap", file=sys.stderr)
     return 0
 
 
-def _simulate_row(costs: CostModel, args: argparse.Namespace, M: int, pipeline: str) -> list[str]:
+def _simulate_row(
+    costs: CostModel, args: argparse.Namespace, M: int, pipeline: str
+) -> tuple[list[str], SimResult | None]:
     try:
         partition = solve(
             costs,
@@ -171,44 +185,50 @@ def _simulate_row(costs: CostModel, args: argparse.Namespace, M: int, pipeline: 
             memory_cap=args.memory_cap,
         )
     except InfeasibleError as error:
-        return [
-            pipeline,
-            str(M),
-            "-",
-            "-",
-            f"over the cap, needs {format_bytes(error.smallest_cap)}",
-        ]
+        needs = f"over the cap, needs {format_bytes(error.smallest_cap)}"
+        return [pipeline, str(M), "-", "-", needs], None
     result = simulate_plan(
         costs, partition, M, pipeline=pipeline, recompute=args.optimize == "memory"
     )
-    return [
+    row = [
         pipeline,
         str(M),
         f"{result.step_time:.6g} s",
         f"{result.bubble_fraction:.1%}",
         format_bytes(max(result.peak_memory)),
     ]
+    return row, result
 
 
 def format_plan(costs: CostModel, plan: Plan) -> str:
-    """The stage table of a plan, then its predicted step time and bubble."""
+    """The stage table of a plan, then its predicted step time and bubble.
+
+    Per stage: its layers, their parameter bytes, the compute and transfer seconds of one
+    microbatch, the fraction of the simulated step it idles, and its peak memory.
+    """
     partition = plan.partition
     totals = stage_loads(costs, partition)
     compute = stage_times(costs, partition)
+    result = simulate_plan(
+        costs, partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
+    )
     rows = []
     for s, names in enumerate(plan.stage_layers):
         forward, backward = compute[s]
+        params = sum(costs.layers[i].param_bytes for i in partition.stage_layers(s))
         rows.append(
             [
                 str(s),
                 f"{names[0]} .. {names[-1]}",
                 str(len(names)),
+                format_bytes(params),
                 _seconds(forward + backward),
                 _seconds(float(totals[s]) - forward - backward),
+                f"{result.idle[s] / result.step_time:.1%}" if result.step_time > 0 else "-",
                 format_bytes(plan.peak_memory[s]),
             ]
         )
-    header = ["stage", "layers", "count", "compute", "transfers", "peak memory"]
+    header = ["stage", "layers", "count", "params", "compute", "transfers", "idle", "peak memory"]
     return (
         f"{_table(header, rows)}\n"
         f"predicted step time {plan.predicted_step_time:.6g} s, bubble "

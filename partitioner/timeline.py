@@ -1,14 +1,40 @@
-"""A Gantt chart of a simulated step: one row per stage, forwards and backwards coloured."""
+"""A step's timeline, drawn: a Gantt chart (PNG) or a Chrome/Perfetto trace (JSON).
+
+Simulated steps (`partitioner.simulator`) and measured ones (`tfsift.timeline`) share
+both, since both are `Event` records: (stage, action, start, end) in seconds from the
+step's start.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from partitioner.schedule import Kind
+from partitioner.schedule import Action, Kind
 from partitioner.simulator import Event, SimResult
 
 COLOURS = {Kind.FORWARD: "#4C72B0", Kind.BACKWARD: "#DD8452"}
+CATEGORIES = {
+    Kind.FORWARD: "forward",
+    Kind.BACKWARD: "backward",
+    Kind.SEND_F: "send",
+    Kind.SEND_B: "send",
+    Kind.RECV_F: "receive (includes the wait)",
+    Kind.RECV_B: "receive (includes the wait)",
+}
+
+
+def format_bubble(measured: float, simulated: float | None = None) -> str:
+    """``"measured bubble 23.4% (simulated 18.0%)"``; without ``simulated``, the first half.
+
+    Example:
+        >>> format_bubble(0.234, 0.18)
+        'measured bubble 23.4% (simulated 18.0%)'
+    """
+    text = f"measured bubble {measured:.1%}"
+    return text if simulated is None else f"{text} (simulated {simulated:.1%})"
 
 
 def draw_timeline(result: SimResult, path: str | Path, title: str = "") -> None:
@@ -19,14 +45,28 @@ def draw_timeline(result: SimResult, path: str | Path, title: str = "") -> None:
         path: where to write the PNG.
         title: the chart title.
     """
-    summary = f"step {result.step_time:.4g} s, bubble {result.bubble_fraction:.1%}"
-    draw_events(
-        result.events,
-        len(result.busy),
-        result.step_time,
-        path,
-        f"{title}: {summary}" if title else summary,
-    )
+    draw_timelines([(title, result)], path)
+
+
+def draw_timelines(results: Sequence[tuple[str, SimResult]], path: str | Path) -> None:
+    """Writes one PNG with a Gantt chart per (title, simulated step), on a shared time axis,
+    so that pipelines and microbatch counts compare at a glance.
+
+    Args:
+        results: (title, `simulate` result) pairs, one panel each, top to bottom.
+        path: where to write the PNG.
+
+    Raises:
+        ValueError: ``results`` is empty.
+    """
+    if not results:
+        raise ValueError("draw_timelines needs at least one result. Received: results=[]")
+    longest = max(result.step_time for _, result in results)
+    panels = [
+        (result.events, len(result.busy), _titled(title, _summary("step", result)))
+        for title, result in results
+    ]
+    _save(panels, longest, path)
 
 
 def draw_events(
@@ -34,10 +74,7 @@ def draw_events(
 ) -> None:
     """Writes a PNG Gantt chart of the forward and backward ``events`` of one step.
 
-    Simulated steps (`draw_timeline`) and measured ones (`tfsift.timeline`) share it;
-    events of other kinds (transfers, waits) are left blank. matplotlib is imported
-    here, with the Agg canvas and no pyplot, so importing the partitioner stays light
-    and never touches the caller's plotting backend.
+    Events of other kinds (transfers, waits) are left blank.
 
     Args:
         events: (stage, action, start, end) records, seconds from the step's start.
@@ -46,13 +83,111 @@ def draw_events(
         path: where to write the PNG.
         title: the chart title.
     """
+    _save([(events, stages, title)], step_time, path)
+
+
+def chrome_trace(
+    events: Sequence[Event], stages: int, *, fused_last: bool = False, offset: float = 0.0
+) -> list[dict[str, Any]]:
+    """The Trace Event Format records of one step: a complete ("X") event per action.
+
+    Each stage is one track (``tid``), each event is named for its action without the
+    stage (``F3``, ``RB3``); a receive lasts from its call to its message's arrival, so
+    the waits show as receives. With ``fused_last`` (a measured training step) the last
+    stage's forward, which also ran that microbatch's backward in one compiled call, is
+    named ``F3+B3 (fused)`` and its backward action ``B3 (done in F3+B3)``.
+
+    Args:
+        events: (stage, action, start, end) records, seconds from the step's start.
+        stages: K.
+        fused_last: label the last stage's forward and backward as one fused call.
+        offset: seconds added to every time (steps laid end to end).
+
+    Returns:
+        A list of event dicts; `save_chrome_trace` wraps and writes them.
+    """
+    backward = {(e.stage, e.action.microbatch) for e in events if e.action.kind is Kind.BACKWARD}
+    return [
+        {
+            "name": _trace_name(e.action, fused_last and e.stage == stages - 1, backward),
+            "cat": CATEGORIES[e.action.kind],
+            "ph": "X",
+            "ts": (offset + e.start) * 1e6,
+            "dur": (e.end - e.start) * 1e6,
+            "pid": 0,
+            "tid": e.stage,
+            "args": {"action": str(e.action), "microbatch": e.action.microbatch},
+        }
+        for e in events
+    ]
+
+
+def track_names(stages: int, title: str = "tfsift step") -> list[dict[str, Any]]:
+    """Metadata ("M") records naming the process ``title`` and each track ``stage s``."""
+    names: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": title}}
+    ]
+    for s in range(stages):
+        names.append(
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": f"stage {s}"}}
+        )
+        names.append(
+            {"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": s, "args": {"sort_index": s}}
+        )
+    return names
+
+
+def save_chrome_trace(
+    path: str | Path, records: Sequence[dict[str, Any]], other: dict[str, Any] | None = None
+) -> None:
+    """Writes ``{"traceEvents": records, ...}`` to ``path`` for ui.perfetto.dev or
+    chrome://tracing; ``other`` lands in ``otherData`` (bubbles, config)."""
+    trace = {"traceEvents": list(records), "displayTimeUnit": "ms", "otherData": other or {}}
+    Path(path).write_text(json.dumps(trace, indent=1) + "\n")
+
+
+def _trace_name(action: Action, fused: bool, backward: set[tuple[int, int]]) -> str:
+    name, m = f"{action.kind.value}{action.microbatch}", action.microbatch
+    if not fused or (action.stage, m) not in backward:
+        return name
+    if action.kind is Kind.FORWARD:
+        return f"F{m}+B{m} (fused)"
+    return f"B{m} (done in F{m}+B{m})" if action.kind is Kind.BACKWARD else name
+
+
+def _summary(what: str, result: SimResult) -> str:
+    return f"{what} {result.step_time:.4g} s, bubble {result.bubble_fraction:.1%}"
+
+
+def _titled(title: str, summary: str) -> str:
+    return f"{title}: {summary}" if title else summary
+
+
+Panel = tuple[Sequence[Event], int, str]
+
+
+def _save(panels: Sequence[Panel], step_time: float, path: str | Path) -> None:
+    # matplotlib is imported here, with the Agg canvas and no pyplot, so importing the
+    # partitioner stays light and never touches the caller's plotting backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    figure = Figure(figsize=(11, 1.2 + 0.5 * stages), dpi=100)
+    rows = [1.0 + 0.5 * stages for _, stages, _ in panels]
+    figure = Figure(figsize=(11, 0.2 + sum(rows)), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    grid = figure.add_gridspec(len(panels), 1, height_ratios=rows)
+    for i, (events, stages, title) in enumerate(panels):
+        _draw_panel(figure.add_subplot(grid[i]), events, stages, step_time, title)
+    handles = [Patch(color=c, label=k.name.lower()) for k, c in COLOURS.items()]
+    figure.axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    figure.tight_layout()
+    figure.savefig(str(path), format="png")
+
+
+def _draw_panel(
+    axes: Any, events: Sequence[Event], stages: int, step_time: float, title: str
+) -> None:
     for event in events:
         if event.action.kind not in COLOURS:
             continue
@@ -80,8 +215,4 @@ def draw_events(
     axes.set_ylim(stages - 0.5, -0.5)
     axes.set_xlim(0, max(step_time, 1e-12))
     axes.set_xlabel("seconds")
-    axes.set_title(title)
-    handles = [Patch(color=c, label=k.name.lower()) for k, c in COLOURS.items()]
-    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    figure.tight_layout()
-    figure.savefig(str(path), format="png")
+    axes.set_title(title, fontsize=10)

@@ -52,15 +52,20 @@ def test_plan_prints_the_stage_table_and_writes_the_plan(
         "stage",
         "layers",
         "count",
+        "params",
         "compute",
         "transfers",
+        "idle",
         "peak",
         "memory",
     ]
     assert [line.split()[0] for line in lines[1:4]] == ["0", "1", "2"]
-    assert lines[1].split()[1:4] == ["layer0", "..", Plan.load(output).stage_layers[0][-1]]
-    assert "MiB" in lines[1]
     plan = Plan.load(output)
+    assert lines[1].split()[1:4] == ["layer0", "..", plan.stage_layers[0][-1]]
+    # layer i holds (i + 1) MiB of parameters
+    params = [sum(int(n[len("layer") :]) + 1 for n in names) for names in plan.stage_layers]
+    assert [line.split()[5:7] for line in lines[1:4]] == [[f"{p}.00", "MiB"] for p in params]
+    assert all(line.split()[11].endswith("%") for line in lines[1:4])
     assert f"predicted step time {plan.predicted_step_time:.6g} s" in lines[4]
     assert f"bubble {plan.predicted_bubble:.1%} (M=4, interleaved, optimize=speed)" in lines[4]
     assert lines[5:] == [f"wrote {output}", f"wrote {timeline}"]
@@ -103,6 +108,32 @@ def test_simulate_prints_one_row_per_microbatch_count_and_pipeline(
     ]
     # One microbatch on two stages: each idles while the other works, plus the transfers.
     assert float(lines[1].split()[4].rstrip("%")) >= 50.0
+
+
+def test_simulate_draws_every_row_into_one_timeline(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timeline = tmp_path / "out.png"
+    code = main(["simulate", str(costs_file), "--partitions", "2", "--microbatches", "2,4",
+                 "--timeline", str(timeline)])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert len(lines) == 1 + 4 + 1  # header, simple and interleaved for M=2 and M=4, wrote
+    assert lines[-1] == f"wrote {timeline}"
+    assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_draws_nothing_when_no_row_fits_the_cap(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timeline = tmp_path / "out.png"
+    code = main(["simulate", str(costs_file), "--partitions", "2", "--microbatches", "2",
+                 "--memory-cap", "1MiB", "--timeline", str(timeline)])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "over the cap" in captured.out
+    assert captured.err == f"nothing drawn in {timeline}: no row fits the memory cap\n"
+    assert not timeline.exists()
 
 
 def test_subcommands_mount_on_another_parser(costs_file: Path, tmp_path: Path) -> None:

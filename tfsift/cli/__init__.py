@@ -1,4 +1,4 @@
-"""The ``tfsift`` command line: profile, plan, simulate, run."""
+"""The ``tfsift`` command line: profile, plan, simulate, run, doctor."""
 
 from tfsift.cli.main import main
 

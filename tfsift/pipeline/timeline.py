@@ -3,8 +3,9 @@
 The executor times every action it runs; inside ``with tfsift.timeline()`` each
 ``@tfsift.step`` call also starts with a barrier of the pipeline's ranks (the common
 time origin) and ends by gathering every stage's actions to every rank. The result
-uses the simulator's ``Event`` records, so a measured step can be drawn and compared
-with ``tfsift simulate --timeline`` directly.
+uses the simulator's ``Event`` records, so a measured step is drawn (``draw``) like
+``tfsift simulate --timeline`` draws a simulated one, and exported as a Chrome/Perfetto
+trace (``to_chrome_trace``, ``Timeline.save_trace``) for ui.perfetto.dev.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from typing import Any
 
 from partitioner.schedule import Action
 from partitioner.simulator import Event, bubble_fraction, busy_seconds
-from partitioner.timeline import draw_events
+from partitioner.timeline import (
+    chrome_trace,
+    draw_events,
+    format_bubble,
+    save_chrome_trace,
+    track_names,
+)
 from tfsift.state import STATE
 
 
@@ -60,6 +67,28 @@ class StepTimeline:
         """``1 - sum(busy) / (K * step_time)``, as the simulator defines it."""
         return bubble_fraction(self.busy(), self.step_time)
 
+    def summary(self, simulated_bubble: float | None = None) -> str:
+        """``"measured step 0.0123 s, measured bubble 23.4% (simulated 18.0%)"``.
+
+        Args:
+            simulated_bubble: the plan's ``predicted_bubble``, when known: from the plan
+                file (``partitioner.plan.Plan.load(path)``) or the plan rank 0 logs at the
+                first step.
+        """
+        bubble = format_bubble(self.bubble_fraction, simulated_bubble)
+        return f"measured step {self.step_time:.4g} s, {bubble}"
+
+    def to_chrome_trace(self, path: str | Path, simulated_bubble: float | None = None) -> None:
+        """Writes this step as a Chrome/Perfetto trace JSON (open it in ui.perfetto.dev).
+
+        One track per stage; every action is a complete event named ``F3``, ``B3``,
+        ``SF3``, ``RB3`` (a receive lasts until its message arrived, so it shows the
+        wait); the last stage's forward, which runs that microbatch's backward in the
+        same compiled call, is ``F3+B3 (fused)``. ``otherData`` holds the measured
+        bubble and, when given, the simulated one.
+        """
+        Timeline([self]).save_trace(path, simulated_bubble)
+
     def draw(self, path: str | Path, title: str = "") -> None:
         """Writes a PNG Gantt chart of the forwards and backwards to ``path``."""
         summary = f"measured step {self.step_time:.4g} s, bubble {self.bubble_fraction:.1%}"
@@ -75,8 +104,55 @@ class StepTimeline:
 class Timeline:
     """The steps recorded inside one ``with tfsift.timeline()`` block, in call order."""
 
-    def __init__(self) -> None:
-        self.steps: list[StepTimeline] = []
+    def __init__(self, steps: Sequence[StepTimeline] = ()) -> None:
+        self.steps: list[StepTimeline] = list(steps)
+
+    def save_trace(self, path: str | Path, simulated_bubble: float | None = None) -> None:
+        """Writes every recorded step, end to end, as one Chrome/Perfetto trace JSON.
+
+        Each step also appears as a ``step i`` event on a track of its own, below the
+        stages; see ``StepTimeline.to_chrome_trace`` for the events.
+
+        Args:
+            path: where to write the JSON.
+            simulated_bubble: the plan's ``predicted_bubble``, stored next to the
+                measured one in ``otherData``.
+        """
+        K = max((step.stages for step in self.steps), default=0)
+        records, offset = track_names(K), 0.0
+        records += _steps_track(K)
+        for i, step in enumerate(self.steps):
+            records += chrome_trace(step.events, step.stages, fused_last=True, offset=offset)
+            records.append(_step_record(i, K, offset, step))
+            offset += step.step_time
+        save_chrome_trace(path, records, self._bubbles(simulated_bubble))
+
+    def _bubbles(self, simulated: float | None) -> dict[str, Any]:
+        measured = [step.bubble_fraction for step in self.steps]
+        other: dict[str, Any] = {"measured_bubble": measured, "simulated_bubble": simulated}
+        if measured:
+            other["summary"] = format_bubble(measured[-1], simulated)
+        return other
+
+
+def _steps_track(K: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": K, "args": {"name": "steps"}},
+        {"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": K, "args": {"sort_index": K}},
+    ]
+
+
+def _step_record(i: int, K: int, offset: float, step: StepTimeline) -> dict[str, Any]:
+    return {
+        "name": f"step {i}",
+        "cat": "step",
+        "ph": "X",
+        "ts": offset * 1e6,
+        "dur": step.step_time * 1e6,
+        "pid": 0,
+        "tid": K,
+        "args": {"bubble": step.bubble_fraction},
+    }
 
 
 @contextlib.contextmanager
@@ -94,6 +170,9 @@ def timeline() -> Iterator[Timeline]:
         >>> step.busy(), step.bubble_fraction
         >>> if tfsift.rank() == 0:
         ...     step.draw("timeline.png", title="K=2, M=8, interleaved")
+        ...     recorded.save_trace("timeline.json")  # open in ui.perfetto.dev
+        ...     predicted = Plan.load("plan.json").predicted_bubble  # with plan_file set
+        ...     print(step.summary(predicted))  # measured bubble 23.4% (simulated 18.0%)
 
     Returns:
         A ``Timeline`` whose ``steps`` fill in as the steps run.

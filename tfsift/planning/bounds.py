@@ -1,18 +1,41 @@
-"""Stage bounds for a traced model: from the plan file, the solver, or manual placement."""
+"""Stage bounds for a traced model: from the plan file, the solver, or manual placement.
+
+Rank 0 says what it does at the first step (``tfsift`` logger, INFO): that it profiles,
+then the plan in words, e.g.
+
+    profiling 4 nodes on rank 0 (5 timed runs each) to cut them into 2 stages; the ...
+    plan: 2 stages, M=2, interleaved, optimize=speed: predicted step 2.16 ms, bubble 38.4%
+      stage 0: conv2d .. flatten (2 nodes), 1.25 KiB weights, busy 1.15 ms (idle 46.9%), ...
+      stage 1: dense .. dense_1 (2 nodes), 581.54 KiB weights, busy 1.51 ms (idle 30.0%), ...
+
+(each stage line ends with its peak memory). A plan file is reused only when it was
+made for this run: the same K, M, pipeline, optimize and model (its node names, in
+order); otherwise rank 0 warns what differs, solves again and overwrites the file.
+"""
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from partitioner.costs import format_bytes
 from tfsift.config import Config
 from tfsift.parallel import runtime
 from tfsift.planning.graph import Graph
 from tfsift.planning.profiler import profile
+
+if TYPE_CHECKING:
+    from partitioner.plan import Plan
+    from partitioner.simulator import SimResult
+
+log = logging.getLogger("tfsift")
 
 
 def plan_bounds(
@@ -41,7 +64,7 @@ def plan_bounds(
     outcome: tuple[str, Any] | None = None
     if rt.rank == 0:
         try:
-            outcome = ("ok", _rank0_bounds(graph, example, cfg))
+            outcome = ("ok", rank0_bounds(graph, example, cfg))
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
     status, payload = rt.world.bcast(outcome, root=0)
@@ -50,12 +73,27 @@ def plan_bounds(
     return tuple(payload)
 
 
-def _rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tuple[int, ...]:
-    """Loads the plan file if there is one, else profiles, solves and saves the plan."""
-    from partitioner.plan import Plan, make_plan
+def rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tuple[int, ...]:
+    """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
+    else profile, solve, log the plan and write the file (when ``plan_file`` is set).
 
-    if cfg.plan_file and os.path.exists(cfg.plan_file):
-        return _bounds_from_plan(Plan.load(cfg.plan_file), graph, cfg.partitions)
+    Raises:
+        ValueError: the plan file is not a plan, or no partition fits ``memory_cap``.
+        OSError: the plan file cannot be read or written.
+    """
+    from partitioner.plan import make_plan, simulate_plan
+
+    plan = _reusable_plan(graph, cfg)
+    if plan is not None:
+        log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
+        return plan.bounds
+    log.info(
+        "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; "
+        "the other ranks wait",
+        len(graph),
+        cfg.profile_repeats,
+        cfg.partitions,
+    )
     costs = profile(graph, example, cfg.profile_repeats)
     plan = make_plan(
         costs,
@@ -65,9 +103,100 @@ def _rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tu
         pipeline=cfg.pipeline,
         memory_cap=cfg.memory_cap,
     )
+    result = simulate_plan(
+        costs, plan.partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
+    )
+    log.info("%s", describe(plan, weights(graph, plan), result))
     if cfg.plan_file:
         plan.save(cfg.plan_file)
-    return tuple(plan.bounds)
+        log.info("wrote the plan to %s", cfg.plan_file)
+    return plan.bounds
+
+
+def plan_differences(plan: Plan, graph: Graph, cfg: Config) -> list[str]:
+    """What differs between the run ``plan`` was made for and this one (empty: none).
+
+    Example:
+        ``["microbatches: plan 4, this run 2", "pipeline: plan 'interleaved', this run 'simple'"]``
+    """
+    planned = {
+        "partitions": len(plan.bounds) - 1,
+        "microbatches": plan.microbatches,
+        "pipeline": plan.pipeline,
+        "optimize": plan.optimize,
+    }
+    found = [
+        f"{key}: plan {value!r}, this run {getattr(cfg, key)!r}"
+        for key, value in planned.items()
+        if value != getattr(cfg, key)
+    ]
+    model = _model_difference([n for stage in plan.stage_layers for n in stage], graph)
+    return found + ([model] if model else [])
+
+
+def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None = None) -> str:
+    """The plan in words: one line for the step, one per stage (first and last node names,
+    weight bytes, busy and idle time when ``result`` simulates the plan, peak memory)."""
+    lines = [
+        f"plan: {len(plan.stage_layers)} stages, M={plan.microbatches}, {plan.pipeline}, "
+        f"optimize={plan.optimize}: predicted step {_seconds(plan.predicted_step_time)}, "
+        f"bubble {plan.predicted_bubble:.1%}"
+    ]
+    for s, names in enumerate(plan.stage_layers):
+        busy = ""
+        if result is not None and result.step_time > 0:
+            idle = result.idle[s] / result.step_time
+            busy = f", busy {_seconds(result.busy[s])} (idle {idle:.1%})"
+        lines.append(
+            f"  stage {s}: {names[0]} .. {names[-1]} ({len(names)} node{'s' * (len(names) > 1)}), "
+            f"{format_bytes(weight_bytes[s])} weights{busy}, "
+            f"peak {format_bytes(plan.peak_memory[s])}"
+        )
+    return "\n".join(lines)
+
+
+def weights(graph: Graph, plan: Plan) -> list[int]:
+    """Bytes of the variables of each stage of ``plan`` (a layer called on two stages counts
+    on both)."""
+    return [
+        sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in stage.variables())
+        for stage in (graph.stage(lo, hi) for lo, hi in itertools.pairwise(plan.bounds))
+    ]
+
+
+def _reusable_plan(graph: Graph, cfg: Config) -> Plan | None:
+    """The plan in ``plan_file`` if there is one and it was made for this run."""
+    from partitioner.plan import Plan
+
+    if not cfg.plan_file or not os.path.exists(cfg.plan_file):
+        return None
+    plan = Plan.load(cfg.plan_file)
+    differences = plan_differences(plan, graph, cfg)
+    if differences:
+        log.warning(
+            "the plan file %s was made for another run (%s); solving again and overwriting it",
+            cfg.plan_file,
+            "; ".join(differences),
+        )
+        return None
+    return plan
+
+
+def _model_difference(planned: list[str], graph: Graph) -> str:
+    names = [gn.name for gn in graph.nodes]
+    if planned == names:
+        return ""
+    at = next((i for i, (a, b) in enumerate(zip(planned, names, strict=False)) if a != b), None)
+    if at is None:
+        return f"model: plan {len(planned)} nodes, this model {len(names)} nodes"
+    return (
+        f"model: plan {len(planned)} nodes, this model {len(names)} nodes, first "
+        f"different at node {at} (plan {planned[at]!r}, this model {names[at]!r})"
+    )
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
 
 def manual_bounds(
@@ -97,15 +226,3 @@ def manual_bounds(
             f"every partition needs at least one layer. Received: no layers in partitions {empty}"
         )
     return (*[stages.index(s) for s in range(K)], len(stages))
-
-
-def _bounds_from_plan(plan: Any, graph: Graph, K: int) -> tuple[int, ...]:
-    names = [gn.name for gn in graph.nodes]
-    planned = [name for stage in plan.stage_layers for name in stage]
-    if planned != names or len(plan.bounds) != K + 1:
-        raise ValueError(
-            "the plan file does not match this model and config "
-            f"(plan: {len(plan.bounds) - 1} stages, "
-            f"{len(planned)} layers; model: {K} partitions, {len(names)} layers)"
-        )
-    return tuple(plan.bounds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import tensorflow as tf
 import mpi
 import tfsift
 from partitioner.schedule import COMPUTE, Action, Kind, add_communication, build
+from partitioner.simulator import Event
+from tfsift.pipeline.timeline import StepTimeline, Timeline
 
 LOSS = keras.losses.MeanSquaredError()
 SKEW = 2e-3  # seconds: tolerance for comparing times taken on two ranks
@@ -63,6 +66,56 @@ def test_one_process_records_each_action_of_each_step_inside_the_block(tmp_path:
     path = tmp_path / "measured.png"
     step.draw(path, title="K=1, M=4")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    step.to_chrome_trace(tmp_path / "measured.json")
+    trace = json.loads((tmp_path / "measured.json").read_text())["traceEvents"]
+    assert [e["name"] for e in trace if e["ph"] == "X" and e["tid"] == 0] == [
+        name for m in range(4) for name in (f"F{m}+B{m} (fused)", f"B{m} (done in F{m}+B{m})")
+    ]
+
+
+def measured(K: int, M: int, pipeline: str, *, shift: float = 0.0) -> StepTimeline:
+    """A made-up measured step: every action 1 ms after the one before on its stage."""
+    rows = add_communication(build(pipeline, K, M))
+    found = [Event(s, a, shift + i * 1e-3, shift + (i + 1) * 1e-3)
+             for s, row in rows.items() for i, a in enumerate(row)]  # fmt: skip
+    return StepTimeline(tuple(found), K)
+
+
+def test_trace_of_recorded_steps_lays_them_end_to_end_one_track_per_stage(
+    tmp_path: Path,
+) -> None:
+    steps = [measured(2, 2, "interleaved"), measured(2, 2, "interleaved")]
+    path = tmp_path / "trace.json"
+    Timeline(steps).save_trace(path, simulated_bubble=0.25)
+    trace = json.loads(path.read_text())
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    tracks = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"
+              and e["name"] == "thread_name"}  # fmt: skip
+    assert tracks == {0: "stage 0", 1: "stage 1", 2: "steps"}
+    first = [e["name"] for e in complete if e["tid"] == 1][:8]
+    assert first == ["RF0", "F0+B0 (fused)", "B0 (done in F0+B0)", "SB0",
+                     "RF1", "F1+B1 (fused)", "B1 (done in F1+B1)", "SB1"]  # fmt: skip
+    assert [e["name"] for e in complete if e["tid"] == 0][:4] == ["F0", "SF0", "F1", "SF1"]
+    step_marks = [(e["name"], e["ts"], e["dur"]) for e in complete if e["tid"] == 2]
+    length = steps[0].step_time * 1e6
+    assert step_marks == [("step 0", 0.0, length), ("step 1", length, length)]
+    second = [e for e in complete if e["tid"] == 0 and e["ts"] >= length]
+    assert second[0]["name"] == "F0" and second[0]["ts"] == pytest.approx(length)
+    bubble = steps[0].bubble_fraction
+    assert trace["otherData"] == {
+        "measured_bubble": [bubble, bubble],
+        "simulated_bubble": 0.25,
+        "summary": f"measured bubble {bubble:.1%} (simulated 25.0%)",
+    }
+
+
+def test_summary_puts_the_measured_bubble_next_to_the_simulated_one() -> None:
+    step = measured(2, 4, "simple")
+    bubble = f"{step.bubble_fraction:.1%}"
+    assert step.summary(0.125) == (
+        f"measured step {step.step_time:.4g} s, measured bubble {bubble} (simulated 12.5%)"
+    )
+    assert step.summary() == f"measured step {step.step_time:.4g} s, measured bubble {bubble}"
 
 
 @pytest.mark.mpi

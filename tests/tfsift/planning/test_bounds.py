@@ -1,7 +1,9 @@
-"""DistributedModel outside a pipeline: call guard and manual placement."""
+"""Stage bounds: the call guard, manual placement, rank 0's plan (logged, reused, re-solved)."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -9,8 +11,12 @@ import pytest
 import tensorflow as tf
 
 import tfsift
-from tfsift.planning.bounds import manual_bounds
-from tfsift.planning.graph import trace
+from partitioner.costs import format_bytes
+from partitioner.plan import Plan
+from tfsift.config import Config
+from tfsift.planning import bounds as bounds_module
+from tfsift.planning.bounds import describe, manual_bounds, plan_differences, rank0_bounds, weights
+from tfsift.planning.graph import Graph, trace
 
 
 class Placed(tfsift.DistributedModel):
@@ -62,3 +68,129 @@ def test_partition_index_must_be_a_non_negative_int() -> None:
     with pytest.raises(ValueError, match=r"Received: -1"):
         with tfsift.partition(-1):
             pass
+
+
+def traced(units: int = 4) -> Graph:
+    class Chain(tfsift.DistributedModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = keras.layers.Dense(units, name="first")
+            self.b = keras.layers.Dense(units, name="middle")
+            self.c = keras.layers.Dense(2, name="last")
+
+        def call(self, x: Any) -> Any:
+            return self.c(keras.ops.relu(self.b(self.a(x))))
+
+    return trace(Chain(), [tf.zeros((2, 3))])
+
+
+def config(tmp_path: Path, **changes: Any) -> Config:
+    values = {"partitions": 2, "microbatches": 2, "profile_repeats": 1,
+              "plan_file": str(tmp_path / "plan.json"), **changes}  # fmt: skip
+    return Config.from_dict(values)
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "tfsift"]
+
+
+def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = config(tmp_path)
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        bounds = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
+    plan = Plan.load(tmp_path / "plan.json")
+    assert bounds == plan.bounds
+    [profiling, described, wrote] = messages(caplog)
+    assert profiling == ("INFO", "profiling 4 nodes on rank 0 (1 timed runs each) to cut them "
+                         "into 2 stages; the other ranks wait")  # fmt: skip
+    assert described[0] == "INFO"
+    lines = described[1].splitlines()
+    assert lines[0].startswith("plan: 2 stages, M=2, interleaved, optimize=speed: predicted step ")
+    assert lines[0].endswith(f"bubble {plan.predicted_bubble:.1%}")
+    names = [stage[0] + " .. " + stage[-1] for stage in plan.stage_layers]
+    for s, line in enumerate(lines[1:]):
+        assert line.startswith(f"  stage {s}: {names[s]} (")
+        assert " weights, busy " in line and "(idle " in line
+        assert line.endswith(f"peak {format_bytes(plan.peak_memory[s])}")
+    assert wrote == ("INFO", f"wrote the plan to {cfg.plan_file}")
+
+
+def test_describe_counts_each_stages_weights() -> None:
+    graph = traced()
+    names = (("first",), ("middle", graph.nodes[2].name, "last"))
+    plan = Plan((0, 1, 4), names, "speed", "simple", 4, 0.5, 0.25, (1024, 2048), "x")
+    text = describe(plan, weights(graph, plan))
+    assert weights(graph, plan) == [(3 * 4 + 4) * 4, (4 * 4 + 4 + 4 * 2 + 2) * 4]
+    assert text == (
+        "plan: 2 stages, M=4, simple, optimize=speed: predicted step 500 ms, bubble 25.0%\n"
+        "  stage 0: first .. first (1 node), 64 B weights, peak 1.00 KiB\n"
+        "  stage 1: middle .. last (3 nodes), 120 B weights, peak 2.00 KiB"
+    )
+
+
+def test_a_plan_file_made_for_this_run_is_reused_without_profiling(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, graph = config(tmp_path), traced()
+    first = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+    written = Path(cfg.plan_file or "").read_text()
+
+    def no_profiling(*args: Any) -> None:
+        raise AssertionError("profiled although the plan file fits")
+
+    monkeypatch.setattr(bounds_module, "profile", no_profiling)
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        assert rank0_bounds(graph, [tf.zeros((1, 3))], cfg) == first
+    [(level, text)] = messages(caplog)
+    assert level == "INFO" and text.startswith(f"reusing the plan in {cfg.plan_file}\nplan: ")
+    assert Path(cfg.plan_file or "").read_text() == written
+
+
+@pytest.mark.parametrize(
+    "changes, difference",
+    [({"microbatches": 4}, "microbatches: plan 2, this run 4"),
+     ({"pipeline": "simple"}, "pipeline: plan 'interleaved', this run 'simple'"),
+     ({"optimize": "memory"}, "optimize: plan 'speed', this run 'memory'"),
+     ({"partitions": 3}, "partitions: plan 2, this run 3")],
+)  # fmt: skip
+def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, changes: dict[str, Any], difference: str
+) -> None:
+    graph = traced()
+    rank0_bounds(graph, [tf.zeros((1, 3))], config(tmp_path))
+    cfg = config(tmp_path, **changes)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+    assert messages(caplog) == [
+        ("WARNING", f"the plan file {cfg.plan_file} was made for another run ({difference}); "
+                    "solving again and overwriting it")
+    ]  # fmt: skip
+    plan = Plan.load(cfg.plan_file or "")
+    assert plan_differences(plan, graph, cfg) == [] and plan.bounds == bounds
+
+
+def test_a_plan_file_made_for_another_model_names_the_first_different_node(
+    tmp_path: Path,
+) -> None:
+    graph = traced()
+    relu = graph.nodes[2].name  # keras.ops names are numbered per process: relu, relu_1...
+    plan = Plan((0, 1, 3), (("first",), ("middle", "last")), "speed", "interleaved", 2,
+                0.5, 0.25, (1, 1), "x")  # fmt: skip
+    assert plan_differences(plan, graph, config(tmp_path)) == [
+        "model: plan 3 nodes, this model 4 nodes, first different at node 2 "
+        f"(plan 'last', this model {relu!r})"
+    ]
+    same_prefix = Plan((0, 1, 5), (("first",), ("middle", relu, "last", "extra")), "speed",
+                       "interleaved", 2, 0.5, 0.25, (1, 1), "x")  # fmt: skip
+    assert plan_differences(same_prefix, graph, config(tmp_path)) == [
+        "model: plan 5 nodes, this model 4 nodes"
+    ]
+
+
+def test_an_invalid_plan_file_is_still_an_error(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    Path(cfg.plan_file or "").write_text("{}")
+    with pytest.raises(ValueError, match="is not a valid tfsift plan"):
+        rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)

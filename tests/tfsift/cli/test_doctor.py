@@ -1,0 +1,142 @@
+"""``tfsift doctor``: one line per piece of the stack, a fix for each missing one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tfsift.cli import doctor, main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def fake_stack(gpus: int = 0, cuda: bool = False, missing: tuple[str, ...] = ()) -> Any:
+    """An ``_import`` that serves stand-ins for the heavy modules, and fails on ``missing``."""
+    modules = {
+        "tensorflow": SimpleNamespace(
+            __version__="2.21.0",
+            config=SimpleNamespace(list_physical_devices=lambda kind: ["GPU"] * gpus),
+            sysconfig=SimpleNamespace(get_build_info=lambda: {"is_cuda_build": cuda}),
+        ),
+        "keras": SimpleNamespace(__version__="3.15.1"),
+        "mpi4py": SimpleNamespace(__version__="4.0.0"),
+        "horovod": SimpleNamespace(__version__="0.28.1"),
+        "horovod.tensorflow": SimpleNamespace(mpi_built=lambda: True, gloo_built=lambda: True),
+        "matplotlib": SimpleNamespace(__version__="3.9.0"),
+    }
+
+    def load(name: str) -> Any:
+        if name in missing:
+            raise ImportError(f"No module named {name!r}")
+        return modules[name]
+
+    return load
+
+
+@pytest.fixture
+def stack(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setattr(doctor, "_import", fake_stack())
+    monkeypatch.setattr(
+        doctor.shutil, "which", lambda name: "/usr/bin/mpirun" if name == "mpirun" else None
+    )
+    done = subprocess.CompletedProcess([], 0, "mpirun (Open MPI) 4.1.4\n", "")
+    monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: done)
+    return monkeypatch
+
+
+def test_a_complete_stack_passes(
+    stack: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "ok       horovod     0.28.1, TensorFlow ops: yes, MPI: yes, Gloo: yes" in out
+    assert "mpirun      /usr/bin/mpirun: mpirun (Open MPI) 4.1.4" in out
+    assert out.endswith("everything tfsift needs is here\n")
+    assert "fix:" not in out
+
+
+def test_missing_mpirun_and_horovod_fail_with_their_fixes(
+    stack: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stack.setattr(doctor, "_import", fake_stack(missing=("horovod.tensorflow",)))
+    stack.setattr(doctor.shutil, "which", lambda name: None)
+    assert main(["doctor"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    at = {line.split()[1]: i for i, line in enumerate(lines) if line.startswith("MISSING")}
+    assert set(at) == {"horovod", "mpirun"}
+    assert "horovod.tensorflow cannot be imported: ImportError" in lines[at["horovod"]]
+    assert lines[at["horovod"] + 1].split("fix: ")[1].startswith("bash scripts/setup.sh")
+    assert lines[at["mpirun"]].endswith("not on PATH")
+    assert "apt-get install openmpi-bin" in lines[at["mpirun"] + 1]
+    assert lines[-1] == "missing: horovod, mpirun; fix them, then run `tfsift doctor` again"
+
+
+def test_horovod_without_mpi_is_missing(
+    stack: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    modules = fake_stack()
+
+    def load(name: str) -> Any:
+        if name == "horovod.tensorflow":
+            return SimpleNamespace(mpi_built=lambda: False, gloo_built=lambda: True)
+        return modules(name)
+
+    stack.setattr(doctor, "_import", load)
+    assert main(["doctor"]) == 1
+    assert "MPI: no" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "gpus, cuda, nvidia_smi, status, words",
+    [(0, False, False, "ok", "none (CPU-only TensorFlow"),
+     (2, True, True, "ok", "2: up to 2 ranks per host can have one each"),
+     (0, True, True, "warning", "none visible to this CUDA build"),
+     (0, False, True, "warning", "nvidia-smi is here but TensorFlow is the CPU-only build")],
+)  # fmt: skip
+def test_gpus_are_counted_and_a_cpu_wheel_on_a_gpu_machine_is_a_warning(
+    stack: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    gpus: int,
+    cuda: bool,
+    nvidia_smi: bool,
+    status: str,
+    words: str,
+) -> None:
+    stack.setattr(doctor, "_import", fake_stack(gpus=gpus, cuda=cuda))
+    stack.setattr(doctor.shutil, "which", lambda name: "/x" if nvidia_smi else None)
+    check = doctor.check_gpus()
+    print(doctor.format_report([check]))
+    out = capsys.readouterr().out
+    assert out.split()[0] == status and words in out
+    assert not check.required  # tfsift trains on CPUs too
+
+
+def test_a_wrong_tensorflow_version_is_missing_with_the_pinned_fix(
+    stack: pytest.MonkeyPatch,
+) -> None:
+    def load(name: str) -> Any:
+        return SimpleNamespace(__version__="2.16.1", sysconfig=SimpleNamespace(
+            get_build_info=lambda: {}))  # fmt: skip
+
+    stack.setattr(doctor, "_import", load)
+    check = doctor.check_tensorflow()
+    assert not check.ok and check.detail.startswith("2.16.1 (")
+    assert "tensorflow-cpu==2.21.0" in check.fix
+
+
+def test_this_machine_has_the_stack_and_no_gpu() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tfsift.cli", "doctor"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = {line.split()[1]: line.split()[0] for line in done.stdout.splitlines()[:-1]
+              if not line.startswith(" ")}  # fmt: skip
+    for name in ("python", "tensorflow", "keras", "mpi4py", "horovod", "mpirun", "cpus"):
+        assert status[name] == "ok", done.stdout
+    assert "gpus" in status

@@ -1,0 +1,117 @@
+"""``tfsift run``: mpirun flags pass through, TensorFlow's C++ start-up lines stay quiet."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tfsift.cli import main, run
+from tfsift.cli.run import RunArgs, command, environment, parse
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_flags_before_the_script_go_to_mpirun_in_order() -> None:
+    argv = ["-np", "4", "-H", "a:2,b:2", "--mca", "btl", "tcp,self", "train.py", "--out", "x.py"]
+    assert parse(argv) == RunArgs(
+        4, ("-H", "a:2,b:2", "--mca", "btl", "tcp,self"), ("train.py", "--out", "x.py")
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [(["-n", "2", "--", "-m", "pkg.train", "--lr", "3"],
+      RunArgs(2, (), ("-m", "pkg.train", "--lr", "3"))),
+     (["--hostfile", "hosts", "-np=3", "t.py"], RunArgs(3, ("--hostfile", "hosts"), ("t.py",))),
+     (["-np", "2", "t.py", "--", "x"], RunArgs(2, (), ("t.py", "--", "x")))],
+)  # fmt: skip
+def test_the_script_is_the_first_py_file_or_what_follows_the_double_dash(
+    argv: list[str], expected: RunArgs
+) -> None:
+    assert parse(argv) == expected
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["-np", "2"], "expected a script (the first argument ending in .py, or what follows --). "
+                    "Received: -np 2"),
+     (["-H", "a:2", "t.py"], "-np N is required. Received: -H a:2 t.py"),
+     (["-np", "zero", "t.py"], "-np must be an integer >= 1. Received: -np zero")],
+)  # fmt: skip
+def test_bad_command_lines_say_what_is_wrong(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse(argv)
+    assert str(err.value) == message
+
+
+def test_command_puts_tfsift_defaults_then_the_users_flags_then_python() -> None:
+    cmd = command(parse(["-np", "2", "--mca", "btl", "self,vader", "t.py", "a"]))
+    assert cmd[:5] == ["mpirun", "-np", "2", "--bind-to", "none"]
+    assert cmd[-8:] == ["-x", "TF_CPP_MIN_LOG_LEVEL", "--mca", "btl", "self,vader",
+                        sys.executable, "t.py", "a"]  # fmt: skip
+
+
+def test_hosts_turn_off_local_oversubscription_and_user_binding_wins() -> None:
+    cmd = command(parse(["-np", "64", "-H", "a:32,b:32", "--bind-to", "core", "t.py"]))
+    assert "--oversubscribe" not in cmd  # 64 ranks on a 2-core machine, but on two hosts
+    assert cmd.count("--bind-to") == 1 and cmd[cmd.index("--bind-to") + 1] == "core"
+    local = command(parse(["-np", "64", "--oversubscribe", "t.py"]))
+    assert local.count("--oversubscribe") == 1
+
+
+def test_the_ranks_get_quiet_tensorflow_unless_the_user_chose_a_level() -> None:
+    assert environment({"PATH": "/bin"})["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert environment({"TF_CPP_MIN_LOG_LEVEL": "0"})["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    assert environment({})["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+
+
+def test_main_launches_the_split_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[list[str], dict[str, str]]] = []
+
+    def call(cmd: list[str], env: dict[str, str]) -> int:
+        calls.append((cmd, env))
+        return 3
+
+    monkeypatch.setattr(run.subprocess, "call", call)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    assert main(["run", "-np", "2", "-H", "a:1,b:1", "train.py", "--epochs", "1"]) == 3
+    [(cmd, env)] = calls
+    assert cmd == command(parse(["-np", "2", "-H", "a:1,b:1", "train.py", "--epochs", "1"]))
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "2"
+
+
+def test_help_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--help"]) == 0
+    assert "passing mpirun's own flags through" in capsys.readouterr().out
+    assert main(["run"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "-np", "2"])
+    assert str(exit_.value).startswith("tfsift run: expected a script")
+
+
+@pytest.mark.mpi
+def test_a_real_launch_passes_flags_arguments_and_the_quiet_level(tmp_path: Path) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps([os.environ.get('TF_CPP_MIN_LOG_LEVEL'), os.environ.get('SEEN'),"
+        " sys.argv[1:]]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfsift.cli", "run", "-np", "1", "-x", "SEEN=yes",
+         str(script), "--flag", "value"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["2", "yes", ["--flag", "value"]]
+
+
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(run).failed == 0

@@ -1,0 +1,225 @@
+"""``tfsift doctor``: checks the stack tfsift runs on and says how to fix what is missing.
+
+Each check is a small function returning a ``Check``; ``run`` calls them in order, prints
+one line each (and the fix under anything wrong) and exits 1 when a required piece is
+missing. The checks import TensorFlow and Horovod only through ``_import``, so a test can
+pretend any of them is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+SETUP = "bash scripts/setup.sh"
+TF_VERSION = "2.21."  # pinned in constraints.txt; Horovod is built against it
+KERAS_VERSION = "3.15."  # planning/keras_internals.py reads private Keras 3.15 APIs
+TF_FIX = (
+    f"{SETUP} (installs tensorflow-cpu==2.21.0); on a GPU machine "
+    "`pip install tensorflow==2.21.0` instead (docs/install.md)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """What one check found.
+
+    Args:
+        name: what was checked ("tensorflow", "mpirun", ...).
+        ok: whether it is there and usable.
+        detail: what was found (a version, a path, a count) or why it failed.
+        fix: how to fix it when not ok.
+        required: whether tfsift cannot run without it (else a warning).
+    """
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def add_subcommand(commands: Any) -> None:
+    """Registers ``doctor`` on the ``tfsift`` argument parser."""
+    cmd = commands.add_parser(
+        "doctor",
+        help="check TensorFlow, Keras, Horovod, MPI, CPUs and GPUs; say how to fix each",
+        description=__doc__,
+    )
+    cmd.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace | None = None) -> int:
+    """Runs every check, prints the report; 1 if a required piece is missing, else 0."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines, as in run
+    checks = [probe() for probe in probes()]
+    print(format_report(checks))
+    return 1 if any(c.required and not c.ok for c in checks) else 0
+
+
+def probes() -> list[Callable[[], Check]]:
+    """The checks, in the order they print (looked up when called, so tests can patch)."""
+    return [
+        check_python,
+        check_tensorflow,
+        check_keras,
+        check_mpi4py,
+        check_horovod,
+        check_mpirun,
+        check_cpus,
+        check_gpus,
+        check_matplotlib,
+    ]
+
+
+def format_report(checks: list[Check]) -> str:
+    """One aligned line per check, its fix indented below it, and a verdict."""
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        status = "ok" if c.ok else ("MISSING" if c.required else "warning")
+        lines.append(f"{status:<8} {c.name:<{width}}  {c.detail}")
+        if not c.ok and c.fix:
+            lines.append(f"{'':<8} {'':<{width}}  fix: {c.fix}")
+    missing = [c.name for c in checks if c.required and not c.ok]
+    if missing:
+        lines.append(f"missing: {', '.join(missing)}; fix them, then run `tfsift doctor` again")
+    else:
+        lines.append("everything tfsift needs is here")
+    return "\n".join(lines)
+
+
+def check_python() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    ok = sys.version_info[:2] == (3, 11)
+    return Check("python", ok, f"{version} ({sys.executable})", "use Python 3.11 (TFSIFT_PYTHON)")
+
+
+def check_tensorflow() -> Check:
+    try:
+        tf = _import("tensorflow")
+    except Exception as err:
+        return Check("tensorflow", False, f"cannot import: {_reason(err)}", TF_FIX)
+    wheel = _distribution("tensorflow-cpu", "tensorflow")
+    kind = "CUDA" if _cuda_build(tf) else "CPU only"
+    detail = f"{tf.__version__} ({wheel or 'unknown'} wheel, {kind})"
+    return Check("tensorflow", tf.__version__.startswith(TF_VERSION), detail, TF_FIX)
+
+
+def check_keras() -> Check:
+    try:
+        keras = _import("keras")
+    except Exception as err:
+        return Check("keras", False, f"cannot import: {_reason(err)}", f"{SETUP}")
+    ok = keras.__version__.startswith(KERAS_VERSION)
+    return Check("keras", ok, keras.__version__, f"pip install 'keras=={KERAS_VERSION}*'")
+
+
+def check_mpi4py() -> Check:
+    try:
+        mpi4py = _import("mpi4py")
+    except Exception as err:
+        return Check("mpi4py", False, f"cannot import: {_reason(err)}", SETUP)
+    return Check("mpi4py", True, mpi4py.__version__)
+
+
+def check_horovod() -> Check:
+    try:
+        horovod = _import("horovod")
+        hvd = _import("horovod.tensorflow")
+    except Exception as err:
+        detail = f"horovod.tensorflow cannot be imported: {_reason(err)}"
+        return Check("horovod", False, detail, f"{SETUP} (builds Horovod 0.28.1 with TF and MPI)")
+    mpi, gloo = bool(hvd.mpi_built()), bool(hvd.gloo_built())
+    detail = f"{horovod.__version__}, TensorFlow ops: yes, MPI: {_yes(mpi)}, Gloo: {_yes(gloo)}"
+    fix = f"rebuild with HOROVOD_WITH_MPI=1: {SETUP} after removing the cached wheel"
+    return Check("horovod", mpi, detail, fix)
+
+
+def check_mpirun() -> Check:
+    path = shutil.which("mpirun")
+    fix = f"apt-get install openmpi-bin libopenmpi-dev ({SETUP} does it)"
+    if path is None:
+        return Check("mpirun", False, "not on PATH", fix)
+    try:
+        done = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return Check("mpirun", False, f"{path} does not run: {_reason(err)}", fix)
+    version = (done.stdout.strip().splitlines() or ["version unknown"])[0]
+    return Check("mpirun", done.returncode == 0, f"{path}: {version}", fix)
+
+
+def check_cpus() -> Check:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    total = os.cpu_count() or 1
+    detail = f"{total} cores" + (f", {usable} usable by this process" if usable else "")
+    return Check("cpus", True, detail + "; `tfsift run` oversubscribes beyond them")
+
+
+def check_gpus() -> Check:
+    try:
+        tf = _import("tensorflow")
+        gpus = len(tf.config.list_physical_devices("GPU"))
+    except Exception as err:
+        return Check("gpus", False, f"unknown: {_reason(err)}", TF_FIX, required=False)
+    if gpus:
+        return Check(
+            "gpus", True, f"{gpus}: up to {gpus} ranks per host can have one each", required=False
+        )
+    if _cuda_build(tf):
+        detail = "none visible to this CUDA build of TensorFlow"
+        fix = "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"
+        return Check("gpus", False, detail, fix, required=False)
+    if shutil.which("nvidia-smi"):
+        detail = "nvidia-smi is here but TensorFlow is the CPU-only build"
+        return Check("gpus", False, detail, TF_FIX, required=False)
+    return Check(
+        "gpus", True, "none (CPU-only TensorFlow; training runs on the CPUs)", required=False
+    )
+
+
+def check_matplotlib() -> Check:
+    try:
+        matplotlib = _import("matplotlib")
+    except Exception as err:
+        detail = f"not installed ({_reason(err)}); only --timeline and .draw() need it"
+        return Check("matplotlib", False, detail, "pip install matplotlib", required=False)
+    return Check("matplotlib", True, f"{matplotlib.__version__} (timeline charts)")
+
+
+def _import(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+def _distribution(*names: str) -> str | None:
+    """The first of ``names`` installed as a distribution (which TensorFlow wheel)."""
+    for name in names:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return name
+    return None
+
+
+def _cuda_build(tf: Any) -> bool:
+    return bool(tf.sysconfig.get_build_info().get("is_cuda_build", False))
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"

@@ -1,0 +1,157 @@
+"""``tfsift run``: launch a script under mpirun, passing mpirun's own flags through.
+
+    tfsift run -np 4 -H a:2,b:2 --mca btl tcp,self train.py --epochs 3
+               └── mpirun flags (-np required) ──┘ └─ script, args ──┘
+
+The script is the first argument ending in ``.py``; anything else to run with Python
+(``-m package.module``) goes after ``--``. ``-np N`` is required. tfsift adds what the
+machine needs (``--allow-run-as-root`` as root, ``--oversubscribe`` for more local ranks
+than cores unless hosts are given, ``--bind-to none`` unless given) and sets
+``TF_CPP_MIN_LOG_LEVEL=2`` for the ranks (exported to every host with ``-x``; set it
+yourself to choose another level). That hides TensorFlow's C++ INFO and WARNING lines
+(the CPU feature guard; on GPUs the library loading and device lines), but not the two
+lines TensorFlow 2.21 writes through absl before its level applies ("All log messages
+before absl::InitializeLog()" and oneDNN's notice, twice per rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tfsift.parallel.launch import mpirun_command
+
+# TensorFlow's C++ log threshold: 2 hides INFO and WARNING (the start-up lines), keeps
+# errors. Read by TensorFlow, not by tfsift, so it is named here rather than in env.py.
+TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+QUIET_TF = "2"
+_NP = ("-np", "-n", "--np", "-c")
+_HOSTS = ("-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile")
+_SWITCHES = ("--oversubscribe", "--allow-run-as-root")  # mpirun_command's flags without values
+_USAGE = "tfsift run -np N [MPIRUN FLAGS] SCRIPT.py [ARGS] | tfsift run -np N [FLAGS] -- -m MODULE"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunArgs:
+    """A ``tfsift run`` command line, split.
+
+    Args:
+        np: the number of ranks.
+        mpirun_flags: every other argument before the script, in order, for mpirun.
+        script: the script and its arguments (or ``-m module ...``), for Python.
+    """
+
+    np: int
+    mpirun_flags: tuple[str, ...]
+    script: tuple[str, ...]
+
+    @property
+    def hosts_given(self) -> bool:
+        """Whether the flags name hosts (then the local core count says nothing)."""
+        return any(flag.split("=")[0] in _HOSTS for flag in self.mpirun_flags)
+
+
+def add_subcommand(commands: Any) -> None:
+    """Registers ``run``; it takes its arguments raw, since mpirun's flags are open-ended."""
+    cmd = commands.add_parser(
+        "run",
+        help="launch a training script with mpirun (-np N, mpirun flags, then the script)",
+        usage=_USAGE,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        # '+' so that argparse claims none of mpirun's '-' flags; -h is handled in `run`.
+        prefix_chars="+",
+        add_help=False,
+    )
+    cmd.add_argument("argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    cmd.set_defaults(func=run, run_parser=cmd)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launches the job and returns mpirun's exit code."""
+    if not args.argv or args.argv[0] in ("-h", "--help"):
+        args.run_parser.print_help()
+        return 0 if args.argv else 2
+    try:
+        parsed = parse(args.argv)
+    except ValueError as err:
+        raise SystemExit(f"tfsift run: {err}") from None
+    return subprocess.call(command(parsed), env=environment(os.environ))
+
+
+def parse(argv: Sequence[str]) -> RunArgs:
+    """Splits ``-np N [mpirun flags] script.py [args]`` (or ``... -- -m module``).
+
+    Example:
+        >>> parse(["-np", "4", "-H", "a:2,b:2", "train.py", "--lr", "3"])
+        RunArgs(np=4, mpirun_flags=('-H', 'a:2,b:2'), script=('train.py', '--lr', '3'))
+
+    Raises:
+        ValueError: no script, or no valid ``-np``.
+    """
+    flags, script = _split_script(list(argv))
+    np: int | None = None
+    rest: list[str] = []
+    i = 0
+    while i < len(flags):
+        name, eq, value = flags[i].partition("=")
+        if name not in _NP:
+            rest.append(flags[i])
+        elif eq or i + 1 < len(flags):
+            np = _count(value if eq else flags[i + 1])
+            i += 0 if eq else 1
+        i += 1
+    if np is None:
+        raise ValueError(f"-np N is required. Received: {' '.join(argv)}")
+    return RunArgs(np, tuple(rest), tuple(script))
+
+
+def command(parsed: RunArgs) -> list[str]:
+    """The mpirun command line: tfsift's defaults, the user's flags, then Python and the script.
+
+    A default the user's flags already set (``--bind-to``, ``--oversubscribe``) is left
+    out, and so is ``--oversubscribe`` when hosts are given.
+    """
+    *launcher, python = mpirun_command(parsed.np, [])
+    given = {flag.split("=")[0].replace("--", "-") for flag in parsed.mpirun_flags}
+    if "-bind-to" in given:
+        at = launcher.index("--bind-to")
+        del launcher[at : at + 2]
+    dropped = {f for f in _SWITCHES if f.replace("--", "-") in given}
+    dropped |= {"--oversubscribe"} if parsed.hosts_given else set()
+    launcher = [f for f in launcher if f not in dropped]
+    export = ["-x", TF_CPP_MIN_LOG_LEVEL]
+    return [*launcher, *export, *parsed.mpirun_flags, python, *parsed.script]
+
+
+def environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The ranks' environment: ``base``, allowed to run as root, TensorFlow's C++ start-up
+    logging quiet unless ``base`` sets ``TF_CPP_MIN_LOG_LEVEL``."""
+    env = dict(base, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault(TF_CPP_MIN_LOG_LEVEL, QUIET_TF)
+    return env
+
+
+def _split_script(argv: list[str]) -> tuple[list[str], list[str]]:
+    at = next((i for i, arg in enumerate(argv) if arg == "--" or arg.endswith(".py")), len(argv))
+    flags, script = argv[:at], argv[at + 1 :] if argv[at : at + 1] == ["--"] else argv[at:]
+    if not script:
+        raise ValueError(
+            "expected a script (the first argument ending in .py, or what follows --). "
+            f"Received: {' '.join(argv) or 'nothing'}"
+        )
+    return flags, script
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"-np must be an integer >= 1. Received: -np {text}")
+    return value
