@@ -246,6 +246,68 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     # ---- end of Keras' save paths -------------------------------------------------------------
 
+    # ---- Keras' training API: compile, fit, evaluate, predict (issue 15) ----------------------
+    # Thin: tfsift.training (a higher layer) holds the loops; it is imported here lazily,
+    # so that the model module does not depend on it at import time.
+
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, **kwargs: Any) -> None:
+        """Keras' ``compile``; also builds the pipelined steps that ``fit`` runs.
+
+        Example:
+            >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+            ...               metrics=["accuracy"])
+        """
+        from tfsift import training
+
+        training.compile_model(self, optimizer=optimizer, loss=loss, **kwargs)
+
+    def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
+        """Keras' ``fit``, pipelined and data-parallel.
+
+        Every rank runs it; the ``History`` is the same on every rank (losses and metrics
+        averaged over the replicas) and the progress bar shows on rank 0 only.
+
+        Example:
+            >>> model.fit(tfsift.shard(ds).batch(32, drop_remainder=True), epochs=3)
+
+        Args:
+            x: a dataset of ``(x, y)`` or ``(x, y, sample_weight)`` batches, each
+                divisible by ``microbatches``; or input arrays, sharded over the replicas
+                and batched (``batch_size``, default 32) with ``drop_remainder=True``.
+            y: the targets, with input arrays.
+            **kwargs: ``batch_size``, ``shuffle`` and ``sample_weight`` (with arrays),
+                ``epochs``, ``verbose``, ``callbacks``, ``validation_data``,
+                ``initial_epoch``, ``steps_per_epoch``, ``validation_steps``,
+                ``validation_freq``, and ``sift`` (a ``tfsift.SiftConfig``: train on the
+                batches ``tfsift.sift`` keeps, scored with the compiled loss per sample).
+
+        Returns:
+            A ``keras.callbacks.History``.
+
+        Raises:
+            ValueError: a dataset whose batches do not split into ``microbatches``.
+            RuntimeError: the model was not compiled.
+        """
+        from tfsift import training
+
+        return training.fit(self, x, y, **kwargs)
+
+    def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
+        """Keras' ``evaluate`` (``batch_size``, ``sample_weight``, ``verbose``, ``steps``,
+        ``callbacks``, ``return_dict``): the loss and metrics averaged over the replicas."""
+        from tfsift import training
+
+        return training.evaluate(self, x, y, **kwargs)
+
+    def predict(self, x: Any = None, **kwargs: Any) -> Any:
+        """Keras' ``predict`` (``batch_size``, ``verbose``, ``steps``, ``callbacks``): NumPy
+        predictions, on every rank of the pipeline."""
+        from tfsift import training
+
+        return training.predict(self, x, **kwargs)
+
+    # ---- end of Keras' training API -----------------------------------------------------------
+
 
 def _release_other_stages(graph: Graph, sub: Any) -> None:
     """Frees the weights of layers this rank does not run, so a rank holds only its stage."""

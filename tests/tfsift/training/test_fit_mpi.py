@@ -1,0 +1,43 @@
+"""fit under real mpirun: 2 stages, and 2 replicas; the same History on every rank and the
+README loop's weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("K", [2, 1], ids=["2_stages", "2_replicas"])
+def test_fit_equals_the_step_loop_with_one_history_on_every_rank(K: int) -> None:
+    proc = mpi.run(2, "fit_check.py", str(K), timeout=120)
+    reports = mpi.reports(proc)
+    assert sorted(reports) == [0, 1]
+    first = reports[0]
+    assert sorted(first["history"]) == [
+        "accuracy",
+        "learning_rate",
+        "loss",
+        "val_accuracy",
+        "val_loss",
+    ]
+    assert first["history"]["learning_rate"] == pytest.approx([0.05, 0.025, 0.05 / 3])
+    for rep in reports.values():
+        assert rep["history"] == first["history"]  # bitwise: the same floats
+        assert rep["evaluated"] == first["evaluated"]
+        assert rep["max_weight_diff"] == 0.0
+        assert rep["variables"] > 0
+        assert rep["early_stopped_epochs"] == 2
+        assert rep["sifted"] == first["sifted"]  # fit(sift=...): one History too
+        assert rep["kept_fraction"] == 0.5
+    assert first["history"]["loss"][-1] < first["history"]["loss"][0]
+    assert len(first["sifted"]["loss"]) == 2
+    if K == 2:  # one pipeline: both stages return the last stage's predictions
+        np.testing.assert_array_equal(reports[0]["predicted"], reports[1]["predicted"])
+        assert {r["stage"] for r in reports.values()} == {0, 1}
+    else:  # two replicas: each predicts its own half of the data
+        assert len(reports[0]["predicted"]) == len(reports[1]["predicted"])
+    assert "loss:" in proc.stdout and proc.stdout.count("Epoch 1/3") == 1  # rank 0 only

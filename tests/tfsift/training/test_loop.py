@@ -1,0 +1,195 @@
+"""One process: fit, evaluate, predict and callbacks on a DistributedModel (partitions=1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfsift
+from tfsift.training import loop
+
+N, B, SEED = 64, 16, 3
+
+
+class Mlp(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(8, activation="relu")
+        self.b = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
+def dataset(batch: int = B, drop_remainder: bool = True) -> tf.data.Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 1).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=drop_remainder)
+
+
+def compiled_model(microbatches: int = 2, **compile_args: Any) -> Mlp:
+    tfsift.init({"microbatches": microbatches})
+    keras.utils.set_random_seed(SEED)
+    model = Mlp()
+    compile_args.setdefault("loss", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), metrics=["accuracy"], **compile_args)
+    return model
+
+
+def readme_loop(epochs: int, microbatches: int = 2) -> list[np.ndarray]:
+    """The README's @tfsift.step loop, same seed and data order: the weights it ends with."""
+    tfsift.init({"microbatches": microbatches})
+    keras.utils.set_random_seed(SEED)
+    model = Mlp()
+    loss_obj = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tfsift.step
+    def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
+        loss = loss_obj(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    for _ in range(epochs):
+        for x, y in dataset():
+            grads = tfsift.allreduce(forward_backward(x, y)[0])
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def test_fit_ends_with_the_readme_loops_weights_and_a_history() -> None:
+    model = compiled_model()
+    history = model.fit(dataset(), epochs=3, verbose=0, validation_data=dataset())
+    weights = [v.numpy() for v in model.trainable_variables]
+    assert sorted(history.history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    assert len(history.history["loss"]) == 3
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    for got, want in zip(weights, readme_loop(3), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_evaluate_and_predict_match_keras_on_the_same_weights() -> None:
+    model = compiled_model()
+    model.fit(dataset(), epochs=1, verbose=0)
+    loss, accuracy = model.evaluate(dataset(), verbose=0)
+    logits = model.predict(dataset(), verbose=0)
+    x = np.concatenate([xb for xb, _ in dataset().as_numpy_iterator()])
+    y = np.concatenate([yb for _, yb in dataset().as_numpy_iterator()])
+    want = model.b(model.a(x)).numpy()  # partitions=1: the rank holds every layer
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
+    assert accuracy == pytest.approx(float(np.mean(want.argmax(-1) == y)))
+    per_sample = keras.losses.sparse_categorical_crossentropy(y, want, from_logits=True)
+    assert loss == pytest.approx(float(np.mean(per_sample)), rel=1e-5)
+    assert model.evaluate(dataset(), verbose=0, return_dict=True) == {
+        "loss": loss,
+        "accuracy": accuracy,
+    }
+
+
+def test_callbacks_early_stopping_and_learning_rate_scheduler() -> None:
+    model = compiled_model()
+    seen: list[float] = []
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 / (epoch + 1))
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen.append(float(model.optimizer.learning_rate))
+    )
+    # min_delta so large that no epoch counts as an improvement: stops after 1 + patience
+    stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1)
+    history = model.fit(dataset(), epochs=10, verbose=0, callbacks=[schedule, record, stop])
+    assert len(history.history["loss"]) == 2
+    assert seen == pytest.approx([0.1, 0.05])
+    assert history.history["learning_rate"] == pytest.approx([0.1, 0.05])
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        "sparse_categorical_crossentropy",
+        keras.losses.sparse_categorical_crossentropy,
+    ],
+    ids=["object", "name", "function"],
+)
+def test_a_loss_given_as_object_name_or_function_trains(loss: Any) -> None:
+    model = compiled_model(loss=loss)
+    history = model.fit(dataset(), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_fit_with_sift_trains_on_the_kept_samples() -> None:
+    model = compiled_model()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5)
+    history = model.fit(dataset(), epochs=2, verbose=0, sift=config)
+    assert len(history.history["loss"]) == 2
+    assert tfsift.sift_metrics()["kept_fraction"] == pytest.approx(0.5)
+
+
+def test_a_batch_not_divisible_by_microbatches_fails_before_training() -> None:
+    model = compiled_model(microbatches=4)
+    with pytest.raises(ValueError, match=r"drop_remainder=True.*Received: batch size None"):
+        model.fit(dataset(drop_remainder=False), verbose=0)
+    with pytest.raises(ValueError, match=r"microbatches=4.*Received: batch size 6"):
+        model.fit(dataset(batch=6), verbose=0)
+    assert model.partitioned is None  # nothing ran
+
+
+def test_fit_before_compile_says_to_compile() -> None:
+    tfsift.init({})
+    with pytest.raises(RuntimeError, match=r"model.compile\(optimizer="):
+        Mlp().fit(dataset(), verbose=0)
+
+
+def test_the_progress_bar_shows_on_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
+    model = compiled_model()
+    model.fit(dataset(), epochs=1, verbose=2)
+    assert "loss:" in capsys.readouterr().out
+
+
+def test_tensorboard_writes_train_and_validation_events_on_rank_0_only(tmp_path: Path) -> None:
+    model = compiled_model()
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    model.fit(dataset(), epochs=1, verbose=0, validation_data=dataset(), callbacks=[board])
+    assert [len(list((tmp_path / d).glob("events.*"))) for d in ("train", "validation")] == [1, 1]
+    stop = keras.callbacks.EarlyStopping()
+    assert loop.for_rank([board, stop], 0) == [board, stop]
+    assert loop.for_rank([board, stop], 1) == [stop]
+
+
+def arrays() -> tuple[np.ndarray, np.ndarray]:
+    x, y = zip(*dataset().unbatch().as_numpy_iterator(), strict=True)
+    return np.stack(x), np.stack(y)
+
+
+def test_arrays_train_as_the_dataset_of_their_batches() -> None:
+    x, y = arrays()
+    from_arrays = compiled_model()
+    history = from_arrays.fit(
+        x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, validation_data=(x, y)
+    )
+    from_dataset = compiled_model()
+    want = from_dataset.fit(dataset(), epochs=2, verbose=0, validation_data=dataset())
+    assert history.history == want.history
+    for a, b in zip(from_arrays.trainable_variables, from_dataset.trainable_variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert from_arrays.evaluate(x, y, batch_size=B, verbose=0) == from_dataset.evaluate(
+        dataset(), verbose=0
+    )
+
+
+def test_predict_on_arrays_returns_one_row_per_sample_whatever_the_microbatches() -> None:
+    model = compiled_model(microbatches=4)
+    model.fit(dataset(), epochs=1, verbose=0)
+    x = arrays()[0][:37]  # 37 = 2 batches of 16 and 5 rows, not a multiple of 4
+    np.testing.assert_allclose(
+        model.predict(x, batch_size=16, verbose=0),
+        model.b(model.a(x)).numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match=r"microbatches=4\. Received: batch_size=6"):
+        model.predict(x, batch_size=6, verbose=0)

@@ -1,0 +1,94 @@
+"""Compiled: what ``model.compile`` set up, turned into pipelined ``@tfsift.step`` functions."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import keras
+
+from tfsift.pipeline.context import gradients
+from tfsift.pipeline.step import step
+from tfsift.training.losses import batch_loss, per_sample_loss
+
+if TYPE_CHECKING:
+    from tfsift.model import DistributedModel
+
+_ATTRIBUTE = "_tfsift_compiled"
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A compiled model's loss, metrics and steps; made once by ``compile``.
+
+    ``train_step(x, y[, sample_weight])`` returns ``(grads, loss, y_pred)``,
+    ``eval_step`` returns ``(loss, y_pred)`` and ``predict_step(x)`` returns ``y_pred``,
+    each as ``StepOutput``s valid on every rank of the pipeline.
+    """
+
+    loss: keras.losses.Loss  # the batch mean
+    per_sample_loss: Callable[..., Any]  # reduction=None, for tfsift.sift
+    metrics: Any  # Keras' CompileMetrics (built at the first update), or None
+    train_step: Callable[..., Any]
+    eval_step: Callable[..., Any]
+    predict_step: Callable[..., Any]
+
+
+def compile_model(model: DistributedModel, **kwargs: Any) -> None:
+    """Keras' ``compile`` (optimizer, loss, metrics), then the pipelined steps for ``fit``.
+
+    Keras keeps ``model.optimizer`` (resolved) and ``model.loss`` (as given) and builds a
+    ``CompileMetrics`` of ``metrics`` and ``weighted_metrics``; tfsift reuses all three.
+    XLA stays off: the steps are compiled per stage by ``@tfsift.step``.
+    """
+    kwargs.setdefault("jit_compile", False)
+    keras.Model.compile(model, **kwargs)
+    loss = batch_loss(kwargs.get("loss"))
+    compiled = Compiled(
+        loss=loss,
+        per_sample_loss=per_sample_loss(loss),
+        metrics=getattr(model, "_compile_metrics", None),
+        train_step=_train_step(model, loss),
+        eval_step=_eval_step(model, loss),
+        predict_step=_predict_step(model),
+    )
+    object.__setattr__(model, _ATTRIBUTE, compiled)
+
+
+def compiled_of(model: DistributedModel) -> Compiled:
+    """The model's ``Compiled``; raises if ``compile`` was not called."""
+    compiled = getattr(model, _ATTRIBUTE, None)
+    if compiled is None:
+        raise RuntimeError(
+            f"DistributedModel {model.name!r} must be compiled before fit, evaluate or "
+            "predict: call model.compile(optimizer=..., loss=..., metrics=[...])"
+        )
+    return compiled  # type: ignore[no-any-return]
+
+
+def _train_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..., Any]:
+    @step
+    def train_step(x: Any, y: Any, *sample_weight: Any) -> Any:
+        y_pred = model(x, training=True)
+        value = loss(y, y_pred, sample_weight=sample_weight[0] if sample_weight else None)
+        return gradients(value, model.trainable_variables), value, y_pred
+
+    return train_step
+
+
+def _eval_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..., Any]:
+    @step
+    def eval_step(x: Any, y: Any, *sample_weight: Any) -> Any:
+        y_pred = model(x, training=False)
+        return loss(y, y_pred, sample_weight=sample_weight[0] if sample_weight else None), y_pred
+
+    return eval_step
+
+
+def _predict_step(model: DistributedModel) -> Callable[..., Any]:
+    @step
+    def predict_step(x: Any) -> Any:
+        return model(x, training=False)
+
+    return predict_step

@@ -1,0 +1,228 @@
+"""The epoch and batch loops of ``fit``, ``evaluate`` and ``predict``, and their callbacks.
+
+Every rank runs the same loop: the steps return the last stage's values on every rank
+of a pipeline, the logs are averaged over the replicas (``logs.replica_mean``), so every
+callback sees the same logs everywhere and acts the same (``EarlyStopping`` stops every
+rank at the same epoch). Only rank 0 shows Keras' progress bar.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import keras
+import numpy as np
+from keras import tree
+
+from tfsift.parallel import runtime
+from tfsift.parallel.collectives import allreduce
+from tfsift.sift.config import SiftConfig
+from tfsift.sift.transform import sift as sift_transform
+from tfsift.training import data
+from tfsift.training.compiled import Compiled, compiled_of
+from tfsift.training.logs import metric_results, replica_mean
+
+if TYPE_CHECKING:
+    from tfsift.model import DistributedModel
+
+Logs = dict[str, float]
+
+
+def fit(
+    model: DistributedModel,
+    x: Any,
+    y: Any = None,
+    *,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    verbose: Any = "auto",
+    callbacks: list[keras.callbacks.Callback] | None = None,
+    validation_data: Any = None,
+    initial_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    validation_freq: int = 1,
+    shuffle: bool = True,
+    sample_weight: Any = None,
+    sift: SiftConfig | None = None,
+) -> keras.callbacks.History:
+    """Keras' ``fit``, pipelined and data-parallel; see ``DistributedModel.fit``."""
+    compiled, M = compiled_of(model), runtime.get().config.microbatches
+    train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle)
+    if validation_data is not None:
+        validation_data = data.validation(validation_data, batch_size, M)
+    if sift is not None:
+        train = train.apply(sift_transform(model, compiled.per_sample_loss, sift))
+    steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
+    cbs = _callbacks(model, callbacks, verbose, epochs=epochs, steps=steps)
+    model.stop_training = False
+    cbs.on_train_begin()
+    epoch_logs: Logs = {}
+    for epoch in range(initial_epoch, epochs):
+        cbs.on_epoch_begin(epoch)
+        epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs)
+        if validation_data is not None and (epoch + 1) % validation_freq == 0:
+            val = _test_loop(model, compiled, validation_data, validation_steps, cbs)
+            epoch_logs.update({f"val_{k}": v for k, v in val.items()})
+        cbs.on_epoch_end(epoch, epoch_logs)
+        if model.stop_training:
+            break
+    cbs.on_train_end(logs=epoch_logs)
+    return next(c for c in cbs.callbacks if isinstance(c, keras.callbacks.History))
+
+
+def evaluate(
+    model: DistributedModel,
+    x: Any,
+    y: Any = None,
+    *,
+    batch_size: int | None = None,
+    sample_weight: Any = None,
+    verbose: Any = "auto",
+    steps: int | None = None,
+    callbacks: list[keras.callbacks.Callback] | None = None,
+    return_dict: bool = False,
+) -> Any:
+    """Keras' ``evaluate``: the loss and metrics, averaged over the replicas."""
+    compiled = compiled_of(model)
+    M = runtime.get().config.microbatches
+    dataset = data.training_data(x, y, sample_weight, batch_size, M, "evaluate", False)
+    cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
+    logs = _test_loop(model, compiled, dataset, steps, cbs)
+    if return_dict:
+        return logs
+    values = list(logs.values())
+    return values[0] if len(values) == 1 else values
+
+
+def predict(
+    model: DistributedModel,
+    x: Any,
+    *,
+    batch_size: int | None = None,
+    verbose: Any = "auto",
+    steps: int | None = None,
+    callbacks: list[keras.callbacks.Callback] | None = None,
+) -> Any:
+    """Keras' ``predict``: this rank's predictions for its batches, as NumPy arrays.
+
+    Every rank of a pipeline returns the same predictions; with a dataset, each replica
+    predicts its own batches; with arrays, every rank predicts all of them.
+    """
+    compiled = compiled_of(model)
+    dataset, keep = data.prediction_data(x, batch_size, runtime.get().config.microbatches)
+    cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
+    cbs.on_predict_begin()
+    outputs = []
+    for n, (inputs, _, _) in enumerate(data.batches(dataset, steps)):
+        cbs.on_predict_batch_begin(n)
+        out = tree.map_structure(lambda o: o.concat().numpy(), compiled.predict_step(inputs))
+        outputs.append(out)
+        cbs.on_predict_batch_end(n, {"outputs": out})
+    cbs.on_predict_end()
+    if not outputs:
+        raise ValueError("predict read no batch from the dataset. Received: an empty dataset")
+    return tree.map_structure(lambda *parts: np.concatenate(parts)[:keep], *outputs)
+
+
+def _callbacks(
+    model: DistributedModel, callbacks: Any, verbose: Any, **params: Any
+) -> keras.callbacks.CallbackList:
+    """The user's callbacks with Keras' History, and Keras' progress bar on rank 0 only."""
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return callbacks
+    rank = runtime.get().rank
+    verbose = (1 if verbose == "auto" else verbose) if rank == 0 else 0
+    return keras.callbacks.CallbackList(
+        for_rank(list(callbacks or []), rank),
+        add_history=True,
+        add_progbar=verbose != 0,
+        model=model,
+        verbose=verbose,
+        **params,
+    )
+
+
+def for_rank(
+    callbacks: list[keras.callbacks.Callback], rank: int
+) -> list[keras.callbacks.Callback]:
+    """The callbacks this rank runs: ``TensorBoard`` only on rank 0.
+
+    Every rank sees the same logs, so one writer suffices; several ranks writing event
+    files into one ``log_dir`` would show every curve several times.
+    """
+    if rank == 0:
+        return callbacks
+    return [c for c in callbacks if not isinstance(c, keras.callbacks.TensorBoard)]
+
+
+def _train_epoch(
+    model: DistributedModel,
+    compiled: Compiled,
+    dataset: Any,
+    steps: int | None,
+    cbs: keras.callbacks.CallbackList,
+) -> Logs:
+    tracker = _reset(compiled)
+    logs: Logs = {}
+    for n, batch in enumerate(data.batches(dataset, steps)):
+        cbs.on_train_batch_begin(n)
+        logs = _train_batch(model, compiled, tracker, batch)
+        cbs.on_train_batch_end(n, logs)
+        if model.stop_training:
+            break
+    return dict(logs)
+
+
+def _train_batch(
+    model: DistributedModel, compiled: Compiled, tracker: keras.metrics.Mean, batch: Any
+) -> Logs:
+    """One optimizer step, as the README's ``@tfsift.step`` loop does it; returns the logs."""
+    x, y, weight = batch
+    grads, loss, y_pred = compiled.train_step(x, y, *_weights(weight))
+    grads = allreduce(grads)
+    if grads:  # a stage may hold no trainable variables
+        model.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    return _update(compiled, tracker, loss, y_pred, y, weight)
+
+
+def _test_loop(
+    model: DistributedModel,
+    compiled: Compiled,
+    dataset: Any,
+    steps: int | None,
+    cbs: keras.callbacks.CallbackList,
+) -> Logs:
+    tracker = _reset(compiled)
+    logs: Logs = {}
+    cbs.on_test_begin()
+    for n, (x, y, weight) in enumerate(data.batches(dataset, steps)):
+        cbs.on_test_batch_begin(n)
+        loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
+        logs = _update(compiled, tracker, loss, y_pred, y, weight)
+        cbs.on_test_batch_end(n, logs)
+    cbs.on_test_end(logs)
+    return dict(logs)
+
+
+def _reset(compiled: Compiled) -> keras.metrics.Mean:
+    """A fresh loss mean; the compiled metrics reset (one epoch or evaluation each)."""
+    if compiled.metrics is not None:
+        compiled.metrics.reset_state()
+    return keras.metrics.Mean(name="loss")
+
+
+def _update(
+    compiled: Compiled, tracker: keras.metrics.Mean, loss: Any, y_pred: Any, y: Any, weight: Any
+) -> Logs:
+    """Updates the loss mean and the metrics from the step's outputs; the replicas' mean."""
+    y_pred = tree.map_structure(lambda o: o.concat(), y_pred)
+    batch = int(tree.flatten(y_pred)[0].shape[0])
+    tracker.update_state(loss.reduce_mean(), sample_weight=batch)
+    if compiled.metrics is not None:
+        compiled.metrics.update_state(y, y_pred, sample_weight=weight)
+    return replica_mean({"loss": tracker.result(), **metric_results(compiled.metrics)})
+
+
+def _weights(weight: Any) -> tuple[Any, ...]:
+    return () if weight is None else (weight,)

@@ -1,0 +1,67 @@
+"""Losses: a compiled ``loss`` as the batch loss a step trains on and as a per-sample loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+
+class PerSampleMean(keras.losses.Loss):  # type: ignore[misc]
+    """A function returning one loss per sample, reduced as Keras reduces it (the mean).
+
+    Example:
+        >>> loss = PerSampleMean(keras.losses.sparse_categorical_crossentropy)
+    """
+
+    def __init__(self, fn: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(name=getattr(fn, "__name__", "loss"), **kwargs)
+        self.fn = fn
+
+    def call(self, y_true: Any, y_pred: Any) -> Any:
+        return self.fn(y_true, y_pred)
+
+
+def batch_loss(loss: Any) -> keras.losses.Loss:
+    """The loss ``compile(loss=...)`` names, as a ``keras.losses.Loss`` returning the batch mean.
+
+    Raises:
+        ValueError: no loss, or one that Keras does not know.
+    """
+    if loss is None:
+        raise ValueError(
+            "fit and evaluate need a loss: call model.compile(loss=...). Received: None"
+        )
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if callable(loss):
+        return PerSampleMean(loss)
+    raise ValueError(f"loss must be a keras.losses.Loss, a name or a function. Received: {loss!r}")
+
+
+def per_sample_loss(loss: keras.losses.Loss) -> Callable[..., Any]:
+    """``loss`` with ``reduction=None`` (one value per sample), for ``tfsift.sift``."""
+    if isinstance(loss, PerSampleMean):
+        fn: Callable[..., Any] = loss.fn
+        return fn
+    try:
+        unreduced: Callable[..., Any] = type(loss).from_config(
+            {**loss.get_config(), "reduction": None}
+        )
+        return unreduced
+    except (TypeError, ValueError):  # a subclass whose __init__ does not take its config
+        return Unreduced(loss)
+
+
+class Unreduced(keras.losses.Loss):  # type: ignore[misc]
+    """Another loss's per-sample values (its ``call``), with ``reduction=None``."""
+
+    def __init__(self, loss: keras.losses.Loss) -> None:
+        super().__init__(name=loss.name, reduction=None)
+        self.loss = loss
+
+    def call(self, y_true: Any, y_pred: Any) -> Any:
+        return self.loss.call(y_true, y_pred)
