@@ -51,6 +51,7 @@ class Config:
     memory_cap: int | None = None
     plan_file: str | None = None
     profile_repeats: int = 5
+    timeout: float = 600.0
 
     def __post_init__(self) -> None:
         _check_int("partitions", self.partitions, 1)
@@ -70,6 +71,7 @@ class Config:
             )
         if self.memory_cap is not None:
             _check_int("memory_cap", self.memory_cap, 1)
+        _check_positive("timeout", self.timeout)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Config:
@@ -129,6 +131,11 @@ def _read(path: str) -> str:
 def _check_int(name: str, value: object, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}. Received: {name}={value!r}")
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0. Received: {name}={value!r}")
 
 
 def _check_bool(name: str, value: object) -> None:

@@ -83,3 +83,16 @@ def test_config_comes_from_the_environment_as_json_or_a_file(
     monkeypatch.setenv("TFSIFT_CONFIG", "/nonexistent.json")
     with pytest.raises(ValueError, match="neither JSON nor an existing file"):
         Config.from_env()
+
+
+def test_timeout_defaults_to_600_seconds_and_takes_any_positive_number() -> None:
+    assert Config.from_dict({}).timeout == 600
+    assert Config.from_dict({"timeout": 2}).timeout == 2
+    assert Config.from_dict({"timeout": 0.5}).timeout == 0.5
+
+
+@pytest.mark.parametrize("value", [0, -3, "600", True, None, float("nan")])
+def test_timeout_must_be_a_number_above_zero(value: object) -> None:
+    with pytest.raises(ValueError) as err:
+        Config.from_dict({"timeout": value})
+    assert str(err.value) == f"timeout must be a number > 0. Received: timeout={value!r}"

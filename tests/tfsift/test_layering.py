@@ -17,6 +17,7 @@ LAYERS = {
     "tfsift.env": 0,
     "tfsift.config": 0,
     "tfsift.state": 0,
+    "tfsift.logs": 0,
     "tfsift.parallel": 1,
     "tfsift.planning": 2,
     "tfsift.pipeline": 3,

@@ -1,31 +1,52 @@
 """Stage-to-stage messages over MPI: activations forward, gradients backward.
 
 Sends are non-blocking (``Isend`` of the tensor's bytes, completed at the end of
-the step); receives block. Both sides know every message's shapes and dtypes
-from the traced graph, so no header travels with the data. Messages between
-two stages are matched in order (MPI never reorders messages with the same
-source, tag and communicator); the tag says direction and microbatch.
+the step). Receives are non-blocking too, waited for by ``watchdog.wait``: a
+waiting rank sleeps instead of spinning a core, and after the config's
+``timeout`` seconds it ends the job with a message naming the peer and the
+message it waited for. Both sides know every message's shapes and dtypes from
+the traced graph, so no header travels with the data. Messages between two
+stages are matched in order (MPI never reorders messages with the same source,
+tag and communicator); the tag says direction and microbatch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 from mpi4py import MPI
 
+from tfsift.parallel import runtime, watchdog
+
 FORWARD, BACKWARD = 0, 1
 _TAG_LIMIT = 1 << 14
+_CARGO = {FORWARD: "activations", BACKWARD: "gradients"}
+
+
+class _Sent(NamedTuple):
+    request: Any
+    data: np.ndarray  # the bytes being sent: kept alive until the send completes
+    dest: int
+    direction: int
+    microbatch: int
 
 
 class PipeComm:
-    """Point-to-point messages between the stages of one pipeline."""
+    """Point-to-point messages between the stages of one pipeline.
 
-    def __init__(self, comm: Any) -> None:
+    Args:
+        comm: the pipeline's mpi4py communicator (its rank is the stage).
+        timeout: seconds a receive (or the step's sends) may wait before the job is
+            ended; by default the ``timeout`` of the config given to ``tfsift.init``.
+    """
+
+    def __init__(self, comm: Any, timeout: float | None = None) -> None:
         self.comm = comm
-        self._pending: list[tuple[Any, np.ndarray]] = []
+        self.timeout = runtime.get().config.timeout if timeout is None else timeout
+        self._pending: list[_Sent] = []
 
     def send(
         self, tensors: Sequence[tf.Tensor], dest: int, direction: int, microbatch: int
@@ -34,7 +55,8 @@ class PipeComm:
         tag = _tag(direction, microbatch)
         for tensor in tensors:
             data = np.ascontiguousarray(tensor.numpy()).reshape(-1).view(np.uint8)
-            self._pending.append((self.comm.Isend([data, MPI.BYTE], dest=dest, tag=tag), data))
+            request = self.comm.Isend([data, MPI.BYTE], dest=dest, tag=tag)
+            self._pending.append(_Sent(request, data, dest, direction, microbatch))
 
     def recv(
         self,
@@ -43,19 +65,38 @@ class PipeComm:
         direction: int,
         microbatch: int,
     ) -> list[tf.Tensor]:
-        """Receives one tensor per ``(shape, dtype)`` in ``specs`` from stage ``source``."""
+        """Receives one tensor per ``(shape, dtype)`` in ``specs`` from stage ``source``.
+
+        Ends the job (``MPI_Abort``) if they have not all arrived after ``timeout`` s.
+        """
         tag = _tag(direction, microbatch)
-        out = []
-        for shape, dtype in specs:
-            array = np.empty(shape, dtype=tf.as_dtype(dtype).as_numpy_dtype)
-            self.comm.Recv([array.reshape(-1).view(np.uint8), MPI.BYTE], source=source, tag=tag)
-            out.append(tf.convert_to_tensor(array))
-        return out
+        arrays = [np.empty(shape, tf.as_dtype(dtype).as_numpy_dtype) for shape, dtype in specs]
+        requests = [
+            self.comm.Irecv([a.reshape(-1).view(np.uint8), MPI.BYTE], source=source, tag=tag)
+            for a in arrays
+        ]
+        if not watchdog.wait(requests, self.timeout):
+            watchdog.abort(
+                f"{self._me()} waited {self.timeout:g} s to receive the {_CARGO[direction]} "
+                f"of microbatch {microbatch} from {self._peer(source)}"
+            )
+        return [tf.convert_to_tensor(a) for a in arrays]
 
     def wait(self) -> None:
-        """Completes every send started since the last ``wait``."""
-        MPI.Request.Waitall([req for req, _ in self._pending])
+        """Completes every send started since the last ``wait`` (bounded by ``timeout``)."""
+        for sent in self._pending:  # in order: the first one not received is the one to name
+            if not watchdog.wait([sent.request], self.timeout):
+                watchdog.abort(
+                    f"{self._me()} waited {self.timeout:g} s for {self._peer(sent.dest)} to "
+                    f"receive the {_CARGO[sent.direction]} of microbatch {sent.microbatch}"
+                )
         self._pending.clear()
+
+    def _me(self) -> str:
+        return f"rank {MPI.COMM_WORLD.Get_rank()}"
+
+    def _peer(self, stage: int) -> str:
+        return f"stage {stage} (rank {watchdog.world_rank(self.comm, stage)})"
 
 
 def _tag(direction: int, microbatch: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import math
 import sys
 import threading
 import traceback
@@ -14,7 +15,9 @@ from typing import Any
 
 from mpi4py import MPI
 
+from tfsift import env, logs
 from tfsift.config import Config
+from tfsift.parallel import watchdog
 from tfsift.parallel.topology import Topology
 from tfsift.state import STATE
 
@@ -34,6 +37,10 @@ class Runtime:
     horovod: bool
     dp_set: Any = None  # horovod ProcessSet of this stage's data-parallel group
     mp_set: Any = None  # horovod ProcessSet of this rank's pipeline
+    # A duplicate of COMM_WORLD for tfsift's own control messages (the exit check, shard
+    # counts), so they never match a plan broadcast or a user's message; None on one rank.
+    control_comm: Any = None
+    exit_grace: float = env.EXIT_GRACE  # seconds; see _exit_check
 
     @property
     def stage(self) -> int:
@@ -44,10 +51,11 @@ class Runtime:
         return self.topology.replica(self.rank)
 
     def close(self) -> None:
-        """Frees the pipeline communicator (collective over the pipeline's ranks)."""
-        if self.pipe_comm is not None and self.pipe_comm != MPI.COMM_NULL:
-            self.pipe_comm.Free()
-        self.pipe_comm = None
+        """Frees the pipeline and control communicators (collective over their ranks)."""
+        for comm in (self.pipe_comm, self.control_comm):
+            if comm is not None and comm != MPI.COMM_NULL:
+                comm.Free()
+        self.pipe_comm = self.control_comm = None
 
 
 def init(config: Mapping[str, Any] | Config | None = None) -> Runtime:
@@ -82,27 +90,49 @@ def init(config: Mapping[str, Any] | Config | None = None) -> Runtime:
             f"partitions={cfg.partitions}, placement_strategy={cfg.placement_strategy!r}, "
             f"horovod={use_hvd}"
         )
+    grace = env.exit_grace()
     if topology.size > 1:
         _install_abort_hook(rank)
-    runtime = _reuse(old, cfg, topology) if old is not None else None
+    runtime = _reuse(old, cfg, topology, grace) if old is not None else None
     if runtime is None:
         if old is not None:
             old.close()
-        pipe_comm = world.Split(color=topology.replica(rank), key=topology.stage(rank))
-        local_rank = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-        runtime = Runtime(cfg, topology, rank, local_rank, world, pipe_comm, use_hvd)
-        if use_hvd:
-            runtime.dp_set, runtime.mp_set = _start_horovod(topology, rank)
+        runtime = _create(cfg, topology, use_hvd, grace)
+    if topology.size > 1:
+        _install_exit_check()  # after _start_horovod: it must run before Horovod's shutdown
     STATE.runtime = runtime
+    logs.configure(rank)
     log.debug("rank %d: stage %d of replica %d", rank, runtime.stage, runtime.replica)
     return runtime
 
 
-def _reuse(old: Runtime, cfg: Config, topology: Topology) -> Runtime | None:
+def _reuse(old: Runtime, cfg: Config, topology: Topology, grace: float) -> Runtime | None:
     """The old runtime's communicators under the new config, if the rank layout is the same."""
-    if old.topology != topology or old.pipe_comm is None:
+    if (
+        old.topology != topology
+        or old.pipe_comm is None
+        or old.horovod != _wants_horovod(cfg, topology)
+    ):
         return None
-    return dataclasses.replace(old, config=cfg)
+    return dataclasses.replace(old, config=cfg, exit_grace=grace)
+
+
+def _wants_horovod(cfg: Config, topology: Topology) -> bool:
+    return cfg.horovod if cfg.horovod is not None else topology.replicas > 1
+
+
+def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Runtime:
+    """New communicators (collective over every rank) and, with ``use_hvd``, Horovod."""
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    pipe_comm = world.Split(color=topology.replica(rank), key=topology.stage(rank))
+    local_rank = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    control = world.Dup() if topology.size > 1 else None
+    runtime = Runtime(cfg, topology, rank, local_rank, world, pipe_comm, use_hvd)
+    runtime.control_comm, runtime.exit_grace = control, grace
+    if use_hvd:
+        runtime.dp_set, runtime.mp_set = _start_horovod(topology, rank, cfg.timeout)
+    return runtime
 
 
 def get() -> Runtime:
@@ -112,9 +142,10 @@ def get() -> Runtime:
     return STATE.runtime  # type: ignore[no-any-return]
 
 
-def _start_horovod(topology: Topology, rank: int) -> tuple[Any, Any]:
+def _start_horovod(topology: Topology, rank: int, timeout: float) -> tuple[Any, Any]:
     import horovod.tensorflow as hvd
 
+    _limit_horovod_stalls(timeout)
     groups = [topology.dp_group(s) for s in range(topology.partitions)]
     groups += [topology.pipeline(r) for r in range(topology.replicas)]
     everyone = tuple(range(topology.size))
@@ -122,7 +153,8 @@ def _start_horovod(topology: Topology, rank: int) -> tuple[Any, Any]:
     hvd.init(process_sets=list(sets.values()))
     # Horovod shuts down for every rank as soon as one rank exits, so a data-parallel group
     # still reducing its last gradients would fail. atexit runs handlers last-in first-out:
-    # this barrier runs before the shutdown Horovod registered in hvd.init.
+    # this barrier runs before the shutdown Horovod registered in hvd.init (and after
+    # _exit_check, registered later, which has already waited, boundedly, for every rank).
     atexit.register(MPI.COMM_WORLD.Barrier)
     if hvd.size() != topology.size or hvd.rank() != rank:
         raise RuntimeError(
@@ -132,6 +164,21 @@ def _start_horovod(topology: Topology, rank: int) -> tuple[Any, Any]:
     dp = topology.dp_group(topology.stage(rank))
     mp = topology.pipeline(topology.replica(rank))
     return sets.get(dp, hvd.global_process_set), sets.get(mp, hvd.global_process_set)
+
+
+def _limit_horovod_stalls(timeout: float) -> None:
+    """Makes a collective that some ranks never join fail everywhere after ``timeout`` s.
+
+    Horovod then names the missing ranks, shuts down, and the collective raises on every
+    rank that joined it (which the abort hook turns into the end of the job). Without a
+    shutdown time Horovod only warns, forever. The user's own settings win.
+    """
+    if not math.isfinite(timeout):
+        return
+    seconds = max(1, math.ceil(timeout))  # Horovod reads whole seconds
+    env.set_default(env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, str(seconds))
+    # Horovod ignores a shutdown time shorter than its warning time (default 60 s).
+    env.set_default(env.HOROVOD_STALL_CHECK_TIME_SECONDS, str(min(60, seconds)))
 
 
 def _install_abort_hook(rank: int) -> None:
@@ -148,3 +195,29 @@ def _install_abort_hook(rank: int) -> None:
 
     sys.excepthook = abort
     threading.excepthook = thread_abort
+
+
+def _install_exit_check() -> None:
+    """Makes a rank that leaves the script while others still run end the job (once)."""
+    atexit.unregister(_exit_check)
+    atexit.register(_exit_check)
+
+
+def _exit_check() -> None:
+    """At exit, waits up to ``exit_grace`` seconds for every rank to exit; else ends the job.
+
+    ``sys.exit()`` raises ``SystemExit``, which never reaches ``sys.excepthook``: without
+    this check the rank would sit in ``MPI_Finalize`` and its peers in a receive from it,
+    forever. Every rank joins a non-blocking barrier as it leaves. Ranks that end normally
+    meet there within moments of each other; the peers of a rank that left early are
+    blocked waiting for it and never come, so that rank ends the job.
+    """
+    rt: Runtime | None = STATE.runtime
+    if rt is None or rt.control_comm is None or MPI.Is_finalized():
+        return
+    if not watchdog.wait([rt.control_comm.Ibarrier()], rt.exit_grace):
+        watchdog.abort(
+            f"rank {rt.rank} exited (sys.exit() or the end of the script) while other ranks "
+            f"were still running: they had not all exited {rt.exit_grace:g} s later "
+            f"({env.TFSIFT_EXIT_GRACE})"
+        )

@@ -1,14 +1,39 @@
-"""Input pipelines for data-parallel replicas."""
+"""Input pipelines for data-parallel replicas: equal shards, the same on every stage."""
 
 from __future__ import annotations
 
-import tensorflow as tf
+import logging
+import time
 
-from tfsift.parallel import runtime
+import numpy as np
+import tensorflow as tf
+from mpi4py import MPI
+
+from tfsift.parallel import runtime, watchdog
+
+log = logging.getLogger("tfsift")
 
 
 def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> tf.data.Dataset:
     """Gives each data-parallel replica its own shard; every stage of a pipeline gets the same one.
+
+    Every replica gets the same number of elements, so every replica runs the same
+    number of steps and none waits forever in the gradient allreduce at the end of an
+    epoch: of ``n`` elements, replica ``r`` keeps elements ``r, r + R, r + 2R, ...``,
+    ``n // R`` of them (up to ``R - 1`` elements are left out). When the dataset's
+    cardinality is unknown (after ``filter``, from a generator or from files), each rank
+    counts its shard once, here (one pass over the data, logged), and every replica
+    keeps the smallest count. Declare the cardinality to skip that pass:
+    ``dataset.apply(tf.data.experimental.assert_cardinality(n))``, or
+    ``tf.data.INFINITE_CARDINALITY`` for an endless generator (whose count would never
+    end). An infinite dataset (``repeat()``) is sharded as it is.
+
+    Call it on every rank, in the same order: with an unknown cardinality the counts
+    are agreed between the ranks.
+
+    Example:
+        >>> for x, y in tfsift.shard(dataset).batch(32, drop_remainder=True):  # doctest: +SKIP
+        ...     grads, loss = forward_backward(x, y)
 
     Args:
         dataset: unbatched or batched dataset; sharding is by element.
@@ -18,7 +43,57 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
     """
     rt = runtime.get()
     replicas, replica = rt.topology.replicas, rt.replica
-    out = dataset.shard(replicas, replica) if replicas > 1 else dataset
+    out = dataset
+    if replicas > 1:
+        out = dataset.shard(replicas, replica)
+        count = _equal_count(dataset, out, rt)
+        if count is not None:
+            out = out.take(count)
     if shuffle_buffer > 0:
         out = out.shuffle(shuffle_buffer, seed=seed + replica, reshuffle_each_iteration=True)
     return out
+
+
+def _equal_count(
+    dataset: tf.data.Dataset, mine: tf.data.Dataset, rt: runtime.Runtime
+) -> int | None:
+    """Elements every replica keeps: the smallest shard's size; None for an infinite dataset."""
+    total = int(dataset.cardinality())
+    if total == tf.data.INFINITE_CARDINALITY:
+        return None
+    if total >= 0:
+        return total // rt.topology.replicas
+    if rt.rank == 0:
+        log.warning(
+            "tfsift.shard: the dataset's cardinality is unknown; counting every shard (one "
+            "pass over the data) so that every replica gets as many elements. Declare it with "
+            "tf.data.experimental.assert_cardinality to skip this."
+        )
+    start = time.perf_counter()
+    count = int(mine.reduce(np.int64(0), _plus_one))
+    least = _smallest(count, rt)
+    if rt.rank == 0:
+        log.warning(
+            "tfsift.shard: counted in %.1f s; every replica keeps %d elements (rank 0 had %d)",
+            time.perf_counter() - start,
+            least,
+            count,
+        )
+    return least
+
+
+def _plus_one(count: tf.Tensor, *_: object) -> tf.Tensor:
+    return count + 1
+
+
+def _smallest(count: int, rt: runtime.Runtime) -> int:
+    """The minimum of ``count`` over every rank (bounded by the config's ``timeout``)."""
+    mine, least = np.array([count], np.int64), np.zeros(1, np.int64)
+    request = rt.control_comm.Iallreduce(mine, least, op=MPI.MIN)
+    if not watchdog.wait([request], rt.config.timeout):
+        watchdog.abort(
+            f"rank {rt.rank} waited {rt.config.timeout:g} s in tfsift.shard for the other "
+            "ranks to count their shards of a dataset of unknown cardinality (is one of them "
+            "endless? or not calling tfsift.shard?)"
+        )
+    return int(least[0])

@@ -42,3 +42,24 @@ def test_partition_blocks_nest_and_unwind_in_the_process_state() -> None:
             assert state.STATE.partitions == [1, 2]
         assert state.STATE.partitions == [1]
     assert state.STATE.partitions == []
+
+
+def test_init_rejects_a_bad_exit_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFSIFT_EXIT_GRACE", "soon")
+    with pytest.raises(ValueError) as err:
+        tfsift.init({})
+    assert str(err.value) == "TFSIFT_EXIT_GRACE must be a number of seconds > 0. Received: 'soon'"
+    monkeypatch.setenv("TFSIFT_EXIT_GRACE", "2.5")
+    tfsift.init({})
+    assert runtime.get().exit_grace == 2.5
+
+
+def test_init_asking_for_horovod_after_a_runtime_without_it_does_not_reuse_it() -> None:
+    from tfsift.parallel import runtime as rt_module
+
+    tfsift.init({})
+    first = rt_module.get()
+    assert not first.horovod
+    assert (
+        rt_module._reuse(first, first.config.__class__(horovod=True), first.topology, 10.0) is None
+    )

@@ -1,0 +1,124 @@
+"""Bounded waits: they sleep instead of spinning, give up after the timeout, and the job
+ends naming the peer and the message waited for (pipeline) or the missing rank (Horovod)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from mpi4py import MPI
+
+import mpi
+from tfsift.parallel import watchdog
+from tfsift.parallel.comm import BACKWARD, FORWARD, PipeComm
+
+
+class Aborted(Exception):
+    """Raised in place of MPI_Abort, which would end the test process."""
+
+
+@pytest.fixture
+def no_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    def abort(message: str, code: int = 1) -> None:
+        raise Aborted(message)
+
+    monkeypatch.setattr(watchdog, "abort", abort)
+
+
+def test_wait_returns_as_soon_as_the_requests_complete() -> None:
+    comm = MPI.COMM_SELF.Dup()
+    got = np.zeros(3)
+    request = comm.Irecv(got, source=0, tag=1)
+    comm.Send(np.arange(3.0), dest=0, tag=1)
+    start = time.monotonic()
+    assert watchdog.wait([request], 10.0)
+    assert time.monotonic() - start < 0.5
+    assert got.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_wait_gives_up_after_the_timeout_without_spinning_a_core() -> None:
+    comm = MPI.COMM_SELF.Dup()  # the pending receive stays on this communicator
+    request = comm.Irecv(np.zeros(1), source=0, tag=2)
+    start, cpu = time.monotonic(), time.process_time()
+    assert not watchdog.wait([request], 1.0)
+    elapsed, used = time.monotonic() - start, time.process_time() - cpu
+    assert 1.0 <= elapsed < 1.5, elapsed
+    assert used < 0.1, used  # a blocking MPI_Recv would use ~1 s of CPU here
+
+
+def test_a_late_pipeline_message_names_the_waiter_the_peer_and_the_message(no_abort: None) -> None:
+    pipe = PipeComm(MPI.COMM_SELF.Dup(), timeout=0.2)
+    with pytest.raises(Aborted) as err:
+        pipe.recv([((2, 3), tf.float32)], 0, FORWARD, 3)
+    assert str(err.value) == (
+        "rank 0 waited 0.2 s to receive the activations of microbatch 3 from stage 0 (rank 0)"
+    )
+    with pytest.raises(Aborted) as err:
+        pipe.recv([((2,), tf.float32)], 0, BACKWARD, 1)
+    assert "to receive the gradients of microbatch 1 from stage 0 (rank 0)" in str(err.value)
+
+
+def test_a_send_never_received_names_the_peer(no_abort: None) -> None:
+    pipe = PipeComm(MPI.COMM_SELF.Dup(), timeout=0.2)
+    pipe.send([tf.zeros((1 << 20,))], 0, BACKWARD, 5)  # 4 MiB: not buffered, needs a receive
+    with pytest.raises(Aborted) as err:
+        pipe.wait()
+    assert str(err.value) == (
+        "rank 0 waited 0.2 s for stage 0 (rank 0) to receive the gradients of microbatch 5"
+    )
+    pipe.comm.Recv(np.empty(4 << 20, np.uint8), source=0, tag=MPI.ANY_TAG)
+    pipe.wait()  # now received: completes
+
+
+def test_pipeline_messages_arrive_intact_and_in_order() -> None:
+    pipe = PipeComm(MPI.COMM_SELF.Dup(), timeout=5.0)
+    sent = [tf.reshape(tf.range(6, dtype=tf.float32), (2, 3)), tf.constant([7, 8], tf.int32)]
+    pipe.send(sent, 0, FORWARD, 0)
+    got = pipe.recv([((2, 3), tf.float32), ((2,), tf.int32)], 0, FORWARD, 0)
+    pipe.wait()
+    assert [g.numpy().tolist() for g in got] == [s.numpy().tolist() for s in sent]
+
+
+def _stalled(sleeper: int, layout: str, timeout: float) -> tuple[Any, dict[str, Any], float]:
+    """Runs stall_check.py; returns the job, the sleeper's report, and when the job ended."""
+    proc = mpi.run(2, "stall_check.py", str(sleeper), str(timeout), layout, timeout=120)
+    ended = time.time()
+    report = json.loads((Path(proc.reports_dir) / f"rank{sleeper}.json").read_text())
+    return proc, report, ended
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("sleeper", "message"),
+    [
+        (0, "rank 1 waited 3 s to receive the activations of microbatch 0 from stage 0 (rank 0)"),
+        (1, "rank 0 waited 3 s to receive the gradients of microbatch 0 from stage 1 (rank 1)"),
+    ],
+)
+def test_a_stalled_stage_ends_the_job_after_the_timeout(sleeper: int, message: str) -> None:
+    proc, report, ended = _stalled(sleeper, "pipeline", 3.0)
+    took = ended - report["start"]
+    print(f"stalled stage {sleeper}: job ended {took:.1f} s after the stall (timeout 3 s)")
+    print(f"waiting rank used {report['waiter_cpu']:.1%} of a core")
+    assert proc.returncode != 0
+    assert f"tfsift: {message}; aborting the job" in proc.stderr
+    assert 2.0 <= took < 3.0 + 15, took  # the peer may start waiting a little earlier
+    assert report["waiter_cpu"] < 0.1, report  # a blocking receive spins at ~100%
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_stalled_replica_ends_the_job_after_horovods_stall_check() -> None:
+    proc, report, ended = _stalled(1, "dp", 3.0)
+    took = ended - report["start"]
+    print(f"stalled replica: job ended {took:.1f} s after the stall (timeout 3 s)")
+    print(f"waiting rank used {report['waiter_cpu']:.1%} of a core")
+    assert proc.returncode != 0
+    assert "Missing ranks:\n1!" in proc.stderr
+    assert "tfsift: rank 0 failed, aborting the job" in proc.stderr
+    assert 2.0 <= took < 2 * 3.0 + 15, took  # Horovod checks every `timeout` seconds
