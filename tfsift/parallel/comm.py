@@ -5,9 +5,11 @@ the step). Receives are non-blocking too, waited for by ``watchdog.wait``: a
 waiting rank sleeps instead of spinning a core, and after the config's
 ``timeout`` seconds it ends the job with a message naming the peer and the
 message it waited for. Both sides know every message's shapes and dtypes from
-the traced graph, so no header travels with the data. Messages between two
-stages are matched in order (MPI never reorders messages with the same source,
-tag and communicator); the tag says direction and microbatch.
+the traced graph, so no header travels with the data; ahead of each microbatch's
+activations travels a fixed-size fingerprint of the step's inputs (``CHECK``), so
+that a stage fed other data fails with a message instead of a truncated receive.
+Messages between two stages are matched in order (MPI never reorders messages with
+the same source, tag and communicator); the tag says direction and microbatch.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from mpi4py import MPI
 
 from tfsift.parallel import runtime, watchdog
 
-FORWARD, BACKWARD = 0, 1
-_TAG_LIMIT = 1 << 14
-_CARGO = {FORWARD: "activations", BACKWARD: "gradients"}
+FORWARD, BACKWARD, CHECK = 0, 1, 2
+_TAG_LIMIT = 1 << 13  # x 3 directions stays under 32767, the least tag bound MPI promises
+_CARGO = {FORWARD: "activations", BACKWARD: "gradients", CHECK: "input fingerprint"}
 
 
 class _Sent(NamedTuple):
@@ -100,4 +102,4 @@ class PipeComm:
 
 
 def _tag(direction: int, microbatch: int) -> int:
-    return (microbatch % _TAG_LIMIT) * 2 + direction
+    return (microbatch % _TAG_LIMIT) * 3 + direction

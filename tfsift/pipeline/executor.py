@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from keras import tree
 
 from partitioner.schedule import Action, Kind
-from tfsift.parallel.comm import BACKWARD, FORWARD
+from tfsift.parallel.comm import BACKWARD, CHECK, FORWARD
 from tfsift.pipeline.plan import Spec, StepPlan
 from tfsift.pipeline.stage import Saved
 from tfsift.state import STATE
@@ -59,6 +60,7 @@ class Executor:
         self.grad_sum: list[tf.Tensor] | None = None  # summed as backwards finish: no M copies
         self.fused: set[int] = set()  # last stage: microbatches whose backward is done
         self.results: dict[int, Any] = {}
+        self._fingerprints: dict[int, np.ndarray] = {}
 
     def run(self, timed: Timed | None = None) -> StepResult:
         """Executes the plan's actions in order, then completes outstanding sends.
@@ -99,11 +101,17 @@ class Executor:
         self.plan.role.backward(self, m)
 
     def _send_forward(self, m: int) -> None:
+        check = tf.constant(self._fingerprint(m))
+        self.plan.comm.send([check], self.plan.s + 1, CHECK, m)
         self.plan.comm.send(self.outputs[m], self.plan.s + 1, FORWARD, m)
         if self.plan.stage.recompute or not self.plan.backward:
             self.outputs.pop(m)
 
     def _recv_forward(self, m: int) -> None:
+        (theirs,) = self.plan.comm.recv([((3,), tf.float64)], self.plan.s - 1, CHECK, m)
+        mine = self._fingerprint(m)
+        if not np.array_equal(theirs.numpy(), mine):
+            raise RuntimeError(mismatch_message(self.plan.s, m, theirs.numpy(), mine))
         specs = self._shapes(self.plan.in_specs, m)
         self.inputs[m] = self.plan.comm.recv(specs, self.plan.s - 1, FORWARD, m)
 
@@ -119,6 +127,11 @@ class Executor:
         specs = self._shapes(self.plan.grad_specs, m)
         self.out_grads[m] = self.plan.comm.recv(specs, self.plan.s + 1, BACKWARD, m)
 
+    def _fingerprint(self, m: int) -> np.ndarray:
+        if m not in self._fingerprints:
+            self._fingerprints[m] = fingerprint(self.microbatches[m])
+        return self._fingerprints[m]
+
     def _shapes(self, specs: Sequence[Spec], m: int) -> list[Spec]:
         batch = microbatch_size(self.microbatches[m])
         return [((batch, *shape), dtype) for shape, dtype in specs]
@@ -132,6 +145,34 @@ _HANDLERS = {
     Kind.SEND_B: "_send_backward",
     Kind.RECV_B: "_recv_backward",
 }
+
+
+def fingerprint(microbatch: Microbatch) -> np.ndarray:
+    """[batch size, sum, sum of squares] over the microbatch's tensors, in float64.
+
+    Every stage of a pipeline must be given the same batches; this cheap summary lets a
+    stage check that against the previous one before it receives any activations.
+    """
+    total = np.zeros(3)
+    total[0] = microbatch_size(microbatch)
+    for leaf in tree.flatten(microbatch):
+        if (tf.is_tensor(leaf) or isinstance(leaf, np.ndarray)) and leaf.dtype != tf.string:
+            values = np.asarray(leaf, dtype=np.float64)
+            total[1] += values.sum()
+            total[2] += np.square(values).sum()
+    return total
+
+
+def mismatch_message(s: int, m: int, theirs: np.ndarray, mine: np.ndarray) -> str:
+    """The error of a stage fed other data than the previous stage."""
+    return (
+        f"stage {s} was given other data than stage {s - 1} for microbatch {m} of this step "
+        "(every stage of a pipeline must see the same batches in the same order). Give "
+        "every stage of a pipeline the same data: shard with tfsift.shard(dataset, "
+        "shuffle_buffer=..., seed=...), which shuffles alike along a pipeline, rather than "
+        "dataset.shard(num_workers, rank) or an unseeded .shuffle(). Received: [batch size, "
+        f"sum, sum of squares] {theirs.tolist()} from stage {s - 1}, {mine.tolist()} here"
+    )
 
 
 def microbatch_size(microbatch: Microbatch) -> int:

@@ -54,17 +54,18 @@ class FakePipe:
         self.stage, self.queues = stage, queues
         self.calls: list[str] = []
         self.comm = None
+        self.timeout = 10.0
 
     def _queue(self, src: int, dst: int, direction: int, m: int) -> queue.Queue[Any]:
         return self.queues.setdefault((src, dst, direction, m), queue.Queue())
 
     def send(self, tensors: Sequence[tf.Tensor], dest: int, direction: int, m: int) -> None:
-        self.calls.append(f"send{'FB'[direction]}{m}->{dest}")
+        self.calls.append(f"send{'FBC'[direction]}{m}->{dest}")
         self._queue(self.stage, dest, direction, m).put([t.numpy() for t in tensors])
 
     def recv(self, specs: Sequence[Spec], source: int, direction: int, m: int) -> list[tf.Tensor]:
-        self.calls.append(f"recv{'FB'[direction]}{m}<-{source}")
-        arrays = self._queue(source, self.stage, direction, m).get(timeout=10)
+        self.calls.append(f"recv{'FBC'[direction]}{m}<-{source}")
+        arrays = self._queue(source, self.stage, direction, m).get(timeout=self.timeout)
         assert [tuple(a.shape) for a in arrays] == [tuple(s) for s, _ in specs]
         return [tf.convert_to_tensor(a) for a in arrays]
 
@@ -173,13 +174,43 @@ def test_stage_0_talks_in_the_schedule_order_interleaved_m4() -> None:
     stage_plans = plans(model, fn, x[:2], 2, 4, "interleaved", False)
     run_pipeline(stage_plans, fn, x, y)
     assert stage_plans[0].comm.calls == [  # type: ignore[attr-defined]
-        "sendF0->1", "sendF1->1", "recvB0<-1", "sendF2->1", "recvB1<-1", "sendF3->1",
-        "recvB2<-1", "recvB3<-1", "wait",
+        "sendC0->1", "sendF0->1", "sendC1->1", "sendF1->1", "recvB0<-1", "sendC2->1",
+        "sendF2->1", "recvB1<-1", "sendC3->1", "sendF3->1", "recvB2<-1", "recvB3<-1", "wait",
     ]  # fmt: skip
     assert stage_plans[1].comm.calls == [  # type: ignore[attr-defined]
-        "recvF0<-0", "sendB0->0", "recvF1<-0", "sendB1->0", "recvF2<-0", "sendB2->0",
-        "recvF3<-0", "sendB3->0", "wait",
+        "recvC0<-0", "recvF0<-0", "sendB0->0", "recvC1<-0", "recvF1<-0", "sendB1->0",
+        "recvC2<-0", "recvF2<-0", "sendB2->0", "recvC3<-0", "recvF3<-0", "sendB3->0", "wait",
     ]  # fmt: skip
+
+
+def test_a_stage_fed_other_data_refuses_before_receiving_activations() -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    fn = train_fn(model)
+    stage_plans = plans(model, fn, x[:4], 2, 2, "simple", False)
+    for plan in stage_plans:
+        plan.comm.timeout = 2.0  # type: ignore[attr-defined]
+    batches = [split((x, y), {}, 2), split((x[::-1], y[::-1]), {}, 2)]  # stage 1: reversed
+    errors: list[BaseException] = []
+
+    def work(s: int) -> None:
+        try:
+            Executor(stage_plans[s], fn, batches[s]).run()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    mismatch = [e for e in errors if isinstance(e, RuntimeError)]
+    assert len(mismatch) == 1
+    assert str(mismatch[0]).startswith(
+        "stage 1 was given other data than stage 0 for microbatch 0 of this step"
+    )
+    assert "tfsift.shard(dataset, shuffle_buffer=..., seed=...)" in str(mismatch[0])
+    assert stage_plans[1].comm.calls == ["recvC0<-0"]  # type: ignore[attr-defined]
 
 
 def test_roles_follow_the_stage_position() -> None:

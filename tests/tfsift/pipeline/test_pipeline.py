@@ -62,3 +62,12 @@ def test_an_eager_head_matches_too() -> None:
                 assert r["body_calls"] == 1 + 2 * 2, label
             assert r["grad_error"] < 1e-5, label
             assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
+
+
+@pytest.mark.parametrize("mode", ["unseeded", "shard"])
+def test_stages_fed_different_batches_fail_with_the_reason(mode: str) -> None:
+    proc = mpi.run(2, "mismatch_check.py", mode, timeout=120)
+    assert proc.returncode != 0
+    assert "stage 1 was given other data than stage 0 for microbatch 0 of this step" in (
+        proc.stderr + proc.stdout
+    )
