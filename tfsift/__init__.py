@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tfsift.version import __version__
 
 if TYPE_CHECKING:
+    from tfsift.checkpoint import CheckpointManager, load_weights, save_model
     from tfsift.model import DistributedModel
     from tfsift.parallel.collectives import allreduce, broadcast_variables
     from tfsift.parallel.ranks import (
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from tfsift.sift.transform import sift, sift_metrics
 
 _EXPORTS = {
+    "CheckpointManager": "tfsift.checkpoint",
     "DistributedModel": "tfsift.model",
     "SiftConfig": "tfsift.sift.config",
     "StepOutput": "tfsift.pipeline.outputs",
@@ -46,12 +48,14 @@ _EXPORTS = {
     "dp_size": "tfsift.parallel.ranks",
     "gradients": "tfsift.pipeline.context",
     "init": "tfsift.parallel.ranks",
+    "load_weights": "tfsift.checkpoint",
     "local_rank": "tfsift.parallel.ranks",
     "mp_process_set": "tfsift.parallel.ranks",
     "mp_rank": "tfsift.parallel.ranks",
     "mp_size": "tfsift.parallel.ranks",
     "partition": "tfsift.planning.placement",
     "rank": "tfsift.parallel.ranks",
+    "save_model": "tfsift.checkpoint",
     "shard": "tfsift.parallel.shard",
     "sift": "tfsift.sift.transform",
     "sift_metrics": "tfsift.sift.transform",
@@ -60,6 +64,7 @@ _EXPORTS = {
     "timeline": "tfsift.pipeline.timeline",
 }
 __all__ = [
+    "CheckpointManager",
     "DistributedModel",
     "SiftConfig",
     "StepOutput",
@@ -71,12 +76,14 @@ __all__ = [
     "dp_size",
     "gradients",
     "init",
+    "load_weights",
     "local_rank",
     "mp_process_set",
     "mp_rank",
     "mp_size",
     "partition",
     "rank",
+    "save_model",
     "shard",
     "sift",
     "sift_metrics",

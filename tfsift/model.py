@@ -236,7 +236,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             names = ", ".join(node.name for node in nodes)
             held.append(f"stage {s}: {names} ({params:,} params){mine}")
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        table = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+        table = [
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        ]
         title = (
             f'Model "{self.name}": partitions={len(part.bounds) - 1}; this rank holds stage '
             f"{part.stage.index}"

@@ -1,0 +1,125 @@
+"""save_model writes a plain .keras file; load_weights reads it (or a checkpoint) back."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpi
+import tfsift
+from tfsift.checkpoint import CheckpointError
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+X = np.random.default_rng(1).normal(size=(8, 6)).astype(np.float32)
+
+
+class OpsNet(tfsift.DistributedModel):
+    """Layers, ``keras.ops`` between them, a skip connection, dropout and BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(8, activation="tanh")
+        self.gate = keras.layers.Dense(8)
+        self.drop = keras.layers.Dropout(0.5)
+        self.norm = keras.layers.BatchNormalization()
+        self.out = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        h = self.a(x)
+        g = keras.ops.multiply(h, keras.ops.sigmoid(self.gate(h)))
+        return self.out(self.norm(self.drop(keras.ops.add(g, h))))
+
+
+def trained() -> tuple[OpsNet, Any]:
+    """A model after two training steps, and its forward-only predict step."""
+    tfsift.init({"microbatches": 2})
+    keras.utils.set_random_seed(4)
+    model, optimizer = OpsNet(), keras.optimizers.SGD(0.1)
+
+    @tfsift.step
+    def train(x: tf.Tensor, y: tf.Tensor) -> Any:
+        return tfsift.gradients(LOSS(y, model(x, training=True)), model.trainable_variables)
+
+    for _ in range(2):
+        grads = [g.accumulate() for g in train(X, np.arange(8) % 3)]
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    return model, predictor(model)
+
+
+def predictor(model: OpsNet) -> Any:
+    @tfsift.step
+    def predict(x: tf.Tensor) -> Any:
+        return model(x, training=False)
+
+    return lambda x: np.asarray(predict(tf.constant(x)).concat())
+
+
+def load_plainly(path: Path, x: np.ndarray, tmp_path: Path) -> dict[str, Any]:
+    """Loads ``path`` in a new Python process that imports only Keras."""
+    np.save(tmp_path / "x.npy", x)
+    script = str(mpi.SCRIPTS / "checkpoint_plain_load.py")
+    proc = subprocess.run(
+        [sys.executable, script, str(path), str(tmp_path / "x.npy")],
+        env={**mpi.environment(), "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_save_model_writes_a_file_plain_keras_loads_with_equal_predictions(tmp_path: Path) -> None:
+    model, predict = trained()
+    path = tfsift.save_model(model, tmp_path / "out" / "model.keras")
+    assert path.is_file() and sorted(p.name for p in path.parent.iterdir()) == ["model.keras"]
+    got = load_plainly(path, X, tmp_path)
+    assert got["imported"] == [] and got["class"] == "Functional"
+    np.testing.assert_allclose(got["predictions"], predict(X), rtol=1e-6, atol=1e-6)
+
+
+def test_load_weights_from_a_keras_file_into_a_model_that_has_not_run(tmp_path: Path) -> None:
+    model, predict = trained()
+    path = tfsift.save_model(model, tmp_path / "model.keras")
+    keras.utils.set_random_seed(9)
+    fresh = OpsNet()
+    assert tfsift.load_weights(fresh, path, example=X) is None
+    np.testing.assert_array_equal(predictor(fresh)(X), predict(X))
+
+
+def test_load_weights_from_a_checkpoint_directory_returns_its_step(tmp_path: Path) -> None:
+    model, predict = trained()
+    tfsift.CheckpointManager(model, None, tmp_path).save(7)
+    fresh = OpsNet()
+    assert tfsift.load_weights(fresh, tmp_path) == 7  # the newest in the manager's directory
+    np.testing.assert_array_equal(predictor(fresh)(X), predict(X))
+    assert tfsift.load_weights(fresh, tmp_path / "ckpt-7") == 7
+
+
+def test_a_file_of_another_model_is_refused_with_both_structures(tmp_path: Path) -> None:
+    inputs = keras.Input((6,))
+    keras.Model(inputs, keras.layers.Dense(3)(inputs)).save(tmp_path / "other.keras")
+    tfsift.init({})
+    with pytest.raises(ValueError, match=r"another structure than this one. Received: \['Dense'\]"):
+        tfsift.load_weights(OpsNet(), tmp_path / "other.keras", example=X)
+
+
+def test_wrong_paths_and_unpartitioned_models_are_explained(tmp_path: Path) -> None:
+    model, _ = trained()
+    with pytest.raises(
+        ValueError, match=re.escape("writes a .keras file. Received: filepath='m.h5'")
+    ):
+        tfsift.save_model(model, "m.h5")
+    with pytest.raises(ValueError, match="pass example=<a batch of model inputs>"):
+        tfsift.load_weights(OpsNet(), tmp_path / "m.keras")
+    with pytest.raises(CheckpointError, match="no complete checkpoint at"):
+        tfsift.load_weights(model, tmp_path / "nothing")

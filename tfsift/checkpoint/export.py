@@ -1,0 +1,192 @@
+"""``tfsift.save_model`` and ``tfsift.load_weights``: a partitioned model to and from one file.
+
+The exported file holds a functional ``keras.Model`` with the traced graph of the
+model's ``call`` (the graph tfsift partitions) and fresh copies of its layers, so
+``keras.saving.load_model`` needs Keras and the classes of any custom layers, but not
+tfsift, MPI, Horovod or the ``DistributedModel`` subclass (which refuses to run outside
+a ``@tfsift.step``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import keras
+from keras import tree
+
+from tfsift.checkpoint import collective, weights
+from tfsift.checkpoint.files import CheckpointError
+from tfsift.checkpoint.paths import variable_keys
+from tfsift.checkpoint.store import Checkpoint, latest_valid
+from tfsift.model import DistributedModel, Partitioned
+from tfsift.parallel import runtime
+from tfsift.planning.graph import Graph
+
+
+def save_model(model: DistributedModel, filepath: str | Path) -> Path:
+    """Gathers every stage's weights and writes one ordinary Keras 3 ``.keras`` file on rank 0.
+
+    Collective: call it on every rank. The file is written to a temporary name and renamed.
+
+    Example:
+        >>> tfsift.save_model(model, "model.keras")          # on every rank
+        >>> restored = keras.saving.load_model("model.keras")  # anywhere: plain Keras
+        >>> restored.predict(x)
+
+    Args:
+        model: a partitioned ``tfsift.DistributedModel`` (one that has run a step).
+        filepath: the file to write; its name must end in ``.keras``.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: ``filepath`` does not end in ``.keras``, or no step has run yet.
+        CheckpointError: the file could not be written.
+    """
+    model = weights.check_model(model, "tfsift.save_model")
+    path = Path(filepath)
+    if path.suffix != ".keras":
+        raise ValueError(
+            f"tfsift.save_model writes a .keras file. Received: filepath={str(path)!r}"
+        )
+    rt = runtime.get()
+    part = weights.partitioned(model, None, "tfsift.save_model")
+    mine = collective.together(
+        rt.world, lambda: weights.values(weights.keyed(model, part)) if rt.replica == 0 else {}
+    )
+    gathered = rt.world.gather(mine, root=0) if rt.world.Get_size() > 1 else [mine]
+    collective.on_root(rt.world, lambda: _export(model, part, gathered, path))
+    return path
+
+
+def load_weights(model: DistributedModel, path: str | Path, example: Any = None) -> int | None:
+    """Loads weights into a partitioned model from a ``.keras`` file or a checkpoint.
+
+    Collective: call it on every rank. A checkpoint is a ``ckpt-<step>`` directory or the
+    directory of a ``CheckpointManager`` (its newest complete checkpoint); only the model's
+    variables are loaded (no optimizer, sifting or random state). A ``.keras`` file is matched
+    to the model by the structure of the traced ``call``, layer by layer.
+
+    Args:
+        model: the ``tfsift.DistributedModel``.
+        path: a ``.keras`` file written by ``tfsift.save_model`` (or by Keras for a model of
+            the same structure), or a checkpoint directory.
+        example: a batch of model inputs (a tensor or a list), needed to partition a model
+            that has not run a step, except for a checkpoint (whose manifest has them).
+
+    Returns:
+        The checkpoint's step, or None for a ``.keras`` file.
+
+    Raises:
+        ValueError: the file does not fit the model, or it must be partitioned and no
+            ``example`` was given.
+        CheckpointError: no complete checkpoint at ``path``, or a file could not be read.
+    """
+    model = weights.check_model(model, "tfsift.load_weights")
+    rt = runtime.get()
+    inputs = None if example is None else weights.example_inputs(example, rt.config.microbatches)
+    path = Path(path)
+    if path.suffix == ".keras":
+        part = collective.together(
+            rt.world, lambda: weights.partitioned(model, inputs, "tfsift.load_weights")
+        )
+        collective.together(rt.world, lambda: _load_keras_file(model, part, path))
+        return None
+    found = collective.on_root(rt.world, lambda: _as_text(latest_valid(path)))
+    if found is None:
+        raise CheckpointError(f"no complete checkpoint at {path}")
+    with collective.together(rt.world, lambda: Checkpoint(Path(found))) as ckpt:
+        specs = inputs or ckpt.manifest.inputs
+        part = collective.together(
+            rt.world, lambda: weights.partitioned(model, specs, "tfsift.load_weights")
+        )
+
+        def assign() -> None:
+            keyed = weights.keyed(model, part)
+            weights.assign(keyed, ckpt.values("weights-", [k for k, _ in keyed]), found)
+
+        collective.together(rt.world, assign)
+        return ckpt.manifest.step
+
+
+def standalone(part: Partitioned, name: str) -> keras.Model:
+    """A functional ``keras.Model`` of the traced graph with new layers (unpartitioned,
+    freshly initialised) and inputs of any batch size."""
+    graph = part.graph
+    traced = [graph.tensors[t] for t in graph.inputs]
+    functional = keras.Model(_single(traced), graph.structure, name=name)
+    fresh = [keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype) for t in traced]
+    return keras.models.clone_model(functional, input_tensors=_single(fresh))
+
+
+def _export(
+    model: DistributedModel, part: Partitioned, gathered: list[dict[str, Any]], path: Path
+) -> None:
+    stored: dict[str, Any] = {}
+    for values in gathered:
+        stored.update(values)
+    clone = standalone(part, model.name)
+    twins = {layer.name: layer for layer in clone.layers}
+    keys = variable_keys(model, [gn.operation for gn in part.graph.nodes])
+    for layer in _layers(part.graph):
+        twin = twins[layer.name]
+        pairs = list(zip(layer.variables, twin.variables, strict=True))
+        weights.assign([(keys[id(v)], w) for v, w in pairs], stored, "the gathered stages")
+    partial = path.with_name(f".{path.stem}.partial.keras")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        keras.saving.save_model(clone, partial)
+        os.replace(partial, path)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise CheckpointError(f"writing {path} failed: {err}") from err
+
+
+def _load_keras_file(model: DistributedModel, part: Partitioned, path: Path) -> None:
+    loaded = keras.saving.load_model(path, compile=False)
+    twins = align(part.graph, loaded, path)
+    for layer in part.stage.graph.layers():
+        if isinstance(layer, keras.layers.Layer) and layer.variables:
+            twin = twins[id(layer)]
+            pairs = [(f"{layer.name}/{i}", v) for i, v in enumerate(layer.variables)]
+            stored = {f"{layer.name}/{i}": w.numpy() for i, w in enumerate(twin.variables)}
+            weights.assign(pairs, stored, str(path))
+
+
+def align(graph: Graph, loaded: keras.Model, source: Path) -> dict[int, Any]:
+    """``id(operation) -> loaded operation``, matching the two traced graphs node by node
+    (``loaded`` is a functional model, as ``save_model`` writes)."""
+    try:
+        twin = Graph(tree.flatten(loaded.inputs), tree.flatten(loaded.outputs), loaded.outputs)
+    except (AttributeError, ValueError) as err:
+        raise ValueError(
+            f"{source} must hold a functional Keras model, as tfsift.save_model writes. "
+            f"Received: {type(loaded).__name__} ({err})"
+        ) from err
+    ours = [type(gn.operation).__name__ for gn in graph.nodes]
+    theirs = [type(gn.operation).__name__ for gn in twin.nodes]
+    if ours != theirs:
+        raise ValueError(
+            f"{source} holds a model of another structure than this one. "
+            f"Received: {theirs}, this model: {ours}"
+        )
+    return {id(a.operation): b.operation for a, b in zip(graph.nodes, twin.nodes, strict=True)}
+
+
+def _layers(graph: Graph) -> list[Any]:
+    seen: dict[int, Any] = {}
+    for gn in graph.nodes:
+        if isinstance(gn.operation, keras.layers.Layer) and gn.operation.variables:
+            seen.setdefault(id(gn.operation), gn.operation)
+    return list(seen.values())
+
+
+def _single(items: list[Any]) -> Any:
+    return items[0] if len(items) == 1 else items
+
+
+def _as_text(path: Path | None) -> str | None:
+    return None if path is None else str(path)

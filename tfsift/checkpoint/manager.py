@@ -1,0 +1,282 @@
+"""``tfsift.CheckpointManager``: atomic checkpoints of a partitioned, sifted, data-parallel run.
+
+One save, on every rank (N ranks, K stages, R replicas)::
+
+    rank 0          every rank                               rank 0
+    mkdir .partial ─► replica 0 of stage s: weights-s<s>.npz,  ─► manifest.json (checksums),
+      (bcast)          optimizer-s<s>.npz; every rank:             fsync, rename .partial to
+                       state-r<r>-s<s>.npz; errors allgathered     ckpt-<step>, prune (bcast)
+
+A failure anywhere (a full disk, a permission) removes the partial directory and raises
+on every rank; the checkpoints already published are never touched before the new one is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tfsift.checkpoint import codec, collective, files, random_state, weights
+from tfsift.checkpoint import optimizer as optimizer_lib
+from tfsift.checkpoint.files import CheckpointError, FileEntry
+from tfsift.checkpoint.manifest import (
+    MANIFEST,
+    PREFIX,
+    Manifest,
+    optimizer_file,
+    state_file,
+    weights_file,
+)
+from tfsift.checkpoint.store import Checkpoint, candidates, latest_valid
+from tfsift.model import DistributedModel, Partitioned
+from tfsift.parallel import runtime
+from tfsift.version import __version__
+
+log = logging.getLogger("tfsift")
+
+
+class CheckpointManager:
+    """Saves and restores a partitioned run: weights, optimizer, sifting and random states.
+
+    Every method is collective: call it on every rank, at the same point of the loop.
+
+    Example:
+        >>> ckpt = tfsift.CheckpointManager(model, optimizer, "runs/exp1/ckpt", sift=train)
+        >>> start = ckpt.restore() or 0          # the step to run next
+        >>> for step in range(start, steps):
+        ...     ...                              # one training step
+        ...     if step % 100 == 0:
+        ...         ckpt.save(step)
+
+    Args:
+        model: the ``tfsift.DistributedModel`` being trained.
+        optimizer: its Keras optimizer, or None to save the model's variables only.
+        directory: where the ``ckpt-<step>`` directories go (shared by every rank).
+        max_to_keep: how many of the newest checkpoints to keep; None keeps all.
+        sift: the dataset ``tfsift.sift`` returned, to save its state (loss history,
+            policy, early-exit head, data position), or None.
+
+    Raises:
+        TypeError: arguments of the wrong kind.
+        ValueError: ``max_to_keep`` below 1.
+    """
+
+    def __init__(
+        self,
+        model: DistributedModel,
+        optimizer: Any = None,
+        directory: str | Path = "checkpoints",
+        max_to_keep: int | None = 3,
+        sift: Any = None,
+    ) -> None:
+        self.model = weights.check_model(model, "tfsift.CheckpointManager")
+        if optimizer is not None and not hasattr(optimizer, "variables"):
+            raise TypeError(
+                f"optimizer must be a Keras optimizer or None. Received: {type(optimizer).__name__}"
+            )
+        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
+            raise ValueError(f"max_to_keep must be an int >= 1 or None. Received: {max_to_keep!r}")
+        sifter = getattr(sift, "sifter", None)
+        if sift is not None and not hasattr(sifter, "load_state"):
+            raise TypeError(
+                "sift must be the dataset tfsift.sift returned (before any other "
+                f"transformation). Received: {type(sift).__name__}"
+            )
+        self.optimizer, self.directory = optimizer, Path(directory)
+        self.max_to_keep, self.sifter = max_to_keep, sifter
+
+    def save(self, step: int) -> Path:
+        """Writes ``ckpt-<step>`` atomically and returns its path (on every rank).
+
+        ``step`` is the step just completed; ``restore`` returns ``step + 1``.
+
+        Raises:
+            CheckpointError: a file could not be written on some rank (the message names
+                the rank and the file); the earlier checkpoints are untouched.
+            ValueError: the model has not been partitioned yet (no step has run).
+        """
+        rt = runtime.get()
+        part = weights.partitioned(self.model, None, "CheckpointManager.save")
+        final = self.directory / f"{PREFIX}{int(step)}"
+        partial = self.directory / f".{final.name}.partial"
+        try:
+            collective.on_root(rt.world, lambda: _fresh(partial))
+            entries = collective.together(rt.world, lambda: self._write(partial, rt, part))
+            everyone = rt.world.gather(entries, root=0) if rt.world.Get_size() > 1 else [entries]
+            collective.on_root(
+                rt.world,
+                lambda: self._publish(partial, final, _manifest(int(step), everyone, rt, part)),
+            )
+        except Exception as err:
+            if rt.rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            if not isinstance(err, CheckpointError):
+                raise
+            raise CheckpointError(
+                f"checkpoint {final} was not saved (the earlier ones are untouched): {err}"
+            ) from err
+        log.info("tfsift: saved checkpoint %s", final)
+        return final
+
+    def restore(self) -> int | None:
+        """Loads the newest complete checkpoint; returns the step to run next, or None.
+
+        All ranks take the checkpoint rank 0 found complete (checksums verified; damaged
+        ones are skipped with a warning naming the file). A model that has not run a step
+        is partitioned first, for the inputs the manifest records. Weights are matched by
+        layer path, so the checkpoint may come from another partitioning or replica
+        count; the sifting and random states are restored when R and K are unchanged.
+
+        Raises:
+            ValueError: the checkpoint does not fit this model (a layer path is missing
+                or has another shape).
+            CheckpointError: a file could not be read.
+        """
+        rt = runtime.get()
+        found = collective.on_root(rt.world, lambda: _as_text(latest_valid(self.directory)))
+        if found is None:
+            log.info("tfsift: no checkpoint in %s; starting afresh", self.directory)
+            return None
+        ckpt = collective.together(rt.world, lambda: Checkpoint(Path(found)))
+        with ckpt:
+            m = ckpt.manifest
+            part = collective.together(
+                rt.world, lambda: weights.partitioned(self.model, m.inputs, "restore")
+            )
+            collective.together(rt.world, lambda: self._load(ckpt, rt, part))
+        log.info("tfsift: restored checkpoint %s", found)
+        return m.step + 1
+
+    def latest(self) -> Path | None:
+        """The newest checkpoint directory by name (not verified), or None."""
+        found = candidates(self.directory)
+        return found[0] if found else None
+
+    def _write(self, partial: Path, rt: runtime.Runtime, part: Partitioned) -> list[FileEntry]:
+        s, r = rt.stage, rt.replica
+        written: dict[str, dict[str, Any]] = {}
+        if r == 0:  # one writer per stage: replicas hold equal weights
+            written[weights_file(s)] = weights.values(weights.keyed(self.model, part))
+            if self.optimizer is not None:
+                trainable = weights.trainable(self.model, part)
+                written[optimizer_file(s)] = optimizer_lib.arrays(self.optimizer, trainable)
+        written[state_file(r, s)] = codec.pack(
+            {
+                "variables": weights.values(weights.local(self.model, part)),
+                "sift": None if self.sifter is None else self.sifter.state(),
+                "random": random_state.capture(),
+            }
+        )
+        return [_write_file(partial / name, arrays) for name, arrays in written.items()]
+
+    def _publish(self, partial: Path, final: Path, manifest: Manifest) -> None:
+        try:
+            files.write_text(partial / MANIFEST, manifest.to_json())
+            files.publish(partial, final)
+        except OSError as err:
+            raise CheckpointError(f"publishing {final} failed: {err}") from err
+        self._prune()
+
+    def _prune(self) -> None:
+        for path in candidates(self.directory)[self.max_to_keep or None :]:
+            shutil.rmtree(path, ignore_errors=True)
+        for path in self.directory.glob(f".{PREFIX}*"):  # left by a job killed mid-save
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _load(self, ckpt: Checkpoint, rt: runtime.Runtime, part: Partitioned) -> None:
+        m, source = ckpt.manifest, str(ckpt.path)
+        keyed = weights.keyed(self.model, part)
+        weights.assign(keyed, ckpt.values("weights-", [k for k, _ in keyed]), source)
+        if self.optimizer is not None:
+            _load_optimizer(self.optimizer, weights.trainable(self.model, part), ckpt)
+        if (m.replicas, m.partitions) != (rt.topology.replicas, rt.topology.partitions):
+            if rt.rank == 0:
+                _warn_other_layout(source, m, rt)
+            return
+        state = codec.unpack(ckpt.arrays(state_file(rt.replica, rt.stage)))
+        weights.assign(weights.local(self.model, part), state["variables"], source)
+        random_state.restore(state["random"])
+        if self.sifter is not None and state["sift"] is not None:
+            self.sifter.load_state(state["sift"])
+
+
+def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime) -> None:
+    log.warning(
+        "tfsift: %s was saved with %d replica(s) x %d stage(s) and is restored into %d x %d: "
+        "every replica takes replica 0's variables (BatchNorm statistics included) and "
+        "optimizer state; the sifting and random-generator states start afresh",
+        source,
+        m.replicas,
+        m.partitions,
+        rt.topology.replicas,
+        rt.topology.partitions,
+    )
+
+
+def _load_optimizer(optimizer: Any, trainable: weights.Keyed, ckpt: Checkpoint) -> None:
+    """Builds the optimizer for the stage if the checkpoint holds its slots, and loads them;
+    ``iteration`` and the learning rate come from the writer of the stage's first variable."""
+    stored = list(ckpt.manifest.index("optimizer-"))
+    if not trainable or not optimizer_lib.wants_slots(trainable, stored):
+        return
+    if not getattr(optimizer, "built", True):
+        optimizer.build([var for _, var in trainable])
+    slot_vars, _ = optimizer_lib.slots(optimizer, trainable)
+    first = trainable[0][0]
+    owner = next(
+        (name for key, name in ckpt.manifest.index("optimizer-").items() if _var_of(key) == first),
+        None,
+    )
+    others = ckpt.arrays(owner) if owner else {}
+    optimizer_lib.load(optimizer, trainable, ckpt.values("optimizer-", slot_vars), others)
+
+
+def _var_of(slot_key: str) -> str:
+    """``momentum/dense1/kernel`` -> ``dense1/kernel`` (the slot's variable)."""
+    return slot_key.split("/", 1)[-1] if "/" in slot_key else ""
+
+
+def _manifest(
+    step: int, everyone: list[list[FileEntry]], rt: runtime.Runtime, part: Partitioned
+) -> Manifest:
+    graph, bounds = part.graph, part.bounds
+    return Manifest(
+        step=step,
+        files=tuple(sorted((e for entries in everyone for e in entries), key=lambda e: e.name)),
+        partitions=rt.topology.partitions,
+        replicas=rt.topology.replicas,
+        placement=rt.config.placement_strategy,
+        bounds=tuple(int(b) for b in bounds),
+        stages=tuple(
+            tuple(gn.name for gn in graph.nodes[bounds[s] : bounds[s + 1]])
+            for s in range(len(bounds) - 1)
+        ),
+        inputs=tuple(
+            (tuple(int(d) for d in graph.tensors[t].shape), str(graph.tensors[t].dtype))
+            for t in graph.inputs
+        ),
+        config=dataclasses.asdict(rt.config),
+        tfsift_version=__version__,
+    )
+
+
+def _fresh(partial: Path) -> None:
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    except OSError as err:
+        raise CheckpointError(f"cannot create {partial}: {err}") from err
+
+
+def _write_file(path: Path, arrays: dict[str, Any]) -> FileEntry:
+    try:
+        return files.write_npz(path, arrays)
+    except OSError as err:
+        raise CheckpointError(f"writing {path} failed: {err}") from err
+
+
+def _as_text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
