@@ -1,0 +1,424 @@
+"""One job of ``scripts/bench_sifting.py``: trains one task and seed with each method, in turn.
+
+usage: _bench_sifting_worker.py CONFIG_JSON OUT_DIR
+
+Every rank runs one compute thread and writes ``OUT_DIR/rank<r>.json``: per method, the
+held-out metric at each evaluation with the training seconds, optimizer steps and samples
+backpropagated so far, and ``tfsift.sift_metrics()`` at the end. The training clock stops
+while the model is evaluated. On a pipeline, rank 0's clock decides when to evaluate and
+stop, and tells the other ranks every step, so that every rank takes the same decisions.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+# One compute thread per rank, fixed before any TensorFlow op runs.
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import tfsift  # noqa: E402
+
+Config = dict[str, Any]
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+EXIT_PROBE_ROUNDS = 40  # scored rounds after which an early-exit run must show exit_* metrics
+
+
+# ---------------------------------------------------------------- data
+
+
+def mnist1d(task: Config, cache: Path) -> Arrays:
+    """MNIST-1D (generated once, then cached); ``noise`` of the training labels flipped."""
+    path = cache / f"mnist1d-{task['samples']}-{task['data_seed']}.npz"
+    if not path.exists():
+        from mnist1d.data import get_dataset_args, make_dataset
+
+        args = get_dataset_args()
+        args.num_samples, args.seed = task["samples"], task["data_seed"]
+        data = make_dataset(args)
+        cache.mkdir(parents=True, exist_ok=True)
+        np.savez(path, x=data["x"], y=data["y"], x_test=data["x_test"], y_test=data["y_test"])
+    d = np.load(path)
+    return d["x"], d["y"], d["x_test"], d["y_test"]
+
+
+def digits(task: Config, cache: Path) -> Arrays:
+    """scikit-learn's 8x8 digits, pixels / 16, a stratified 80/20 split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    split = train_test_split(x / 16.0, y, test_size=0.2, stratify=y, random_state=task["data_seed"])
+    return split[0], split[2], split[1], split[3]
+
+
+def friedman(task: Config, cache: Path) -> Arrays:
+    """Friedman #1 regression (10 features, 5 informative, Gaussian noise), y standardised."""
+    from sklearn.datasets import make_friedman1
+
+    x, y = make_friedman1(task["samples"], n_features=10, noise=1.0, random_state=task["data_seed"])
+    y = (y - y.mean()) / y.std()
+    cut = int(0.8 * len(x))
+    return x[:cut], y[:cut, None], x[cut:], y[cut:, None]
+
+
+LOADERS: dict[str, Callable[[Config, Path], Arrays]] = {
+    "mnist1d": mnist1d,
+    "digits": digits,
+    "friedman": friedman,
+}
+
+
+def load(task: Config, seed: int, cache: Path) -> tuple[Arrays, set[bytes]]:
+    """The task's arrays, and the training inputs (as bytes) whose label was flipped."""
+    x, y, x_test, y_test = LOADERS[task["data"]](task, cache)
+    x, x_test = x.astype(np.float32), x_test.astype(np.float32)
+    flipped: set[bytes] = set()
+    if task.get("noise", 0.0) > 0:
+        noisy = flip_labels(y, task["noise"], int(y.max()) + 1, seed)
+        flipped = {row.tobytes() for row in x[noisy != y]}
+        y = noisy
+    label = np.float32 if task["loss"] == "mse" else np.int32
+    return (x, y.astype(label), x_test, y_test.astype(label)), flipped
+
+
+def flip_labels(y: np.ndarray, fraction: float, classes: int, seed: int) -> np.ndarray:
+    """``fraction`` of the labels replaced by a uniformly drawn *other* class."""
+    rng = np.random.default_rng([seed, 13])
+    flip = rng.random(len(y)) < fraction
+    out = y.copy()
+    out[flip] = (y[flip] + rng.integers(1, classes, flip.sum())) % classes
+    return out
+
+
+# ---------------------------------------------------------------- models
+
+
+class ConvNet1D(tfsift.DistributedModel):
+    """``layers`` x Conv1D(width, 5, same, relu) on a (length, 1) signal, then two Dense."""
+
+    def __init__(self, length: int, width: int, layers: int, hidden: int, out: int) -> None:
+        super().__init__()
+        self.reshape = keras.layers.Reshape((length, 1))
+        self.convs = [
+            keras.layers.Conv1D(width, 5, padding="same", activation="relu") for _ in range(layers)
+        ]
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(hidden, activation="relu")
+        self.head = keras.layers.Dense(out)
+
+    def call(self, x: Any) -> Any:
+        h = self.reshape(x)
+        for conv in self.convs:
+            h = conv(h)
+        return self.head(self.hidden(self.flatten(h)))
+
+
+class MLP(tfsift.DistributedModel):
+    """Dense(width, relu) x ``layers``, then Dense(out)."""
+
+    def __init__(self, width: int, layers: int, out: int) -> None:
+        super().__init__()
+        self.blocks = [keras.layers.Dense(width, activation="relu") for _ in range(layers)]
+        self.head = keras.layers.Dense(out)
+
+    def call(self, x: Any) -> Any:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def make_model(task: Config, x: np.ndarray) -> tfsift.DistributedModel:
+    spec = task["model"]
+    out = 1 if task["loss"] == "mse" else 10
+    if spec["kind"] == "cnn":
+        return ConvNet1D(x.shape[1], spec["width"], spec["layers"], spec["hidden"], out)
+    return MLP(spec["width"], spec["layers"], out)
+
+
+def per_sample_loss(task: Config) -> keras.losses.Loss:
+    if task["loss"] == "mse":
+        return keras.losses.MeanSquaredError(reduction=None)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+# ---------------------------------------------------------------- the training clock
+
+
+class Clock:
+    """Training seconds: runs only between ``start`` and ``stop``."""
+
+    def __init__(self) -> None:
+        self.total: float = 0.0
+        self.since: float | None = None
+
+    def start(self) -> None:
+        self.since = time.perf_counter()
+
+    def stop(self) -> None:
+        assert self.since is not None
+        self.total += time.perf_counter() - self.since
+        self.since = None
+
+    def now(self) -> float:
+        return self.total + (time.perf_counter() - self.since if self.since is not None else 0.0)
+
+
+def agreed(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (its clock decides for the pipeline)."""
+    comm = MPI.COMM_WORLD
+    return bool(comm.bcast(flag, root=0)) if comm.Get_size() > 1 else flag
+
+
+# ---------------------------------------------------------------- one run
+
+
+class Run:
+    """Trains one fresh model with one method and records the held-out curve."""
+
+    def __init__(
+        self, job: Config, method: Config, data: Arrays, flipped: set[bytes], budget: float | None
+    ) -> None:
+        self.job, self.task, self.method = job, job["task"], method
+        self.budget = budget  # training seconds; None: the baseline's epochs instead
+        self.flipped, self.flipped_seen = flipped, 0
+        self.off_clock: list[float] = []  # one-time seconds taken off the clock
+        keras.utils.set_random_seed(job["seed"])  # the same initial weights for every method
+        self.x, self.y, self.x_test, self.y_test = data
+        self.model = make_model(self.task, self.x)
+        self.loss = per_sample_loss(self.task)
+        self.optimizer = keras.optimizers.Adam(self.task["lr"])
+        self.train_step, self.predict = self._steps()
+        self.apply = tf.function(self._apply)  # eager Adam costs more than a small model's step
+        self.clock = Clock()
+        self.steps = self.samples = 0
+        self.curve: list[list[float]] = []
+
+    def _steps(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        model, loss = self.model, self.loss
+
+        @tfsift.step
+        def train_step(x: tf.Tensor, y: tf.Tensor) -> Any:
+            mean = keras.ops.mean(loss(y, model(x, training=True)))
+            return tfsift.gradients(mean, model.trainable_variables), mean
+
+        @tfsift.step
+        def predict(x: tf.Tensor) -> Any:
+            return model(x, training=False)
+
+        return train_step, predict
+
+    def _apply(self, grads: list[tf.Tensor]) -> None:
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+
+    def dataset(self) -> tf.data.Dataset:
+        source = tf.data.Dataset.from_tensor_slices((self.x, self.y))
+        source = tfsift.shard(source, len(self.x), self.job["seed"])
+        train = source.batch(self.task["batch"], drop_remainder=True).prefetch(2)
+        if self.method["policy"] == "none":
+            return train
+        return train.apply(tfsift.sift(self.model, self.loss, self.sift_config()))
+
+    def sift_config(self) -> tfsift.SiftConfig:
+        m = self.method
+        return tfsift.SiftConfig(
+            policy=m["policy"],
+            beta=float(m.get("beta", 1.0)),
+            keep=float(m.get("keep", 0.5)),
+            scorer=m.get("scorer", "full"),
+            delay=self.task["delay"],
+            score_batches=self.job["score_batches"],
+            seed=self.job["seed"],
+        )
+
+    def evaluate(self) -> float:
+        """Held-out accuracy, or mean squared error; every rank runs the same batches."""
+        M, n = self.job["microbatches"], len(self.x_test)
+        chunk = max(M, (min(1000, n) // M) * M)
+        outputs, used = [], 0
+        while n - used >= M:
+            size = min(chunk, (n - used) // M * M)
+            logits = self.predict(tf.constant(self.x_test[used : used + size])).concat()
+            outputs.append(logits.numpy())
+            used += size
+        pred, truth = np.concatenate(outputs), self.y_test[:used]
+        if self.task["loss"] == "mse":
+            return float(np.mean((pred - truth) ** 2))
+        return float(np.mean(np.argmax(pred, axis=-1) == truth))
+
+    def record(self) -> None:
+        self.curve.append([self.clock.now(), self.steps, self.samples, self.evaluate()])
+
+    def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Traces the training step and the update once, outside the clock; the update
+        applies zero gradients, which moves Adam's weights by 0 (its step count by 1)."""
+        grads, _ = self.train_step(tf.constant(x), tf.constant(y))
+        grads = tfsift.allreduce(grads)
+        if grads:
+            self.apply([tf.zeros_like(g) for g in grads])
+
+    def train(self) -> Config:
+        B = self.task["batch"]
+        self.warm_up(self.x[:B], self.y[:B])
+        self.record()
+        train, epochs, next_eval = self.dataset(), 0, self.task["eval_every_s"]
+        done = False
+        self.clock.start()
+        while not done:
+            for x, y in self.batches(train):
+                self.step(x, y)
+                if agreed(self.clock.now() >= next_eval):
+                    self.clock.stop()
+                    self.record()
+                    next_eval = self.clock.now() + self.task["eval_every_s"]
+                    done = self.over(epochs) or self.exit_missing()
+                    self.clock.start()
+                    if done:
+                        break
+            epochs += 1
+            done = done or self.over(epochs)
+        self.clock.stop()
+        if self.curve[-1][1] != self.steps:
+            self.record()
+        return self.result(epochs)
+
+    def batches(self, train: tf.data.Dataset) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+        """``train``'s batches, with one-time work taken off the clock as ``warm_up`` does
+        the training step's tracing: the run's first request (the shuffle buffer's first
+        fill; early exit traces its scorer there, in the delay) and the request that ran
+        the first scoring round (tracing the scoring step). Their seconds are kept."""
+        iterator = iter(train)
+        while True:
+            start = time.perf_counter()
+            batch = next(iterator, None)
+            if batch is None:
+                return
+            if not self.off_clock or self.first_scoring():
+                self.off_clock.append(time.perf_counter() - start)
+                self.clock.total -= self.off_clock[-1]
+            yield batch
+
+    def first_scoring(self) -> bool:
+        if self.method["policy"] == "none" or len(self.off_clock) > 1:
+            return False
+        return bool(tfsift.sift_metrics().get("samples_scored", 0))
+
+    def step(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        grads, _ = self.train_step(x, y)
+        grads = tfsift.allreduce(grads)
+        if grads:
+            self.apply(grads)
+        self.steps += 1
+        self.samples += int(x.shape[0])
+        if self.flipped:  # bookkeeping, outside the clock
+            self.clock.stop()
+            self.flipped_seen += sum(row.tobytes() in self.flipped for row in np.asarray(x))
+            self.clock.start()
+
+    def over(self, epochs: int) -> bool:
+        if self.budget is None:
+            return agreed(epochs >= self.task["epochs"])
+        return agreed(self.clock.total >= self.budget or epochs >= self.job["max_epochs"])
+
+    def exit_missing(self) -> bool:
+        """An early-exit run that scored many rounds without exit_* metrics: not implemented."""
+        if self.method.get("scorer") != "early_exit":
+            return False
+        metrics = tfsift.sift_metrics()
+        rounds = metrics.get("samples_scored", 0) / (self.task["batch"] * self.job["score_batches"])
+        return agreed(rounds >= EXIT_PROBE_ROUNDS and not has_exit_metrics(metrics))
+
+    def result(self, epochs: int) -> Config:
+        metrics = tfsift.sift_metrics() if self.method["policy"] != "none" else {}
+        out: Config = {"method": self.method["name"], "epochs": epochs, "curve": self.curve}
+        out["off_clock_s"] = self.off_clock
+        out["sift"] = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        if self.flipped:
+            out["flipped"] = self.flipped_seen / max(1, self.samples)
+        if self.method.get("scorer") == "early_exit" and not has_exit_metrics(metrics):
+            out["status"] = "n/a (not implemented)"
+        return out
+
+
+def has_exit_metrics(metrics: Config) -> bool:
+    """Whether the early-exit scorer reported anything (its metrics are named exit_*)."""
+    return any(k.startswith("exit_") for k in metrics)
+
+
+# ---------------------------------------------------------------- the job
+
+
+def resolve(method: Config, done: list[Config]) -> Config:
+    """A method with ``keep="kept:<name>"`` keeps what that earlier run kept after its delay."""
+    keep = method.get("keep")
+    if not (isinstance(keep, str) and keep.startswith("kept:")):
+        return method
+    source = next(r for r in done if r["method"] == keep.split(":", 1)[1])
+    return method | {"keep": sifted_fraction(source["sift"])}
+
+
+def sifted_fraction(sift: Config) -> float:
+    """Kept / scored after the delay (the delay keeps every sample and is not scored)."""
+    seen, scored, kept = (int(sift[k]) for k in ("samples_seen", "samples_scored", "samples_kept"))
+    return min(1.0, max(0.01, (kept - (seen - scored)) / max(1, scored)))
+
+
+def run_method(
+    job: Config, method: Config, data: tuple[Arrays, set[bytes]], budget: float | None
+) -> Config:
+    start = time.perf_counter()
+    try:
+        out = Run(job, method, *data, budget).train()
+    except (NotImplementedError, ValueError, TypeError) as error:
+        if method.get("scorer") != "early_exit":
+            raise
+        first = str(error).strip().splitlines()[-1][:120] if str(error).strip() else ""
+        out = {"method": method["name"], "status": f"n/a ({type(error).__name__}: {first})"}
+    out["resolved"] = {k: v for k, v in method.items() if k != "name"}
+    out["wall_s"] = time.perf_counter() - start
+    return out
+
+
+def main() -> None:
+    job, out_dir = json.loads(sys.argv[1]), Path(sys.argv[2])
+    tfsift.init({"partitions": job["partitions"], "microbatches": job["microbatches"]})
+    data = load(job["task"], job["seed"], Path(job["cache"]))
+    results: list[Config] = []
+    budget: float | None = None
+    for method in job["methods"]:
+        method = resolve(method, results)
+        result = run_method(job, method, data, budget)
+        results.append(result)
+        if method["policy"] == "none":
+            budget = job["budget_factor"] * result["curve"][-1][0]
+        log_line(job, result)
+    report = {"job": job, "rank": tfsift.rank(), "results": results}
+    (out_dir / f"rank{tfsift.rank()}.json").write_text(json.dumps(report))
+
+
+def log_line(job: Config, result: Config) -> None:
+    if tfsift.rank() != 0:
+        return
+    last = result.get("curve", [[0, 0, 0, float("nan")]])[-1]
+    print(
+        f"  {job['task']['name']} seed {job['seed']} {result['method']}: "
+        f"{last[0]:.1f} s, {last[1]} steps, metric {last[3]:.4f} "
+        f"{result.get('status', '')}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

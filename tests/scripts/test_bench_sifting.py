@@ -1,0 +1,177 @@
+"""The pure parts of scripts/bench_sifting.py: targets, time to target, medians, tables."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_sifting.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_sifting", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_sifting"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def curve(*points: tuple[float, float]) -> list[list[float]]:
+    """[seconds, steps, samples, metric] points, 10 steps per second, B=64."""
+    return [[t, 10 * t, 640 * t, m] for t, m in points]
+
+
+def job(methods: list[str], curves: dict[str, list[list[float]]], loss: str = "ce") -> Any:
+    sift = {"kept_fraction": 0.5, "time_scoring": 1.0}
+    results = [
+        {"method": m, "curve": curves[m], "sift": {} if m == "none" else sift} for m in methods
+    ]
+    return {
+        "job": {
+            "task": {"name": "toy", "loss": loss},
+            "partitions": 1,
+            "methods": [
+                {"name": m, "policy": m, "beta": 1.0, "keep": 0.5, "scorer": "full"}
+                for m in methods
+            ],
+        },
+        "ranks": [{"results": results}],
+    }
+
+
+def test_target_is_half_a_point_below_accuracy_and_two_percent_above_mse(bench: ModuleType) -> None:
+    assert bench.target(0.9, regression=False) == pytest.approx(0.895)
+    assert bench.target(0.5, regression=True) == pytest.approx(0.51)
+
+
+def test_first_reach_is_the_first_evaluation_at_or_past_the_target(bench: ModuleType) -> None:
+    c = curve((0, 0.1), (1, 0.8), (2, 0.91), (3, 0.89), (4, 0.95))
+    assert bench.first_reach(c, 0.9, regression=False)[0] == 2
+    assert bench.first_reach(c, 0.99, regression=False) is None
+    mse = curve((0, 2.0), (1, 0.6), (2, 0.5))
+    assert bench.first_reach(mse, 0.55, regression=True)[0] == 2
+
+
+def test_metric_at_is_the_last_evaluation_not_after_the_second(bench: ModuleType) -> None:
+    c = curve((0, 0.1), (1.5, 0.8), (3, 0.9))
+    assert bench.metric_at(c, 2.9) == 0.8
+    assert bench.metric_at(c, 3.0) == 0.9
+
+
+def test_speedup_is_baseline_time_over_method_time_per_seed(bench: ModuleType) -> None:
+    curves = {
+        "none": curve((0, 0.1), (2, 0.7), (4, 0.90), (8, 0.92)),  # target 0.915, hit at 8
+        "fast": curve((0, 0.1), (2, 0.92), (10, 0.93)),  # hit at 2: 4x
+        "slow": curve((0, 0.1), (9, 0.5)),  # never
+    }
+    rows = {r["method"]: r for r in bench.method_rows([job(["none", "fast", "slow"], curves)])}
+    assert rows["fast"]["speedup"] == pytest.approx(4.0)
+    assert rows["fast"]["steps_ratio"] == pytest.approx(0.25)
+    assert rows["fast"]["at_base_end"] == 0.92  # the metric at the baseline's last second
+    assert rows["fast"]["margin"] == pytest.approx(0.005)
+    assert rows["slow"]["speedup"] == 0.0
+    assert math.isinf(rows["slow"]["seconds"])
+
+
+def test_medians_are_over_seeds(bench: ModuleType) -> None:
+    seeds = [
+        job(["none", "m"], {"none": curve((0, 0), (10, 0.9)), "m": curve((0, 0), (t, 0.9))})
+        for t in (5.0, 10.0, 20.0)
+    ]
+    row = bench.method_rows(seeds)[1]
+    assert row["speedups"] == pytest.approx([2.0, 1.0, 0.5])
+    assert row["speedup"] == pytest.approx(1.0)
+    assert row["seconds"] == pytest.approx(10.0)
+
+
+def test_a_method_without_results_is_reported_with_its_status(bench: ModuleType) -> None:
+    entry = job(["none"], {"none": curve((0, 0), (1, 0.9))})
+    entry["job"]["methods"].append({"name": "exit", "policy": "relative", "scorer": "early_exit"})
+    entry["ranks"][0]["results"].append({"method": "exit", "status": "n/a (not implemented)"})
+    rows = bench.method_rows([entry])
+    assert rows[1] == {
+        "method": "exit",
+        "status": "n/a (not implemented)",
+        "definition": entry["job"]["methods"][1],
+        "regression": False,
+    }
+    table = bench.results_table({"toy": rows}, pipeline=False)
+    assert "n/a (not implemented)" in table.splitlines()[-1]
+
+
+def test_verdict_needs_two_tasks_with_a_fast_method_within_the_target(bench: ModuleType) -> None:
+    def rows(speedup: float, margin: float) -> list[dict[str, Any]]:
+        fast = {"method": "m", "seconds": 1.0, "speedup": speedup, "margin": margin}
+        return [{"method": "none", "seconds": 1.0}, fast]
+
+    assert bench.verdict({"a": rows(1.5, 0.0), "b": rows(1.3, 0.001)})["met"]
+    assert not bench.verdict({"a": rows(1.5, 0.0), "b": rows(1.29, 0.01)})["met"]
+    assert not bench.verdict({"a": rows(2.0, 0.0), "b": rows(2.0, -0.001)})["met"]
+    assert not bench.verdict({"a": rows(2.0, 0.0), "a@K2": rows(2.0, 0.0)})["met"]
+
+
+def test_results_table_has_one_row_per_method_and_marks_the_baseline_target(
+    bench: ModuleType,
+) -> None:
+    curves = {"none": curve((0, 0.1), (4, 0.9)), "relative-1": curve((0, 0.1), (2, 0.9))}
+    entry = job(["none", "relative-1"], curves)
+    entry["job"]["methods"][0]["policy"] = "none"
+    entry["job"]["methods"][1]["policy"] = "relative"
+    summary = {"toy": bench.method_rows([entry])}
+    lines = bench.results_table(summary, pipeline=False).splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| toy: no sifting | 1.00 | 4.0 (target 89.50%) | 1 |")
+    assert "| toy: relative, beta=1 | 0.50 | 2.0 | **2.00** (2.00) |" in lines[3]
+
+
+def test_jobs_run_every_task_then_the_pipeline_for_each_seed(bench: ModuleType) -> None:
+    settings = bench.Settings(seeds=(0, 1))
+    order = [(j["seed"], j["task"]["name"], j["partitions"]) for j in settings.jobs()]
+    tasks = [t.name for t in settings.tasks]
+    per_seed = [(name, 1) for name in tasks] + [(settings.pipeline_task, 2)]
+    assert order == [(s, name, k) for s in (0, 1) for name, k in per_seed]
+    pipeline = next(j for j in settings.jobs() if j["partitions"] == 2)
+    assert pipeline["microbatches"] == 4
+    assert [m["name"] for m in pipeline["methods"]] == ["none", "relative-1", "relative-1-exit"]
+
+
+def test_uniform_keeps_relative_1s_fraction_and_comes_after_it(bench: ModuleType) -> None:
+    names = [m.name for m in bench.METHODS]
+    uniform = bench.METHODS[names.index("uniform")]
+    assert uniform.keep == "kept:relative-1"
+    assert names.index("relative-1") < names.index("uniform")
+    assert uniform.setting() == "uniform, keep = relative-1's kept fraction"
+
+
+def test_median_curve_takes_the_median_metric_at_each_second(bench: ModuleType) -> None:
+    curves = [curve((0, 0.0), (1, v), (2, v)) for v in (0.2, 0.5, 0.9)]
+    grid, mid = bench.median_curve(curves, points=3)
+    assert grid == [0.0, 1.0, 2.0]
+    assert mid == [0.0, 0.5, 0.5]
+
+
+def test_extra_seconds_per_step_split_into_scoring_selecting_and_the_rest(
+    bench: ModuleType,
+) -> None:
+    result = {
+        "curve": [[0, 0, 0, 0.1], [10.0, 1000, 64000, 0.9]],  # 10 ms per step
+        "sift": {"time_scoring": 2.0, "time_selecting": 0.5, "time_accumulating": 0.5},
+    }
+    scoring, selecting, rest = bench.extra_per_step(result, base_step=0.006)
+    assert (scoring, selecting) == pytest.approx((0.002, 0.001))
+    assert rest == pytest.approx(0.001)
+
+
+def test_reading_names_each_slow_method_with_its_two_factors(bench: ModuleType) -> None:
+    slow = {"method": "relative-3", "speedup": 0.5, "steps_ratio": 1.25, "step_cost": 1.6}
+    never = {"method": "adaptive", "speedup": 0.0, "steps_ratio": math.inf, "step_cost": 2.0}
+    assert bench.loser_text(slow) == "relative-3 0.50x (1.25x, 1.60x)"
+    assert bench.loser_text(never) == "adaptive never (each step 2.00x)"
