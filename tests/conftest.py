@@ -13,8 +13,10 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def fresh_tfsift_state() -> object:
     """Every test starts without a runtime, open timelines or partition blocks."""
-    from tfsift import state
+    from tfsift import logs, state
 
     state.reset()
+    logs.reset()  # tfsift.init configures the tfsift logger (INFO on rank 0)
     yield
     state.reset()
+    logs.reset()

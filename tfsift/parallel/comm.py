@@ -25,7 +25,8 @@ from tfsift.parallel import runtime, watchdog
 
 FORWARD, BACKWARD, CHECK = 0, 1, 2
 _TAG_LIMIT = 1 << 13  # x 3 directions stays under 32767, the least tag bound MPI promises
-_CARGO = {FORWARD: "activations", BACKWARD: "gradients", CHECK: "input fingerprint"}
+# The fingerprint travels just ahead of the activations: a wait for it is a wait for them.
+_CARGO = {FORWARD: "activations", BACKWARD: "gradients", CHECK: "activations"}
 
 
 class _Sent(NamedTuple):

@@ -63,6 +63,9 @@ def abort(message: str, code: int = 1) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.write(f"tfsift: {message}; aborting the job\n")
     sys.stderr.flush()
+    # MPI_Abort makes mpirun kill the job at once; give its IO forwarding a moment to
+    # deliver the line above first (without it the message was lost under load)
+    time.sleep(0.5)
     MPI.COMM_WORLD.Abort(code)
     raise SystemExit(code)  # not reached: MPI_Abort ends the process
 
