@@ -45,3 +45,17 @@ def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() ->
               if "error" not in r}  # fmt: skip
     for (model, _), count in by_config.items():
         assert count == totals[model]  # the stages' variables partition the model's
+
+
+def test_the_models_that_split_into_four_stages_match_too() -> None:
+    job = mpi.run(4, "zoo_check.py", "4", "resnet_bn,encoder,custom,recurrent", "interleaved",
+                  "speed,memory", timeout=600)  # fmt: skip
+    reports = mpi.reports(job)
+    assert len(reports) == 4
+    for rank, rep in reports.items():
+        assert len(rep["results"]) == 4 * 2
+        for result in rep["results"]:
+            assert "error" not in result, (rank, result)
+            assert result["grad_error"] < 1e-5, (rank, result)
+            assert result["state_error"] < 1e-5, (rank, result)
+            assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
