@@ -146,9 +146,10 @@ def _make_step(
         marked = _mark_whole(signature, names, args, kwargs)
         if plans:
             plans[0].check(rt, *marked)
-            microbatches = [_unmark(mb) for mb in split(*marked, plans[0].M)]
-        else:
-            microbatches = [_unmark(mb) for mb in split(*marked, rt.config.microbatches)]
+        microbatches = split(*marked, plans[0].M if plans else rt.config.microbatches)
+        if signature is not None:  # only non_split_inputs put markers in
+            microbatches = [_unmark(mb) for mb in microbatches]
+        if not plans:
             plans.append(make_plan(fn, microbatches[0], rt, compile, *marked))
         return run(plans[0], fn, microbatches)
 

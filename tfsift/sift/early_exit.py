@@ -67,9 +67,10 @@ class EarlyExitScorer(Scorer):
             features, labels, out_losses, out_logits = self._take_prepared(x) or self._compute(x, y)
             self._last = (features, labels)
             losses, logits = out_losses.numpy(), out_logits.numpy()
-        losses, logits = self._pipe.bcast((losses, logits if self.needs_logits else None), root=0)
+        shared = (losses, logits if self.needs_logits else None, self.overlapped)
+        losses, logits, overlapped = self._pipe.bcast(shared, root=0)
         if self.config.overlap:
-            self.metrics["overlapped_rounds"] = float(self._pipe.bcast(self.overlapped, root=0))
+            self.metrics["overlapped_rounds"] = float(overlapped)
         self._rounds += 1
         if self._rounds % VALIDATE_EVERY == 1:
             self._validate(element, losses)

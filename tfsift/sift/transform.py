@@ -210,22 +210,21 @@ class Sifter:
             source = source.skip(self.epoch_read)
         buffer = self.buffer
         upstream = iter(source)
-        structure: list[Any] = [self.element_spec]
         while True:
-            leaves = self._read(upstream, structure)
+            leaves = self._read(upstream)
             B = self.batch_size or 0
             n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
             if n and more and self.config.overlap and self.batches_read > self.config.delay:
                 assert leaves is not None
-                self.scorer.prepare(tree.pack_sequence_as(structure[0], leaves))
+                self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
             for _ in range(n):
-                yield self._emit(buffer, B, structure[0])
+                yield self._emit(buffer, B)
             if not more:  # the shortest shard ended: every replica stops here
                 break
             assert leaves is not None
-            self._round(leaves, structure[0], buffer, group)
+            self._round(leaves, buffer, group)
             self._unsifted = 0
-        yield from self._drain(buffer, group, structure)
+        yield from self._drain(buffer, group)
 
     def _replicas(self) -> ReplicaGroup:
         if self._group is None:
@@ -233,7 +232,7 @@ class Sifter:
             self.scorer.bind(self._group)
         return self._group
 
-    def _read(self, upstream: Iterator[Any], structure: list[Any]) -> list[np.ndarray] | None:
+    def _read(self, upstream: Iterator[Any]) -> list[np.ndarray] | None:
         """The next g source batches (1 during the delay) as one element's leaves."""
         g = 1 if self.batches_read < self.config.delay else self.config.score_batches
         parts = []
@@ -252,19 +251,17 @@ class Sifter:
         self._unsifted = len(parts)  # read, not yet sifted: a saved state reads them again
         return [np.concatenate(p, axis=0) for p in zip(*parts, strict=True)]
 
-    def _round(
-        self, leaves: list[np.ndarray], structure: Any, buffer: SampleBuffer, group: ReplicaGroup
-    ) -> None:
+    def _round(self, leaves: list[np.ndarray], buffer: SampleBuffer, group: ReplicaGroup) -> None:
         """Scores one group of source batches and buffers the samples the policy keeps."""
         n = int(leaves[0].shape[0])
         self.metrics.samples_seen += n
         if self.batches_read <= self.config.delay:
-            self.scorer.warm(tree.pack_sequence_as(structure, leaves))
+            self.scorer.warm(tree.pack_sequence_as(self.element_spec, leaves))
             self._accumulate(buffer, leaves, np.arange(n), np.ones(n))
             self.metrics.samples_kept += n
             return
         start = time.perf_counter()
-        scores, scored = self._scores(leaves, structure, n)
+        scores, scored = self._scores(leaves, n)
         everyone = group.allgather(scores.losses)
         selected = time.perf_counter()
         self.metrics.time_scoring += selected - start
@@ -283,12 +280,11 @@ class Sifter:
         self.metrics.time_scoring += time.perf_counter() - start
         self._accumulate(buffer, leaves, chosen.indices, chosen.probs)
 
-    def _scores(
-        self, leaves: list[np.ndarray], structure: Any, n: int
-    ) -> tuple[Scores, np.ndarray]:
+    def _scores(self, leaves: list[np.ndarray], n: int) -> tuple[Scores, np.ndarray]:
         """The group's losses, and which positions were scored now (the rest reused)."""
         if self.cache is None:
-            return self._score(tree.pack_sequence_as(structure, leaves), n), np.arange(n)
+            element = tree.pack_sequence_as(self.element_spec, leaves)
+            return self._score(element, n), np.arange(n)
         keys = self.cache.fingerprints(leaves)
         fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
         need = np.flatnonzero(~fresh)
@@ -296,7 +292,7 @@ class Sifter:
             # pad to whole source batches, so the scorer sees at most g batch sizes
             B = self.batch_size or len(need)
             padded = np.concatenate([need, np.repeat(need[:1], -len(need) % B)])
-            part = tree.pack_sequence_as(structure, [leaf[padded] for leaf in leaves])
+            part = tree.pack_sequence_as(self.element_spec, [leaf[padded] for leaf in leaves])
             losses[need] = self._score(part, len(padded)).losses[: len(need)]
             self.cache.store(keys[need], losses[need], self.metrics.epochs)
         self.metrics.samples_reused += n - len(need)
@@ -324,30 +320,28 @@ class Sifter:
         buffer.add(leaves, indices, np.asarray(probs))
         self.metrics.time_accumulating += time.perf_counter() - start
 
-    def _emit(self, buffer: SampleBuffer, n: int, structure: Any) -> Element:
+    def _emit(self, buffer: SampleBuffer, n: int) -> Element:
         start = time.perf_counter()
         leaves, probs = buffer.take(n)
-        element = tree.pack_sequence_as(structure, leaves)
+        element = tree.pack_sequence_as(self.element_spec, leaves)
         self.metrics.time_accumulating += time.perf_counter() - start
         self.metrics.batches_yielded += 1
         if self._log is not None:
             self._log.write(self.metrics)
         return _with_weights(element, probs, self.config.rescale)
 
-    def _drain(
-        self, buffer: SampleBuffer, group: ReplicaGroup, structure: list[Any]
-    ) -> Iterator[Element]:
+    def _drain(self, buffer: SampleBuffer, group: ReplicaGroup) -> Iterator[Element]:
         """The end of an epoch: the full batches every replica has, then the remainder."""
         B = self.batch_size or 0
-        if B and structure:
+        if B:
             (n,) = group.agree([len(buffer) // B])
             for _ in range(n):
-                yield self._emit(buffer, B, structure[0])
+                yield self._emit(buffer, B)
             if not self.config.drop_remainder:
                 (left,) = group.agree([len(buffer)])
                 left -= left % self.M  # a partial batch must still split into M microbatches
                 if left > 0:
-                    yield self._emit(buffer, left, structure[0])
+                    yield self._emit(buffer, left)
         buffer.clear()
 
     def _note_nonfinite(self, losses: np.ndarray) -> None:
