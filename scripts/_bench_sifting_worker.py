@@ -112,7 +112,8 @@ class ConvNet1D(tfsift.DistributedModel):
         super().__init__()
         self.reshape = keras.layers.Reshape((length, 1))
         self.convs = [
-            keras.layers.Conv1D(width, 5, padding="same", activation="relu") for _ in range(layers)
+            keras.layers.Conv1D(width, 5, padding="same", activation="relu", name=f"conv{i}")
+            for i in range(layers)
         ]
         self.flatten = keras.layers.Flatten()
         self.hidden = keras.layers.Dense(hidden, activation="relu")
@@ -237,6 +238,7 @@ class Run:
             beta=float(m.get("beta", 1.0)),
             keep=float(m.get("keep", 0.5)),
             scorer=m.get("scorer", "full"),
+            exit_after=m.get("exit_after"),
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],

@@ -109,6 +109,7 @@ class Method:
     beta: float = 1.0
     keep: float | str = 0.5
     scorer: str = "full"
+    exit_after: str | None = None  # early exit: None is SiftConfig's default exit
 
     def setting(self) -> str:
         if self.policy == "none":

@@ -53,6 +53,10 @@ class EarlyExitScorer(Scorer):
         self._last: tuple[Any, Any] | None = None  # features and labels of the last scoring
         self._pending: dict[str, Any] | None = None  # a loaded state, applied once built
         self._prepared: tuple[Any, list[Any]] | None = None  # overlap: (x, [result])
+        # The head's update from the last selection, applied by the next scoring call
+        # (one compiled call instead of two: ("step", features, labels, mask) with one
+        # replica, ("apply", grads) with the gradients averaged over replicas).
+        self._update: tuple[Any, ...] | None = None
         self.overlapped = 0  # rounds whose scoring ran during a training step's drain
 
     def bind(self, group: ReplicaGroup) -> None:
@@ -67,8 +71,14 @@ class EarlyExitScorer(Scorer):
             features, labels, out_losses, out_logits = self._take_prepared(x) or self._compute(x, y)
             self._last = (features, labels)
             losses, logits = out_losses.numpy(), out_logits.numpy()
-        shared = (losses, logits if self.needs_logits else None, self.overlapped)
-        losses, logits, overlapped = self._pipe.bcast(shared, root=0)
+        shared: tuple[Any, Any, int] = (
+            losses,
+            logits if self.needs_logits else None,
+            self.overlapped,
+        )
+        if self._pipe.Get_size() > 1:
+            shared = self._pipe.bcast(shared, root=0)
+        losses, logits, overlapped = shared
         if self.config.overlap:
             self.metrics["overlapped_rounds"] = float(overlapped)
         self._rounds += 1
@@ -100,23 +110,39 @@ class EarlyExitScorer(Scorer):
 
     def _compute(self, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
         labels = tf.convert_to_tensor(y)
-        features, losses, logits = self._score(tf.convert_to_tensor(x), labels)
+        x = tf.convert_to_tensor(x)
+        update, self._update = self._update, None
+        if update is None:
+            features, losses, logits = self._score(x, labels)
+        elif update[0] == "step":
+            features, losses, logits = self._step_and_score(x, labels, *update[1:])
+        else:
+            features, losses, logits = self._apply_and_score(x, labels, update[1])
         return features, labels, losses, logits
 
     def learn(self, kept: np.ndarray) -> None:
-        """One gradient step of the head on the kept samples of the last scoring."""
+        """One gradient step of the head on the kept samples of the last scoring,
+        applied at the start of the next scoring call (or by ``state()``)."""
         if self._stage != 0 or self._last is None:
             return
         features, y = self._last
         mask = np.zeros(int(features.shape[0]), np.float32)
         mask[kept] = 1.0
-        if self._group.replicas == 1:  # nothing to average: one compiled call
-            self._head_step(features, y, tf.constant(mask))
+        if self._group.replicas == 1:  # nothing to average: the whole step is deferred
+            self._update = ("step", features, y, tf.constant(mask))
         else:
             grads = [g.numpy() for g in self._head_grads(features, y, tf.constant(mask))]
             grads = self._group.mean(grads)
-            self._apply([tf.constant(g) for g in grads])
+            self._update = ("apply", [tf.constant(g) for g in grads])
         self._last = None
+
+    def _flush(self) -> None:
+        """Applies a deferred head update now (before the head's weights are read)."""
+        update, self._update = self._update, None
+        if update is not None and update[0] == "step":
+            self._head_step(*update[1:])
+        elif update is not None:
+            self._apply(update[1])
 
     def warm(self, element: Any) -> None:
         """During the delay: no selection, but the head learns from every sample."""
@@ -128,6 +154,7 @@ class EarlyExitScorer(Scorer):
         """The head's weights and its optimizer's variables (stage 0), and the round count."""
         if not self._built or self._stage != 0:
             return {"rounds": self._rounds}
+        self._flush()
         return {
             "rounds": self._rounds,
             "head": [w.numpy() for w in self._head.weights],
@@ -138,6 +165,7 @@ class EarlyExitScorer(Scorer):
         """Restores ``state()``; the head is built at the next scoring and loaded then."""
         self._rounds = int(state["rounds"])
         self._pending = state if "head" in state else None
+        self._update = None
 
     def _restore(self) -> None:
         pending, self._pending = self._pending, None
@@ -168,6 +196,8 @@ class EarlyExitScorer(Scorer):
             self._optimizer = keras.optimizers.Adam(self.config.exit_lr)
             self._optimizer.build(self._head.trainable_variables)
             self._score = Compiled(self._exit_losses, "early-exit scoring")
+            self._step_and_score = Compiled(self._train_and_score, "exit head step and scoring")
+            self._apply_and_score = Compiled(self._update_and_score, "exit head update and scoring")
             self._head_grads = Compiled(self._masked_grads, "exit head gradients")
             self._head_step = Compiled(self._train_head, "exit head step")
             self._apply = Compiled(self._apply_grads, "exit head update")
@@ -180,6 +210,19 @@ class EarlyExitScorer(Scorer):
         features = self._exit_graph.run([x], False)[0]
         predictions = self._head(features, training=False)
         return features, tf.reshape(self.loss(y, predictions), [-1]), predictions
+
+    def _train_and_score(
+        self, x: tf.Tensor, y: tf.Tensor, features: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        # automatic control dependencies order the scoring's reads after the update
+        self._apply_grads(self._masked_grads(features, labels, mask))
+        return self._exit_losses(x, y)
+
+    def _update_and_score(
+        self, x: tf.Tensor, y: tf.Tensor, grads: list[Any]
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        self._apply_grads(grads)
+        return self._exit_losses(x, y)
 
     def _train_head(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
         grads = self._masked_grads(features, y, mask)

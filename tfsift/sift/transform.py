@@ -40,6 +40,7 @@ from tfsift.sift.config import SiftConfig
 from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
+from tfsift.sift.reader import SourceReader
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import FullScorer, Scorer, Scores, StepScorer
 from tfsift.sift.stale import ScoreCache
@@ -209,9 +210,9 @@ class Sifter:
             self.epoch_read, self.buffer = resume
             source = source.skip(self.epoch_read)
         buffer = self.buffer
-        upstream = iter(source)
+        reader = SourceReader(source, self.batch_size, self.config.score_batches)
         while True:
-            leaves = self._read(upstream)
+            leaves = self._read(reader)
             B = self.batch_size or 0
             n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
             if n and more and self.config.overlap and self.batches_read > self.config.delay:
@@ -232,24 +233,20 @@ class Sifter:
             self.scorer.bind(self._group)
         return self._group
 
-    def _read(self, upstream: Iterator[Any]) -> list[np.ndarray] | None:
+    def _read(self, reader: SourceReader) -> list[np.ndarray] | None:
         """The next g source batches (1 during the delay) as one element's leaves."""
         g = 1 if self.batches_read < self.config.delay else self.config.score_batches
-        parts = []
-        for _ in range(g):
-            element = next(upstream, None)
-            if element is None:
-                break
-            parts.append([np.asarray(leaf) for leaf in tree.flatten(element)])
-            if self.batch_size is None:
-                self.batch_size = int(parts[0][0].shape[0])
-                _check_divisible(self.batch_size, self.M)
-        if not parts:
+        read = reader.read(g)
+        if read is None:
             return None
-        self.batches_read += len(parts)
-        self.epoch_read += len(parts)
-        self._unsifted = len(parts)  # read, not yet sifted: a saved state reads them again
-        return [np.concatenate(p, axis=0) for p in zip(*parts, strict=True)]
+        leaves, count = read
+        if self.batch_size is None:
+            self.batch_size = reader.first_size
+            _check_divisible(self.batch_size, self.M)
+        self.batches_read += count
+        self.epoch_read += count
+        self._unsifted = count  # read, not yet sifted: a saved state reads them again
+        return leaves
 
     def _round(self, leaves: list[np.ndarray], buffer: SampleBuffer, group: ReplicaGroup) -> None:
         """Scores one group of source batches and buffers the samples the policy keeps."""
