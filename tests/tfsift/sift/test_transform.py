@@ -142,8 +142,9 @@ def test_nonfinite_losses_are_never_kept_and_are_counted_with_one_warning(
     assert len(warnings) == 1
 
 
-def test_a_loss_that_returns_one_value_per_batch_is_refused_with_a_hint() -> None:
-    model = start()
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_loss_that_returns_one_value_per_batch_is_refused_with_a_hint(microbatches: int) -> None:
+    model = start(microbatches)
     with pytest.raises(ValueError) as err:
         next(iter(source().apply(tfsift.sift(model, MEAN))))
     assert str(err.value) == (
