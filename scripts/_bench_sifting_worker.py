@@ -239,6 +239,7 @@ class Run:
             keep=float(m.get("keep", 0.5)),
             scorer=m.get("scorer", "full"),
             exit_after=m.get("exit_after"),
+            stale=int(m.get("stale", 0)),
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],

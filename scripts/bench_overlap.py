@@ -45,7 +45,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--samples", type=int, default=40000)
-    parser.add_argument("--score-batches", type=int, default=4, help="g of SiftConfig")
+    parser.add_argument("--score-batches", type=int, default=8, help="g of SiftConfig")
     return parser.parse_args()
 
 

@@ -110,6 +110,7 @@ class Method:
     keep: float | str = 0.5
     scorer: str = "full"
     exit_after: str | None = None  # early exit: None is SiftConfig's default exit
+    stale: int = 0  # epochs a sample's loss is reused (Stale-SB)
 
     def setting(self) -> str:
         if self.policy == "none":
@@ -120,7 +121,9 @@ class Method:
             text = f"{self.policy}, keep = {self.keep.split(':', 1)[1]}'s kept fraction"
         else:
             text = f"{self.policy}, keep={self.keep:g}"
-        return text + (", early exit" if self.scorer == "early_exit" else "")
+        if self.scorer == "early_exit":
+            text += f", early exit after {self.exit_after}" if self.exit_after else ", early exit"
+        return text + (f", stale={self.stale}" if self.stale else "")
 
 
 NONE = Method("none", "none")
@@ -132,6 +135,7 @@ METHODS = (
     Method("relative-3-exit", "relative", beta=3.0, scorer="early_exit"),
     Method("adaptive", "adaptive", keep=0.5),
     Method("uniform", "uniform", keep="kept:relative-1"),
+    Method("relative-1-stale", "relative", beta=1.0, stale=1),
 )
 PIPELINE_METHODS = (NONE, METHODS[1], METHODS[3])
 SMALL_CNN = ("cnn", 32, 2, 128)
@@ -194,7 +198,7 @@ class Settings:
     pipeline_methods: tuple[Method, ...] = PIPELINE_METHODS
     partitions: int = 2
     microbatches: int = 4
-    score_batches: int = 4  # g: source batches scored in one call, every sifting method
+    score_batches: int = 8  # g: source batches scored in one call, every sifting method
     budget_factor: float = 1.25  # a sifting run trains this x the no-sifting run's seconds
     max_epochs: int = 200  # a cap on a sifting run's source epochs, far above any here
     max_load: float = 1.5
@@ -595,7 +599,8 @@ def methods_text(settings: Settings) -> str:
         f"g={settings.score_batches} source batches per call (`score_batches`), with "
         "`history=500`, the task's `delay` and the run's seed; early exit is "
         '`SiftConfig(scorer="early_exit")` with its default exit (`exit_after=None`) and '
-        "head. "
+        "head. `stale=1` scores a sample every other epoch and reuses its loss in between "
+        "(Stale-SB; samples are recognised by content). "
         "`uniform` keeps, after the delay, the fraction the same seed's `relative-1` run "
         "kept after its delay: the control that tells selection from subsampling."
     )

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfsift.parallel import runtime
+from tfsift.parallel import runtime, watchdog
 from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.graph import StageGraph
 from tfsift.sift.config import SiftConfig
@@ -71,14 +71,8 @@ class EarlyExitScorer(Scorer):
             features, labels, out_losses, out_logits = self._take_prepared(x) or self._compute(x, y)
             self._last = (features, labels)
             losses, logits = out_losses.numpy(), out_logits.numpy()
-        shared: tuple[Any, Any, int] = (
-            losses,
-            logits if self.needs_logits else None,
-            self.overlapped,
-        )
-        if self._pipe.Get_size() > 1:
-            shared = self._pipe.bcast(shared, root=0)
-        losses, logits, overlapped = shared
+        n = int(np.asarray(x).shape[0])
+        losses, logits, overlapped = self._share(n, losses, logits)
         if self.config.overlap:
             self.metrics["overlapped_rounds"] = float(overlapped)
         self._rounds += 1
@@ -86,6 +80,35 @@ class EarlyExitScorer(Scorer):
             self._validate(element, losses)
         labels = np.asarray(y) if self.needs_logits else None
         return Scores(np.asarray(losses), logits, labels)
+
+    def _share(self, n: int, losses: Any, logits: Any) -> tuple[np.ndarray, Any, int]:
+        """Stage 0's losses (logits, overlapped count) on every stage of the pipeline,
+        broadcast without blocking: a stalled stage 0 ends the job after ``timeout``."""
+        if self._pipe.Get_size() == 1:
+            return losses, logits if self.needs_logits else None, self.overlapped
+        buffer = np.empty(n + 1, np.float64)
+        if self._stage == 0:
+            buffer[:n], buffer[n] = losses, self.overlapped
+        self._wait(self._pipe.Ibcast(buffer, root=0), "losses")
+        shared_logits = None
+        if self.needs_logits:
+            shape = (n, *self._out_shape)
+            values = np.empty(shape, np.float64)
+            if self._stage == 0:
+                values[...] = logits
+            self._wait(self._pipe.Ibcast(values, root=0), "logits")
+            shared_logits = values.astype(np.float32)
+        return buffer[:n], shared_logits, int(buffer[n])
+
+    def _wait(self, request: Any, what: str) -> None:
+        timeout = runtime.get().config.timeout
+        if not watchdog.wait([request], timeout):
+            rank = self._pipe.Get_rank()
+            watchdog.abort(
+                f"stage {self._stage} (rank {watchdog.world_rank(self._pipe, rank)}) waited "
+                f"{timeout:g} s for stage 0 (rank {watchdog.world_rank(self._pipe, 0)}) to "
+                f"broadcast the early-exit {what}"
+            )
 
     def prepare(self, element: Any) -> None:
         """With ``overlap``: stage 0 scores ``element`` during the next training step's
@@ -186,6 +209,7 @@ class EarlyExitScorer(Scorer):
             part = self.model.partition_model([tf.convert_to_tensor(np.asarray(x)[:batch])])
         self._stage = part.stage.index
         self._pipe = rt.pipe_comm.Dup()
+        self._out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
         if self._stage == 0:
             exit_after = _node_name(self.model, part.graph, self.config.exit_after)
             exit_graph = _exit_graph(part.graph, part.bounds, exit_after)

@@ -15,6 +15,10 @@ Per source round the replicas exchange two things:
 - ``agree``: an elementwise MIN of small integer vectors, e.g. [batches ready, more
   data upstream], so every replica yields the same number of batches and all stop
   together when the shortest shard runs out.
+
+Every collective of a round is non-blocking and waited on with the watchdog: a replica
+that stalls makes the others end the job after the config's ``timeout`` (naming what
+they waited for) instead of waiting forever in an MPI call.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from tfsift.parallel import watchdog
 from tfsift.parallel.runtime import Runtime
 
 
@@ -33,6 +38,8 @@ class ReplicaGroup:
     def __init__(self, rt: Runtime) -> None:
         self.replicas = rt.topology.replicas
         self.replica = rt.replica
+        self.timeout = rt.config.timeout
+        self._rank, self._stage = rt.rank, rt.stage
         # A collective over the world: every rank builds its group at the same point.
         self._comm: Any = rt.world.Split(color=rt.stage, key=rt.replica)
 
@@ -40,7 +47,13 @@ class ReplicaGroup:
         """Every replica's ``values``, in replica order."""
         if self.replicas == 1:
             return [values]
-        return list(self._comm.allgather(np.ascontiguousarray(values)))
+        mine = np.ascontiguousarray(values, dtype=np.float64)
+        counts = np.empty(self.replicas, np.int64)
+        self._wait(self._comm.Iallgather(np.array([mine.size], np.int64), counts), "losses")
+        out = np.empty(int(counts.sum()), np.float64)
+        request = self._comm.Iallgatherv(mine, [out, (counts, None), MPI.DOUBLE])
+        self._wait(request, "losses")
+        return np.split(out, np.cumsum(counts)[:-1])
 
     def agree(self, values: list[int]) -> list[int]:
         """The elementwise minimum of ``values`` over the replicas."""
@@ -48,7 +61,7 @@ class ReplicaGroup:
             return list(values)
         mine = np.asarray(values, dtype=np.int64)
         out = np.empty_like(mine)
-        self._comm.Allreduce(mine, out, op=MPI.MIN)
+        self._wait(self._comm.Iallreduce(mine, out, op=MPI.MIN), "batch counts")
         return [int(v) for v in out]
 
     def mean(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -57,13 +70,20 @@ class ReplicaGroup:
             return arrays
         flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64)
         total = np.empty_like(flat)
-        self._comm.Allreduce(flat, total, op=MPI.SUM)
+        self._wait(self._comm.Iallreduce(flat, total, op=MPI.SUM), "exit head gradients")
         total /= self.replicas
         out, at = [], 0
         for a in arrays:
             out.append(total[at : at + a.size].reshape(a.shape).astype(a.dtype))
             at += a.size
         return out
+
+    def _wait(self, request: Any, what: str) -> None:
+        if not watchdog.wait([request], self.timeout):
+            watchdog.abort(
+                f"rank {self._rank} waited {self.timeout:g} s for the other replicas of stage "
+                f"{self._stage} to exchange the sifting round's {what} (a replica stalled)"
+            )
 
     def bcast(self, value: Any) -> Any:
         """Replica 0's ``value`` on every replica."""

@@ -10,6 +10,9 @@ the full batches ready.
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -121,3 +124,30 @@ def test_overlap_scores_the_next_round_during_the_drain_of_training_steps() -> N
     # and the second of two steps that follow one round
     assert 0.6 * steps <= metrics["overlapped_rounds"] < steps
     assert reports[1]["metrics"]["overlapped_rounds"] == metrics["overlapped_rounds"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "sleeper", "message"),
+    [
+        (
+            "dp",
+            1,
+            "rank 0 waited 3 s for the other replicas of stage 0 to exchange the sifting "
+            "round's losses (a replica stalled)",
+        ),
+        (
+            "pipeline",
+            0,
+            "stage 1 (rank 1) waited 3 s for stage 0 (rank 0) to broadcast the early-exit losses",
+        ),
+    ],
+)
+def test_a_rank_that_stalls_while_sifting_ends_the_job_after_the_timeout(
+    layout: str, sleeper: int, message: str
+) -> None:
+    proc = mpi.run(2, "sift_stall_check.py", layout, str(sleeper), "3", timeout=120)
+    ended = time.time()
+    started = json.loads((Path(proc.reports_dir) / f"rank{sleeper}.json").read_text())["start"]
+    assert proc.returncode != 0
+    assert f"tfsift: {message}; aborting the job" in proc.stderr, proc.stderr[-2000:]
+    assert 2.0 <= ended - started < 3.0 + 15  # the waiter may start waiting a little earlier
