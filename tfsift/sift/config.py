@@ -74,7 +74,8 @@ class SiftConfig:
             last microbatch's gradients of the current training step (the drain), with
             the weights before that step's update (one step staler than without).
         seed: seeds the random draws of the selection.
-        log_dir: where per-step sifting records are written (None: not written).
+        log_dir: where rank 0 writes the metrics as TensorBoard scalars (None: the
+            run's ``log_dir`` from ``tfsift.init``, if set; else not written).
         loss_kind: which closed form the grad_norm method uses for the gradient at the
             logits; ``"auto"`` picks from the labels (see ``tfsift.sift.scores``).
     """

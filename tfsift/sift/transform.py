@@ -166,7 +166,8 @@ class Sifter:
         self.buffer = SampleBuffer()
         self._resume: tuple[int, SampleBuffer] | None = None
         self._unsifted = 0
-        self._log = ScalarLog(config.log_dir) if config.log_dir and rt.rank == 0 else None
+        log_dir = config.log_dir or rt.config.log_dir  # the run's, unless sifting has its own
+        self._log = ScalarLog(log_dir) if log_dir and rt.rank == 0 else None
 
     def state(self) -> dict[str, Any]:
         """Everything needed to continue exactly from the last batch yielded: plain NumPy

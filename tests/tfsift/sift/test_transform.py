@@ -268,9 +268,13 @@ def test_tfsift_sift_is_callable_after_its_modules_are_imported() -> None:
     assert tfsift.SiftConfig is tfsift.sift.config.SiftConfig
 
 
-def test_log_dir_gets_tensorboard_scalars_of_the_metrics(tmp_path: Any) -> None:
+@pytest.mark.parametrize("where", ["SiftConfig", "tfsift.init"])
+def test_log_dir_gets_tensorboard_scalars_of_the_metrics(tmp_path: Any, where: str) -> None:
     model = start()
-    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, log_dir=str(tmp_path))
+    if where == "tfsift.init":  # the run's log_dir, when the SiftConfig names none
+        tfsift.init({"log_dir": str(tmp_path)})
+    log_dir = str(tmp_path) if where == "SiftConfig" else None
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, log_dir=log_dir)
     batches = len(list(source().apply(tfsift.sift(model, PER_SAMPLE, config))))
     tags: dict[str, list[float]] = {}
     for path in tmp_path.glob("events.out.tfevents.*"):
