@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -23,3 +24,46 @@ def test_sift_mnist1d_trains_on_two_stages_by_two_replicas() -> None:
     kept = [float(k) for _, k, _, _ in lines]
     assert all(0.4 < k < 0.7 for k in kept)  # beta 1 keeps about half, plus the delay
     assert float(lines[-1][3]) > 0.2  # better than chance (0.1) after two short epochs
+
+
+def test_resnet_skip_sends_the_shortcut_across_the_cut_and_learns() -> None:
+    proc = mpi.run(2, str(mpi.ROOT / "examples" / "resnet_skip.py"), "--epochs", "1",
+                   timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cut = proc.stdout[proc.stdout.index("cut before") :].splitlines()[:3]
+    assert cut[0] == "cut before node 15 (block2_conv2) carries:"  # the pinned cut
+    assert re.fullmatch(r"  shortcut_bn \(4, 4, 32\) -> add_\d+  <- skip connection", cut[1])
+    assert re.fullmatch(r"  relu_\d+ \(4, 4, 32\) -> block2_conv2", cut[2])
+    assert re.findall(r"^epoch (\d)/1  loss", proc.stdout, re.M) == ["1"]  # rank 0 only
+    # 0.93 here; chance is 0.1, and stale BatchNorm statistics (momentum 0.99) gave 0.18
+    assert float(re.findall(r"test accuracy: ([\d.]+)", proc.stdout)[-1]) > 0.8
+
+
+def test_char_transformer_on_four_stages_beats_the_unigram_baseline() -> None:
+    proc = mpi.run(
+        4, str(mpi.ROOT / "examples" / "char_transformer.py"), "--chars", "40000",
+        "--epochs", "1", "--seq-len", "32", "--dim", "32", "--generate", "8", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "plan: 4 stages" in proc.stdout
+    unigram = float(re.findall(r"unigram baseline ([\d.]+) bits", proc.stdout)[0])
+    assert len(re.findall(r"^epoch 1/1  loss [\d.]+  validation loss", proc.stdout, re.M)) == 1
+    sample = proc.stdout[proc.stdout.index("sampled continuation of 'def ':\n") :].splitlines()[1]
+    assert sample.startswith("def ") and len(sample) == 12  # the prompt and 8 characters
+    nats, bits = re.findall(r"validation loss: ([\d.]+) \(([\d.]+) bits per character\)",
+                            proc.stdout)[-1]  # fmt: skip
+    assert float(bits) == pytest.approx(float(nats) / math.log(2), abs=1e-3)
+    assert float(bits) < unigram - 0.3  # the model uses the preceding characters
+
+
+def test_regression_sifted_adaptively_keeps_half_after_the_delay_and_beats_the_mean() -> None:
+    proc = mpi.run(2, str(mpi.ROOT / "examples" / "regression.py"), "--epochs", "10",
+                   "--sift", "adaptive", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    baseline = float(re.findall(r"test mse of the training mean ([\d.]+)", proc.stdout)[0])
+    kept = [float(k) for k in re.findall(r"^epoch \d+: kept ([\d.]+),", proc.stdout, re.M)]
+    # 10 source batches of 32 per epoch; the first 20 kept whole, then 16 of each 32
+    seen = [10 * e for e in range(1, 11)]
+    assert kept == [round((min(s, 20) + max(s - 20, 0) / 2) / s, 3) for s in seen]
+    mse = float(re.findall(r"test mse: ([\d.]+)", proc.stdout)[-1])
+    assert mse < 0.75 * baseline  # 0.61 here, the mean's 0.97

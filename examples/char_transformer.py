@@ -1,0 +1,242 @@
+"""Trains a character-level transformer language model on Python's own source, as 4 stages.
+
+Run on 4 processes, one stage each:
+
+    mpirun -np 4 python examples/char_transformer.py
+
+Offline: the text is the source of standard-library modules (``MODULES``, read from the
+running Python's library in that order, ``--chars`` in all); the last 10% of each module
+is held out for validation. The model is a GPT-style decoder: token and position
+embeddings, ``--blocks`` pre-norm blocks of causal multi-head self-attention and an MLP,
+each added to the residual stream, a final LayerNorm and a Dense layer to the 97
+characters (newline, printable ASCII, one for anything else); the partitioner cuts its
+traced graph into ``--partitions`` stages. Rank 0 prints the unigram baseline (the
+entropy of the training text's character frequencies, in bits), then every epoch the
+training loss and the validation loss in nats and bits per character, then a sampled
+continuation of ``--prompt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfsift
+
+# Pure-Python modules of every CPython 3.11+; their files are read in this order.
+MODULES = (
+    "argparse",
+    "dataclasses",
+    "functools",
+    "textwrap",
+    "enum",
+    "contextlib",
+    "heapq",
+    "shlex",
+    "statistics",
+    "fractions",
+    "difflib",
+    "calendar",
+)
+# Newline, printable ASCII, and one token for anything else (tabs, non-ASCII letters).
+CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+UNKNOWN = len(CHARS)
+VOCAB = len(CHARS) + 1
+
+
+class TokenAndPosition(keras.layers.Layer):  # type: ignore[misc]
+    """A token embedding plus a learned embedding of each position (inputs of ``length``)."""
+
+    def __init__(self, length: int, dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.token = keras.layers.Embedding(VOCAB, dim)
+        self.position = self.add_weight(
+            shape=(length, dim), initializer=keras.initializers.RandomNormal(stddev=0.02)
+        )
+
+    def call(self, ids: Any) -> Any:
+        return self.token(ids) + self.position
+
+
+class CharTransformer(tfsift.DistributedModel):
+    """Embeddings, ``blocks`` x (x + attention(norm(x)), then x + mlp(norm(x))), norm, logits.
+
+    The blocks' layers are attributes of the model (not of a block layer), so each is a
+    node of the traced graph and the partitioner may cut inside a block; the residual
+    stream crosses such a cut beside the branch.
+    """
+
+    def __init__(self, length: int, dim: int, heads: int, blocks: int) -> None:
+        super().__init__()
+        self.blocks = blocks
+        self.embed = TokenAndPosition(length, dim, name="embed")
+        for b in range(blocks):
+            setattr(self, f"norm{b}a", keras.layers.LayerNormalization(name=f"block{b}_norm_a"))
+            attention = keras.layers.MultiHeadAttention(heads, dim // heads, name=f"block{b}_attn")
+            setattr(self, f"attention{b}", attention)
+            setattr(self, f"norm{b}b", keras.layers.LayerNormalization(name=f"block{b}_norm_b"))
+            hidden = keras.layers.Dense(4 * dim, activation="gelu", name=f"block{b}_mlp_in")
+            setattr(self, f"hidden{b}", hidden)
+            setattr(self, f"project{b}", keras.layers.Dense(dim, name=f"block{b}_mlp_out"))
+        self.norm = keras.layers.LayerNormalization(name="final_norm")
+        self.logits = keras.layers.Dense(VOCAB, name="logits")
+
+    def call(self, ids: Any) -> Any:
+        x = self.embed(ids)
+        for b in range(self.blocks):
+            h = getattr(self, f"norm{b}a")(x)
+            x = x + getattr(self, f"attention{b}")(h, h, use_causal_mask=True)
+            h = getattr(self, f"hidden{b}")(getattr(self, f"norm{b}b")(x))
+            x = x + getattr(self, f"project{b}")(h)
+        return self.logits(self.norm(x))
+
+
+def corpus(chars: int) -> tuple[str, str]:
+    """(train, validation): the first ``chars`` characters of the source of ``MODULES``, in
+    order; the last 10% of each module's text is held out for validation."""
+    train, validation, total = [], [], 0
+    for name in MODULES:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        with open(spec.origin, encoding="utf-8") as f:
+            source = f.read()[: chars - total]
+        total += len(source)
+        split = len(source) * 9 // 10
+        train.append(source[:split])
+        validation.append(source[split:])
+        if total == chars:
+            return "".join(train), "".join(validation)
+    raise ValueError(f"--chars must be at most {total}. Received: {chars}")
+
+
+def encode(source: str) -> np.ndarray:
+    """Token ids (int32): a character's index in ``CHARS``, else ``UNKNOWN``."""
+    index = {c: i for i, c in enumerate(CHARS)}
+    return np.array([index.get(c, UNKNOWN) for c in source], dtype=np.int32)
+
+
+def windows(ids: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-overlapping (input, next-character target) pairs of ``length`` tokens."""
+    n = (len(ids) - 1) // length
+    x = ids[: n * length].reshape(n, length)
+    y = ids[1 : n * length + 1].reshape(n, length)
+    return x, y
+
+
+def unigram_bits(ids: np.ndarray) -> float:
+    """Entropy in bits of the character frequencies: what a model ignoring context reaches."""
+    p = np.bincount(ids, minlength=VOCAB) / len(ids)
+    p = p[p > 0]
+    return float(-(p * np.log2(p)).sum())
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chars", type=int, default=300_000, help="of text, 90%% train")
+    parser.add_argument("--seq-len", type=int, default=64, help="T, characters per sample")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32, help="per replica")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--prompt", default="def ", help="continued at the end")
+    parser.add_argument("--generate", type=int, default=160, help="characters; 0: none")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    tfsift.init({"partitions": args.partitions, "microbatches": args.microbatches})
+    keras.utils.set_random_seed(0)
+    train_text, validation_text = corpus(args.chars)
+    x, y = windows(encode(train_text), args.seq_len)
+    x_val, y_val = windows(encode(validation_text), args.seq_len)
+    train = tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y)), 4096, seed=0)
+    train = train.batch(args.batch_size, drop_remainder=True).prefetch(2)
+    model = CharTransformer(args.seq_len, args.dim, args.heads, args.blocks)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.Adam(args.lr)
+
+    @tfsift.step
+    def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> Any:
+        loss = loss_fn(targets, model(inputs, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    @tfsift.step
+    def evaluate(inputs: tf.Tensor, targets: tf.Tensor) -> Any:
+        return loss_fn(targets, model(inputs, training=False))
+
+    @tfsift.step
+    def predict(inputs: tf.Tensor) -> Any:
+        return model(inputs, training=False)
+
+    def validation_loss() -> float:
+        batch = args.batch_size
+        usable = len(x_val) - len(x_val) % batch
+        losses = [
+            float(evaluate(x_val[i : i + batch], y_val[i : i + batch]).reduce_mean())
+            for i in range(0, usable, batch)
+        ]
+        return float(np.mean(losses))
+
+    say = logging.getLogger("example").info if tfsift.rank() == 0 else (lambda *a: None)
+    say(
+        f"{tfsift.size()} ranks: {tfsift.mp_size()} stages x {tfsift.dp_size()} replicas, "
+        f"{len(x)} train / {len(x_val)} validation samples of {args.seq_len} characters; "
+        f"unigram baseline {unigram_bits(encode(train_text)):.3f} bits per character"
+    )
+    val = math.nan
+    for epoch in range(args.epochs):
+        start, losses = time.perf_counter(), []
+        for inputs, targets in train:
+            grads, loss = train_step(inputs, targets)
+            grads = tfsift.allreduce(grads)
+            if grads:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            losses.append(float(loss.reduce_mean()))
+        val = validation_loss()
+        say(
+            f"epoch {epoch + 1}/{args.epochs}  loss {np.mean(losses):.4f}  validation loss "
+            f"{val:.4f} ({val / math.log(2):.3f} bits per character)  "
+            f"({time.perf_counter() - start:.1f}s)"
+        )
+    if args.generate:
+        say(f"sampled continuation of {args.prompt!r}:\n{generate(predict, args)}")
+    say(f"validation loss: {val:.4f} ({val / math.log(2):.3f} bits per character)")
+
+
+def generate(predict: Any, args: argparse.Namespace) -> str:
+    """``--prompt`` and ``--generate`` characters sampled at ``--temperature`` (seeded).
+
+    Every rank runs it: the logits are broadcast along the pipeline, so every rank draws
+    the same characters.
+    """
+    rng = np.random.default_rng(0)
+    context = list(encode(args.prompt))
+    for _ in range(args.generate):
+        window = context[-args.seq_len :]
+        padded = np.full((args.microbatches, args.seq_len), CHARS.index(" "), np.int32)
+        padded[:, : len(window)] = window
+        # causal attention: position len(window) - 1 does not see the padding after it
+        logits = predict(padded).concat().numpy()[0, len(window) - 1].astype(np.float64)
+        p = np.exp((logits - logits.max()) / args.temperature)
+        context.append(int(rng.choice(VOCAB, p=p / p.sum())))
+    return "".join(CHARS[i] if i < UNKNOWN else "?" for i in context)
+
+
+if __name__ == "__main__":
+    main()
