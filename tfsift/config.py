@@ -52,6 +52,7 @@ class Config:
     plan_file: str | None = None
     profile_repeats: int = 5
     timeout: float = 600.0
+    log_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("partitions", self.partitions, 1)
@@ -72,6 +73,10 @@ class Config:
         if self.memory_cap is not None:
             _check_int("memory_cap", self.memory_cap, 1)
         _check_positive("timeout", self.timeout)
+        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
+            raise ValueError(
+                f"log_dir must be None or a non-empty string. Received: log_dir={self.log_dir!r}"
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Config:

@@ -12,6 +12,12 @@ TFSIFT_CONFIG = "TFSIFT_CONFIG"
 TFSIFT_EXIT_GRACE = "TFSIFT_EXIT_GRACE"
 EXIT_GRACE = 10.0
 
+#: ``0`` stops ``tfsift.init`` from making one GPU visible per local rank (``1``, the
+#: default, pins local rank i to GPU i; see ``tfsift.parallel.devices``).
+TFSIFT_PIN_GPU = "TFSIFT_PIN_GPU"
+#: CUDA's own list of the GPUs a process may see; set to one device, tfsift leaves it be.
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
 #: Horovod's own watchdog (read by ``hvd.init``): seconds before it warns about, and before
 #: it shuts down on, a collective that some ranks never join. ``tfsift.init`` sets both from
 #: the config's ``timeout`` unless they are set already.
@@ -45,3 +51,17 @@ def exit_grace() -> float:
     if not value > 0:
         raise ValueError(f"{TFSIFT_EXIT_GRACE} must be a number of seconds > 0. Received: {raw!r}")
     return value
+
+
+def pin_gpu() -> bool:
+    """``TFSIFT_PIN_GPU`` as a flag (on when unset).
+
+    Raises:
+        ValueError: a value other than 0/1, true/false, yes/no, on/off.
+    """
+    raw = get(TFSIFT_PIN_GPU).strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{TFSIFT_PIN_GPU} must be 0 or 1. Received: {get(TFSIFT_PIN_GPU)!r}")

@@ -25,6 +25,7 @@ class ProcessState:
         sift_metrics: the metrics of the sifted dataset iterated last.
         idle_task: work for stage 0 to run while it waits for the last microbatch's
             gradients in the next training step (``SiftConfig(overlap=True)``).
+        run_log: the open ``tfsift.pipeline.runlog.RunLog`` (``log_dir``), if any.
     """
 
     runtime: Any = None
@@ -33,6 +34,7 @@ class ProcessState:
     running_step: str | None = None
     sift_metrics: Any = None
     idle_task: Any = None
+    run_log: Any = None
 
 
 STATE = ProcessState()
@@ -51,3 +53,6 @@ def reset() -> None:
     STATE.running_step = None
     STATE.sift_metrics = None
     STATE.idle_task = None
+    if STATE.run_log is not None:
+        STATE.run_log.close()
+    STATE.run_log = None

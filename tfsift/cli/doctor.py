@@ -2,14 +2,16 @@
 
 Each check is a small function returning a ``Check``; ``run`` calls them in order, prints
 one line each (and the fix under anything wrong) and exits 1 when a required piece is
-missing. The checks import TensorFlow and Horovod only through ``_import``, so a test can
-pretend any of them is absent.
+missing; ``-np N`` also checks that N ranks on this host can have one GPU each. The
+checks import TensorFlow and Horovod only through ``_import``, so a test can pretend any
+of them is absent.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -18,6 +20,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from tfsift import env
+from tfsift.parallel import devices
 
 SETUP = "bash scripts/setup.sh"
 TF_VERSION = "2.21."  # pinned in constraints.txt; Horovod is built against it
@@ -54,19 +59,27 @@ def add_subcommand(commands: Any) -> None:
         help="check TensorFlow, Keras, Horovod, MPI, CPUs and GPUs; say how to fix each",
         description=__doc__,
     )
+    cmd.add_argument(
+        "-np",
+        type=int,
+        dest="np",
+        metavar="N",
+        help="ranks you will start on this host: check that each can have its own GPU",
+    )
     cmd.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace | None = None) -> int:
     """Runs every check, prints the report; 1 if a required piece is missing, else 0."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines, as in run
-    checks = [probe() for probe in probes()]
+    checks = [probe() for probe in probes(getattr(args, "np", None))]
     print(format_report(checks))
     return 1 if any(c.required and not c.ok for c in checks) else 0
 
 
-def probes() -> list[Callable[[], Check]]:
-    """The checks, in the order they print (looked up when called, so tests can patch)."""
+def probes(ranks: int | None = None) -> list[Callable[[], Check]]:
+    """The checks, in the order they print (looked up when called, so tests can patch);
+    ``ranks`` is ``-np``, the ranks to start on this host."""
     return [
         check_python,
         check_tensorflow,
@@ -75,7 +88,7 @@ def probes() -> list[Callable[[], Check]]:
         check_horovod,
         check_mpirun,
         check_cpus,
-        check_gpus,
+        functools.partial(check_gpus, ranks),
         check_matplotlib,
     ]
 
@@ -166,16 +179,14 @@ def check_cpus() -> Check:
     return Check("cpus", True, detail + "; `tfsift run` oversubscribes beyond them")
 
 
-def check_gpus() -> Check:
+def check_gpus(ranks: int | None = None) -> Check:
     try:
         tf = _import("tensorflow")
         gpus = len(tf.config.list_physical_devices("GPU"))
     except Exception as err:
         return Check("gpus", False, f"unknown: {_reason(err)}", TF_FIX, required=False)
     if gpus:
-        return Check(
-            "gpus", True, f"{gpus}: up to {gpus} ranks per host can have one each", required=False
-        )
+        return gpus_for_ranks(gpus, ranks)
     if _cuda_build(tf):
         detail = "none visible to this CUDA build of TensorFlow"
         fix = "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"
@@ -186,6 +197,36 @@ def check_gpus() -> Check:
     return Check(
         "gpus", True, "none (CPU-only TensorFlow; training runs on the CPUs)", required=False
     )
+
+
+def gpus_for_ranks(gpus: int, ranks: int | None) -> Check:
+    """Whether ``tfsift.init`` can give each of ``ranks`` ranks on this host its own GPU."""
+    try:
+        pin = env.pin_gpu()
+    except ValueError as err:
+        return Check("gpus", False, str(err), f"{env.TFSIFT_PIN_GPU}=0 or 1", required=False)
+    visible = env.get(env.CUDA_VISIBLE_DEVICES)
+    if not pin or devices.single_device(visible):
+        why = f"{env.TFSIFT_PIN_GPU}=0" if not pin else f"{env.CUDA_VISIBLE_DEVICES}={visible}"
+        return Check(
+            "gpus", True, f"{gpus}; {why}: tfsift.init leaves them as they are", required=False
+        )
+    if ranks is None:
+        detail = f"{gpus}: up to {gpus} ranks per host can have one each (tfsift.init gives "
+        return Check("gpus", True, detail + "local rank i GPU i; -np N checks N)", required=False)
+    try:
+        devices.choose(0, ranks, gpus, pin, visible)
+    except ValueError:
+        return Check(
+            "gpus",
+            False,
+            f"{gpus} for {ranks} ranks on this host: tfsift.init will refuse to start "
+            "(one GPU per local rank)",
+            f"start at most {gpus} ranks per host (-np {gpus}, or -H host:{gpus} for each host), "
+            f"or set {env.TFSIFT_PIN_GPU}=0 and place the ranks on GPUs yourself",
+        )
+    detail = f"{gpus} for {ranks} ranks on this host: one each (local rank i uses GPU i)"
+    return Check("gpus", True, detail, required=False)
 
 
 def check_matplotlib() -> Check:

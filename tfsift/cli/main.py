@@ -14,12 +14,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"tfsift {__version__}")
     commands = parser.add_subparsers(dest="command")
     from partitioner.cli import add_subcommands
-    from tfsift.cli import doctor, profile, run
+    from tfsift.cli import doctor, profile, run, timeline
 
     add_subcommands(commands)
     profile.add_subcommand(commands)
     run.add_subcommand(commands)
     doctor.add_subcommand(commands)
+    timeline.add_subcommand(commands)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

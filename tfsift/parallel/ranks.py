@@ -12,12 +12,17 @@ from tfsift.parallel import runtime
 def init(config: Mapping[str, Any] | None = None) -> None:
     """Starts tfsift on this rank; call it once, first, on every rank.
 
+    On a host with GPUs, local rank i then sees only GPU i (``TFSIFT_PIN_GPU=0`` turns
+    that off; see ``tfsift.parallel.devices``).
+
     Args:
         config: e.g. ``{"partitions": 2, "microbatches": 4}``; when omitted the
             ``TFSIFT_CONFIG`` environment variable is read (JSON text or a file path).
 
     Raises:
-        ValueError: unknown keys or values, or a world size not divisible by partitions.
+        ValueError: unknown keys or values, a world size not divisible by partitions, or
+            more ranks on a host than GPUs.
+        RuntimeError: TensorFlow initialised its GPUs before ``init``.
     """
     runtime.init(config if config is None or isinstance(config, Config) else dict(config))
 

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from tfsift import env, logs
 from tfsift.config import Config
-from tfsift.parallel import watchdog
+from tfsift.parallel import devices, watchdog
 from tfsift.parallel.topology import Topology
 from tfsift.state import STATE
 
@@ -126,7 +126,10 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     pipe_comm = world.Split(color=topology.replica(rank), key=topology.stage(rank))
-    local_rank = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    host = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks of this host
+    local_rank, local_size = host.Get_rank(), host.Get_size()
+    host.Free()
+    devices.pin(local_rank, local_size)  # before anything below can touch a device
     control = world.Dup() if topology.size > 1 else None
     runtime = Runtime(cfg, topology, rank, local_rank, world, pipe_comm, use_hvd)
     runtime.control_comm, runtime.exit_grace = control, grace

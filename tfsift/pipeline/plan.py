@@ -23,6 +23,7 @@ from partitioner.schedule import Action
 from tfsift.parallel.comm import PipeComm
 from tfsift.parallel.runtime import Runtime
 from tfsift.pipeline.head import Head
+from tfsift.pipeline.metrics import NONE, SharedMetrics
 from tfsift.pipeline.roles import Role
 from tfsift.pipeline.stage import Stage
 
@@ -52,6 +53,7 @@ class StepPlan:
         training: the model is called with ``training=True``.
         arguments: the structure of the arguments the plan was made for.
         runtime: the ``tfsift.init`` this plan belongs to.
+        shared: the metrics the function updates, shared along the pipeline after a step.
     """
 
     K: int
@@ -71,6 +73,7 @@ class StepPlan:
     training: bool
     arguments: str
     runtime: Runtime
+    shared: SharedMetrics = NONE
 
     @property
     def s(self) -> int:

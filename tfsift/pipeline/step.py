@@ -6,6 +6,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -16,7 +17,7 @@ from keras import tree
 from partitioner import schedule
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import PipeComm
-from tfsift.pipeline import context, timeline
+from tfsift.pipeline import context, metrics, runlog, timeline
 from tfsift.pipeline.executor import Executor, Microbatch, StepResult, Timed
 from tfsift.pipeline.head import GRADS_MARKER, Head
 from tfsift.pipeline.outputs import GradientOutput, StepOutput
@@ -61,9 +62,10 @@ def step(
         ...     return tfsift.gradients(loss, model.trainable_variables), loss
 
     The first call also runs ``fn`` once on the first microbatch with the model returning
-    zeros, up to ``tfsift.gradients``: that probe partitions the model and learns whether
-    the step trains. Keep side effects (metric updates) after ``tfsift.gradients`` or
-    outside the step.
+    zeros: that probe partitions the model, learns whether the step trains and which
+    Keras variables ``fn`` updates (its metrics), which every rank of the pipeline then
+    holds after each step (``tfsift.pipeline.metrics``). The probe applies no update to
+    a Keras variable; other Python side effects in ``fn`` do run.
 
     On the last stage ``fn`` is compiled with ``tf.function`` together with the stage's
     forward and backward (see ``tfsift.pipeline.head``): Python side effects in it run when it is
@@ -151,7 +153,8 @@ def _make_step(
             microbatches = [_unmark(mb) for mb in microbatches]
         if not plans:
             plans.append(make_plan(fn, microbatches[0], rt, compile, *marked))
-        return run(plans[0], fn, microbatches)
+        with plans[0].shared.sharing():  # metrics updated in fn: equal on every rank after
+            return run(plans[0], fn, microbatches)
 
     wrapper.tfsift_step = True  # type: ignore[attr-defined]
     return wrapper
@@ -181,17 +184,22 @@ def _running(name: str) -> Iterator[None]:
 
 
 def run(plan: StepPlan, fn: Callable[..., Any], microbatches: Sequence[Microbatch]) -> Any:
-    """Runs one step of ``plan`` (recorded inside ``tfsift.timeline()``); returns its outputs."""
+    """Runs one step of ``plan`` (recorded inside ``tfsift.timeline()`` and, with ``log_dir``,
+    in the run log); returns its outputs."""
     executor = Executor(plan, fn, microbatches)
-    recording = timeline.active()
-    if recording is None:
+    recording, logged = timeline.active(), runlog.active(plan)
+    if recording is None and logged is None:
         return _gather(executor.run(), plan)
     timed: Timed = []
     pipe = plan.comm.comm
-    origin = timeline.start(pipe)
+    origin = timeline.start(pipe) if recording is not None else time.perf_counter()
     result = executor.run(timed)
-    timeline.finish(recording, pipe, plan.s, origin, timed)
-    return _gather(result, plan)
+    if recording is not None:
+        timeline.finish(recording, pipe, plan.s, origin, timed)
+    outputs = _gather(result, plan)
+    if logged is not None:
+        logged.record(plan, fn, microbatches, origin, timed, outputs)
+    return outputs
 
 
 def split(args: tuple[Any, ...], kwargs: dict[str, Any], M: int) -> list[Microbatch]:
@@ -230,7 +238,7 @@ def make_plan(
     kwargs: dict[str, Any],
 ) -> StepPlan:
     """Probes ``fn`` on the first microbatch (partitioning the model) and builds its plan."""
-    model, backward, training = _probe(fn, microbatch)
+    model, backward, training, assigned = _probe(fn, microbatch)
     part = model.partitioned
     assert part is not None
     cfg, K = rt.config, rt.topology.partitions
@@ -260,13 +268,17 @@ def make_plan(
         training=training,
         arguments=describe_arguments(args, kwargs),
         runtime=rt,
+        shared=metrics.find(assigned, model, rt, getattr(fn, "__qualname__", repr(fn))),
     )
 
 
-def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedModel, bool, bool]:
-    """Runs ``fn`` once with the model returning zeros, up to ``tfsift.gradients``.
+def _probe(
+    fn: Callable[..., Any], microbatch: Microbatch
+) -> tuple[DistributedModel, bool, bool, list[Any]]:
+    """Runs ``fn`` once with the model returning zeros; no Keras variable changes.
 
-    Returns the model it calls, whether it trains, and the model call's ``training``.
+    Returns the model it calls, whether it trains, the model call's ``training`` and the
+    Keras variables ``fn`` assigned (recorded, not applied).
     """
     seen: list[tuple[DistributedModel, bool]] = []
 
@@ -287,12 +299,11 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedM
         return tree.pack_sequence_as(part.output_structure, flat)
 
     args, kwargs = microbatch
-    backward = False
-    try:
-        with context.active(context.StepContext(model_call, probe=True)):
-            fn(*args, **kwargs)
-    except context.ProbeStop:
-        backward = True
+    # To its end, past tfsift.gradients, to see the metrics it updates; a run on zeros must
+    # not reach them. The model call partitions the model, so it keeps its state.
+    probe = context.StepContext(metrics.stateful(model_call), probe=False)
+    with metrics.recording() as recorder, context.active(probe):
+        fn(*args, **kwargs)
     if not seen:
         raise RuntimeError("the @tfsift.step function did not call a tfsift.DistributedModel")
     if len({id(m) for m, _ in seen}) > 1:
@@ -306,7 +317,7 @@ def _probe(fn: Callable[..., Any], microbatch: Microbatch) -> tuple[DistributedM
             "call (e.g. concatenate them along the batch axis and split the outputs)"
         )
     model, training = seen[0]
-    return model, backward, training
+    return model, bool(probe.requests), training, recorder.assigned
 
 
 def _gather(result: StepResult, plan: StepPlan) -> Any:

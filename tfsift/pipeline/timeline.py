@@ -107,7 +107,14 @@ class Timeline:
     def __init__(self, steps: Sequence[StepTimeline] = ()) -> None:
         self.steps: list[StepTimeline] = list(steps)
 
-    def save_trace(self, path: str | Path, simulated_bubble: float | None = None) -> None:
+    def save_trace(
+        self,
+        path: str | Path,
+        simulated_bubble: float | None = None,
+        *,
+        ranks: Sequence[int] | None = None,
+        step_names: Sequence[str] | None = None,
+    ) -> None:
         """Writes every recorded step, end to end, as one Chrome/Perfetto trace JSON.
 
         Each step also appears as a ``step i`` event on a track of its own, below the
@@ -117,13 +124,16 @@ class Timeline:
             path: where to write the JSON.
             simulated_bubble: the plan's ``predicted_bubble``, stored next to the
                 measured one in ``otherData``.
+            ranks: the global rank of each stage: tracks read ``rank 3 (stage 1)``.
+            step_names: the steps' events' names instead of ``step 0``, ``step 1``...
         """
         K = max((step.stages for step in self.steps), default=0)
-        records, offset = track_names(K), 0.0
+        records, offset = _rank_names(track_names(K), ranks), 0.0
         records += _steps_track(K)
-        for i, step in enumerate(self.steps):
+        names = step_names or [f"step {i}" for i in range(len(self.steps))]
+        for name, step in zip(names, self.steps, strict=True):
             records += chrome_trace(step.events, step.stages, fused_last=True, offset=offset)
-            records.append(_step_record(i, K, offset, step))
+            records.append(_step_record(name, K, offset, step))
             offset += step.step_time
         save_chrome_trace(path, records, self._bubbles(simulated_bubble))
 
@@ -142,9 +152,19 @@ def _steps_track(K: int) -> list[dict[str, Any]]:
     ]
 
 
-def _step_record(i: int, K: int, offset: float, step: StepTimeline) -> dict[str, Any]:
+def _rank_names(records: list[dict[str, Any]], ranks: Sequence[int] | None) -> list[dict[str, Any]]:
+    if ranks is None:
+        return records
+    for record in records:
+        if record["name"] == "thread_name":
+            s = record["tid"]
+            record["args"]["name"] = f"rank {ranks[s]} (stage {s})"
+    return records
+
+
+def _step_record(name: str, K: int, offset: float, step: StepTimeline) -> dict[str, Any]:
     return {
-        "name": f"step {i}",
+        "name": name,
         "cat": "step",
         "ph": "X",
         "ts": offset * 1e6,

@@ -86,6 +86,7 @@ def rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tup
     plan = _reusable_plan(graph, cfg)
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
+        _keep_for_run_log(plan, cfg)
         return plan.bounds
     log.info(
         "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; "
@@ -110,7 +111,15 @@ def rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tup
     if cfg.plan_file:
         plan.save(cfg.plan_file)
         log.info("wrote the plan to %s", cfg.plan_file)
+    _keep_for_run_log(plan, cfg)
     return plan.bounds
+
+
+def _keep_for_run_log(plan: Plan, cfg: Config) -> None:
+    """With ``log_dir``, a copy of the plan there: ``tfsift timeline`` prints its bubble."""
+    if cfg.log_dir:
+        os.makedirs(cfg.log_dir, exist_ok=True)
+        plan.save(os.path.join(cfg.log_dir, "plan.json"))  # rundir.PLAN_FILE
 
 
 def plan_differences(plan: Plan, graph: Graph, cfg: Config) -> list[str]:

@@ -1,17 +1,21 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs four things Keras does not expose publicly: the node that produced a
+tfsift needs five things Keras does not expose publicly: the node that produced a
 symbolic tensor (to walk a traced ``call``), re-running one node on concrete values
 with its recorded arguments, the seed generators a layer owns (to replay dropout
-masks when recomputing), and freeing a variable's buffer (so a rank holds only its
-stage). Keeping them here means a Keras upgrade is checked in one file;
+masks when recomputing), freeing a variable's buffer (so a rank holds only its
+stage), and which variables code assigns inside a ``keras.StatelessScope`` (the
+metrics a step function updates). Keeping them here means a Keras upgrade is checked in one file;
 ``tests/tfsift/planning/test_keras_internals.py`` pins each one.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import keras
 from keras import tree
 
 
@@ -69,3 +73,36 @@ def tape_recording() -> bool:
     from tensorflow.python.eager import record
 
     return bool(record.could_possibly_record())
+
+
+class AssignmentRecorder(keras.StatelessScope):  # type: ignore[misc]
+    """A ``keras.StatelessScope`` that also lists the variables assigned inside it.
+
+    Nothing is applied (as in any stateless scope); ``assigned`` holds the variables in
+    the order of their first assignment, which Keras' own ``state_mapping`` (keyed by
+    ``id``) cannot give back.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned: list[Any] = []
+
+    def add_update(self, update: tuple[Any, Any]) -> None:
+        # Keras' Variable.assign (and assign_add/sub) calls this inside a stateless scope.
+        if id(update[0]) not in self.state_mapping:
+            self.assigned.append(update[0])
+        super().add_update(update)
+
+
+@contextlib.contextmanager
+def stateful() -> Iterator[None]:
+    """Leaves the current ``keras.StatelessScope`` for the block: variables created or
+    assigned inside are real (a model partitioned inside a probe keeps its weights)."""
+    from keras.src.backend.common import global_state
+
+    scope = global_state.get_global_attribute("stateless_scope")
+    global_state.set_global_attribute("stateless_scope", None)
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("stateless_scope", scope)

@@ -140,3 +140,51 @@ def test_this_machine_has_the_stack_and_no_gpu() -> None:
     for name in ("python", "tensorflow", "keras", "mpi4py", "horovod", "mpirun", "cpus"):
         assert status[name] == "ok", done.stdout
     assert "gpus" in status
+
+
+@pytest.mark.parametrize(
+    ("gpus", "np", "code", "line"),
+    [(4, "4", 0, "ok       gpus        4 for 4 ranks on this host: one each (local rank i uses "
+                 "GPU i)"),
+     (8, "2", 0, "ok       gpus        8 for 2 ranks on this host: one each (local rank i uses "
+                 "GPU i)"),
+     (2, "4", 1, "MISSING  gpus        2 for 4 ranks on this host: tfsift.init will refuse to "
+                 "start (one GPU per local rank)")],
+)  # fmt: skip
+def test_np_checks_one_gpu_per_rank_on_this_host(
+    stack: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    gpus: int,
+    np: str,
+    code: int,
+    line: str,
+) -> None:
+    stack.delenv("TFSIFT_PIN_GPU", raising=False)
+    stack.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    stack.setattr(doctor, "_import", fake_stack(gpus=gpus, cuda=True))
+    assert main(["doctor", "-np", np]) == code
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, text in enumerate(lines) if text.split()[1] == "gpus")
+    assert lines[at] == line
+    if code:
+        assert lines[at + 1].split("fix: ")[1] == (
+            "start at most 2 ranks per host (-np 2, or -H host:2 for each host), or set "
+            "TFSIFT_PIN_GPU=0 and place the ranks on GPUs yourself"
+        )
+        assert lines[-1] == "missing: gpus; fix them, then run `tfsift doctor` again"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [("TFSIFT_PIN_GPU", "0", "TFSIFT_PIN_GPU=0"),
+     ("CUDA_VISIBLE_DEVICES", "3", "CUDA_VISIBLE_DEVICES=3")],
+)  # fmt: skip
+def test_gpus_the_user_placed_are_left_alone_whatever_np(
+    stack: pytest.MonkeyPatch, name: str, value: str, why: str
+) -> None:
+    stack.delenv("TFSIFT_PIN_GPU", raising=False)
+    stack.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    stack.setenv(name, value)
+    stack.setattr(doctor, "_import", fake_stack(gpus=1, cuda=True))
+    check = doctor.check_gpus(ranks=4)
+    assert (check.ok, check.detail) == (True, f"1; {why}: tfsift.init leaves them as they are")

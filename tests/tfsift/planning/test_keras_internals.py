@@ -48,3 +48,26 @@ def test_free_drops_the_buffer() -> None:
     assert not keras_internals.is_freed(dense.kernel)
     keras_internals.free(dense.kernel)
     assert keras_internals.is_freed(dense.kernel)
+
+
+def test_the_recorder_lists_assigned_variables_in_order_and_applies_nothing() -> None:
+    a, b = keras.Variable(1.0, name="a"), keras.Variable(2.0, name="b")
+    with keras_internals.AssignmentRecorder() as recorder:
+        b.assign_add(1.0)
+        a.assign(5.0)
+        b.assign_add(1.0)
+        assert float(b.value) == 4.0  # reads inside see the recorded value
+    assert recorder.assigned == [b, a]
+    assert (float(a.numpy()), float(b.numpy())) == (1.0, 2.0)
+
+
+def test_stateful_leaves_the_recorder_for_the_block() -> None:
+    a = keras.Variable(1.0)
+    with keras_internals.AssignmentRecorder() as recorder:
+        with keras_internals.stateful():
+            a.assign(3.0)
+            dense = keras.layers.Dense(2)
+            dense.build((None, 3))
+        assert not keras_internals.is_freed(dense.kernel)  # created for real, not deferred
+        a.assign(7.0)
+    assert recorder.assigned == [a] and float(a.numpy()) == 3.0
