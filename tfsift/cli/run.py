@@ -9,9 +9,11 @@ machine needs (``--allow-run-as-root`` as root, ``--oversubscribe`` for more loc
 than cores unless hosts are given, ``--bind-to none`` unless given) and sets
 ``TF_CPP_MIN_LOG_LEVEL=2`` for the ranks (exported to every host with ``-x``; set it
 yourself to choose another level). That hides TensorFlow's C++ INFO and WARNING lines
-(the CPU feature guard; on GPUs the library loading and device lines), but not the two
-lines TensorFlow 2.21 writes through absl before its level applies ("All log messages
-before absl::InitializeLog()" and oneDNN's notice, twice per rank).
+(the CPU feature guard; on GPUs the library loading and device lines). TensorFlow 2.21
+writes two more lines through absl before its level applies ("All log messages before
+absl::InitializeLog()" and oneDNN's notice, twice per rank); with the quiet default,
+``tfsift run`` drops exactly those lines from the ranks' stderr as it forwards it, line by
+line (``STARTUP_NOISE``). Everything else passes through unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +33,15 @@ from tfsift.parallel.launch import mpirun_command
 # errors. Read by TensorFlow, not by tfsift, so it is named here rather than in env.py.
 TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_TF = "2"
+# What TensorFlow 2.21 prints through absl before TF_CPP_MIN_LOG_LEVEL applies (twice
+# per process); matched whole, so that nothing else is ever dropped.
+STARTUP_NOISE = (
+    re.compile(
+        rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written "
+        rb"to STDERR\r?\n?"
+    ),
+    re.compile(rb"I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\. .*\r?\n?"),
+)
 _NP = ("-np", "-n", "--np", "-c")
 _HOSTS = ("-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile")
 _SWITCHES = ("--oversubscribe", "--allow-run-as-root")  # mpirun_command's flags without values
@@ -80,7 +93,31 @@ def run(args: argparse.Namespace) -> int:
         parsed = parse(args.argv)
     except ValueError as err:
         raise SystemExit(f"tfsift run: {err}") from None
-    return subprocess.call(command(parsed), env=environment(os.environ))
+    env = environment(os.environ)
+    if env[TF_CPP_MIN_LOG_LEVEL] != QUIET_TF or TF_CPP_MIN_LOG_LEVEL in os.environ:
+        return subprocess.call(command(parsed), env=env)  # the user chose a level: all of it
+    with subprocess.Popen(command(parsed), env=env, stderr=subprocess.PIPE) as proc:
+        assert proc.stderr is not None
+        forward(proc.stderr, sys.stderr.buffer)
+    return proc.returncode
+
+
+def forward(source: Any, sink: Any) -> None:
+    r"""Copies ``source`` to ``sink`` line by line, without TensorFlow's start-up noise.
+
+    Example:
+        >>> import io
+        >>> out = io.BytesIO()
+        >>> noise = b"WARNING: All log messages before absl::InitializeLog() is called"
+        >>> noise += b" are written to STDERR\n"
+        >>> forward(io.BytesIO(noise + b"Traceback\n"), out)
+        >>> out.getvalue()
+        b'Traceback\n'
+    """
+    for line in source:
+        if not any(pattern.fullmatch(line) for pattern in STARTUP_NOISE):
+            sink.write(line)
+            sink.flush()
 
 
 def parse(argv: Sequence[str]) -> RunArgs:

@@ -79,11 +79,31 @@ def test_main_launches_the_split_command(monkeypatch: pytest.MonkeyPatch) -> Non
         return 3
 
     monkeypatch.setattr(run.subprocess, "call", call)
-    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # a level of the user's: no filtering
     assert main(["run", "-np", "2", "-H", "a:1,b:1", "train.py", "--epochs", "1"]) == 3
     [(cmd, env)] = calls
     assert cmd == command(parse(["-np", "2", "-H", "a:1,b:1", "train.py", "--epochs", "1"]))
-    assert env["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "1"
+
+
+NOISE = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    "I0000 00:00:1795442907.792739     969 port.cc:153] oneDNN custom operations are on. You "
+    "may see slightly different numerical results due to floating-point round-off errors "
+    "from different computation orders. To turn them off, set the environment variable "
+    "`TF_ENABLE_ONEDNN_OPTS=0`.\n"
+)
+
+
+def test_the_quiet_default_drops_only_tensorflows_start_up_lines(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    lines = NOISE + "a rank's own line\n" + NOISE + "WARNING: All log messages, and more\n"
+    fake = [sys.executable, "-c", f"import sys; sys.stderr.write({lines!r}); sys.exit(4)"]
+    monkeypatch.setattr(run, "command", lambda parsed: fake)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    assert main(["run", "-np", "2", "train.py"]) == 4
+    assert capfd.readouterr().err == "a rank's own line\nWARNING: All log messages, and more\n"
 
 
 def test_help_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
