@@ -32,7 +32,7 @@ from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.graph import StageGraph
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.replicas import ReplicaGroup
-from tfsift.sift.scorer import FullScorer, Scorer, Scores, describe
+from tfsift.sift.scorer import FullScorer, Scorer, Scores, describe, partition_for_training
 from tfsift.state import STATE
 
 VALIDATE_EVERY = 20  # rounds between two Spearman checks against the full loss
@@ -203,10 +203,9 @@ class EarlyExitScorer(Scorer):
         if self._built:
             return
         rt = runtime.get()
+        # no step has run yet: partition now (a collective, like a step)
+        partition_for_training(self.model, x, self.batch_size or int(np.asarray(x).shape[0]))
         part = self.model.partitioned
-        if part is None:  # no step has run yet: partition now (a collective, like a step)
-            batch = int(np.asarray(x).shape[0]) // rt.config.microbatches
-            part = self.model.partition_model([tf.convert_to_tensor(np.asarray(x)[:batch])])
         self._stage = part.stage.index
         self._pipe = rt.pipe_comm.Dup()
         self._out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from keras import tree
 
+from tfsift.parallel import runtime
 from tfsift.pipeline.outputs import StepOutput
 from tfsift.pipeline.step import step
 
@@ -43,6 +45,10 @@ class Scorer:
 
     needs_logits = False
     metrics: dict[str, float] = {}  # noqa: RUF012 - read-only default, never mutated
+    # The training batch size B, set by the sifter. A scorer that is the first to call the
+    # model partitions it for microbatches of B / M, the training step's, not for the
+    # g times larger scoring batches: the profile and so the cut depend on that size.
+    batch_size: int | None = None
 
     def __call__(self, element: Element) -> Scores:
         raise NotImplementedError
@@ -72,6 +78,7 @@ class FullScorer(Scorer):
 
     def __init__(self, model: Any, per_sample_loss: Callable[..., Any], needs_logits: bool) -> None:
         self.needs_logits = needs_logits
+        self.model = model
 
         @step
         def score(x: Any, y: Any) -> Any:
@@ -90,6 +97,7 @@ class FullScorer(Scorer):
                 f"{describe(element)}"
             )
         x, y = element
+        partition_for_training(self.model, x, self.batch_size)
         out = self._step(x, y)
         if not self.needs_logits:
             return Scores(concat(out))
@@ -102,10 +110,29 @@ class StepScorer(Scorer):
 
     def __init__(self, score_step: Callable[..., Any]) -> None:
         self._step = score_step
+        self._called = False
 
     def __call__(self, element: Element) -> Scores:
+        B = self.batch_size
+        n = int(tree.flatten(element)[0].shape[0])
+        if not self._called and B and n > B:
+            # the step's first call partitions the model: give it one training batch first
+            self._called = True
+            head = self(tree.map_structure(lambda leaf: leaf[:B], element)).losses
+            tail = self(tree.map_structure(lambda leaf: leaf[B:], element)).losses
+            return Scores(np.concatenate([head, tail]))
+        self._called = True
         out = self._step(*element) if isinstance(element, tuple) else self._step(element)
         return Scores(concat(out))
+
+
+def partition_for_training(model: Any, x: Any, batch_size: int | None) -> None:
+    """Partitions ``model`` (if no step has yet) for the training step's microbatch of
+    ``batch_size / M`` rows of ``x`` rather than for the scoring call's larger one."""
+    if model.partitioned is not None or not batch_size:
+        return
+    M = runtime.get().config.microbatches
+    model.partition_model([tf.convert_to_tensor(np.asarray(x)[: batch_size // M])])
 
 
 def concat(value: Any) -> np.ndarray:

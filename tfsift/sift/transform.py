@@ -244,6 +244,7 @@ class Sifter:
         if self.batch_size is None:
             self.batch_size = reader.first_size
             _check_divisible(self.batch_size, self.M)
+        self.scorer.batch_size = self.batch_size
         self.batches_read += count
         self.epoch_read += count
         self._unsifted = count  # read, not yet sifted: a saved state reads them again

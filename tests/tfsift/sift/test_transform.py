@@ -440,3 +440,29 @@ def test_exit_after_accepts_the_model_attribute_holding_the_layer() -> None:
     sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
     next(iter(sifted))
     assert sifted.sifter.scorer._exit_graph.nodes[-1].operation is model.a
+
+
+@pytest.mark.parametrize("scorer", ["full", "early_exit", "step"])
+def test_a_scorer_that_calls_the_model_first_partitions_it_for_the_training_batch(
+    scorer: str,
+) -> None:
+    # the profile, and so the cut, depend on the microbatch size: B / M, the training
+    # step's, not g * B / M of a scoring call that happens to run first
+    model = start(microbatches=2)
+    config = tfsift.SiftConfig(
+        policy="big_loss", keep=0.5, score_batches=4, scorer="full" if scorer == "step" else scorer
+    )
+    if scorer == "step":
+
+        @tfsift.step
+        def score(x: Any, y: Any) -> Any:
+            return PER_SAMPLE(y, model(x, training=False))
+
+        sifted = source().apply(tfsift.sift(score, config=config))
+    else:
+        sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
+    x, _ = next(iter(sifted))
+    assert x.shape[0] == B
+    part = model.partitioned
+    assert part is not None
+    assert part.graph.tensors[part.graph.inputs[0]].shape[0] == B // 2  # not 4 * B // 2
