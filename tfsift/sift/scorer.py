@@ -117,10 +117,9 @@ class StepScorer(Scorer):
         n = int(tree.flatten(element)[0].shape[0])
         if not self._called and B and n > B:
             # the step's first call partitions the model: give it one training batch first
+            # (its losses are computed again below, so that scoring keeps a single shape)
             self._called = True
-            head = self(tree.map_structure(lambda leaf: leaf[:B], element)).losses
-            tail = self(tree.map_structure(lambda leaf: leaf[B:], element)).losses
-            return Scores(np.concatenate([head, tail]))
+            self(tree.map_structure(lambda leaf: leaf[:B], element))
         self._called = True
         out = self._step(*element) if isinstance(element, tuple) else self._step(element)
         return Scores(concat(out))

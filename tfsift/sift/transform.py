@@ -282,8 +282,18 @@ class Sifter:
     def _scores(self, leaves: list[np.ndarray], n: int) -> tuple[Scores, np.ndarray]:
         """The group's losses, and which positions were scored now (the rest reused)."""
         if self.cache is None:
-            element = tree.pack_sequence_as(self.element_spec, leaves)
-            return self._score(element, n), np.arange(n)
+            # A round shorter than g batches (where the delay ends, at an epoch's end) is
+            # padded with copies of its first sample to g batches: every scoring call then
+            # has one shape, so nothing is traced again mid-training (a trace of a pipeline
+            # stage costs seconds); the copies' losses are dropped.
+            full = (self.batch_size or n) * self.config.score_batches
+            if n >= full:
+                element = tree.pack_sequence_as(self.element_spec, leaves)
+                return self._score(element, n), np.arange(n)
+            rows = np.concatenate([np.arange(n), np.zeros(full - n, np.int64)])
+            element = tree.pack_sequence_as(self.element_spec, [leaf[rows] for leaf in leaves])
+            scores = self._score(element, full)
+            return _first(scores, n), np.arange(n)
         keys = self.cache.fingerprints(leaves)
         fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
         need = np.flatnonzero(~fresh)
@@ -423,6 +433,13 @@ def _check_divisible(batch: int | None, M: int) -> None:
             f"the sifted dataset's batch size must be divisible by microbatches={M}, since "
             f"every sifted batch has that size. Received: batch size {batch}"
         )
+
+
+def _first(scores: Scores, n: int) -> Scores:
+    """The scores of the first ``n`` samples."""
+    logits = None if scores.logits is None else scores.logits[:n]
+    labels = None if scores.labels is None else scores.labels[:n]
+    return Scores(scores.losses[:n], logits, labels)
 
 
 def _positions_in(scored: np.ndarray, kept: np.ndarray, n: int) -> np.ndarray:

@@ -466,3 +466,29 @@ def test_a_scorer_that_calls_the_model_first_partitions_it_for_the_training_batc
     part = model.partitioned
     assert part is not None
     assert part.graph.tensors[part.graph.inputs[0]].shape[0] == B // 2  # not 4 * B // 2
+
+
+def test_a_round_shorter_than_g_batches_is_padded_to_one_scoring_shape() -> None:
+    # 12 source batches in rounds of g=5: 5, 5 and 2 batches; the last is scored padded
+    # to 5 batches with copies of its first sample, so the scoring step keeps one shape
+    model = start()
+    shapes: list[int] = []
+
+    @tfsift.step(compile=False)
+    def score(x: Any, y: Any) -> Any:
+        shapes.append(int(x.shape[0]))
+        return PER_SAMPLE(y, model(x, training=False))
+
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, score_batches=5)
+    sifted = source().apply(tfsift.sift(score, config=config))
+    got = [ids(x) for x, _ in sifted]
+    # the first call (its probe, then the call) partitions the model for one batch
+    assert shapes[:3] == [B, B, 5 * B]
+    assert set(shapes[2:]) == {5 * B}
+    assert len(got) == N // B // 2
+    # the last round kept half of its own 32 samples, none of the copies
+    assert sorted(i for batch in got for i in batch if i >= 10 * B) == sorted(
+        set(i for batch in got for i in batch if i >= 10 * B)
+    )
+    assert len([i for batch in got for i in batch if i >= 10 * B]) == B
+    assert tfsift.sift_metrics()["samples_scored"] == N
