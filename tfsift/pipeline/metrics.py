@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from tfsift.parallel import runtime
+from tfsift.parallel import runtime, watchdog
 from tfsift.planning import keras_internals
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class SharedMetrics:
         K, s, R, replica: stages, this rank's stage, replicas, this rank's replica.
         pipe: the pipeline's mpi4py communicator (ranked by stage).
         allreduce: sums arrays over the last stage's replicas (only called when R > 1).
+        timeout: the config's ``timeout``: how long a stage waits for the values.
     """
 
     variables: tuple[Any, ...] = ()
@@ -78,6 +79,7 @@ class SharedMetrics:
     replica: int = 0
     pipe: Any = None
     allreduce: Allreduce | None = None
+    timeout: float = 600.0  # seconds a stage waits for the last stage's values
 
     @property
     def aggregations(self) -> list[str]:
@@ -103,10 +105,28 @@ class SharedMetrics:
             assert self.allreduce is not None
             mine = combine(mine, before, self.aggregations, self.replica, self.R, self.allreduce)
             assign(self.variables, mine)
-        if not last:
-            assign(self.variables, self.pipe.bcast(None, root=self.K - 1))
-        elif self.K > 1:
-            self.pipe.bcast(mine, root=self.K - 1)
+        if self.K > 1:
+            shared = self._broadcast(mine)
+            if not last:
+                assign(self.variables, shared)
+
+    def _broadcast(self, mine: list[np.ndarray] | None) -> list[np.ndarray]:
+        """The last stage's values on every stage, without blocking: a stage that waits
+        longer than the config's ``timeout`` ends the job, naming the last stage."""
+        if mine is None:
+            arrays = [np.empty_like(a) for a in values(self.variables)]  # shapes, dtypes
+        else:
+            arrays = [np.ascontiguousarray(a) for a in mine]
+        requests = [self.pipe.Ibcast(a, root=self.K - 1) for a in arrays]
+        timeout = self.timeout
+        if not watchdog.wait(requests, timeout):
+            me, last = self.pipe.Get_rank(), self.K - 1
+            watchdog.abort(
+                f"stage {self.s} (rank {watchdog.world_rank(self.pipe, me)}) waited {timeout:g} s "
+                f"for stage {last} (rank {watchdog.world_rank(self.pipe, last)}) to broadcast "
+                "the step's metric values"
+            )
+        return arrays
 
 
 NONE = SharedMetrics()  # a step that updates nothing, or runs on one rank
@@ -150,6 +170,7 @@ def find(
         R=R,
         replica=rt.replica,
         pipe=rt.pipe_comm,
+        timeout=rt.config.timeout,
         allreduce=replica_sum(rt) if R > 1 else None,
     )
 

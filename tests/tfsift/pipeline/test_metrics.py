@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from mpi4py import MPI
 
 import mpi
 import tfsift
@@ -46,7 +47,13 @@ def ids(variables: Any) -> list[int]:
 def fake_runtime(K: int = 1, R: int = 1, rank: int = 0) -> Any:
     topology = SimpleNamespace(partitions=K, replicas=R)
     return SimpleNamespace(
-        topology=topology, rank=rank, stage=0, replica=0, pipe_comm=None, dp_set=None
+        topology=topology,
+        rank=rank,
+        stage=0,
+        replica=0,
+        pipe_comm=None,
+        dp_set=None,
+        config=SimpleNamespace(timeout=5.0),
     )
 
 
@@ -223,14 +230,21 @@ def test_summed_changes_are_exact_for_counts() -> None:
 
 
 class Pipe:
-    """The pipeline communicator's bcast, seen from one rank."""
+    """The pipeline communicator's Ibcast, seen from one rank: it completes at once.
+
+    ``root_values`` None: this rank is the root (its buffers are recorded); else the
+    values the root sends, one per call, written into the receiving buffers."""
 
     def __init__(self, root_values: Any) -> None:
         self.root_values, self.calls = root_values, []  # type: ignore[var-annotated]
 
-    def bcast(self, value: Any, root: int) -> Any:
-        self.calls.append((value, root))
-        return self.root_values if value is None else value
+    def Ibcast(self, buffer: np.ndarray, root: int) -> Any:
+        if self.root_values is None:
+            self.calls.append((buffer.copy(), root))
+        else:
+            buffer[...] = self.root_values[len(self.calls)]
+            self.calls.append((None, root))
+        return MPI.REQUEST_NULL
 
 
 def test_other_stages_take_the_last_stages_values_after_a_step() -> None:
@@ -239,7 +253,7 @@ def test_other_stages_take_the_last_stages_values_after_a_step() -> None:
     shared = metrics.SharedMetrics(tuple(mean.variables), K=2, s=0, pipe=pipe)
     with shared.sharing():
         pass
-    assert pipe.calls == [(None, 1)]
+    assert pipe.calls == [(None, 1), (None, 1)]  # one non-blocking broadcast per variable
     assert float(mean.result()) == 3.0
 
 
@@ -257,8 +271,8 @@ def test_the_last_stage_sends_its_values_combined_over_replicas() -> None:
     with shared.sharing():
         mean.update_state([4.0])  # this replica's step: +4, +1
     assert [float(v.numpy()) for v in mean.variables] == [15.0, 6.0]
-    assert [[float(a) for a in value] for value, _ in pipe.calls] == [[15.0, 6.0]]
-    assert pipe.calls[0][1] == 1
+    assert [float(value.item()) for value, _ in pipe.calls] == [15.0, 6.0]
+    assert {root for _, root in pipe.calls} == {1}
 
 
 def test_a_step_that_raised_shares_nothing() -> None:
@@ -294,3 +308,30 @@ def test_metrics_inside_steps_equal_one_process_on_every_rank_of_two_by_two() ->
             "metric after it, e.g. metric.update_state(labels, predictions.concat()) (that "
             "sees this replica's samples only). Received: 'last/value' (aggregation='none')"
         )
+
+
+def test_a_stage_that_waits_too_long_for_the_values_ends_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Stalled:  # the last stage never sends: the broadcast never completes
+        def __init__(self) -> None:
+            self.comm = MPI.COMM_SELF.Dup()
+
+        def Ibcast(self, buffer: np.ndarray, root: int) -> Any:
+            return self.comm.Irecv(np.zeros(1), source=0, tag=7)
+
+        def Get_rank(self) -> int:
+            return 0
+
+    def abort(message: str, code: int = 1) -> None:
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(metrics.watchdog, "abort", abort)
+    monkeypatch.setattr(metrics.watchdog, "world_rank", lambda comm, rank: rank)
+    mean = keras.metrics.Mean()
+    shared = metrics.SharedMetrics(tuple(mean.variables), K=2, s=0, pipe=Stalled(), timeout=0.2)
+    with pytest.raises(RuntimeError) as err, shared.sharing():
+        pass
+    assert str(err.value) == (
+        "stage 0 (rank 0) waited 0.2 s for stage 1 (rank 1) to broadcast the step's metric values"
+    )
