@@ -10,10 +10,6 @@ from typing import Any
 import tensorflow as tf
 
 
-class ProbeStop(Exception):
-    """Raised inside a probing run of the step function once it asks for gradients."""
-
-
 class InputCaptured(Exception):
     """Raised inside the step function on stage 0 once the model input is known."""
 
@@ -51,11 +47,9 @@ class StepContext:
     def __init__(
         self,
         model_call: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
-        probe: bool,
         compiled: bool = False,
     ) -> None:
         self.model_call = model_call
-        self.probe = probe
         self.compiled = compiled  # the step function is being traced by tfsift itself
         self.requests: list[GradientList] = []
 
@@ -92,8 +86,6 @@ def gradients(loss: tf.Tensor, variables: Sequence[Any]) -> GradientList:
     ctx = current()
     if ctx is None:
         raise RuntimeError("tfsift.gradients() can only be called inside a @tfsift.step function")
-    if ctx.probe:
-        raise ProbeStop()
     request = GradientList(loss, variables)
     ctx.requests.append(request)
     return request

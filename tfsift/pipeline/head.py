@@ -137,7 +137,7 @@ class Head:
             outputs = stage.forward_call(stage_inputs, self.training)
             return tree.pack_sequence_as(self.output_structure, outputs)
 
-        ctx = context.StepContext(model_call, probe=False, compiled=self.compiled)
+        ctx = context.StepContext(model_call, compiled=self.compiled)
         tape = tf.GradientTape() if self.backward else None
         with tape if tape is not None else contextlib.nullcontext(), context.active(ctx):
             if tape is not None:

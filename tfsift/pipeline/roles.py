@@ -87,7 +87,7 @@ def model_input(ex: Executor, m: int) -> list[tf.Tensor]:
 
     args, kwargs = ex.microbatches[m]
     try:
-        with context.active(context.StepContext(capture, probe=False)):
+        with context.active(context.StepContext(capture)):
             ex.fn(*args, **kwargs)
     except context.InputCaptured as captured:
         return captured.inputs

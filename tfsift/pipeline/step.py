@@ -301,7 +301,7 @@ def _probe(
     args, kwargs = microbatch
     # To its end, past tfsift.gradients, to see the metrics it updates; a run on zeros must
     # not reach them. The model call partitions the model, so it keeps its state.
-    probe = context.StepContext(metrics.stateful(model_call), probe=False)
+    probe = context.StepContext(metrics.stateful(model_call))
     with metrics.recording() as recorder, context.active(probe):
         fn(*args, **kwargs)
     if not seen:

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tfsift
 from tfsift.pipeline import context
-from tfsift.pipeline.context import GradientList, ProbeStop, StepContext
+from tfsift.pipeline.context import GradientList, StepContext
 
 
 class Net(tfsift.DistributedModel):
@@ -34,15 +34,8 @@ def test_gradients_outside_a_step_raises() -> None:
     )
 
 
-def test_gradients_inside_a_probe_stops_the_probe() -> None:
-    ctx = StepContext(no_model, probe=True)
-    with context.active(ctx), pytest.raises(ProbeStop):
-        tfsift.gradients(tf.constant(1.0), [])
-    assert ctx.requests == []
-
-
 def test_gradients_inside_a_step_records_one_request_of_placeholders() -> None:
-    ctx = StepContext(no_model, probe=False)
+    ctx = StepContext(no_model)
     loss, variables = tf.constant(2.0), [tf.Variable(1.0), tf.Variable(3.0)]
     with context.active(ctx):
         grads = tfsift.gradients(loss, variables)
@@ -54,7 +47,7 @@ def test_gradients_inside_a_step_records_one_request_of_placeholders() -> None:
 
 
 def test_active_contexts_nest_and_restore_the_outer_one() -> None:
-    outer, inner = StepContext(no_model, probe=True), StepContext(no_model, probe=False)
+    outer, inner = StepContext(no_model), StepContext(no_model)
     assert context.current() is None
     with context.active(outer):
         assert context.current() is outer
@@ -65,7 +58,7 @@ def test_active_contexts_nest_and_restore_the_outer_one() -> None:
 
 
 def test_an_exception_inside_a_context_still_restores_the_outer_one() -> None:
-    outer, inner = StepContext(no_model, probe=False), StepContext(no_model, probe=False)
+    outer, inner = StepContext(no_model), StepContext(no_model)
     with context.active(outer):
         with pytest.raises(KeyError), context.active(inner):
             raise KeyError("inside the step")
@@ -89,7 +82,7 @@ def test_a_model_call_inside_a_step_goes_to_the_context_hook() -> None:
         return "hooked"
 
     net, x = Net(), tf.ones((1, 3))
-    with context.active(StepContext(model_call, probe=False)):
+    with context.active(StepContext(model_call)):
         assert net(x, training=True) == "hooked"
     assert len(calls) == 1
     assert calls[0][0] is net and calls[0][1] == (x,) and calls[0][2] == {"training": True}
@@ -99,6 +92,6 @@ def test_a_model_call_traced_by_someone_else_raises() -> None:
     net = Net()
 
     traced = tf.function(lambda x: net(x))
-    with context.active(StepContext(no_model, probe=False)), pytest.raises(RuntimeError) as err:
+    with context.active(StepContext(no_model)), pytest.raises(RuntimeError) as err:
         traced(tf.ones((1, 3)))
     assert str(err.value).rstrip().endswith(context.GRAPH_MODE_ERROR)
