@@ -104,3 +104,22 @@ class PipeComm:
 
 def _tag(direction: int, microbatch: int) -> int:
     return (microbatch % _TAG_LIMIT) * 3 + direction
+
+
+def bcast_from_stage(
+    pipe: Any, arrays: Sequence[np.ndarray], root: int, timeout: float, what: str
+) -> None:
+    """Broadcasts ``arrays`` in place from stage ``root`` of a pipeline communicator
+    (ranked by stage), without blocking: a stage that waits longer than ``timeout`` ends
+    the job, naming both stages and ``what`` it waited for.
+
+    Example:
+        >>> bcast_from_stage(pipe, [losses], 0, 600.0, "early-exit losses")
+    """
+    requests = [pipe.Ibcast(a, root=root) for a in arrays]
+    if not watchdog.wait(requests, timeout):
+        me = pipe.Get_rank()
+        watchdog.abort(
+            f"stage {me} (rank {watchdog.world_rank(pipe, me)}) waited {timeout:g} s for "
+            f"stage {root} (rank {watchdog.world_rank(pipe, root)}) to broadcast the {what}"
+        )

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from tfsift.parallel import runtime, watchdog
+from tfsift.parallel import runtime
+from tfsift.parallel.comm import bcast_from_stage
 from tfsift.planning import keras_internals
 
 if TYPE_CHECKING:
@@ -117,15 +118,7 @@ class SharedMetrics:
             arrays = [np.empty_like(a) for a in values(self.variables)]  # shapes, dtypes
         else:
             arrays = [np.ascontiguousarray(a) for a in mine]
-        requests = [self.pipe.Ibcast(a, root=self.K - 1) for a in arrays]
-        timeout = self.timeout
-        if not watchdog.wait(requests, timeout):
-            me, last = self.pipe.Get_rank(), self.K - 1
-            watchdog.abort(
-                f"stage {self.s} (rank {watchdog.world_rank(self.pipe, me)}) waited {timeout:g} s "
-                f"for stage {last} (rank {watchdog.world_rank(self.pipe, last)}) to broadcast "
-                "the step's metric values"
-            )
+        bcast_from_stage(self.pipe, arrays, self.K - 1, self.timeout, "step's metric values")
         return arrays
 
 

@@ -27,7 +27,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfsift.parallel import runtime, watchdog
+from tfsift.parallel import runtime
+from tfsift.parallel.comm import bcast_from_stage
 from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.graph import StageGraph
 from tfsift.sift.config import SiftConfig
@@ -87,28 +88,15 @@ class EarlyExitScorer(Scorer):
         if self._pipe.Get_size() == 1:
             return losses, logits if self.needs_logits else None, self.overlapped
         buffer = np.empty(n + 1, np.float64)
+        values = np.empty((n, *self._out_shape) if self.needs_logits else 0, np.float64)
         if self._stage == 0:
             buffer[:n], buffer[n] = losses, self.overlapped
-        self._wait(self._pipe.Ibcast(buffer, root=0), "losses")
-        shared_logits = None
-        if self.needs_logits:
-            shape = (n, *self._out_shape)
-            values = np.empty(shape, np.float64)
-            if self._stage == 0:
+            if self.needs_logits:
                 values[...] = logits
-            self._wait(self._pipe.Ibcast(values, root=0), "logits")
-            shared_logits = values.astype(np.float32)
-        return buffer[:n], shared_logits, int(buffer[n])
-
-    def _wait(self, request: Any, what: str) -> None:
         timeout = runtime.get().config.timeout
-        if not watchdog.wait([request], timeout):
-            rank = self._pipe.Get_rank()
-            watchdog.abort(
-                f"stage {self._stage} (rank {watchdog.world_rank(self._pipe, rank)}) waited "
-                f"{timeout:g} s for stage 0 (rank {watchdog.world_rank(self._pipe, 0)}) to "
-                f"broadcast the early-exit {what}"
-            )
+        bcast_from_stage(self._pipe, [buffer, values], 0, timeout, "early-exit losses")
+        shared_logits = values.astype(np.float32) if self.needs_logits else None
+        return buffer[:n], shared_logits, int(buffer[n])
 
     def prepare(self, element: Any) -> None:
         """With ``overlap``: stage 0 scores ``element`` during the next training step's

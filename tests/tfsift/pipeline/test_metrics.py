@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 import mpi
 import tfsift
+from tfsift.parallel import watchdog
 from tfsift.pipeline import metrics, step
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -326,8 +327,8 @@ def test_a_stage_that_waits_too_long_for_the_values_ends_the_job(
     def abort(message: str, code: int = 1) -> None:
         raise RuntimeError(message)
 
-    monkeypatch.setattr(metrics.watchdog, "abort", abort)
-    monkeypatch.setattr(metrics.watchdog, "world_rank", lambda comm, rank: rank)
+    monkeypatch.setattr(watchdog, "abort", abort)
+    monkeypatch.setattr(watchdog, "world_rank", lambda comm, rank: rank)
     mean = keras.metrics.Mean()
     shared = metrics.SharedMetrics(tuple(mean.variables), K=2, s=0, pipe=Stalled(), timeout=0.2)
     with pytest.raises(RuntimeError) as err, shared.sharing():
