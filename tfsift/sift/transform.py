@@ -290,22 +290,24 @@ class Sifter:
             if n >= full:
                 element = tree.pack_sequence_as(self.element_spec, leaves)
                 return self._score(element, n), np.arange(n)
-            rows = np.concatenate([np.arange(n), np.zeros(full - n, np.int64)])
-            element = tree.pack_sequence_as(self.element_spec, [leaf[rows] for leaf in leaves])
-            scores = self._score(element, full)
-            return _first(scores, n), np.arange(n)
+            return self._score_rows(leaves, np.arange(n), full), np.arange(n)
         keys = self.cache.fingerprints(leaves)
         fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
         need = np.flatnonzero(~fresh)
         if len(need):
             # pad to whole source batches, so the scorer sees at most g batch sizes
             B = self.batch_size or len(need)
-            padded = np.concatenate([need, np.repeat(need[:1], -len(need) % B)])
-            part = tree.pack_sequence_as(self.element_spec, [leaf[padded] for leaf in leaves])
-            losses[need] = self._score(part, len(padded)).losses[: len(need)]
+            losses[need] = self._score_rows(leaves, need, len(need) + -len(need) % B).losses
             self.cache.store(keys[need], losses[need], self.metrics.epochs)
         self.metrics.samples_reused += n - len(need)
         return Scores(losses), need
+
+    def _score_rows(self, leaves: list[np.ndarray], rows: np.ndarray, size: int) -> Scores:
+        """The scores of samples ``rows``, scored padded to ``size`` samples with copies of
+        the first (a shape the scorer has seen); the copies' scores are dropped."""
+        padded = np.concatenate([rows, np.repeat(rows[:1], size - len(rows))])
+        element = tree.pack_sequence_as(self.element_spec, [leaf[padded] for leaf in leaves])
+        return _first(self._score(element, size), len(rows))
 
     def _score(self, element: Element, n: int) -> Scores:
         running = STATE.running_step
