@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_pipeline import table, write_section  # noqa: E402
+from bench_pipeline import ENV, say, table, write_section  # noqa: E402
 
 from tfsift.parallel.launch import mpirun_command  # noqa: E402
 
@@ -54,14 +54,6 @@ CACHE = Path.home() / ".cache" / "tfsift" / "bench_sifting"
 RERUN = ".venv/bin/python scripts/bench_sifting.py"
 ACCURACY_SLACK, MSE_SLACK = 0.005, 0.02  # the target's distance from the no-sifting run's final
 TARGET_SPEEDUP, TARGET_TASKS = 1.3, 2  # the bar: >= 1.3x on >= 2 tasks, within 0.5 point
-ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "3",
-    "OMP_NUM_THREADS": "1",
-    "TF_NUM_INTRAOP_THREADS": "1",
-    "TF_NUM_INTEROP_THREADS": "1",
-}
 Result = dict[str, Any]
 
 
@@ -250,10 +242,6 @@ QUICK = Settings(tasks=tuple(quick_task(t) for t in TASKS), seeds=(0,), max_wait
 
 
 # ---------------------------------------------------------------- running jobs
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 def wait_for_quiet(settings: Settings) -> tuple[float, str]:
