@@ -23,8 +23,8 @@ class ProcessState:
         partitions: indices of open ``tfsift.partition()`` blocks, innermost last.
         running_step: the name of the ``@tfsift.step`` function running now, if any.
         sift_metrics: the metrics of the sifted dataset iterated last.
-        idle_task: work for stage 0 to run while it waits for the last microbatch's
-            gradients in the next training step (``SiftConfig(overlap=True)``).
+        idle_task: work for stage 0 to run while it waits for gradients in training
+            steps (``SiftConfig(overlap=True)``), a ``tfsift.parallel.comm.IdleWork``.
         run_log: the open ``tfsift.pipeline.runlog.RunLog`` (``log_dir``), if any.
     """
 

@@ -24,15 +24,21 @@ MEAN = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 class Net(tfsift.DistributedModel):
-    def __init__(self) -> None:
+    def __init__(self, heavy: bool = False) -> None:
         super().__init__()
         self.a = keras.layers.Dense(16, activation="tanh")
         self.drop = keras.layers.Dropout(0.3)  # scoring runs in inference mode: no effect
         self.b = keras.layers.Dense(8, activation="tanh")
+        # overlap: a last stage that takes milliseconds, so that stage 0 waits for its
+        # gradients long enough to score a source batch there
+        self.heavy = [keras.layers.Dense(1536, activation="tanh") for _ in range(2 * heavy)]
         self.c = keras.layers.Dense(3)
 
     def call(self, x: Any) -> Any:
-        return self.c(self.b(self.drop(self.a(x))))
+        h = self.b(self.drop(self.a(x)))
+        for layer in self.heavy:
+            h = layer(h)
+        return self.c(h)
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +76,7 @@ def main() -> None:
         }
     )
     keras.utils.set_random_seed(SEED)
-    model = Net()
+    model = Net(heavy=overlap)
 
     @tfsift.step
     def score_all(x: tf.Tensor, y: tf.Tensor) -> Any:

@@ -14,8 +14,9 @@ the same source, tag and communicator); the tag says direction and microbatch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -35,6 +36,18 @@ class _Sent(NamedTuple):
     dest: int
     direction: int
     microbatch: int
+
+
+class IdleWork(Protocol):
+    """Work a stage may do while it waits for a message (``PipeComm.recv``'s ``idle``)."""
+
+    def run(self, microbatch: int, waited: float) -> bool:
+        """Runs one unit, if one is left and expected to end before the message comes;
+        whether it ran one. ``waited``: seconds since the receive was posted."""
+
+    def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
+        """The message came ``waited`` seconds after the receive was posted (``exact``:
+        no unit was running then; otherwise at some time during the last one)."""
 
 
 class PipeComm:
@@ -67,9 +80,12 @@ class PipeComm:
         source: int,
         direction: int,
         microbatch: int,
+        idle: IdleWork | None = None,
     ) -> list[tf.Tensor]:
         """Receives one tensor per ``(shape, dtype)`` in ``specs`` from stage ``source``.
 
+        ``idle`` is asked to run a unit of its work for as long as the tensors have not
+        arrived and it ran one, and is told when they arrived.
         Ends the job (``MPI_Abort``) if they have not all arrived after ``timeout`` s.
         """
         tag = _tag(direction, microbatch)
@@ -78,11 +94,22 @@ class PipeComm:
             self.comm.Irecv([a.reshape(-1).view(np.uint8), MPI.BYTE], source=source, tag=tag)
             for a in arrays
         ]
+        start, ran, exact = time.perf_counter(), False, True
+        if idle is not None:
+            while True:
+                if MPI.Request.Testall(requests):
+                    exact = not ran  # it came during the last unit, at an unknown time
+                    break
+                if not idle.run(microbatch, time.perf_counter() - start):
+                    break
+                ran = True
         if not watchdog.wait(requests, self.timeout):
             watchdog.abort(
                 f"{self._me()} waited {self.timeout:g} s to receive the {_CARGO[direction]} "
                 f"of microbatch {microbatch} from {self._peer(source)}"
             )
+        if idle is not None:
+            idle.arrived(microbatch, time.perf_counter() - start, exact)
         return [tf.convert_to_tensor(a) for a in arrays]
 
     def wait(self) -> None:

@@ -119,13 +119,11 @@ class Executor:
         self.plan.comm.send(self.in_grads.pop(m), self.plan.s - 1, BACKWARD, m)
 
     def _recv_backward(self, m: int) -> None:
-        if self.plan.s == 0 and m == self.plan.M - 1 and STATE.idle_task is not None:
-            # Stage 0 has nothing left to do until the last gradients arrive (the drain,
-            # about one microbatch of the later stages' work): run the registered task.
-            task, STATE.idle_task = STATE.idle_task, None
-            task()
         specs = self._shapes(self.plan.grad_specs, m)
-        self.out_grads[m] = self.plan.comm.recv(specs, self.plan.s + 1, BACKWARD, m)
+        # Stage 0 waits for gradients from the later stages; sifting with overlap
+        # registers its next round's scoring as work to fill those waits.
+        idle = STATE.idle_task if self.plan.s == 0 else None
+        self.out_grads[m] = self.plan.comm.recv(specs, self.plan.s + 1, BACKWARD, m, idle=idle)
 
     def _fingerprint(self, m: int) -> np.ndarray:
         if m not in self._fingerprints:

@@ -70,9 +70,10 @@ class SiftConfig:
         exit_lr: early_exit only; the learning rate of the exit head.
         stale: epochs a sample's score is reused before it is scored again (0: every
             epoch).
-        overlap: early_exit only; score the next round on stage 0 while it waits for the
-            last microbatch's gradients of the current training step (the drain), with
-            the weights before that step's update (one step staler than without).
+        overlap: early_exit only; score the next round on stage 0, one source batch at a
+            time, while it waits for gradients in the next training steps, where a batch
+            is expected to fit in the wait (``tfsift.sift.overlap``), with the weights
+            before those steps' updates.
         seed: seeds the random draws of the selection.
         log_dir: where rank 0 writes the metrics as TensorBoard scalars (None: the
             run's ``log_dir`` from ``tfsift.init``, if set; else not written).

@@ -20,6 +20,7 @@ the Spearman rank correlation between the two is reported as ``exit_spearman``.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from tfsift.parallel.comm import bcast_from_stage
 from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.graph import StageGraph
 from tfsift.sift.config import SiftConfig
+from tfsift.sift.overlap import WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import FullScorer, Scorer, Scores, describe, partition_for_training
 from tfsift.state import STATE
@@ -53,12 +55,15 @@ class EarlyExitScorer(Scorer):
         self._rounds = 0
         self._last: tuple[Any, Any] | None = None  # features and labels of the last scoring
         self._pending: dict[str, Any] | None = None  # a loaded state, applied once built
-        self._prepared: tuple[Any, list[Any]] | None = None  # overlap: (x, [result])
+        self._prepared: _Prepared | None = None  # overlap: the round scored during steps
         # The head's update from the last selection, applied by the next scoring call
         # (one compiled call instead of two: ("step", features, labels, mask) with one
         # replica, ("apply", grads) with the gradients averaged over replicas).
         self._update: tuple[Any, ...] | None = None
-        self.overlapped = 0  # rounds whose scoring ran during a training step's drain
+        self._idle = _IdleScoring(self)
+        self.overlapped = 0  # rounds scored entirely during training steps
+        self.scored_while_waiting = 0  # their source batches scored during training steps
+        self.scored_chunks = 0  # of so many prepared source batches
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""
@@ -75,49 +80,61 @@ class EarlyExitScorer(Scorer):
         n = int(np.asarray(x).shape[0])
         losses, logits, overlapped = self._share(n, losses, logits)
         if self.config.overlap:
-            self.metrics["overlapped_rounds"] = float(overlapped)
+            self.metrics["overlapped_rounds"] = float(overlapped[0])
+            self.metrics["overlapped_fraction"] = float(overlapped[1])
         self._rounds += 1
         if self._rounds % VALIDATE_EVERY == 1:
             self._validate(element, losses)
         labels = np.asarray(y) if self.needs_logits else None
         return Scores(np.asarray(losses), logits, labels)
 
-    def _share(self, n: int, losses: Any, logits: Any) -> tuple[np.ndarray, Any, int]:
-        """Stage 0's losses (logits, overlapped count) on every stage of the pipeline,
+    def _share(self, n: int, losses: Any, logits: Any) -> tuple[np.ndarray, Any, np.ndarray]:
+        """Stage 0's losses (logits, overlap counts) on every stage of the pipeline,
         broadcast without blocking: a stalled stage 0 ends the job after ``timeout``."""
+        overlapped = np.array(
+            [self.overlapped, self.scored_while_waiting / max(self.scored_chunks, 1)]
+        )
         if self._pipe.Get_size() == 1:
-            return losses, logits if self.needs_logits else None, self.overlapped
-        buffer = np.empty(n + 1, np.float64)
+            return losses, logits if self.needs_logits else None, overlapped
+        buffer = np.empty(n + 2, np.float64)
         values = np.empty((n, *self._out_shape) if self.needs_logits else 0, np.float64)
         if self._stage == 0:
-            buffer[:n], buffer[n] = losses, self.overlapped
+            buffer[:n], buffer[n:] = losses, overlapped
             if self.needs_logits:
                 values[...] = logits
         timeout = runtime.get().config.timeout
         bcast_from_stage(self._pipe, [buffer, values], 0, timeout, "early-exit losses")
         shared_logits = values.astype(np.float32) if self.needs_logits else None
-        return buffer[:n], shared_logits, int(buffer[n])
+        return buffer[:n], shared_logits, buffer[n:]
 
     def prepare(self, element: Any) -> None:
-        """With ``overlap``: stage 0 scores ``element`` during the next training step's
-        drain (``tfsift.pipeline.executor``), and the round that follows uses the result."""
+        """With ``overlap``: stage 0 scores ``element`` one source batch at a time while
+        the next training steps wait for gradients, where a batch is expected to fit in
+        the wait (``tfsift.sift.overlap``); the round that follows scores the rest."""
         if not self.config.overlap:
             return
         x, y = _pair(element)
         self._build(x)
-        if self._stage != 0:
-            return
-        done: list[Any] = []
-        self._prepared = (x, done)
-        STATE.idle_task = lambda: done.append(self._compute(x, y))
+        n, B = int(np.asarray(x).shape[0]), self.batch_size
+        if self._stage != 0 or not B or n % B:
+            return  # a round of a partial batch is scored whole, when it is sifted
+        self._prepared = _Prepared(x, y, B)
+        STATE.idle_task = self._idle
 
     def _take_prepared(self, x: Any) -> Any:
         prepared, self._prepared = self._prepared, None
-        STATE.idle_task = None  # not run (no training step came): score now instead
-        if prepared is not None and prepared[0] is x and prepared[1]:
+        if prepared is None or prepared.x is not x:
+            return None
+        self.scored_while_waiting += prepared.scored // prepared.rows
+        self.scored_chunks += prepared.chunks
+        if prepared.done():
             self.overlapped += 1
-            return prepared[1][0]
-        return None
+        else:  # what no wait had room for, in one call (at most g shapes are ever traced)
+            start = time.perf_counter()
+            prepared.add(self._compute(*prepared.rest()))
+            # a batch's cost, so that a cost once overestimated (a trace) can come down
+            self._idle.waits.unit((time.perf_counter() - start) * prepared.rows / prepared.last)
+        return prepared.joined()
 
     def _compute(self, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
         labels = tf.convert_to_tensor(y)
@@ -261,6 +278,60 @@ class EarlyExitScorer(Scorer):
         finite = np.isfinite(early) & np.isfinite(full)
         if finite.sum() > 2:
             self.metrics["exit_spearman"] = spearman(early[finite], full[finite])
+
+
+class _Prepared:
+    """A round being scored during training steps, one source batch per compiled call."""
+
+    def __init__(self, x: Any, y: Any, rows: int) -> None:
+        self.x, self.y, self.rows = x, y, rows
+        self.chunks = int(np.asarray(x).shape[0]) // rows
+        self.results: list[tuple[Any, Any, Any, Any]] = []
+
+        self.scored = 0  # rows scored so far
+        self.last = 0  # rows in the last result
+
+    def done(self) -> bool:
+        return self.scored == self.rows * self.chunks
+
+    def next_rows(self) -> tuple[Any, Any]:
+        rows = slice(self.scored, self.scored + self.rows)
+        return self.x[rows], self.y[rows]
+
+    def rest(self) -> tuple[Any, Any]:
+        return self.x[self.scored :], self.y[self.scored :]
+
+    def add(self, result: tuple[Any, Any, Any, Any]) -> None:
+        self.results.append(result)
+        self.last = int(result[2].shape[0])
+        self.scored += self.last
+
+    def joined(self) -> tuple[Any, Any, Any, Any]:
+        """(features, labels, losses, logits) of the whole round, as one call returns."""
+        if len(self.results) == 1:
+            return self.results[0]
+        return tuple(tf.concat(parts, 0) for parts in zip(*self.results, strict=True))
+
+
+class _IdleScoring:
+    """The prepared round's scoring as ``tfsift.parallel.comm.IdleWork``: one source
+    batch per unit, started only where the ``WaitModel`` expects it to fit."""
+
+    def __init__(self, scorer: EarlyExitScorer) -> None:
+        self.scorer = scorer
+        self.waits = WaitModel()
+
+    def run(self, microbatch: int, waited: float) -> bool:
+        prepared = self.scorer._prepared
+        if prepared is None or prepared.done() or not self.waits.allows(microbatch, waited):
+            return False
+        start = time.perf_counter()
+        prepared.add(self.scorer._compute(*prepared.next_rows()))
+        self.waits.unit(time.perf_counter() - start)
+        return True
+
+    def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
+        self.waits.arrived(microbatch, waited, exact)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

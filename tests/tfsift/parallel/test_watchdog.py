@@ -84,6 +84,51 @@ def test_pipeline_messages_arrive_intact_and_in_order() -> None:
     assert [g.numpy().tolist() for g in got] == [s.numpy().tolist() for s in sent]
 
 
+class Work:
+    """Idle work whose ``sends_at``-th unit sends the awaited message; the rest is a log."""
+
+    def __init__(self, pipe: PipeComm, sends_at: int, units: int) -> None:
+        self.pipe, self.sends_at, self.units = pipe, sends_at, units
+        self.ran: list[int] = []
+        self.arrivals: list[tuple[int, bool]] = []
+
+    def run(self, microbatch: int, waited: float) -> bool:
+        if len(self.ran) == self.units:
+            return False
+        self.ran.append(microbatch)
+        if len(self.ran) == self.sends_at:
+            self.pipe.send([tf.constant([1.0, 2.0])], 0, BACKWARD, microbatch)
+        return True
+
+    def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
+        self.arrivals.append((microbatch, exact))
+
+
+def test_a_receive_runs_idle_work_only_while_its_message_has_not_arrived() -> None:
+    pipe = PipeComm(MPI.COMM_SELF.Dup(), timeout=5.0)
+    work = Work(pipe, sends_at=3, units=10)
+    got = pipe.recv([((2,), tf.float32)], 0, BACKWARD, 0, idle=work)
+    assert got[0].numpy().tolist() == [1.0, 2.0]
+    # it came during the third unit: no fourth, and its arrival time is not exact
+    assert work.ran == [0, 0, 0] and work.arrivals == [(0, False)]
+    pipe.send([tf.constant([1.0, 2.0])], 0, BACKWARD, 1)  # already there: no unit runs
+    pipe.recv([((2,), tf.float32)], 0, BACKWARD, 1, idle=work)
+    assert work.ran == [0, 0, 0] and work.arrivals[1] == (1, True)
+    pipe.wait()
+
+
+def test_a_receive_waits_on_when_the_idle_work_runs_out() -> None:
+    pipe = PipeComm(MPI.COMM_SELF.Dup(), timeout=5.0)
+    work = Work(pipe, sends_at=2, units=2)  # the message is sent by the last unit
+    pipe.recv([((2,), tf.float32)], 0, BACKWARD, 4, idle=work)
+    assert work.ran == [4, 4] and work.arrivals == [(4, False)]
+    work = Work(pipe, sends_at=0, units=0)  # no work at all: an exact arrival is observed
+    pipe.send([tf.constant([1.0, 2.0])], 0, BACKWARD, 5)
+    pipe.recv([((2,), tf.float32)], 0, BACKWARD, 5, idle=work)
+    assert work.ran == [] and work.arrivals == [(5, True)]
+    pipe.wait()
+
+
 def _stalled(sleeper: int, layout: str, timeout: float) -> tuple[Any, dict[str, Any], float]:
     """Runs stall_check.py; returns the job, the sleeper's report, and when the job ended."""
     proc = mpi.run(2, "stall_check.py", str(sleeper), str(timeout), layout, timeout=120)

@@ -63,7 +63,9 @@ class FakePipe:
         self.calls.append(f"send{'FBC'[direction]}{m}->{dest}")
         self._queue(self.stage, dest, direction, m).put([t.numpy() for t in tensors])
 
-    def recv(self, specs: Sequence[Spec], source: int, direction: int, m: int) -> list[tf.Tensor]:
+    def recv(
+        self, specs: Sequence[Spec], source: int, direction: int, m: int, idle: Any = None
+    ) -> list[tf.Tensor]:
         self.calls.append(f"recv{'FBC'[direction]}{m}<-{source}")
         arrays = self._queue(source, self.stage, direction, m).get(timeout=self.timeout)
         assert [tuple(a.shape) for a in arrays] == [tuple(s) for s, _ in specs]

@@ -1,4 +1,5 @@
-"""The early-exit scorer's deferred head update: the same head, one compiled call less."""
+"""The early-exit scorer: its deferred head update (the same head, one compiled call less)
+and a round scored one source batch at a time while training steps wait (overlap)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import tfsift
 from tfsift.parallel import runtime
 from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.replicas import ReplicaGroup
+from tfsift.state import STATE
 
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
@@ -73,3 +75,58 @@ def test_a_loaded_state_drops_an_update_not_yet_applied() -> None:
     assert s._update is None
     fresh = scorer(first)
     np.testing.assert_allclose(s(second).losses, fresh(second).losses, rtol=1e-6)
+
+
+def overlap_scorer(first: tuple[np.ndarray, np.ndarray]) -> EarlyExitScorer:
+    keras.utils.set_random_seed(3)
+    config = tfsift.SiftConfig(scorer="early_exit", exit_after="a", exit_lr=0.1, overlap=True)
+    out = EarlyExitScorer(Deep(), PER_SAMPLE, config, False)
+    out.bind(ReplicaGroup(runtime.get()))
+    out.batch_size = 4  # two source batches per 8-sample round
+    out(first)
+    return out
+
+
+def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() -> None:
+    tfsift.init({})
+    first, second, third = batches()
+    kept = np.array([0, 2, 5])
+    chunked, whole = overlap_scorer(first), scorer(first)
+    chunked.learn(kept)
+    whole.learn(kept)
+    chunked.prepare(second)
+    idle = STATE.idle_task
+    assert idle is not None
+    assert idle.run(0, 0.0) is False  # no wait seen yet: nothing may run
+    idle.arrived(0, 60.0, True)  # microbatch 0's gradients took a minute to come
+    assert idle.run(0, 0.0) is True  # the first source batch (and the deferred head update)
+    assert chunked._update is None
+    assert idle.run(0, 0.0) is True  # the second
+    assert idle.run(0, 0.0) is False  # nothing left
+    scores = chunked(second)
+    np.testing.assert_allclose(scores.losses, whole(second).losses, rtol=1e-6)
+    assert chunked.metrics["overlapped_rounds"] == 1.0
+    assert chunked.metrics["overlapped_fraction"] == 1.0
+    # the features of both batches are kept for the head's update, as one call keeps them
+    chunked.learn(kept)
+    whole.learn(kept)
+    # a round only half scored during steps: the rest is scored when it is sifted
+    chunked.prepare(third)
+    assert idle.run(0, 59.0) is False  # too late into the wait: a unit would not fit
+    assert idle.run(0, 0.0) is True
+    np.testing.assert_allclose(chunked(third).losses, whole(third).losses, rtol=1e-6)
+    assert chunked.metrics["overlapped_rounds"] == 1.0
+    assert chunked.metrics["overlapped_fraction"] == 3 / 4
+
+
+def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
+    tfsift.init({})
+    first, second, third = batches()
+    s, fresh = overlap_scorer(first), scorer(first)
+    s.prepare(second)
+    assert STATE.idle_task is not None
+    STATE.idle_task.arrived(1, 60.0, True)
+    assert STATE.idle_task.run(1, 0.0) is True
+    np.testing.assert_allclose(s(third).losses, fresh(third).losses, rtol=1e-6)
+    assert s.metrics["overlapped_rounds"] == 0.0
+    assert STATE.idle_task.run(1, 0.0) is False  # the round was dropped: no work left

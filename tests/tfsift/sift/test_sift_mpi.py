@@ -115,15 +115,18 @@ def test_early_exit_scores_on_stage_0_and_keeps_every_replica_head_equal() -> No
     assert pipeline[0]["step_losses"] == pipeline[1]["step_losses"]
 
 
-def test_overlap_scores_the_next_round_during_the_drain_of_training_steps() -> None:
+def test_overlap_scores_the_next_round_while_stage_0_waits_for_gradients() -> None:
     reports = run(2, "2", "cluster", "relative", "0", "1", "early_exit_overlap")
     check_lock_step(reports)
     metrics = reports[0]["metrics"]
     steps = len(reports[0]["step_losses"])
-    # rounds after a step were scored in its drain; not: the delay's and the drain's steps,
-    # and the second of two steps that follow one round
+    # Stage 1 takes milliseconds per microbatch (heavy layers): once stage 0 has seen how
+    # long it waits for their gradients, each round is scored during the step before it.
+    # Not: the first step's (its waits are only measured), the delay's and the drain's.
     assert 0.6 * steps <= metrics["overlapped_rounds"] < steps
+    assert metrics["overlapped_fraction"] >= 0.6
     assert reports[1]["metrics"]["overlapped_rounds"] == metrics["overlapped_rounds"]
+    assert reports[1]["metrics"]["overlapped_fraction"] == metrics["overlapped_fraction"]
 
 
 @pytest.mark.parametrize(

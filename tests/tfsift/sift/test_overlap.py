@@ -1,0 +1,49 @@
+"""WaitModel: a unit of idle work starts only where it is expected to end before the message."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfsift.sift.overlap import MARGIN, SMOOTHING, WaitModel
+
+
+def test_nothing_runs_before_a_wait_was_seen() -> None:
+    waits = WaitModel()
+    assert not waits.allows(0, 0.0)
+    waits.arrived(1, 0.010, exact=True)
+    assert not waits.allows(0, 0.0)  # per microbatch: 1's wait says nothing about 0's
+    assert waits.allows(1, 0.0)
+
+
+def test_a_unit_starts_only_if_it_ends_within_the_margin_of_the_expected_wait() -> None:
+    waits = WaitModel()
+    waits.arrived(2, 0.010, exact=True)
+    waits.unit(0.003)
+    room = 0.010 * MARGIN - 0.003
+    assert waits.allows(2, room - 1e-6)
+    assert not waits.allows(2, room + 1e-6)
+
+
+def test_estimates_are_smoothed_and_an_overrun_counts_half_a_unit_early() -> None:
+    waits = WaitModel()
+    waits.unit(0.002)
+    waits.unit(0.004)
+    assert waits.cost == pytest.approx(SMOOTHING * 0.004 + (1 - SMOOTHING) * 0.002)
+    waits.arrived(0, 0.010, exact=True)
+    # the message came during the last unit, which ended 6 ms into the wait
+    waits.arrived(0, 0.006, exact=False)
+    assert waits.cost is not None
+    seen = 0.006 - 0.5 * waits.cost
+    assert waits.expected[0] == pytest.approx(SMOOTHING * seen + (1 - SMOOTHING) * 0.010)
+
+
+def test_waits_that_shrink_stop_the_units() -> None:
+    waits = WaitModel()
+    waits.unit(0.002)
+    waits.arrived(3, 0.010, exact=True)
+    assert waits.allows(3, 0.0)
+    for _ in range(5):  # stage 0 became the bottleneck: its gradients come at once
+        waits.arrived(3, 0.0, exact=True)
+    assert not waits.allows(3, 0.0)
+    waits.arrived(3, 0.0004, exact=False)  # a unit overran: never a negative wait
+    assert waits.expected[3] >= 0.0
