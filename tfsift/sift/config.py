@@ -65,6 +65,8 @@ class SiftConfig:
         scorer: ``"full"`` scores with the whole model, ``"early_exit"`` with the layers
             up to ``exit_after`` followed by ``exit_head``.
         exit_after: early_exit only; the name of the layer the scoring pass stops after.
+            None: the last layer of stage 0; with one stage, the last layer by which at
+            most a third of the model's forward time is spent (profiled once).
         exit_head: early_exit only; a Keras layer (any callable) mapping that layer's
             output to predictions.
         exit_lr: early_exit only; the learning rate of the exit head.

@@ -19,9 +19,10 @@ the Spearman rank correlation between the two is reported as ``exit_spearman``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -32,6 +33,7 @@ from tfsift.parallel import runtime
 from tfsift.parallel.comm import bcast_from_stage
 from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.graph import StageGraph
+from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.overlap import WaitModel
 from tfsift.sift.replicas import ReplicaGroup
@@ -39,6 +41,10 @@ from tfsift.sift.scorer import FullScorer, Scorer, Scores, describe, partition_f
 from tfsift.state import STATE
 
 VALIDATE_EVERY = 20  # rounds between two Spearman checks against the full loss
+# With one stage, the default exit ends where at most this share of the model's forward
+# time has been spent: an exit in the middle of a CNN took its costliest convolution and
+# scored at the cost of the whole model (scripts/bench_sifting.py, docs/benchmarks.md).
+EXIT_SHARE = 1 / 3
 
 
 class EarlyExitScorer(Scorer):
@@ -216,7 +222,12 @@ class EarlyExitScorer(Scorer):
         self._out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
         if self._stage == 0:
             exit_after = _node_name(self.model, part.graph, self.config.exit_after)
-            exit_graph = _exit_graph(part.graph, part.bounds, exit_after)
+            default = None
+            if exit_after is None and len(part.bounds) == 2:  # one stage: the cheap prefix
+                default = self._group.bcast(
+                    self._cheapest_exit(part.graph, x) if self._group.replica == 0 else None
+                )
+            exit_graph = _exit_graph(part.graph, part.bounds, exit_after, default)
             self._exit_graph = exit_graph
             out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
             feature_shape = tuple(part.graph.tensors[exit_graph.outputs[0]].shape[1:])
@@ -232,6 +243,14 @@ class EarlyExitScorer(Scorer):
             self._sync_initial_weights()
             self._restore()
         self._built = True
+
+    def _cheapest_exit(self, graph: Any, x: Any) -> int:
+        """The default exit with one stage, from each node's measured forward time on a
+        training microbatch (replica 0 measures; the replicas must build the same head)."""
+        batch = self.batch_size or int(np.asarray(x).shape[0])
+        rows = max(1, batch // runtime.get().config.microbatches)
+        costs = profile(graph, [tf.convert_to_tensor(np.asarray(x)[:rows])], 3)
+        return cheap_exit([layer.forward_time for layer in costs.layers])
 
     def _exit_losses(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Features at the exit, per-sample losses and predictions: one compiled call."""
@@ -364,14 +383,40 @@ def _node_name(model: Any, graph: Any, exit_after: str | None) -> str | None:
     return exit_after
 
 
-def _exit_graph(graph: Any, bounds: tuple[int, ...], exit_after: str | None) -> StageGraph:
-    """Stage 0's nodes up to and including the exit layer, ending at its output."""
+def cheap_exit(forward: Sequence[float], share: float = EXIT_SHARE) -> int:
+    """The default exit of a one-stage model: the last node before the output whose
+    forward prefix (it and the nodes before it) takes at most ``share`` of the model's
+    forward time; the first node if none does, the middle if nothing was measurable.
+
+    Example:
+        >>> cheap_exit([0.0, 0.1, 1.2, 0.0, 0.8, 0.1])  # reshape, conv, conv, ..., dense
+        1
+    """
+    total = sum(forward)
+    if total <= 0:
+        return max(len(forward) // 2 - 1, 0)
+    prefix = itertools.accumulate(forward[:-1])
+    cheap = [i for i, spent in enumerate(prefix) if spent <= share * total]
+    return cheap[-1] if cheap else 0
+
+
+def _exit_graph(
+    graph: Any, bounds: tuple[int, ...], exit_after: str | None, default: int | None = None
+) -> StageGraph:
+    """Stage 0's nodes up to and including the exit layer, ending at its output.
+
+    ``default``: the exit node's index when ``exit_after`` is None and there is one stage.
+    """
     names = [gn.name for gn in graph.nodes]
     first_stage = names[bounds[0] : bounds[1]]
     if exit_after is None:
         # the last layer of stage 0; with one stage that is the model's output, so the
-        # middle of the model instead (scoring with the whole model is scorer="full")
-        index = bounds[1] - 1 if len(bounds) > 2 else max(len(names) // 2 - 1, 0)
+        # cheap prefix instead (``cheap_exit``; scoring with the whole model is
+        # scorer="full"), or the middle of the model
+        if len(bounds) > 2:
+            index = bounds[1] - 1
+        else:
+            index = default if default is not None else max(len(names) // 2 - 1, 0)
     elif exit_after not in first_stage:
         where = "is not a layer of the model" if exit_after not in names else "is not on stage 0"
         raise ValueError(

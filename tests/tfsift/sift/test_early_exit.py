@@ -7,10 +7,11 @@ from typing import Any
 
 import keras
 import numpy as np
+import pytest
 
 import tfsift
 from tfsift.parallel import runtime
-from tfsift.sift.early_exit import EarlyExitScorer
+from tfsift.sift.early_exit import EarlyExitScorer, cheap_exit
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -130,3 +131,43 @@ def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
     np.testing.assert_allclose(s(third).losses, fresh(third).losses, rtol=1e-6)
     assert s.metrics["overlapped_rounds"] == 0.0
     assert STATE.idle_task.run(1, 0.0) is False  # the round was dropped: no work left
+
+
+@pytest.mark.parametrize(
+    ("forward", "exit_index"),
+    [
+        ([0.0, 0.1, 1.2, 0.0, 0.8, 0.1], 1),  # reshape, cheap conv | costly conv, ...: the conv
+        ([0.5, 0.1, 0.1, 0.3], 0),  # the first node alone is past the share: still the first
+        ([1.0] * 10, 2),  # even costs: a third of the way
+        ([0.0, 0.0, 0.0, 0.0, 0.0], 1),  # nothing measurable: the middle, as before
+    ],
+)
+def test_the_one_stage_exit_ends_where_a_third_of_the_forward_time_is_spent(
+    forward: list[float], exit_index: int
+) -> None:
+    assert cheap_exit(forward) == exit_index
+    assert cheap_exit(forward) < len(forward) - 1  # never the output: that is full scoring
+
+
+class HeavyMiddle(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(512, name="a")  # 4 x 512 weights: cheap
+        self.b = keras.layers.Dense(512, name="b")  # 512 x 512: half of the forward time
+        self.c = keras.layers.Dense(512, name="c")
+        self.out = keras.layers.Dense(3, name="out")
+
+    def call(self, x: Any) -> Any:
+        return self.out(self.c(self.b(self.a(x))))
+
+
+def test_with_one_stage_the_default_exit_skips_the_costly_layers() -> None:
+    tfsift.init({})
+    keras.utils.set_random_seed(3)
+    config = tfsift.SiftConfig(scorer="early_exit")
+    s = EarlyExitScorer(HeavyMiddle(), PER_SAMPLE, config, False)
+    s.bind(ReplicaGroup(runtime.get()))
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    s((x, np.zeros(64, np.int64)))
+    # the middle of the model, the old default, was "b": scoring cost about half the model
+    assert [gn.name for gn in s._exit_graph.nodes] == ["a"]
