@@ -401,9 +401,10 @@ def main() -> None:
     budget: float | None = None
     for method in job["methods"]:
         method = resolve(method, results)
-        result = run_method(job, method, data, budget)
+        baseline = method["policy"] == "none"  # trains for the task's epochs, every time
+        result = run_method(job, method, data, None if baseline else budget)
         results.append(result)
-        if method["policy"] == "none":
+        if baseline and budget is None:
             budget = job["budget_factor"] * result["curve"][-1][0]
         log_line(job, result)
     report = {"job": job, "rank": tfsift.rank(), "results": results}

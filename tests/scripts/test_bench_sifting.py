@@ -81,6 +81,27 @@ def test_speedup_is_baseline_time_over_method_time_per_seed(bench: ModuleType) -
     assert math.isinf(rows["slow"]["seconds"])
 
 
+def test_no_siftings_time_is_the_mean_of_its_two_runs_and_the_repeat_is_compared_to_the_first(
+    bench: ModuleType,
+) -> None:
+    curves = {
+        "none": curve((0, 0.1), (4, 0.90), (8, 0.92)),  # target 0.915, hit at 8
+        "fast": curve((0, 0.1), (2, 0.92), (10, 0.93)),  # hit at 2
+        "none-again": curve((0, 0.1), (4, 0.92), (8, 0.92)),  # hit at 4: a faster machine
+    }
+    rows = {r["method"]: r for r in bench.method_rows([job(list(curves), curves)])}
+    assert rows["fast"]["speedup"] == pytest.approx(6.0 / 2.0)
+    assert rows["fast"]["steps_ratio"] == pytest.approx(20 / 60)
+    assert rows["none-again"]["speedup"] == pytest.approx(8.0 / 4.0)
+    summary = {"toy": list(rows.values())}
+    assert bench.verdict(summary)["passing"] == {"toy": ["fast"]}  # the repeat is no method
+    assert [r["method"] for r in bench.sifting_rows(summary)] == ["fast"]
+    assert bench.repeat_sentence(summary).startswith(
+        "No sifting, run once more at the end of each job, against its first run (the same "
+        "training, so any difference is the machine's): toy **2.00** (2.00)."
+    )
+
+
 def test_medians_are_over_seeds(bench: ModuleType) -> None:
     seeds = [
         job(["none", "m"], {"none": curve((0, 0), (10, 0.9)), "m": curve((0, 0), (t, 0.9))})
@@ -140,7 +161,8 @@ def test_jobs_run_every_task_then_the_pipeline_for_each_seed(bench: ModuleType) 
     assert order == [(s, name, k) for s in (0, 1) for name, k in per_seed]
     pipeline = next(j for j in settings.jobs() if j["partitions"] == 2)
     assert pipeline["microbatches"] == 4
-    assert [m["name"] for m in pipeline["methods"]] == ["none", "relative-1", "relative-1-exit"]
+    names = [m["name"] for m in pipeline["methods"]]
+    assert names == ["none", "relative-1", "relative-1-exit", "none-again"]
 
 
 def test_uniform_keeps_relative_1s_fraction_and_comes_after_it(bench: ModuleType) -> None:
