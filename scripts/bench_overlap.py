@@ -4,6 +4,7 @@ Run on 2 processes (partitions=2, microbatches=4):
 
     mpirun -np 2 python scripts/bench_overlap.py --repeats 5
 
+Each rank computes with one thread (a rank stands in for a device).
 Each variant trains the same 1-D ConvNet on MNIST-1D for ``--steps`` optimizer steps
 (after ``--warmup`` steps that trace and warm up), and the time per step counts
 everything the training loop waits for: reading and sifting the data, the step, the
@@ -24,11 +25,34 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-from sift_mnist1d import ConvNet1D, load
+from sift_mnist1d import load
 
 import tfsift
+
+
+class ConvNet(tfsift.DistributedModel):
+    """``examples/sift_mnist1d.py``'s ConvNet1D with ``convs`` convolutions (it has 2)."""
+
+    def __init__(self, convs: int) -> None:
+        super().__init__()
+        self.reshape = keras.layers.Reshape((40, 1))
+        self.first = keras.layers.Conv1D(32, 5, padding="same", activation="relu")
+        self.convs = [
+            keras.layers.Conv1D(32, 5, padding="same", activation="relu") for _ in range(convs - 1)
+        ]
+        self.flatten = keras.layers.Flatten()
+        self.dense1 = keras.layers.Dense(128, activation="relu")
+        self.dense2 = keras.layers.Dense(10)
+
+    def call(self, x: Any) -> Any:
+        h = self.first(self.reshape(x))
+        for conv in self.convs:
+            h = conv(h)
+        return self.dense2(self.dense1(self.flatten(h)))
+
 
 VARIANTS = {
     "no sifting": None,
@@ -46,13 +70,20 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--samples", type=int, default=40000)
     parser.add_argument("--score-batches", type=int, default=8, help="g of SiftConfig")
+    parser.add_argument(
+        "--convs", type=int, nargs="+", default=[2, 4], help="models: convolutions in each"
+    )
     return parser.parse_args()
 
 
-def time_variant(name: str, x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> float:
-    """Seconds per optimizer step of one variant (after its warm-up steps)."""
+def time_variant(
+    name: str, convs: int, x: np.ndarray, y: np.ndarray, args: argparse.Namespace
+) -> tuple[float, list[float]]:
+    """Seconds per optimizer step of one variant (after its warm-up steps), and this
+    rank's seconds per step waiting for the next batch, in the step, and in the update,
+    and the fraction of source batches scored while stage 0 waited (overlap only)."""
     keras.utils.set_random_seed(0)
-    model = ConvNet1D()
+    model = ConvNet(convs)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     optimizer = keras.optimizers.Adam(1e-3)
 
@@ -72,42 +103,72 @@ def time_variant(name: str, x: np.ndarray, y: np.ndarray, args: argparse.Namespa
         config = tfsift.SiftConfig(
             policy="relative",
             beta=1.0,
-            exit_after="conv1",
+            exit_after="first",
             score_batches=args.score_batches,
             **options,
         )
         train = train.apply(tfsift.sift(model, per_sample, config))
     batches = iter(train)
     stamps = []
-    for _ in range(args.warmup + args.steps):
+    split = np.zeros(3)
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
         images, labels = next(batches)
+        t1 = time.perf_counter()
         grads, _ = train_step(images, labels)
+        t2 = time.perf_counter()
         grads = tfsift.allreduce(grads)
         if grads:
             apply(grads)
         stamps.append(time.perf_counter())
-    return (stamps[-1] - stamps[args.warmup - 1]) / args.steps
+        if i >= args.warmup:
+            split += [t1 - t0, t2 - t1, stamps[-1] - t2]
+    overlapped = tfsift.sift_metrics().get("overlapped_fraction", 0.0) if options else 0.0
+    return (stamps[-1] - stamps[args.warmup - 1]) / args.steps, [*split / args.steps, overlapped]
 
 
 def main() -> None:
     args = parse()
+    # one compute thread per rank, as in the other benchmarks: a rank stands in for a
+    # device, and stage 0 scoring while it waits must not take a core from stage 1
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     tfsift.init({"partitions": 2, "microbatches": 4, "profile_repeats": 3})
     x, y, _, _ = load(args.samples, 0)
+    for convs in args.convs:
+        bench_model(convs, x, y, args)
+
+
+def bench_model(convs: int, x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> None:
     names = list(VARIANTS)
     times: dict[str, list[float]] = {name: [] for name in names}
+    splits: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(args.repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(time_variant(name, x, y, args))
+            seconds, split = time_variant(name, convs, x, y, args)
+            times[name].append(seconds)
+            splits[name].append(split)
             if tfsift.rank() == 0:
                 print(f"repeat {r + 1}: {name}: {times[name][-1] * 1e3:.1f} ms/step", flush=True)
-    if tfsift.rank() == 0:
+    # every rank's median split, per variant: [[data, step, update, overlapped] per rank]
+    mine = {name: np.median(np.array(splits[name]), axis=0).tolist() for name in names}
+    every = MPI.COMM_WORLD.gather(mine, root=0)
+    if every is not None:  # rank 0
         base = statistics.median(times["no sifting"])
-        print("\n| variant | ms per step (median) | range | vs no sifting |")
+        print(f"\n{convs} convolutions\n")
+        print("| variant | ms per step (median) | range | vs no sifting |")
         print("| --- | --- | --- | --- |")
         for name in names:
             med = statistics.median(times[name])
             lo, hi = min(times[name]) * 1e3, max(times[name]) * 1e3
             print(f"| {name} | {med * 1e3:.1f} | {lo:.1f} to {hi:.1f} | {med / base:.2f}x |")
+        print("\nWhere each rank's step goes (ms per step, medians: next batch / step / update)")
+        ranks = range(len(every))
+        print("\n| variant | " + " | ".join(f"rank {r}" for r in ranks) + " | scored waiting |")
+        print("| --- |" + " --- |" * (len(every) + 1))
+        for name in names:
+            cells = [" / ".join(f"{v * 1e3:.1f}" for v in split[name][:3]) for split in every]
+            print(f"| {name} | " + " | ".join(cells) + f" | {every[0][name][3]:.0%} |")
 
 
 if __name__ == "__main__":
