@@ -5,7 +5,10 @@ Run on 2 processes (partitions=2, microbatches=4):
     mpirun -np 2 python scripts/bench_overlap.py --repeats 5
 
 Each rank computes with one thread (a rank stands in for a device).
-Each variant trains the same 1-D ConvNet on MNIST-1D for ``--steps`` optimizer steps
+
+Each variant trains the same 1-D ConvNet (2 convolutions, as in examples/sift_mnist1d.py,
+and 4), cut where the first variant of that model was cut (``plan_file``), on MNIST-1D
+for ``--steps`` optimizer steps
 (after ``--warmup`` steps that trace and warm up), and the time per step counts
 everything the training loop waits for: reading and sifting the data, the step, the
 gradient allreduce and the update. Variants run in rotating order ``--repeats`` times
@@ -19,6 +22,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -38,14 +42,17 @@ class ConvNet(tfsift.DistributedModel):
 
     def __init__(self, convs: int) -> None:
         super().__init__()
-        self.reshape = keras.layers.Reshape((40, 1))
-        self.first = keras.layers.Conv1D(32, 5, padding="same", activation="relu")
+        # fixed layer names: every variant of a model reuses the plan of its first
+        # (plan_file), so that the variants are timed on the same cut
+        self.reshape = keras.layers.Reshape((40, 1), name="reshape")
+        self.first = keras.layers.Conv1D(32, 5, padding="same", activation="relu", name="conv0")
         self.convs = [
-            keras.layers.Conv1D(32, 5, padding="same", activation="relu") for _ in range(convs - 1)
+            keras.layers.Conv1D(32, 5, padding="same", activation="relu", name=f"conv{i + 1}")
+            for i in range(convs - 1)
         ]
-        self.flatten = keras.layers.Flatten()
-        self.dense1 = keras.layers.Dense(128, activation="relu")
-        self.dense2 = keras.layers.Dense(10)
+        self.flatten = keras.layers.Flatten(name="flatten")
+        self.dense1 = keras.layers.Dense(128, activation="relu", name="dense0")
+        self.dense2 = keras.layers.Dense(10, name="dense1")
 
     def call(self, x: Any) -> Any:
         h = self.first(self.reshape(x))
@@ -133,7 +140,9 @@ def main() -> None:
     # device, and stage 0 scoring while it waits must not take a core from stage 1
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    tfsift.init({"partitions": 2, "microbatches": 4, "profile_repeats": 3})
+    plan = os.path.join(tempfile.mkdtemp(prefix="tfsift-overlap-"), "plan.json")
+    plan = MPI.COMM_WORLD.bcast(plan if MPI.COMM_WORLD.Get_rank() == 0 else None, root=0)
+    tfsift.init({"partitions": 2, "microbatches": 4, "profile_repeats": 3, "plan_file": plan})
     x, y, _, _ = load(args.samples, 0)
     for convs in args.convs:
         bench_model(convs, x, y, args)
