@@ -306,7 +306,6 @@ class _Prepared:
         self.x, self.y, self.rows = x, y, rows
         self.chunks = int(np.asarray(x).shape[0]) // rows
         self.results: list[tuple[Any, Any, Any, Any]] = []
-
         self.scored = 0  # rows scored so far
         self.last = 0  # rows in the last result
 
