@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from events import scalars
 
 import mpi
 from partitioner.plan import Plan
@@ -159,16 +159,6 @@ def test_a_missing_rank_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
 
 
-def tensorboard_points(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    found: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                point = (event.step, float(tf.make_ndarray(value.tensor)))
-                found.setdefault(value.tag, []).append(point)
-    return found
-
-
 STEP_LINE = re.compile(
     r"step (\d) \(training_step\.<locals>\.forward_backward, call (\d), training\): measured "
     r"step \S+ s, measured bubble \d+\.\d% \(simulated (\d+\.\d)%\)"
@@ -218,7 +208,7 @@ def test_two_ranks_log_their_steps_and_tfsift_timeline_merges_them(tmp_path: Pat
         for name in (f"RF{m}", f"F{m}+B{m} (fused)", f"B{m} (done in F{m}+B{m})", f"SB{m}")
     ]
     assert complete(trace, 1) == fused * 4
-    points = tensorboard_points(tmp_path)
+    points = scalars(tmp_path)
     assert sorted(points) == [
         "stage0/busy_fraction", "stage0/idle_fraction", "stage1/busy_fraction",
         "stage1/idle_fraction", "step/bubble_fraction", "step/loss",

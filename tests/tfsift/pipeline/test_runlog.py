@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from events import scalars
 
 import tfsift
 from partitioner.schedule import add_communication, build
@@ -43,17 +44,6 @@ def steps(model: Pair) -> tuple[Any, Any]:
         return LOSS(y, model(x))
 
     return train, evaluate
-
-
-def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every (step, value) of every tag in the event files under ``log_dir``."""
-    found: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                point = (event.step, float(tf.make_ndarray(value.tensor)))
-                found.setdefault(value.tag, []).append(point)
-    return found
 
 
 def run_steps(log_dir: Path, calls: int = 5) -> list[float]:

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from events import scalars
 
 import tfsift
 from tfsift.sift.policies import RelativePolicy
@@ -276,12 +277,7 @@ def test_log_dir_gets_tensorboard_scalars_of_the_metrics(tmp_path: Any, where: s
     log_dir = str(tmp_path) if where == "SiftConfig" else None
     config = tfsift.SiftConfig(policy="big_loss", keep=0.5, log_dir=log_dir)
     batches = len(list(source().apply(tfsift.sift(model, PER_SAMPLE, config))))
-    tags: dict[str, list[float]] = {}
-    for path in tmp_path.glob("events.out.tfevents.*"):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                number = float(tf.make_ndarray(value.tensor))
-                tags.setdefault(value.tag, []).append(number)
+    tags = {tag: [value for _, value in points] for tag, points in scalars(tmp_path).items()}
     assert len(tags["sift/kept_fraction"]) == batches == N // B // 2
     assert tags["sift/kept_fraction"][-1] == 0.5
     assert tags["sift/samples_seen"][-1] == N
