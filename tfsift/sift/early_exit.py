@@ -37,7 +37,14 @@ from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.overlap import WaitModel
 from tfsift.sift.replicas import ReplicaGroup
-from tfsift.sift.scorer import FullScorer, Scorer, Scores, describe, partition_for_training
+from tfsift.sift.scorer import (
+    FullScorer,
+    Scorer,
+    Scores,
+    describe,
+    partition_for_training,
+    training_microbatch,
+)
 from tfsift.state import STATE
 
 VALIDATE_EVERY = 20  # rounds between two Spearman checks against the full loss
@@ -136,10 +143,8 @@ class EarlyExitScorer(Scorer):
         if prepared.done():
             self.overlapped += 1
         else:  # what no wait had room for, in one call (at most g shapes are ever traced)
-            start = time.perf_counter()
-            prepared.add(self._compute(*prepared.rest()))
-            # a batch's cost, so that a cost once overestimated (a trace) can come down
-            self._idle.waits.unit((time.perf_counter() - start) * prepared.rows / prepared.last)
+            # timed too, so that a batch's cost once overestimated (a trace) can come down
+            self._idle.score(prepared, prepared.rest())
         return prepared.joined()
 
     def _compute(self, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
@@ -214,8 +219,9 @@ class EarlyExitScorer(Scorer):
         if self._built:
             return
         rt = runtime.get()
+        batch = self.batch_size or int(np.asarray(x).shape[0])
         # no step has run yet: partition now (a collective, like a step)
-        partition_for_training(self.model, x, self.batch_size or int(np.asarray(x).shape[0]))
+        partition_for_training(self.model, x, batch)
         part = self.model.partitioned
         self._stage = part.stage.index
         self._pipe = rt.pipe_comm.Dup()
@@ -225,7 +231,7 @@ class EarlyExitScorer(Scorer):
             default = None
             if exit_after is None and len(part.bounds) == 2:  # one stage: the cheap prefix
                 default = self._group.bcast(
-                    self._cheapest_exit(part.graph, x) if self._group.replica == 0 else None
+                    self._cheapest_exit(part.graph, x, batch) if self._group.replica == 0 else None
                 )
             exit_graph = _exit_graph(part.graph, part.bounds, exit_after, default)
             self._exit_graph = exit_graph
@@ -244,12 +250,10 @@ class EarlyExitScorer(Scorer):
             self._restore()
         self._built = True
 
-    def _cheapest_exit(self, graph: Any, x: Any) -> int:
+    def _cheapest_exit(self, graph: Any, x: Any, batch: int) -> int:
         """The default exit with one stage, from each node's measured forward time on a
         training microbatch (replica 0 measures; the replicas must build the same head)."""
-        batch = self.batch_size or int(np.asarray(x).shape[0])
-        rows = max(1, batch // runtime.get().config.microbatches)
-        costs = profile(graph, [tf.convert_to_tensor(np.asarray(x)[:rows])], 3)
+        costs = profile(graph, training_microbatch(x, batch), 3)
         return cheap_exit([layer.forward_time for layer in costs.layers])
 
     def _exit_losses(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -343,10 +347,15 @@ class _IdleScoring:
         prepared = self.scorer._prepared
         if prepared is None or prepared.done() or not self.waits.allows(microbatch, waited):
             return False
-        start = time.perf_counter()
-        prepared.add(self.scorer._compute(*prepared.next_rows()))
-        self.waits.unit(time.perf_counter() - start)
+        self.score(prepared, prepared.next_rows())
         return True
+
+    def score(self, prepared: _Prepared, rows: tuple[Any, Any]) -> None:
+        """Scores ``rows`` of ``prepared`` and tells the ``WaitModel`` what one source
+        batch took."""
+        start = time.perf_counter()
+        prepared.add(self.scorer._compute(*rows))
+        self.waits.unit((time.perf_counter() - start) * prepared.rows / prepared.last)
 
     def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
         self.waits.arrived(microbatch, waited, exact)
@@ -400,7 +409,7 @@ def cheap_exit(forward: Sequence[float], share: float = EXIT_SHARE) -> int:
 
 
 def _exit_graph(
-    graph: Any, bounds: tuple[int, ...], exit_after: str | None, default: int | None = None
+    graph: Any, bounds: tuple[int, ...], exit_after: str | None, default: int | None
 ) -> StageGraph:
     """Stage 0's nodes up to and including the exit layer, ending at its output.
 
@@ -411,11 +420,12 @@ def _exit_graph(
     if exit_after is None:
         # the last layer of stage 0; with one stage that is the model's output, so the
         # cheap prefix instead (``cheap_exit``; scoring with the whole model is
-        # scorer="full"), or the middle of the model
+        # scorer="full")
         if len(bounds) > 2:
             index = bounds[1] - 1
         else:
-            index = default if default is not None else max(len(names) // 2 - 1, 0)
+            assert default is not None, "one stage: _build passes cheap_exit's index"
+            index = default
     elif exit_after not in first_stage:
         where = "is not a layer of the model" if exit_after not in names else "is not on stage 0"
         raise ValueError(

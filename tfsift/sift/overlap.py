@@ -53,12 +53,13 @@ class WaitModel:
         """
         if not exact:
             waited = max(waited - 0.5 * (self.cost or 0.0), 0.0)
-        old = self.expected.get(microbatch)
-        self.expected[microbatch] = (
-            waited if old is None else SMOOTHING * waited + (1 - SMOOTHING) * old
-        )
+        self.expected[microbatch] = _smoothed(self.expected.get(microbatch), waited)
 
     def unit(self, seconds: float) -> None:
         """One unit of work took ``seconds``."""
-        old = self.cost
-        self.cost = seconds if old is None else SMOOTHING * seconds + (1 - SMOOTHING) * old
+        self.cost = _smoothed(self.cost, seconds)
+
+
+def _smoothed(old: float | None, new: float) -> float:
+    """The running estimate after observing ``new`` (the first observation as it is)."""
+    return new if old is None else SMOOTHING * new + (1 - SMOOTHING) * old

@@ -130,8 +130,14 @@ def partition_for_training(model: Any, x: Any, batch_size: int | None) -> None:
     ``batch_size / M`` rows of ``x`` rather than for the scoring call's larger one."""
     if model.partitioned is not None or not batch_size:
         return
+    model.partition_model(training_microbatch(x, batch_size))
+
+
+def training_microbatch(x: Any, batch_size: int) -> list[tf.Tensor]:
+    """The first ``batch_size / M`` rows of ``x``: the model inputs of one microbatch of
+    a training step on batches of ``batch_size``."""
     M = runtime.get().config.microbatches
-    model.partition_model([tf.convert_to_tensor(np.asarray(x)[: batch_size // M])])
+    return [tf.convert_to_tensor(np.asarray(x)[: batch_size // M])]
 
 
 def concat(value: Any) -> np.ndarray:
