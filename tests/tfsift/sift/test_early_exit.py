@@ -11,7 +11,7 @@ import pytest
 
 import tfsift
 from tfsift.parallel import runtime
-from tfsift.sift.early_exit import EarlyExitScorer, cheap_exit
+from tfsift.sift.early_exit import EarlyExitScorer, binary_parts, cheap_exit
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -131,6 +131,30 @@ def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
     np.testing.assert_allclose(s(third).losses, fresh(third).losses, rtol=1e-6)
     assert s.metrics["overlapped_rounds"] == 0.0
     assert STATE.idle_task.run(1, 0.0) is False  # the round was dropped: no work left
+
+
+def test_what_no_wait_scored_is_scored_in_power_of_two_calls_that_trace_few_shapes() -> None:
+    tfsift.init({})
+    first, second, _ = batches()
+    s, whole = overlap_scorer(first), scorer(first)
+    s.batch_size = 1  # eight source batches of one sample per round
+    expected = whole(second).losses
+    for leftover in range(9):
+        s.prepare(second)
+        idle = STATE.idle_task
+        assert idle is not None
+        idle.arrived(0, 60.0, True)
+        for _ in range(8 - leftover):
+            assert idle.run(0, 0.0) is True
+        np.testing.assert_allclose(s(second).losses, expected, rtol=1e-6)
+    # a call per leftover size would have traced 8 shapes (1..8 rows)
+    traced = sorted(key[1][0][0][0] for key in s._score._concrete)
+    assert traced == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize(("n", "parts"), [(0, []), (1, [1]), (6, [4, 2]), (7, [4, 2, 1]), (8, [8])])
+def test_binary_parts(n: int, parts: list[int]) -> None:
+    assert binary_parts(n) == parts
 
 
 @pytest.mark.parametrize(
