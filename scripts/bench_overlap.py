@@ -7,7 +7,9 @@ Run on 2 processes (partitions=2, microbatches=4):
 Each rank computes with one thread (a rank stands in for a device).
 
 Each variant trains the same 1-D ConvNet (2 convolutions, as in examples/sift_mnist1d.py,
-and 4), cut where the first variant of that model was cut (``plan_file``), on MNIST-1D
+and 4) on two cuts: where the profile of the first variant of that model cut it
+(``plan_file``), and by hand after the first convolution (``tfsift.partition``), which
+leaves stage 0 idle while stage 1 works. Each trains on MNIST-1D
 for ``--steps`` optimizer steps
 (after ``--warmup`` steps that trace and warm up), and the time per step counts
 everything the training loop waits for: reading and sifting the data, the step, the
@@ -36,6 +38,14 @@ from sift_mnist1d import load
 
 import tfsift
 
+CUTS = {
+    # the solver's cut, from the profile of the first variant (later ones reuse its plan)
+    "profiled": {"auto_partition": True},
+    # stage 0 ends after the first convolution (the layers after it are created inside
+    # tfsift.partition(1)): stage 0 has little work and waits while stage 1 works
+    "after conv0": {"auto_partition": False},
+}
+
 
 class ConvNet(tfsift.DistributedModel):
     """``examples/sift_mnist1d.py``'s ConvNet1D with ``convs`` convolutions (it has 2)."""
@@ -46,13 +56,14 @@ class ConvNet(tfsift.DistributedModel):
         # (plan_file), so that the variants are timed on the same cut
         self.reshape = keras.layers.Reshape((40, 1), name="reshape")
         self.first = keras.layers.Conv1D(32, 5, padding="same", activation="relu", name="conv0")
-        self.convs = [
-            keras.layers.Conv1D(32, 5, padding="same", activation="relu", name=f"conv{i + 1}")
-            for i in range(convs - 1)
-        ]
-        self.flatten = keras.layers.Flatten(name="flatten")
-        self.dense1 = keras.layers.Dense(128, activation="relu", name="dense0")
-        self.dense2 = keras.layers.Dense(10, name="dense1")
+        with tfsift.partition(1):  # used only with auto_partition=False
+            self.convs = [
+                keras.layers.Conv1D(32, 5, padding="same", activation="relu", name=f"conv{i + 1}")
+                for i in range(convs - 1)
+            ]
+            self.flatten = keras.layers.Flatten(name="flatten")
+            self.dense1 = keras.layers.Dense(128, activation="relu", name="dense0")
+            self.dense2 = keras.layers.Dense(10, name="dense1")
 
     def call(self, x: Any) -> Any:
         h = self.first(self.reshape(x))
@@ -80,6 +91,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--convs", type=int, nargs="+", default=[2, 4], help="models: convolutions in each"
     )
+    parser.add_argument("--cuts", nargs="+", choices=list(CUTS), default=list(CUTS))
     return parser.parse_args()
 
 
@@ -142,13 +154,17 @@ def main() -> None:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     plan = os.path.join(tempfile.mkdtemp(prefix="tfsift-overlap-"), "plan.json")
     plan = MPI.COMM_WORLD.bcast(plan if MPI.COMM_WORLD.Get_rank() == 0 else None, root=0)
-    tfsift.init({"partitions": 2, "microbatches": 4, "profile_repeats": 3, "plan_file": plan})
     x, y, _, _ = load(args.samples, 0)
     for convs in args.convs:
-        bench_model(convs, x, y, args)
+        for cut in args.cuts:
+            config = {"partitions": 2, "microbatches": 4, "profile_repeats": 3, **CUTS[cut]}
+            tfsift.init({**config, "plan_file": plan})
+            bench_model(convs, cut, x, y, args)
 
 
-def bench_model(convs: int, x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> None:
+def bench_model(
+    convs: int, cut: str, x: np.ndarray, y: np.ndarray, args: argparse.Namespace
+) -> None:
     names = list(VARIANTS)
     times: dict[str, list[float]] = {name: [] for name in names}
     splits: dict[str, list[list[float]]] = {name: [] for name in names}
@@ -164,7 +180,7 @@ def bench_model(convs: int, x: np.ndarray, y: np.ndarray, args: argparse.Namespa
     every = MPI.COMM_WORLD.gather(mine, root=0)
     if every is not None:  # rank 0
         base = statistics.median(times["no sifting"])
-        print(f"\n{convs} convolutions\n")
+        print(f"\n{convs} convolutions, cut {cut}\n")
         print("| variant | ms per step (median) | range | vs no sifting |")
         print("| --- | --- | --- | --- |")
         for name in names:
