@@ -11,7 +11,7 @@ import pytest
 
 import tfsift
 from tfsift.parallel import runtime
-from tfsift.sift.early_exit import EarlyExitScorer, binary_parts, cheap_exit
+from tfsift.sift.early_exit import EarlyExitScorer, binary_parts, cheap_exit, spearman
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -64,6 +64,28 @@ def test_the_deferred_head_update_scores_as_an_immediate_one_would() -> None:
     for a, b in zip(saved["head"], immediate.state()["head"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     np.testing.assert_allclose(deferred(third).losses, immediate(third).losses, rtol=1e-6)
+
+
+def test_the_spearman_check_runs_the_full_loss_on_the_rounds_first_source_batch() -> None:
+    tfsift.init({})
+    first, _, _ = batches()
+    keras.utils.set_random_seed(3)
+    config = tfsift.SiftConfig(scorer="early_exit", exit_after="a", exit_lr=0.1)
+    s = EarlyExitScorer(Deep(), PER_SAMPLE, config, False)
+    s.bind(ReplicaGroup(runtime.get()))
+    s.batch_size = 4  # two source batches per 8-sample round
+    seen: list[int] = []
+    full = s.full
+
+    def recording(element: Any) -> Any:
+        seen.append(len(element[0]))
+        return full(element)
+
+    s.full = recording  # type: ignore[method-assign]
+    early = s(first).losses  # the first round is checked
+    assert seen == [4]
+    expected = spearman(early[:4], full((first[0][:4], first[1][:4])).losses)
+    assert s.metrics["exit_spearman"] == pytest.approx(expected)
 
 
 def test_a_loaded_state_drops_an_update_not_yet_applied() -> None:
