@@ -8,6 +8,7 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
@@ -86,6 +87,27 @@ def test_the_spearman_check_runs_the_full_loss_on_the_rounds_first_source_batch(
     assert seen == [4]
     expected = spearman(early[:4], full((first[0][:4], first[1][:4])).losses)
     assert s.metrics["exit_spearman"] == pytest.approx(expected)
+
+
+def test_the_head_learns_the_mean_loss_of_the_kept_samples_only() -> None:
+    tfsift.init({})
+    first, _, _ = batches()
+    s = scorer(first)
+    assert s._last is not None
+    features, labels = s._last
+    mask = np.zeros(8, np.float32)
+    mask[[0, 2, 5]] = 1.0
+    grads = s._head_grads(features, labels, tf.constant(mask))
+    kept = tf.constant([0, 2, 5])
+    with tf.GradientTape() as tape:
+        predictions = s._head(tf.gather(features, kept), training=True)
+        loss = tf.reduce_mean(PER_SAMPLE(tf.gather(labels, kept), predictions))
+    expected = tape.gradient(loss, s._head.trainable_variables)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-7)
+    # none kept: no gradient (the update leaves the head where Adam's moments take it)
+    nothing = s._head_grads(features, labels, tf.zeros(8))
+    assert all(float(tf.reduce_max(tf.abs(g))) == 0.0 for g in nothing)
 
 
 def test_a_loaded_state_drops_an_update_not_yet_applied() -> None:
