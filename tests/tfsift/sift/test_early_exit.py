@@ -94,7 +94,7 @@ def test_the_head_learns_the_mean_loss_of_the_kept_samples_only() -> None:
     first, _, _ = batches()
     s = scorer(first)
     assert s._last is not None
-    features, labels = s._last
+    (features,), (labels,) = s._last  # one scoring call: one part each
     mask = np.zeros(8, np.float32)
     mask[[0, 2, 5]] = 1.0
     grads = s._head_grads(features, labels, tf.constant(mask))
