@@ -150,13 +150,12 @@ class EarlyExitScorer(Scorer):
         self.scored_chunks += prepared.chunks
         if prepared.done():
             self.overlapped += 1
-        # What no wait had room for, in calls of 2^k source batches, largest first: a
-        # call per leftover size traced up to g shapes (a trace costs far more than a
-        # call; bench_overlap met new ones well after its warm-up), powers of two trace
-        # at most log2(g) + 1. Timed too, so that a batch's cost once overestimated (a
-        # trace) can come down.
-        for batches in binary_parts(prepared.chunks - prepared.scored // prepared.rows):
-            self._idle.score(prepared, prepared.next_rows(batches))
+        else:
+            # What no wait had room for, in one call. Its size varies, but tf.function
+            # (reduce_retracing) traces one function of any batch size at the second
+            # size it meets: a new size costs a lookup, not a trace. Timed too, so
+            # that a batch's cost once overestimated (that trace) can come down.
+            self._idle.score(prepared, prepared.rest())
         return prepared.joined()
 
     def _compute(self, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
@@ -344,10 +343,12 @@ class _Prepared:
     def done(self) -> bool:
         return self.scored == self.rows * self.chunks
 
-    def next_rows(self, batches: int = 1) -> tuple[Any, Any]:
-        """The next ``batches`` source batches not scored yet."""
-        rows = slice(self.scored, self.scored + batches * self.rows)
+    def next_rows(self) -> tuple[Any, Any]:
+        rows = slice(self.scored, self.scored + self.rows)
         return self.x[rows], self.y[rows]
+
+    def rest(self) -> tuple[Any, Any]:
+        return self.x[self.scored :], self.y[self.scored :]
 
     def add(self, result: tuple[Any, Any, Any, Any]) -> None:
         self.results.append(result)
@@ -395,16 +396,6 @@ class _IdleScoring:
 def _joined(parts: Any) -> list[Any]:
     """Each list of tensors in ``parts`` as one tensor (rows in order)."""
     return [tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0) for tensors in parts]
-
-
-def binary_parts(n: int) -> list[int]:
-    """``n`` as a sum of distinct powers of two, largest first.
-
-    Example:
-        >>> binary_parts(7), binary_parts(8), binary_parts(0)
-        ([4, 2, 1], [8], [])
-    """
-    return [1 << k for k in reversed(range(n.bit_length())) if n >> k & 1]
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

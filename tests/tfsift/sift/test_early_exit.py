@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
-from tfsift.sift.early_exit import EarlyExitScorer, binary_parts, cheap_exit, spearman
+from tfsift.sift.early_exit import EarlyExitScorer, cheap_exit, spearman
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -177,7 +177,7 @@ def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
     assert STATE.idle_task.run(1, 0.0) is False  # the round was dropped: no work left
 
 
-def test_what_no_wait_scored_is_scored_in_power_of_two_calls_that_trace_few_shapes() -> None:
+def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing() -> None:
     tfsift.init({})
     first, second, _ = batches()
     s, whole = overlap_scorer(first), scorer(first)
@@ -191,14 +191,10 @@ def test_what_no_wait_scored_is_scored_in_power_of_two_calls_that_trace_few_shap
         for _ in range(8 - leftover):
             assert idle.run(0, 0.0) is True
         np.testing.assert_allclose(s(second).losses, expected, rtol=1e-6)
-    # a call per leftover size would have traced 8 shapes (1..8 rows)
-    traced = sorted(key[1][0][0][0] for key in s._score._concrete)
-    assert traced == [1, 2, 4, 8]
-
-
-@pytest.mark.parametrize(("n", "parts"), [(0, []), (1, [1]), (6, [4, 2]), (7, [4, 2, 1]), (8, [8])])
-def test_binary_parts(n: int, parts: list[int]) -> None:
-    assert binary_parts(n) == parts
+    # every leftover size 1..8 was scored once, in one call each
+    assert sorted(key[1][0][0][0] for key in s._score._concrete) == list(range(1, 9))
+    # ... but traced twice: the whole round, then one function of any size
+    assert s._score.function.experimental_get_tracing_count() == 2
 
 
 @pytest.mark.parametrize(
