@@ -33,6 +33,7 @@ class Compiled:
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.function = tf.function(fn, reduce_retracing=True)
         self._concrete: dict[Hashable, Any] = {}
+        self._warned = False
         self.name = name or getattr(fn, "__qualname__", repr(fn))
 
     def __call__(self, *args: Any) -> Any:
@@ -43,24 +44,31 @@ class Compiled:
         if concrete is None:
             concrete = self.function.get_concrete_function(*args)
             self._concrete[key] = concrete
-            if len(self._concrete) == RETRACE_WARNING:
-                self._warn(key)
+            # Real traces, not signatures: with reduce_retracing a new shape mostly
+            # reuses a trace of relaxed shapes (the early-exit scorer meets a new batch
+            # size per leftover, and warned with 2 traces in all); a new Python value
+            # always traces.
+            traced = self.function.experimental_get_tracing_count()
+            if traced >= RETRACE_WARNING and not self._warned:
+                self._warned = True
+                self._warn(key, traced)
         return concrete(*args)
 
-    def _warn(self, key: Hashable) -> None:
+    def _warn(self, key: Hashable, traced: int) -> None:
         # tf.function warns about frequent retracing only for calls it dispatches itself
         log.warning(
             "tfsift: %s has been traced for %d different argument signatures; each new "
             "shape or Python value (a number passed to the step function, say) costs a "
             "trace. Pass values that change between calls as tensors. Latest signature: %s",
             self.name,
-            len(self._concrete),
+            traced,
             key,
         )
 
     @property
     def traces(self) -> int:
-        """How many concrete functions (signatures) have been traced."""
+        """How many argument signatures have a concrete function (several may share one
+        trace of relaxed shapes)."""
         return len(self._concrete)
 
 

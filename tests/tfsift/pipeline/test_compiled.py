@@ -95,3 +95,15 @@ def test_many_signatures_warn_once_naming_the_latest(caplog: pytest.LogCaptureFi
         "that change between calls as tensors. Latest signature: "
         f"(<class 'tuple'>, (((2,), tf.float32), ('V', <class 'float'>, {last})))"
     ]
+
+
+def test_new_shapes_that_share_a_relaxed_trace_do_not_warn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    compiled = Compiled(lambda x: x * 2.0)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        for rows in range(1, 2 * RETRACE_WARNING):
+            assert tuple(compiled(tf.ones((rows,))).shape) == (rows,)
+    assert compiled.traces == 2 * RETRACE_WARNING - 1  # a signature per shape ...
+    assert compiled.function.experimental_get_tracing_count() == 2  # ... two traces
+    assert caplog.messages == []
