@@ -240,6 +240,7 @@ class Run:
             scorer=m.get("scorer", "full"),
             exit_after=m.get("exit_after"),
             stale=int(m.get("stale", 0)),
+            overlap=bool(m.get("overlap", False)),
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],

@@ -105,6 +105,7 @@ class Method:
     scorer: str = "full"
     exit_after: str | None = None  # early exit: None is SiftConfig's default exit
     stale: int = 0  # epochs a sample's loss is reused (Stale-SB)
+    overlap: bool = False  # early exit on a pipeline: score in stage 0's waits
 
     def setting(self) -> str:
         if self.name == AGAIN:
@@ -119,6 +120,7 @@ class Method:
             text = f"{self.policy}, keep={self.keep:g}"
         if self.scorer == "early_exit":
             text += f", early exit after {self.exit_after}" if self.exit_after else ", early exit"
+        text += ", overlap" if self.overlap else ""
         return text + (f", stale={self.stale}" if self.stale else "")
 
 
@@ -135,7 +137,8 @@ METHODS = (
     Method("relative-1-stale", "relative", beta=1.0, stale=1),
     Method(AGAIN, "none"),
 )
-PIPELINE_METHODS = (NONE, METHODS[1], METHODS[3], METHODS[-1])
+OVERLAP = Method("relative-1-exit-overlap", "relative", scorer="early_exit", overlap=True)
+PIPELINE_METHODS = (NONE, METHODS[1], METHODS[3], OVERLAP, METHODS[-1])
 SMALL_CNN = ("cnn", 32, 2, 128)
 TASKS = (
     Task("mnist1d", "MNIST-1D", "mnist1d", "ce", SMALL_CNN, epochs=5, delay=188, eval_every_s=0.5),
