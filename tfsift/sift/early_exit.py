@@ -20,6 +20,7 @@ batch and the Spearman rank correlation between the two is reported as ``exit_sp
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +48,13 @@ from tfsift.sift.scorer import (
 )
 from tfsift.state import STATE
 
+log = logging.getLogger("tfsift")
 VALIDATE_EVERY = 20  # rounds between two Spearman checks against the full loss
+# Overlap that found room for less than LOW_OVERLAP of the batches of its first
+# ADVICE_AFTER rounds says so, once: on a cut whose stage 0 is the slowest stage it
+# cannot pay (scripts/bench_overlap.py), and the user can move the cut or the exit.
+ADVICE_AFTER = 50
+LOW_OVERLAP = 0.25
 # With one stage, the default exit ends where at most this share of the model's forward
 # time has been spent: an exit in the middle of a CNN took its costliest convolution and
 # scored at the cost of the whole model (scripts/bench_sifting.py, docs/benchmarks.md).
@@ -79,6 +86,7 @@ class EarlyExitScorer(Scorer):
         self.overlapped = 0  # rounds scored entirely during training steps
         self.scored_while_waiting = 0  # their source batches scored during training steps
         self.scored_chunks = 0  # of so many prepared source batches
+        self.prepared_rounds = 0
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""
@@ -148,6 +156,9 @@ class EarlyExitScorer(Scorer):
             return None
         self.scored_while_waiting += prepared.scored // prepared.rows
         self.scored_chunks += prepared.chunks
+        self.prepared_rounds += 1
+        if self.prepared_rounds == ADVICE_AFTER and self._group.replica == 0:
+            _advise(self.scored_while_waiting / self.scored_chunks, self._pipe.Get_size())
         if prepared.done():
             self.overlapped += 1
         else:
@@ -396,6 +407,28 @@ class _IdleScoring:
 def _joined(parts: Any) -> list[Any]:
     """Each list of tensors in ``parts`` as one tensor (rows in order)."""
     return [tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0) for tensors in parts]
+
+
+def _advise(fraction: float, stages: int) -> None:
+    """Warns when overlap scored less than ``LOW_OVERLAP`` of its batches in waits."""
+    if fraction >= LOW_OVERLAP:
+        return
+    where = (
+        "with one stage nothing waits for gradients"
+        if stages == 1
+        else "stage 0's waits on this cut are short (it is the slowest stage, or a source "
+        "batch takes longer than they last)"
+    )
+    log.warning(
+        "tfsift.sift: overlap scored %.0f%% of the source batches of its first %d rounds "
+        "while stage 0 waited for gradients; the rest was scored between steps, where every "
+        "stage waits for it. Overlap pays only where stage 0 waits, and %s: put fewer "
+        "layers on stage 0 (tfsift.partition with auto_partition=False) or exit earlier "
+        "(exit_after). sift_metrics()['overlapped_fraction'] tracks it.",
+        100 * fraction,
+        ADVICE_AFTER,
+        where,
+    )
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

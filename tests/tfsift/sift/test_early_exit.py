@@ -3,6 +3,7 @@ and a round scored one source batch at a time while training steps wait (overlap
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import keras
@@ -12,6 +13,7 @@ import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
+from tfsift.sift import early_exit
 from tfsift.sift.early_exit import EarlyExitScorer, cheap_exit, spearman
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
@@ -195,6 +197,34 @@ def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing()
     assert sorted(key[1][0][0][0] for key in s._score._concrete) == list(range(1, 9))
     # ... but traced twice: the whole round, then one function of any size
     assert s._score.function.experimental_get_tracing_count() == 2
+
+
+@pytest.mark.parametrize(("units", "warned"), [(0, True), (1, False)])
+def test_overlap_that_finds_no_room_in_the_waits_says_so_once(
+    units: int, warned: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tfsift.init({})
+    monkeypatch.setattr(early_exit, "ADVICE_AFTER", 3)
+    first, second, _ = batches()
+    s = overlap_scorer(first)  # two source batches per round
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        for _ in range(6):
+            s.prepare(second)
+            idle = STATE.idle_task
+            assert idle is not None
+            idle.arrived(0, 60.0, True)
+            for _ in range(units):
+                assert idle.run(0, 0.0) is True
+            s(second)
+    expected = [
+        "tfsift.sift: overlap scored 0% of the source batches of its first 3 rounds while "
+        "stage 0 waited for gradients; the rest was scored between steps, where every stage "
+        "waits for it. Overlap pays only where stage 0 waits, and with one stage nothing "
+        "waits for gradients: put fewer layers on stage 0 (tfsift.partition with "
+        "auto_partition=False) or exit earlier (exit_after). "
+        "sift_metrics()['overlapped_fraction'] tracks it."
+    ]
+    assert caplog.messages == (expected if warned else [])  # half in waits: no warning
 
 
 @pytest.mark.parametrize(
