@@ -36,7 +36,7 @@ from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.graph import StageGraph
 from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
-from tfsift.sift.overlap import WaitModel
+from tfsift.sift.overlap import BATCH, UPDATE, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import (
     FullScorer,
@@ -388,17 +388,24 @@ class _IdleScoring:
 
     def run(self, microbatch: int, waited: float) -> bool:
         prepared = self.scorer._prepared
-        if prepared is None or prepared.done() or not self.waits.allows(microbatch, waited):
+        if prepared is None or prepared.done():
+            return False
+        if not self.waits.allows(microbatch, waited, self._kind()):
             return False
         self.score(prepared, prepared.next_rows())
         return True
 
     def score(self, prepared: _Prepared, rows: tuple[Any, Any]) -> None:
-        """Scores ``rows`` of ``prepared`` and tells the ``WaitModel`` what one source
-        batch took."""
+        """Scores ``rows`` of ``prepared`` and tells the ``WaitModel`` what it took."""
+        kind = self._kind()
         start = time.perf_counter()
         prepared.add(self.scorer._compute(*rows))
-        self.waits.unit((time.perf_counter() - start) * prepared.rows / prepared.last)
+        seconds = time.perf_counter() - start
+        self.waits.unit(seconds, kind, prepared.last / prepared.rows)
+
+    def _kind(self) -> str:
+        """The next call's kind: it applies the head's pending update first, if any."""
+        return BATCH if self.scorer._update is None else UPDATE
 
     def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
         self.waits.arrived(microbatch, waited, exact)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfsift.sift.overlap import MARGIN, SMOOTHING, WaitModel
+from tfsift.sift.overlap import BATCH, MARGIN, SMOOTHING, UPDATE, WaitModel
 
 
 def test_nothing_runs_before_a_wait_was_seen() -> None:
@@ -28,12 +28,12 @@ def test_estimates_are_smoothed_and_an_overrun_counts_half_a_unit_early() -> Non
     waits = WaitModel()
     waits.unit(0.002)
     waits.unit(0.004)
-    assert waits.cost == pytest.approx(SMOOTHING * 0.004 + (1 - SMOOTHING) * 0.002)
+    cost = waits.costs[BATCH]
+    assert cost == pytest.approx(SMOOTHING * 0.004 + (1 - SMOOTHING) * 0.002)
     waits.arrived(0, 0.010, exact=True)
     # the message came during the last unit, which ended 6 ms into the wait
     waits.arrived(0, 0.006, exact=False)
-    assert waits.cost is not None
-    seen = 0.006 - 0.5 * waits.cost
+    seen = 0.006 - 0.5 * cost
     assert waits.expected[0] == pytest.approx(SMOOTHING * seen + (1 - SMOOTHING) * 0.010)
 
 
@@ -47,3 +47,25 @@ def test_waits_that_shrink_stop_the_units() -> None:
     assert not waits.allows(3, 0.0)
     waits.arrived(3, 0.0004, exact=False)  # a unit overran: never a negative wait
     assert waits.expected[3] >= 0.0
+
+
+def test_a_unit_that_also_updates_the_head_has_its_own_cost() -> None:
+    waits = WaitModel()
+    waits.arrived(0, 0.010, exact=True)
+    waits.unit(0.002)
+    waits.unit(0.007, UPDATE)  # the round's first unit: head update + a batch
+    assert waits.costs == {BATCH: 0.002, UPDATE: 0.007}
+    assert waits.allows(0, 0.005)  # a plain batch still fits 5 ms in
+    assert not waits.allows(0, 0.005, UPDATE)  # the update does not
+    # an overrun during an update unit is corrected by the update's cost
+    waits.arrived(1, 0.0105, exact=False)
+    assert waits.expected[1] == pytest.approx(0.0105 - 0.5 * 0.007)
+
+
+def test_a_call_of_several_batches_counts_one_unit_of_its_kind_and_plain_batches() -> None:
+    waits = WaitModel()
+    waits.unit(0.013, UPDATE, batches=4)  # no plain cost yet: nothing to split it by
+    assert waits.costs == {}
+    waits.unit(0.008, BATCH, batches=4)  # what no wait had room for: 2 ms a batch
+    waits.unit(0.013, UPDATE, batches=4)  # 3 plain batches, and the update's unit
+    assert waits.costs == {BATCH: 0.002, UPDATE: pytest.approx(0.007)}
