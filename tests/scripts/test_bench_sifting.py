@@ -162,7 +162,14 @@ def test_jobs_run_every_task_then_the_pipeline_for_each_seed(bench: ModuleType) 
     pipeline = next(j for j in settings.jobs() if j["partitions"] == 2)
     assert pipeline["microbatches"] == 4
     names = [m["name"] for m in pipeline["methods"]]
-    assert names == ["none", "relative-1", "relative-1-exit", "none-again"]
+    assert names == [
+        "none",
+        "relative-1",
+        "relative-1-exit",
+        "relative-1-exit-overlap",
+        "none-again",
+    ]
+    assert bench.OVERLAP.setting() == "relative, beta=1, early exit, overlap"
 
 
 def test_uniform_keeps_relative_1s_fraction_and_comes_after_it(bench: ModuleType) -> None:
