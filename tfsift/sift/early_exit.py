@@ -86,7 +86,7 @@ class EarlyExitScorer(Scorer):
         self.overlapped = 0  # rounds scored entirely during training steps
         self.scored_while_waiting = 0  # their source batches scored during training steps
         self.scored_chunks = 0  # of so many prepared source batches
-        self.prepared_rounds = 0
+        self.prepared_rounds = 0  # rounds prepared and sifted (advice after ADVICE_AFTER)
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""
