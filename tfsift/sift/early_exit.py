@@ -260,9 +260,8 @@ class EarlyExitScorer(Scorer):
                 )
             exit_graph = _exit_graph(part.graph, part.bounds, exit_after, default)
             self._exit_graph = exit_graph
-            out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
             feature_shape = tuple(part.graph.tensors[exit_graph.outputs[0]].shape[1:])
-            self._head = _make_head(self.config.exit_head, feature_shape, out_shape)
+            self._head = _make_head(self.config.exit_head, feature_shape, self._out_shape)
             self._optimizer = keras.optimizers.Adam(self.config.exit_lr)
             self._optimizer.build(self._head.trainable_variables)
             self._score = Compiled(self._exit_losses, "early-exit scoring")
@@ -342,14 +341,14 @@ class EarlyExitScorer(Scorer):
 
 
 class _Prepared:
-    """A round being scored during training steps, one source batch per compiled call."""
+    """A round being scored: one source batch per compiled call during training steps,
+    what no wait had room for in one call at the round."""
 
     def __init__(self, x: Any, y: Any, rows: int) -> None:
         self.x, self.y, self.rows = x, y, rows
         self.chunks = int(np.asarray(x).shape[0]) // rows
         self.results: list[tuple[Any, Any, Any, Any]] = []
         self.scored = 0  # rows scored so far
-        self.last = 0  # rows in the last result
 
     def done(self) -> bool:
         return self.scored == self.rows * self.chunks
@@ -363,8 +362,7 @@ class _Prepared:
 
     def add(self, result: tuple[Any, Any, Any, Any]) -> None:
         self.results.append(result)
-        self.last = int(result[2].shape[0])
-        self.scored += self.last
+        self.scored += int(result[2].shape[0])
 
     def joined(self) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray]:
         """((feature parts, label parts), losses, logits) of the whole round. The parts
@@ -397,11 +395,10 @@ class _IdleScoring:
 
     def score(self, prepared: _Prepared, rows: tuple[Any, Any]) -> None:
         """Scores ``rows`` of ``prepared`` and tells the ``WaitModel`` what it took."""
-        kind = self._kind()
+        kind, batches = self._kind(), int(np.asarray(rows[1]).shape[0]) / prepared.rows
         start = time.perf_counter()
         prepared.add(self.scorer._compute(*rows))
-        seconds = time.perf_counter() - start
-        self.waits.unit(seconds, kind, prepared.last / prepared.rows)
+        self.waits.unit(time.perf_counter() - start, kind, batches)
 
     def _kind(self) -> str:
         """The next call's kind: it applies the head's pending update first, if any."""
