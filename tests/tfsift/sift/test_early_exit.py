@@ -31,13 +31,22 @@ class Deep(tfsift.DistributedModel):
         return self.b(self.a(x))
 
 
-def scorer(first: tuple[np.ndarray, np.ndarray]) -> EarlyExitScorer:
-    """A fresh scorer (same weights every time) that has scored ``first``."""
+def unbuilt(overlap: bool = False, batch_size: int | None = None) -> EarlyExitScorer:
+    """A fresh scorer (same weights every time) that has scored nothing yet."""
     keras.utils.set_random_seed(3)
-    config = tfsift.SiftConfig(scorer="early_exit", exit_after="a", exit_lr=0.1)
+    config = tfsift.SiftConfig(scorer="early_exit", exit_after="a", exit_lr=0.1, overlap=overlap)
     out = EarlyExitScorer(Deep(), PER_SAMPLE, config, False)
     out.bind(ReplicaGroup(runtime.get()))
-    out(first)  # builds the model and the head, right after seeding
+    out.batch_size = batch_size
+    return out
+
+
+def scorer(
+    first: tuple[np.ndarray, np.ndarray], overlap: bool = False, batch_size: int | None = None
+) -> EarlyExitScorer:
+    """A fresh scorer that has scored ``first`` (which builds the model and the head)."""
+    out = unbuilt(overlap, batch_size)
+    out(first)
     return out
 
 
@@ -72,11 +81,7 @@ def test_the_deferred_head_update_scores_as_an_immediate_one_would() -> None:
 def test_the_spearman_check_runs_the_full_loss_on_the_rounds_first_source_batch() -> None:
     tfsift.init({})
     first, _, _ = batches()
-    keras.utils.set_random_seed(3)
-    config = tfsift.SiftConfig(scorer="early_exit", exit_after="a", exit_lr=0.1)
-    s = EarlyExitScorer(Deep(), PER_SAMPLE, config, False)
-    s.bind(ReplicaGroup(runtime.get()))
-    s.batch_size = 4  # two source batches per 8-sample round
+    s = unbuilt(batch_size=4)  # two source batches per 8-sample round
     seen: list[int] = []
     full = s.full
 
@@ -125,13 +130,7 @@ def test_a_loaded_state_drops_an_update_not_yet_applied() -> None:
 
 
 def overlap_scorer(first: tuple[np.ndarray, np.ndarray]) -> EarlyExitScorer:
-    keras.utils.set_random_seed(3)
-    config = tfsift.SiftConfig(scorer="early_exit", exit_after="a", exit_lr=0.1, overlap=True)
-    out = EarlyExitScorer(Deep(), PER_SAMPLE, config, False)
-    out.bind(ReplicaGroup(runtime.get()))
-    out.batch_size = 4  # two source batches per 8-sample round
-    out(first)
-    return out
+    return scorer(first, overlap=True, batch_size=4)  # two source batches per round
 
 
 def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() -> None:
