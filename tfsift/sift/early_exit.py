@@ -164,7 +164,8 @@ class EarlyExitScorer(Scorer):
         else:
             # What no wait had room for, in one call. Its size varies, but tf.function
             # (reduce_retracing) traces one function of any batch size at the second
-            # size it meets: a new size costs a lookup, not a trace. Timed too, so
+            # size it meets: a new size costs a lookup (0.8 ms once,
+            # scripts/bench_exit_calls.py), not a trace. Timed too, so
             # that a batch's cost once overestimated (that trace) can come down.
             self._idle.score(prepared, prepared.rest())
         return prepared.joined()
@@ -310,9 +311,10 @@ class EarlyExitScorer(Scorer):
 
     def _masked_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> list[Any]:
         # The kept rows only: the head's forward and backward on every scored row, the
-        # others weighted 0, made the call that carries the update 4x a scoring call
-        # (bench_overlap); a boolean mask inside the compiled call keeps its input shapes
-        # fixed, so the varying number kept traces nothing.
+        # others weighted 0, was wasted work in the call that carries the update (the
+        # round's first unit, which must fit in a wait); a boolean mask inside the
+        # compiled call keeps its input shapes fixed, so the varying number kept traces
+        # nothing.
         keep = mask > 0
         features, y = tf.boolean_mask(features, keep), tf.boolean_mask(y, keep)
         with tf.GradientTape() as tape:
@@ -328,9 +330,9 @@ class EarlyExitScorer(Scorer):
 
     def _validate(self, element: Any, early: np.ndarray) -> None:
         """Spearman correlation of early-exit and full losses on the round's first source
-        batch: the full loss runs through every stage, and on the whole round (g batches) it
-        took about 0.3 ms of each 17 ms step of bench_overlap's 4-convolution pipeline
-        (cProfile), for a metric."""
+        batch: the full loss runs through every stage, and on the whole round (g=8 batches)
+        it took 12.5 ms against 2.1 ms on bench_overlap's 4-convolution model
+        (``scripts/bench_exit_calls.py``), every 20 rounds, for a metric."""
         x, y = _pair(element)
         rows = min(self.batch_size or len(early), len(early))
         full = self.full((x[:rows], y[:rows])).losses
@@ -367,8 +369,8 @@ class _Prepared:
     def joined(self) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray]:
         """((feature parts, label parts), losses, logits) of the whole round. The parts
         stay apart: joining 8 source batches' features at the round (tf.concat) took
-        0.4 ms on bench_overlap's 4-convolution model, while the later stages waited for
-        the losses; the head's update joins them, inside a wait where one has room."""
+        0.8 ms (``scripts/bench_exit_calls.py``), while the later stages waited for the
+        losses; the head's update joins them, inside a wait where one has room."""
         features, labels, losses, logits = (
             list(parts) for parts in zip(*self.results, strict=True)
         )
