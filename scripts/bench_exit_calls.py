@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench_dispatch import per_call_us  # noqa: E402
 from bench_overlap import ConvNet, load  # noqa: E402
 from bench_pipeline import write_section  # noqa: E402
 
@@ -50,14 +51,8 @@ B, G, CONVS = 128, 8, 4
 
 
 def median_ms(fn: Callable[[], Any], calls: int, rounds: int) -> float:
-    fn()  # traced and warm
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times) * 1e3
+    """``bench_dispatch.per_call_us`` (warm-up calls, then the median round), in ms."""
+    return per_call_us(fn, calls, rounds) / 1e3
 
 
 def cases(calls: int, rounds: int) -> dict[str, float]:
