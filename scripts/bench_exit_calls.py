@@ -1,8 +1,9 @@
 """Measures the calls the early-exit scorer makes per round, and where overlap puts them.
 
 With ``overlap=True`` stage 0 scores a round one source batch per call inside its waits
-for gradients; the round's first call also applies the exit head's update; what no wait
-had room for is scored in one call at the round, where every stage waits. This script
+for gradients; each call also computes the exit head's gradient on one source batch of
+the round before, and the round's first call applies the update (``exit_head.py``); what
+no wait had room for is scored in one call at the round, where every stage waits. This script
 times those calls on ``scripts/bench_overlap.py``'s 4-convolution model (exit after the
 first convolution, as there), in one process with one compute thread, B=128, g=8: the
 costs ``tfsift/sift/overlap.py``'s ``WaitModel`` estimates and the comments in
@@ -67,24 +68,30 @@ def cases(calls: int, rounds: int) -> dict[str, float]:
     scorer((x[: G * B], y[: G * B]))  # builds the model, the exit and the head
     assert scorer._last is not None
     (features,), (labels,) = scorer._last
+    head = scorer._head
     mask = tf.constant((np.arange(G * B) % 2).astype(np.float32))  # half kept
     xb, yb = tf.constant(x[:B]), tf.constant(y[:B])
     xg, yg = tf.constant(x[: G * B]), tf.constant(y[: G * B])
     parts = [tf.identity(features[i * B : (i + 1) * B]) for i in range(G)]
+    chunk = (parts[0], labels[:B], mask[:B])  # one source batch of the round before
+    sums, scale = head.grads(features, labels, mask), tf.constant(1 / (G * B // 2))
     out = {
         "score one source batch (exit layers and head)": median_ms(
-            lambda: scorer._score(xb, yb)[1].numpy(), calls, rounds
+            lambda: head._score(xb, yb)[1].numpy(), calls, rounds
         ),
-        "the head's update, then score one source batch (a round's first unit)": median_ms(
-            lambda: scorer._step_and_score(xb, yb, features, labels, mask)[1].numpy(),
+        "score one source batch and learn one of the round before (a unit)": median_ms(
+            lambda: head._learn_and_score(xb, yb, *chunk)[1].numpy(), calls, rounds
+        ),
+        "the same, after the head's update (a round's first unit)": median_ms(
+            lambda: head._apply_learn_and_score(xb, yb, sums, scale, *chunk)[1].numpy(),
             calls,
             rounds,
         ),
-        f"the head's update alone (half of {G} source batches kept)": median_ms(
-            lambda: scorer._head_step(features, labels, mask).numpy(), calls, rounds
+        f"the head's gradient on {G} source batches, half kept, in one call": median_ms(
+            lambda: head.grads(features, labels, mask)[0].numpy(), calls, rounds
         ),
         f"score {G} source batches in one call": median_ms(
-            lambda: scorer._score(xg, yg)[1].numpy(), calls, rounds
+            lambda: head._score(xg, yg)[1].numpy(), calls, rounds
         ),
         f"join {G} source batches' exit features (tf.concat)": median_ms(
             lambda: tf.concat(parts, 0).numpy(), calls, rounds
@@ -100,13 +107,13 @@ def cases(calls: int, rounds: int) -> dict[str, float]:
     for batches in range(2, G):  # sizes the scorer has not met: 1 and G were traced
         xs, ys = tf.constant(x[: batches * B]), tf.constant(y[: batches * B])
         start = time.perf_counter()
-        scorer._score(xs, ys)[1].numpy()
+        head._score(xs, ys)[1].numpy()
         firsts.append(time.perf_counter() - start - median_ms_once(scorer, xs, ys))
     out["first call of a new size, less a later call of it (2 to 7 batches)"] = (
         statistics.median(firsts) * 1e3
     )
     out["traces of the scoring function after those sizes"] = float(
-        scorer._score.function.experimental_get_tracing_count()
+        head._score.function.experimental_get_tracing_count()
     )
     return out
 
@@ -116,7 +123,7 @@ def median_ms_once(scorer: EarlyExitScorer, xs: tf.Tensor, ys: tf.Tensor) -> flo
     times = []
     for _ in range(5):
         start = time.perf_counter()
-        scorer._score(xs, ys)[1].numpy()
+        scorer._head._score(xs, ys)[1].numpy()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -135,12 +142,14 @@ def markdown(results: dict[str, float], calls: int, rounds: int) -> str:
             f"model, exit after the first convolution, B={B}, g={G}. Median of {rounds} "
             f"rounds of {calls} calls.",
             "| call | milliseconds (or count) |\n|---|---|\n" + rows,
-            "With overlap, stage 0 makes the unit calls (rows 1 and 2) inside its waits "
+            "With overlap, stage 0 makes the unit calls (rows 2 and 3) inside its waits "
             "for gradients, which is why `WaitModel` prices the round's first unit apart; "
-            "what no wait had room for is one call at the round (row 4, or fewer "
-            "batches), and the head's update joins the round's features inside a wait "
-            "(row 5 is what joining them at the round cost). The Spearman check runs "
-            "the full model on one source batch every 20 rounds (row 6, not row 7). A "
+            "each learns one source batch of the round before, where the head's update "
+            "used to learn all of them in the first unit (row 4 is that gradient alone); "
+            "what no wait had room for is one call at the round (row 5, or fewer "
+            "batches); row 6 is what joining a round's features at the round cost. The "
+            "Spearman check runs the full model on one source batch every 20 rounds "
+            "(row 7, not row 8). A "
             "call of a size the scorer has not met costs a lookup, not a trace: the "
             "scoring function stays at two traces.",
         ]

@@ -114,7 +114,7 @@ def main() -> None:
             step_losses.append(float(loss.reduce_mean()))
     head = getattr(sifted.sifter.scorer, "_head", None)  # early exit: on stage 0 only
     report(
-        head=[float(np.sum(w.numpy())) for w in head.weights] if head is not None else None,
+        head=[float(np.sum(w.numpy())) for w in head.model.weights] if head is not None else None,
         rank=tfsift.rank(),
         stage=tfsift.mp_rank(),
         replica=tfsift.dp_rank(),

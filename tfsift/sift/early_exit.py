@@ -8,11 +8,13 @@ stage 0 alone: the scored batch never traverses the pipeline. Stage 0 broadcasts
 losses to the other stages of its pipeline (a duplicate of the pipeline communicator),
 so every rank keeps the same samples.
 
-The head learns online from the features the scoring pass already computed: after
-each selection one gradient step on the kept samples (during the delay, on all), with
-the user's loss and its own Adam optimizer (``exit_lr``); no gradient reaches the
-trunk. Its gradients are averaged over the replicas and its initial weights are
-broadcast from replica 0, so the head is the same on every replica. Every
+The head learns online from the features the scoring pass already computed: one
+gradient step per round on the kept samples (during the delay, on all), with the
+user's loss and its own Adam optimizer (``exit_lr``), computed by the calls that score
+the next round and applied by the first call of the round after (``exit_head``); no
+gradient reaches the trunk. Its gradients are averaged over the replicas and its
+initial weights are broadcast from replica 0, so the head is the same on every
+replica. Every
 ``VALIDATE_EVERY`` rounds the full pipelined loss is computed on the round's first source
 batch and the Spearman rank correlation between the two is reported as ``exit_spearman``.
 """
@@ -21,21 +23,19 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import bcast_from_stage
-from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.graph import StageGraph
 from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
+from tfsift.sift.exit_head import ExitHead
 from tfsift.sift.overlap import BATCH, UPDATE, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import (
@@ -74,14 +74,10 @@ class EarlyExitScorer(Scorer):
         self._built = False
         self._rounds = 0
         # features and labels of the last scoring, in parts (a round scored in several
-        # calls), joined only where the head's update needs them
+        # calls): the head learns them one source batch per call (``exit_head``)
         self._last: tuple[list[Any], list[Any]] | None = None
         self._pending: dict[str, Any] | None = None  # a loaded state, applied once built
         self._prepared: _Prepared | None = None  # overlap: the round scored during steps
-        # The head's update from the last selection, applied by the next scoring call
-        # (one compiled call instead of two: ("step", feature parts, label parts, mask)
-        # with one replica, ("apply", grads) with the gradients averaged over replicas).
-        self._update: tuple[Any, ...] | None = None
         self._idle = _IdleScoring(self)
         self.overlapped = 0  # rounds scored entirely during training steps
         self.scored_while_waiting = 0  # their source batches scored during training steps
@@ -99,7 +95,7 @@ class EarlyExitScorer(Scorer):
         if self._stage == 0:
             prepared = self._take_prepared(x)
             if prepared is None:
-                features, labels, out_losses, out_logits = self._compute(x, y)
+                features, labels, out_losses, out_logits = self._compute(x, y, None)
                 self._last = ([features], [labels])
                 losses, logits = out_losses.numpy(), out_logits.numpy()
             else:
@@ -165,49 +161,25 @@ class EarlyExitScorer(Scorer):
             # What no wait had room for, in one call. Its size varies, but tf.function
             # (reduce_retracing) traces one function of any batch size at the second
             # size it meets: a new size costs a lookup (about 0.9 ms once,
-            # scripts/bench_exit_calls.py), not a trace. Timed too, so
-            # that a batch's cost once overestimated (that trace) can come down.
-            self._idle.score(prepared, prepared.rest())
+            # scripts/bench_exit_calls.py), not a trace.
+            self._idle.score(prepared, prepared.rest(), None)
         return prepared.joined()
 
-    def _compute(self, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
+    def _compute(self, x: Any, y: Any, chunks: int | None) -> tuple[Any, Any, Any, Any]:
+        """One scoring call, which also learns ``chunks`` source batches of the last
+        round (``ExitHead.score``)."""
         labels = tf.convert_to_tensor(y)
-        x = tf.convert_to_tensor(x)
-        update, self._update = self._update, None
-        if update is None:
-            features, losses, logits = self._score(x, labels)
-        elif update[0] == "step":
-            features, losses, logits = self._step_and_score(
-                x, labels, *_joined(update[1:3]), update[3]
-            )
-        else:
-            features, losses, logits = self._apply_and_score(x, labels, update[1])
+        features, losses, logits = self._head.score(tf.convert_to_tensor(x), labels, chunks)
         return features, labels, losses, logits
 
     def learn(self, kept: np.ndarray) -> None:
-        """One gradient step of the head on the kept samples of the last scoring,
-        applied at the start of the next scoring call (or by ``state()``)."""
+        """The head learns the kept samples of the last scoring, during the next round's
+        scoring calls (``tfsift.sift.exit_head``)."""
         if self._stage != 0 or self._last is None:
             return
         features, y = self._last
-        mask = np.zeros(sum(int(part.shape[0]) for part in features), np.float32)
-        mask[kept] = 1.0
-        if self._group.replicas == 1:  # nothing to average: the whole step is deferred
-            self._update = ("step", features, y, tf.constant(mask))
-        else:
-            grads = self._head_grads(*_joined([features, y]), tf.constant(mask))
-            grads = [g.numpy() for g in grads]
-            grads = self._group.mean(grads)
-            self._update = ("apply", [tf.constant(g) for g in grads])
+        self._head.learn(features, y, kept, self.batch_size)
         self._last = None
-
-    def _flush(self) -> None:
-        """Applies a deferred head update now (before the head's weights are read)."""
-        update, self._update = self._update, None
-        if update is not None and update[0] == "step":
-            self._head_step(*_joined(update[1:3]), update[3])
-        elif update is not None:
-            self._apply(update[1])
 
     def warm(self, element: Any) -> None:
         """During the delay: no selection, but the head learns from every sample."""
@@ -219,27 +191,19 @@ class EarlyExitScorer(Scorer):
         """The head's weights and its optimizer's variables (stage 0), and the round count."""
         if not self._built or self._stage != 0:
             return {"rounds": self._rounds}
-        self._flush()
-        return {
-            "rounds": self._rounds,
-            "head": [w.numpy() for w in self._head.weights],
-            "optimizer": [v.numpy() for v in self._optimizer.variables],
-        }
+        return {"rounds": self._rounds, **self._head.state()}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restores ``state()``; the head is built at the next scoring and loaded then."""
         self._rounds = int(state["rounds"])
         self._pending = state if "head" in state else None
-        self._update = None
+        if self._built and self._stage == 0:
+            self._restore()
 
     def _restore(self) -> None:
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        for var, value in zip(self._head.weights, pending["head"], strict=True):
-            var.assign(value)
-        for var, value in zip(self._optimizer.variables, pending["optimizer"], strict=True):
-            var.assign(value)
+        if pending is not None:
+            self._head.load_state(pending)
 
     def _build(self, x: Any) -> None:
         if self._built:
@@ -262,16 +226,16 @@ class EarlyExitScorer(Scorer):
             exit_graph = _exit_graph(part.graph, part.bounds, exit_after, default)
             self._exit_graph = exit_graph
             feature_shape = tuple(part.graph.tensors[exit_graph.outputs[0]].shape[1:])
-            self._head = _make_head(self.config.exit_head, feature_shape, self._out_shape)
-            self._optimizer = keras.optimizers.Adam(self.config.exit_lr)
-            self._optimizer.build(self._head.trainable_variables)
-            self._score = Compiled(self._exit_losses, "early-exit scoring")
-            self._step_and_score = Compiled(self._train_and_score, "exit head step and scoring")
-            self._apply_and_score = Compiled(self._update_and_score, "exit head update and scoring")
-            self._head_grads = Compiled(self._masked_grads, "exit head gradients")
-            self._head_step = Compiled(self._train_head, "exit head step")
-            self._apply = Compiled(self._apply_grads, "exit head update")
-            self._sync_initial_weights()
+            self._head = ExitHead(
+                self.config.exit_head,
+                feature_shape,
+                self._out_shape,
+                self.loss,
+                self.config.exit_lr,
+                lambda x: exit_graph.run([x], False)[0],
+                self._group,
+            )
+            self._head.sync()
             self._restore()
         self._built = True
 
@@ -280,53 +244,6 @@ class EarlyExitScorer(Scorer):
         training microbatch (replica 0 measures; the replicas must build the same head)."""
         costs = profile(graph, training_microbatch(x, batch), 3)
         return cheap_exit([layer.forward_time for layer in costs.layers])
-
-    def _exit_losses(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Features at the exit, per-sample losses and predictions: one compiled call."""
-        features = self._exit_graph.run([x], False)[0]
-        predictions = self._head(features, training=False)
-        return features, tf.reshape(self.loss(y, predictions), [-1]), predictions
-
-    def _train_and_score(
-        self, x: tf.Tensor, y: tf.Tensor, features: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        # automatic control dependencies order the scoring's reads after the update
-        self._apply_grads(self._masked_grads(features, labels, mask))
-        return self._exit_losses(x, y)
-
-    def _update_and_score(
-        self, x: tf.Tensor, y: tf.Tensor, grads: list[Any]
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        self._apply_grads(grads)
-        return self._exit_losses(x, y)
-
-    def _train_head(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-        grads = self._masked_grads(features, y, mask)
-        self._apply_grads(grads)
-        return tf.constant(0)
-
-    def _apply_grads(self, grads: list[Any]) -> tf.Tensor:
-        self._optimizer.apply(grads, self._head.trainable_variables)
-        return tf.constant(0)
-
-    def _masked_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> list[Any]:
-        # The kept rows only: the head's forward and backward on every scored row, the
-        # others weighted 0, was wasted work in the call that carries the update (the
-        # round's first unit, which must fit in a wait); a boolean mask inside the
-        # compiled call keeps its input shapes fixed, so the varying number kept traces
-        # nothing.
-        keep = mask > 0
-        features, y = tf.boolean_mask(features, keep), tf.boolean_mask(y, keep)
-        with tf.GradientTape() as tape:
-            losses = tf.reshape(self.loss(y, self._head(features, training=True)), [-1])
-            count = tf.cast(tf.shape(losses)[0], losses.dtype)
-            loss = tf.reduce_sum(losses) / tf.maximum(count, 1.0)
-        return list(tape.gradient(loss, self._head.trainable_variables))
-
-    def _sync_initial_weights(self) -> None:
-        weights = self._group.bcast([w.numpy() for w in self._head.weights])
-        for var, value in zip(self._head.weights, weights, strict=True):
-            var.assign(value)
 
     def _validate(self, element: Any, early: np.ndarray) -> None:
         """Spearman correlation of early-exit and full losses on the round's first source
@@ -370,7 +287,7 @@ class _Prepared:
         """((feature parts, label parts), losses, logits) of the whole round. The parts
         stay apart: joining 8 source batches' features at the round (tf.concat) took
         0.8 ms (``scripts/bench_exit_calls.py``), while the later stages waited for the
-        losses; the head's update joins them, inside a wait where one has room."""
+        losses; the next round's calls learn them one source batch at a time."""
         features, labels, losses, logits = (
             list(parts) for parts in zip(*self.results, strict=True)
         )
@@ -392,27 +309,28 @@ class _IdleScoring:
             return False
         if not self.waits.allows(microbatch, waited, self._kind()):
             return False
-        self.score(prepared, prepared.next_rows())
+        self.score(prepared, prepared.next_rows(), 1)
         return True
 
-    def score(self, prepared: _Prepared, rows: tuple[Any, Any]) -> None:
-        """Scores ``rows`` of ``prepared`` and tells the ``WaitModel`` what it took."""
+    def score(self, prepared: _Prepared, rows: tuple[Any, Any], chunks: int | None) -> None:
+        """Scores ``rows`` of ``prepared`` (learning ``chunks`` source batches of the last
+        round: one in a unit, the rest in the call at the round) and tells the
+        ``WaitModel`` what it took."""
         kind, batches = self._kind(), int(np.asarray(rows[1]).shape[0]) / prepared.rows
-        start = time.perf_counter()
-        prepared.add(self.scorer._compute(*rows))
-        self.waits.unit(time.perf_counter() - start, kind, batches)
+        signatures, start = self.scorer._head.signatures, time.perf_counter()
+        prepared.add(self.scorer._compute(*rows, chunks))
+        # A call that traced took seconds: counted, it kept the units of its kind out of
+        # the waits for the rest of a short run (each of the head's four calls traces at
+        # its first use, and again at its second shape).
+        if self.scorer._head.signatures == signatures:
+            self.waits.unit(time.perf_counter() - start, kind, batches)
 
     def _kind(self) -> str:
         """The next call's kind: it applies the head's pending update first, if any."""
-        return BATCH if self.scorer._update is None else UPDATE
+        return UPDATE if self.scorer._head.applies_next else BATCH
 
     def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
         self.waits.arrived(microbatch, waited, exact)
-
-
-def _joined(parts: Any) -> list[Any]:
-    """Each list of tensors in ``parts`` as one tensor (rows in order)."""
-    return [tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0) for tensors in parts]
 
 
 def _advise(fraction: float, stages: int) -> None:
@@ -513,15 +431,3 @@ def _exit_graph(
         index = names.index(exit_after)
     node = graph.nodes[index]
     return StageGraph(tuple(graph.nodes[: index + 1]), graph.live(0), tuple(node.outputs[:1]))
-
-
-def _make_head(user: Any, feature_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Any:
-    head = user or keras.Sequential(
-        [
-            keras.layers.Flatten(),
-            keras.layers.Dense(math.prod(out_shape)),
-            keras.layers.Reshape(out_shape),
-        ]
-    )
-    head.build((None, *feature_shape))
-    return head

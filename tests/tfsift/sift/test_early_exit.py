@@ -1,5 +1,5 @@
-"""The early-exit scorer: its deferred head update (the same head, one compiled call less)
-and a round scored one source batch at a time while training steps wait (overlap)."""
+"""The early-exit scorer: its head's state, and a round scored one source batch at a time
+while training steps wait (overlap)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
 from tfsift.sift import early_exit
 from tfsift.sift.early_exit import EarlyExitScorer, cheap_exit, spearman
+from tfsift.sift.overlap import BATCH
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -56,26 +56,20 @@ def batches() -> list[tuple[np.ndarray, np.ndarray]]:
     return [(x[i], rng.integers(0, 3, 8)) for i in range(3)]
 
 
-def test_the_deferred_head_update_scores_as_an_immediate_one_would() -> None:
+def test_saving_the_head_mid_run_changes_nothing_that_follows() -> None:
     tfsift.init({})
     first, second, third = batches()
     kept = np.array([0, 2, 5])
-    deferred, immediate, frozen = scorer(first), scorer(first), scorer(first)
-    deferred.learn(kept)
-    immediate.learn(kept)
-    immediate._flush()  # applied now, in its own call
-    assert deferred._update is not None and immediate._update is None
-    after = deferred(second).losses
-    np.testing.assert_allclose(after, immediate(second).losses, rtol=1e-6)
-    # the update did change the head: a scorer that never learnt scores otherwise
-    assert np.abs(after - frozen(second).losses).max() > 1e-3
-    deferred.learn(kept)
-    immediate.learn(kept)
-    saved = deferred.state()  # flushes: the saved head includes the last update
-    immediate._flush()
-    for a, b in zip(saved["head"], immediate.state()["head"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
-    np.testing.assert_allclose(deferred(third).losses, immediate(third).losses, rtol=1e-6)
+    saving, plain, frozen = scorer(first), scorer(first), scorer(first)
+    for s in (saving, plain):
+        s.learn(kept)
+        s(second)
+        s.learn(kept)
+    saving.state()  # applies what is pending, computes what is queued
+    after = saving(third).losses
+    np.testing.assert_allclose(after, plain(third).losses, rtol=1e-6)
+    # the head did learn: a scorer that never learnt scores otherwise
+    assert np.abs(after - frozen(third).losses).max() > 1e-3
 
 
 def test_the_spearman_check_runs_the_full_loss_on_the_rounds_first_source_batch() -> None:
@@ -96,35 +90,15 @@ def test_the_spearman_check_runs_the_full_loss_on_the_rounds_first_source_batch(
     assert s.metrics["exit_spearman"] == pytest.approx(expected)
 
 
-def test_the_head_learns_the_mean_loss_of_the_kept_samples_only() -> None:
+def test_a_loaded_state_replaces_what_the_head_learnt_since() -> None:
     tfsift.init({})
-    first, _, _ = batches()
-    s = scorer(first)
-    assert s._last is not None
-    (features,), (labels,) = s._last  # one scoring call: one part each
-    mask = np.zeros(8, np.float32)
-    mask[[0, 2, 5]] = 1.0
-    grads = s._head_grads(features, labels, tf.constant(mask))
-    kept = tf.constant([0, 2, 5])
-    with tf.GradientTape() as tape:
-        predictions = s._head(tf.gather(features, kept), training=True)
-        loss = tf.reduce_mean(PER_SAMPLE(tf.gather(labels, kept), predictions))
-    expected = tape.gradient(loss, s._head.trainable_variables)
-    for got, want in zip(grads, expected, strict=True):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-7)
-    # none kept: no gradient (the update leaves the head where Adam's moments take it)
-    nothing = s._head_grads(features, labels, tf.zeros(8))
-    assert all(float(tf.reduce_max(tf.abs(g))) == 0.0 for g in nothing)
-
-
-def test_a_loaded_state_drops_an_update_not_yet_applied() -> None:
-    tfsift.init({})
-    first, second, _ = batches()
+    first, second, third = batches()
     s = scorer(first)
     saved = s.state()
-    s.learn(np.arange(8))
-    s.load_state(saved)
-    assert s._update is None
+    for element in (second, third, second):
+        s.learn(np.arange(8))
+        s(element)
+    s.load_state(saved)  # the scorer is built: the head is restored at once
     fresh = scorer(first)
     np.testing.assert_allclose(s(second).losses, fresh(second).losses, rtol=1e-6)
 
@@ -145,24 +119,40 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     assert idle is not None
     assert idle.run(0, 0.0) is False  # no wait seen yet: nothing may run
     idle.arrived(0, 60.0, True)  # microbatch 0's gradients took a minute to come
-    assert idle.run(0, 0.0) is True  # the first source batch (and the deferred head update)
-    assert chunked._update is None
+    assert idle.run(0, 0.0) is True  # the first source batch (learning the first's)
     assert idle.run(0, 0.0) is True  # the second
     assert idle.run(0, 0.0) is False  # nothing left
     scores = chunked(second)
     np.testing.assert_allclose(scores.losses, whole(second).losses, rtol=1e-6)
     assert chunked.metrics["overlapped_rounds"] == 1.0
     assert chunked.metrics["overlapped_fraction"] == 1.0
-    # the features of both batches are kept for the head's update, as one call keeps them
+    # the features of both batches are kept for the head to learn, as one call keeps them
     chunked.learn(kept)
     whole.learn(kept)
     # a round only half scored during steps: the rest is scored when it is sifted
     chunked.prepare(third)
     assert idle.run(0, 59.0) is False  # too late into the wait: a unit would not fit
+    assert chunked._head.applies_next  # the first round's update, with the first unit
     assert idle.run(0, 0.0) is True
+    assert not chunked._head.applies_next
     np.testing.assert_allclose(chunked(third).losses, whole(third).losses, rtol=1e-6)
     assert chunked.metrics["overlapped_rounds"] == 1.0
     assert chunked.metrics["overlapped_fraction"] == 3 / 4
+
+
+def test_a_unit_that_traced_says_nothing_about_a_units_cost() -> None:
+    tfsift.init({})
+    first, second, _ = batches()
+    s = overlap_scorer(first)
+    s.learn(np.array([0, 2, 5]))
+    s.prepare(second)
+    idle = STATE.idle_task
+    assert idle is not None
+    idle.arrived(0, 60.0, True)
+    assert idle.run(0, 0.0) is True  # the first call that also learns: it traces
+    assert s._idle.waits.costs == {}
+    assert idle.run(0, 0.0) is True  # the same call again, timed
+    assert set(s._idle.waits.costs) == {BATCH}
 
 
 def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
@@ -193,9 +183,9 @@ def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing()
             assert idle.run(0, 0.0) is True
         np.testing.assert_allclose(s(second).losses, expected, rtol=1e-6)
     # every leftover size 1..8 was scored once, in one call each
-    assert sorted(key[1][0][0][0] for key in s._score._concrete) == list(range(1, 9))
+    assert sorted(key[1][0][0][0] for key in s._head._score._concrete) == list(range(1, 9))
     # ... but traced twice: the whole round, then one function of any size
-    assert s._score.function.experimental_get_tracing_count() == 2
+    assert s._head._score.function.experimental_get_tracing_count() == 2
 
 
 @pytest.mark.parametrize(("units", "warned"), [(0, True), (1, False)])

@@ -305,7 +305,7 @@ def test_early_exit_scores_with_the_first_layers_and_a_head_that_learns() -> Non
     sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
     first = [ids(x) for x, _ in sifted]
     scorer = sifted.sifter.scorer
-    head = scorer._head
+    head = scorer._head.model
     assert [type(layer).__name__ for layer in head.layers] == ["Flatten", "Dense", "Reshape"]
     assert head.layers[1].kernel.shape == (16, 3)  # layer b's 16 features to the 3 logits
     # the kept samples are the highest early-exit losses of their batch, not the model's

@@ -1,0 +1,134 @@
+"""The exit head learns each round's kept rows in the next round's calls, one source batch
+per call, and applies their mean at the first call of the round after."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfsift
+from tfsift.parallel import runtime
+from tfsift.sift.exit_head import ExitHead
+from tfsift.sift.replicas import ReplicaGroup
+
+PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+LR = 0.1
+
+
+def head() -> ExitHead:
+    """A fresh head (the same weights every time) on 4 features, 3 classes."""
+    tfsift.init({})
+    keras.utils.set_random_seed(5)
+    return ExitHead(None, (4,), (3,), PER_SAMPLE, LR, tf.identity, ReplicaGroup(runtime.get()))
+
+
+def rounds() -> list[tuple[tf.Tensor, tf.Tensor]]:
+    rng = np.random.default_rng(1)
+    return [
+        (
+            tf.constant(rng.normal(size=(8, 4)).astype(np.float32)),
+            tf.constant(rng.integers(0, 3, 8)),
+        )
+        for _ in range(4)
+    ]
+
+
+def whole(h: ExitHead, x: tf.Tensor, y: tf.Tensor, kept: np.ndarray) -> np.ndarray:
+    """Scores a round in one call, then learns its ``kept`` rows."""
+    features, losses, _ = h.score(x, y, None)
+    h.learn([features], [y], kept, None)
+    return losses.numpy()
+
+
+def in_units(h: ExitHead, x: tf.Tensor, y: tf.Tensor, kept: np.ndarray) -> np.ndarray:
+    """Scores a round one source batch (4 rows) per call, as overlap does, then learns."""
+    calls = [h.score(x[i : i + 4], y[i : i + 4], 1) for i in (0, 4)]
+    h.learn([c[0] for c in calls], [y[:4], y[4:]], kept, 4)
+    return np.concatenate([c[1].numpy() for c in calls])
+
+
+def test_a_rounds_kept_rows_are_applied_by_the_first_call_two_rounds_later() -> None:
+    (x1, y1), (x2, y2), (x3, y3), _ = rounds()
+    kept = np.array([0, 2, 5])
+    h, frozen = head(), head()
+    reference = keras.models.clone_model(frozen.model)
+    reference.set_weights(frozen.model.get_weights())
+    whole(h, x1, y1, kept)
+    assert not h.applies_next
+    # round 2 is scored with the head round 1 started with: its calls compute round 1's
+    # gradients, nothing is applied yet
+    np.testing.assert_array_equal(whole(h, x2, y2, kept), frozen.score(x2, y2, None)[1].numpy())
+    assert h.applies_next
+    # round 3: one Adam step on the mean loss of round 1's kept rows, at the first head
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(PER_SAMPLE(tf.gather(y1, kept), reference(tf.gather(x1, kept))))
+    optimizer = keras.optimizers.Adam(LR)
+    optimizer.apply(
+        tape.gradient(loss, reference.trainable_variables), reference.trainable_variables
+    )
+    expected = PER_SAMPLE(y3, reference(x3)).numpy()
+    losses = h.score(x3, y3, None)[1]
+    np.testing.assert_allclose(losses.numpy(), expected, rtol=1e-5)
+    assert not h.applies_next  # applied by that call, which computed round 2's gradients
+
+
+def test_a_round_learnt_one_source_batch_per_call_equals_one_learnt_whole() -> None:
+    batched, single = head(), head()
+    kept = [np.array([0, 2, 5]), np.array([1, 7]), np.array([3, 4, 6]), np.array([0])]
+    for (x, y), k in zip(rounds(), kept, strict=True):
+        np.testing.assert_allclose(in_units(batched, x, y, k), whole(single, x, y, k), rtol=1e-5)
+    for a, b in zip(batched.model.weights, single.model.weights, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5)
+
+
+def test_a_head_saved_mid_round_continues_as_the_uninterrupted_one() -> None:
+    data, kept = rounds(), np.array([1, 2, 6])
+    uninterrupted, saving = head(), head()
+    for x, y in data[:2]:
+        whole(uninterrupted, x, y, kept)
+        in_units(saving, x, y, kept)
+    saved = saving.state()  # a flush: the pending update applied, round 2's gradients computed
+    assert saved["sums"] is not None and saved["kept"] == 3
+    loaded = head()
+    loaded.load_state(saved)
+    for x, y in data[2:]:
+        expected = whole(uninterrupted, x, y, kept)
+        np.testing.assert_allclose(in_units(saving, x, y, kept), expected, rtol=1e-5)
+        np.testing.assert_allclose(whole(loaded, x, y, kept), expected, rtol=1e-5)
+
+
+def test_a_state_saved_before_the_head_learnt_late_loads_with_nothing_pending() -> None:
+    h = head()
+    whole(h, *rounds()[0], np.arange(8))
+    old = {key: value for key, value in h.state().items() if key in ("head", "optimizer")}
+    loaded = head()
+    loaded.load_state(old)
+    assert loaded._sums is None and loaded._kept == 0 and not loaded.applies_next
+
+
+def test_the_gradient_is_of_the_kept_rows_summed_loss_only() -> None:
+    h = head()
+    x, y = rounds()[0]
+    mask = np.zeros(8, np.float32)
+    mask[[0, 2, 5]] = 1.0
+    grads = h.grads(x, y, tf.constant(mask))
+    kept = tf.constant([0, 2, 5])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(PER_SAMPLE(tf.gather(y, kept), h.model(tf.gather(x, kept))))
+    expected = tape.gradient(loss, h.model.trainable_variables)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-7)
+    nothing = h.grads(x, y, tf.zeros(8))
+    assert all(float(tf.reduce_max(tf.abs(g))) == 0.0 for g in nothing)
+
+
+def test_a_round_that_kept_nothing_applies_a_zero_gradient() -> None:
+    h = head()
+    (x1, y1), (x2, y2), _, _ = rounds()
+    whole(h, x1, y1, np.array([], np.int64))
+    whole(h, x2, y2, np.array([0]))
+    assert h._ready is not None
+    sums, scale = h._ready
+    assert float(scale) == 1.0  # 1 / max(kept, 1)
+    assert all(float(tf.reduce_max(tf.abs(g))) == 0.0 for g in sums)

@@ -1,0 +1,268 @@
+"""The early-exit head and how it learns: from each round's kept samples, one round late.
+
+The head takes one Adam step per sifted round on the exit features of the samples the
+policy kept, with the user's loss (no gradient reaches the trunk). Where that step runs
+matters on a pipeline: at the round every stage waits for stage 0, and as one call
+before the next round's scoring it took 3.2 ms in bench_overlap's 4-convolution
+pipeline against 0.6 ms for a unit that scores one source batch, longer than most of
+stage 0's waits for gradients, and the round's other units had to wait for it (they
+score with the updated head). So the step is spread over the calls that score the next
+round. Letters: r a round, b one source batch of it::
+
+    round r+1's calls:  apply mean(r-1), score b1 + sum grads(r, b1) | score b2 + grads(r, b2) | ...
+    at round r+1:       select -> learn(kept of r+1): mean(r) = sums(r) / kept(r)
+    round r+2's calls:  apply mean(r), score b1 + grads(r+1, b1) | ...
+
+A unit then costs a scoring and the gradient of one batch's kept rows, the first of a
+round also the optimizer's update, and every call of a round scores with the same head
+(the one learnt from the rounds up to two before), however overlap split the round.
+With several replicas the mean is averaged over them at the round, where the losses
+are gathered anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfsift.pipeline.compiled import Compiled
+from tfsift.sift.replicas import ReplicaGroup
+
+Grads = list[Any]
+Chunk = tuple[Any, Any, Any]  # features, labels, mask of kept rows (1.0) of one call
+
+
+class ExitHead:
+    """A head on the exit's features, its optimizer and its pending learning.
+
+    Example:
+        >>> head = ExitHead(None, (40, 32), (10,), loss, 1e-3, exit_features, group)
+        >>> features, losses, logits = head.score(x, y, chunks=None)
+        >>> head.learn([features], [y], kept=np.array([0, 3]), batch=None)
+    """
+
+    def __init__(
+        self,
+        user: Any,
+        feature_shape: tuple[int, ...],
+        out_shape: tuple[int, ...],
+        loss: Callable[..., Any],
+        lr: float,
+        features: Callable[[tf.Tensor], tf.Tensor],
+        group: ReplicaGroup,
+    ) -> None:
+        self.model = make_head(user, feature_shape, out_shape)
+        self.loss, self.group, self._features = loss, group, features
+        self.optimizer = keras.optimizers.Adam(lr)
+        self.optimizer.build(self.model.trainable_variables)
+        self._queue: list[tuple[Any, Any, np.ndarray, int, int]] = []  # round r's rows to learn
+        self._sums: Grads | None = None  # their summed gradients, as far as computed
+        self._kept = 0  # rows kept in round r
+        self._ready: tuple[Grads, tf.Tensor] | None = None  # round r-1's sums and 1/kept
+        self._score = Compiled(self._scored, "early-exit scoring")
+        self._learn_and_score = Compiled(self._learnt_and_scored, "exit head gradients and scoring")
+        self._apply_and_score = Compiled(self._applied_and_scored, "exit head update and scoring")
+        self._apply_learn_and_score = Compiled(self._all, "exit head update, gradients and scoring")
+        self.grads = Compiled(self._kept_grads, "exit head gradients")
+        self._apply = Compiled(self._apply_grads, "exit head update")
+
+    @property
+    def signatures(self) -> int:
+        """Argument signatures met so far by the compiled calls; one more after a call
+        means it traced or looked up a new shape, which its time says nothing about."""
+        calls = (self._score, self._learn_and_score, self._apply_and_score)
+        return sum(c.traces for c in (*calls, self._apply_learn_and_score))
+
+    @property
+    def applies_next(self) -> bool:
+        """Whether the next scoring call also applies the optimizer's update."""
+        return self._ready is not None
+
+    def score(self, x: Any, y: Any, chunks: int | None) -> tuple[Any, Any, Any]:
+        """Features, losses and predictions of ``(x, y)`` in one compiled call, which also
+        applies a pending update first and computes the gradients of the next ``chunks``
+        source batches of the round being learnt (``None``: all that are left)."""
+        ready, self._ready = self._ready, None
+        chunk = self._take(chunks)
+        if ready is None:
+            if chunk is None:
+                return self._unpacked(self._score(x, y))
+            return self._unpacked(self._learn_and_score(x, y, *chunk))
+        if chunk is None:
+            return self._unpacked(self._apply_and_score(x, y, *ready))
+        return self._unpacked(self._apply_learn_and_score(x, y, *ready, *chunk))
+
+    def _unpacked(self, out: Any) -> tuple[Any, Any, Any]:
+        """A call's features, losses, predictions; the gradient sums it returned, added."""
+        if len(out) == 4:
+            self._add(out[3])
+        return out[0], out[1], out[2]
+
+    def learn(
+        self, features: list[Any], labels: list[Any], kept: np.ndarray, batch: int | None
+    ) -> None:
+        """Round r's rows ``kept`` (positions over the parts ``features``/``labels`` of its
+        scoring) are learnt by the calls that score the next round, ``batch`` rows per
+        call; round r-1's gradients end here (with replicas: a collective)."""
+        self._finish()
+        mask = np.zeros(sum(int(part.shape[0]) for part in features), np.float32)
+        mask[kept] = 1.0
+        self._kept = len(kept)
+        self._queue = list(_chunks(features, labels, mask, batch))
+
+    def flush(self) -> None:
+        """Applies what is pending and computes what is queued (before the weights are
+        read): the calls after it then score and learn as they would have."""
+        self._apply_pending()
+        rest = self._take(None)
+        if rest is not None:
+            self._add(self.grads(*rest))
+
+    def sync(self) -> None:
+        """The weights of replica 0 on every replica (the head starts the same everywhere)."""
+        weights = self.group.bcast([w.numpy() for w in self.model.weights])
+        for var, value in zip(self.model.weights, weights, strict=True):
+            var.assign(value)
+
+    def state(self) -> dict[str, Any]:
+        """Weights, optimizer variables and the gradients learnt so far (after ``flush``)."""
+        self.flush()
+        sums = None if self._sums is None else [s.numpy() for s in self._sums]
+        return {
+            "head": [w.numpy() for w in self.model.weights],
+            "optimizer": [v.numpy() for v in self.optimizer.variables],
+            "sums": sums,
+            "kept": self._kept,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores ``state()``; learning queued or pending here is dropped."""
+        for var, value in zip(self.model.weights, state["head"], strict=True):
+            var.assign(value)
+        for var, value in zip(self.optimizer.variables, state["optimizer"], strict=True):
+            var.assign(value)
+        sums = state.get("sums")  # absent from states saved before the head learnt late
+        self._sums = None if sums is None else [tf.constant(s) for s in sums]
+        self._kept, self._queue, self._ready = int(state.get("kept", 0)), [], None
+
+    def _finish(self) -> None:
+        """Round r-1's gradients complete (what no call took, now), and their mean ready."""
+        self.flush()
+        sums, self._sums = self._sums, None
+        if sums is None:
+            return
+        scale = 1.0 / max(self._kept, 1)
+        if self.group.replicas > 1:
+            mean = self.group.mean([s.numpy() * scale for s in sums])
+            sums, scale = [tf.constant(g) for g in mean], 1.0
+        self._ready = (sums, tf.constant(scale, sums[0].dtype))
+
+    def _apply_pending(self) -> None:
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            self._apply(*ready)
+
+    def _take(self, chunks: int | None) -> Chunk | None:
+        """The next ``chunks`` queued source batches (all if None) as one chunk."""
+        count = len(self._queue) if chunks is None else min(chunks, len(self._queue))
+        if not count:
+            return None
+        taken, self._queue = self._queue[:count], self._queue[count:]
+        parts = [_rows(*item) for item in taken]
+        if len(parts) == 1:
+            return parts[0]
+        features, labels, mask = (list(p) for p in zip(*parts, strict=True))
+        return tf.concat(features, 0), tf.concat(labels, 0), tf.concat(mask, 0)
+
+    def _add(self, sums: Grads) -> None:
+        if self._sums is None:
+            self._sums = list(sums)
+        else:
+            self._sums = [a + b for a, b in zip(self._sums, sums, strict=True)]
+
+    def _scored(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        features = self._features(x)
+        predictions = self.model(features, training=False)
+        return features, tf.reshape(self.loss(y, predictions), [-1]), predictions
+
+    def _learnt_and_scored(
+        self, x: tf.Tensor, y: tf.Tensor, features: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor
+    ) -> tuple[Any, ...]:
+        return (*self._scored(x, y), self._kept_grads(features, labels, mask))
+
+    def _applied_and_scored(
+        self, x: tf.Tensor, y: tf.Tensor, sums: Grads, scale: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        # automatic control dependencies order the scoring's reads after the update
+        self._apply_grads(sums, scale)
+        return self._scored(x, y)
+
+    def _all(
+        self,
+        x: tf.Tensor,
+        y: tf.Tensor,
+        sums: Grads,
+        scale: tf.Tensor,
+        features: tf.Tensor,
+        labels: tf.Tensor,
+        mask: tf.Tensor,
+    ) -> tuple[Any, ...]:
+        self._apply_grads(sums, scale)
+        return self._learnt_and_scored(x, y, features, labels, mask)
+
+    def _apply_grads(self, sums: Grads, scale: tf.Tensor) -> tf.Tensor:
+        self.optimizer.apply([g * scale for g in sums], self.model.trainable_variables)
+        return tf.constant(0)
+
+    def _kept_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> Grads:
+        """The gradients of the kept rows' summed loss (their mean is taken at the round,
+        when the round's kept count is known). The kept rows only, through a boolean mask
+        inside the compiled call: the input shapes stay fixed, so the varying number kept
+        traces nothing, and the rows not kept cost no forward or backward."""
+        keep = mask > 0
+        features, y = tf.boolean_mask(features, keep), tf.boolean_mask(y, keep)
+        with tf.GradientTape() as tape:
+            losses = tf.reshape(self.loss(y, self.model(features, training=True)), [-1])
+            loss = tf.reduce_sum(losses)
+        return list(tape.gradient(loss, self.model.trainable_variables))
+
+
+def _chunks(
+    features: list[Any], labels: list[Any], mask: np.ndarray, batch: int | None
+) -> list[tuple[Any, Any, np.ndarray, int, int]]:
+    """The parts' rows in slices of ``batch`` (one slice per part if None), each with its
+    mask; sliced only when taken, inside a wait where the scoring runs in one."""
+    out, offset = [], 0
+    for part, y in zip(features, labels, strict=True):
+        rows = int(part.shape[0])
+        step = batch or rows
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            out.append((part, y, mask[offset + start : offset + stop], start, stop))
+        offset += rows
+    return out
+
+
+def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
+    whole = start == 0 and stop == int(part.shape[0])
+    if not whole:
+        part, y = part[start:stop], y[start:stop]
+    return part, y, tf.constant(mask)
+
+
+def make_head(user: Any, feature_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Any:
+    """The user's head, or flatten + Dense to the output's size, built for the features."""
+    head = user or keras.Sequential(
+        [
+            keras.layers.Flatten(),
+            keras.layers.Dense(math.prod(out_shape)),
+            keras.layers.Reshape(out_shape),
+        ]
+    )
+    head.build((None, *feature_shape))
+    return head
