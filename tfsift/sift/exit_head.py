@@ -173,7 +173,7 @@ class ExitHead:
         if not count:
             return None
         taken, self._queue = self._queue[:count], self._queue[count:]
-        parts = [_rows(*item) for item in taken]
+        parts = [_rows(*item) for item in _merged(taken)]
         if len(parts) == 1:
             return parts[0]
         features, labels, mask = (list(p) for p in zip(*parts, strict=True))
@@ -245,6 +245,21 @@ def _chunks(
             stop = min(start + step, rows)
             out.append((part, y, mask[offset + start : offset + stop], start, stop))
         offset += rows
+    return out
+
+
+def _merged(
+    chunks: list[tuple[Any, Any, np.ndarray, int, int]],
+) -> list[tuple[Any, Any, np.ndarray, int, int]]:
+    """Consecutive chunks of one part as one: taking a whole round scored in one call
+    must not slice its features into source batches only to join them again."""
+    out = chunks[:1]
+    for part, y, mask, start, stop in chunks[1:]:
+        last = out[-1]
+        if last[0] is part and last[4] == start:
+            out[-1] = (part, y, np.concatenate([last[2], mask]), last[3], stop)
+        else:
+            out.append((part, y, mask, start, stop))
     return out
 
 

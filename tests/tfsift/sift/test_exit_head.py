@@ -132,3 +132,14 @@ def test_a_round_that_kept_nothing_applies_a_zero_gradient() -> None:
     sums, scale = h._ready
     assert float(scale) == 1.0  # 1 / max(kept, 1)
     assert all(float(tf.reduce_max(tf.abs(g))) == 0.0 for g in sums)
+
+
+def test_a_round_learnt_whole_takes_its_features_as_they_are() -> None:
+    h = head()
+    x, y = rounds()[0]
+    features = h.score(x, y, None)[0]
+    h.learn([features], [y], np.array([1, 6]), 4)  # two chunks of 4 rows, queued
+    assert len(h._queue) == 2
+    chunk = h._take(None)
+    assert chunk is not None and chunk[0] is features  # not sliced and joined again
+    np.testing.assert_array_equal(chunk[2].numpy(), [0, 1, 0, 0, 0, 0, 1, 0])
