@@ -225,10 +225,10 @@ class EarlyExitScorer(Scorer):
                 )
             exit_graph = _exit_graph(part.graph, part.bounds, exit_after, default)
             self._exit_graph = exit_graph
-            feature_shape = tuple(part.graph.tensors[exit_graph.outputs[0]].shape[1:])
+            exit_tensor = part.graph.tensors[exit_graph.outputs[0]]
             self._head = ExitHead(
                 self.config.exit_head,
-                feature_shape,
+                tf.TensorSpec((None, *exit_tensor.shape[1:]), exit_tensor.dtype),
                 self._out_shape,
                 self.loss,
                 self.config.exit_lr,

@@ -140,7 +140,7 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     assert chunked.metrics["overlapped_fraction"] == 3 / 4
 
 
-def test_a_unit_that_traced_says_nothing_about_a_units_cost() -> None:
+def test_a_unit_that_met_a_new_signature_says_nothing_about_a_units_cost() -> None:
     tfsift.init({})
     first, second, _ = batches()
     s = overlap_scorer(first)
@@ -149,7 +149,7 @@ def test_a_unit_that_traced_says_nothing_about_a_units_cost() -> None:
     idle = STATE.idle_task
     assert idle is not None
     idle.arrived(0, 60.0, True)
-    assert idle.run(0, 0.0) is True  # the first call that also learns: it traces
+    assert idle.run(0, 0.0) is True  # the first call that also learns: a new signature
     assert s._idle.waits.costs == {}
     assert idle.run(0, 0.0) is True  # the same call again, timed
     assert set(s._idle.waits.costs) == {BATCH}
@@ -184,8 +184,20 @@ def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing()
         np.testing.assert_allclose(s(second).losses, expected, rtol=1e-6)
     # every leftover size 1..8 was scored once, in one call each
     assert sorted(key[1][0][0][0] for key in s._head._score._concrete) == list(range(1, 9))
-    # ... but traced twice: the whole round, then one function of any size
-    assert s._head._score.function.experimental_get_tracing_count() == 2
+    # ... but traced once, for any batch size, before the first call
+    assert s._head._score.function.experimental_get_tracing_count() == 1
+    # the same with the calls that also learn the round before and apply its update
+    for leftover in range(9):
+        s.learn(np.arange(0, 8, 2))
+        s.prepare(second)
+        for _ in range(8 - leftover):
+            assert idle.run(0, 0.0) is True
+        s(second)
+    head = s._head
+    calls = [head._score, head._learn_and_score, head._apply_and_score]
+    calls.append(head._apply_learn_and_score)
+    assert [c.function.experimental_get_tracing_count() for c in calls] == [1, 1, 1, 1]
+    assert head._learn_and_score.traces > 2 and head._apply_learn_and_score.traces == 2
 
 
 @pytest.mark.parametrize(("units", "warned"), [(0, True), (1, False)])

@@ -14,13 +14,14 @@ from tfsift.sift.replicas import ReplicaGroup
 
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 LR = 0.1
+FEATURES = tf.TensorSpec((None, 4), tf.float32)
 
 
 def head() -> ExitHead:
     """A fresh head (the same weights every time) on 4 features, 3 classes."""
     tfsift.init({})
     keras.utils.set_random_seed(5)
-    return ExitHead(None, (4,), (3,), PER_SAMPLE, LR, tf.identity, ReplicaGroup(runtime.get()))
+    return ExitHead(None, FEATURES, (3,), PER_SAMPLE, LR, tf.identity, ReplicaGroup(runtime.get()))
 
 
 def rounds() -> list[tuple[tf.Tensor, tf.Tensor]]:
