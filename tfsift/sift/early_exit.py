@@ -160,7 +160,7 @@ class EarlyExitScorer(Scorer):
         else:
             # What no wait had room for, in one call. Its size varies, but tf.function
             # (reduce_retracing) traces one function of any batch size at the second
-            # size it meets: a new size costs a lookup (about 0.9 ms once,
+            # size it meets: a new size costs a lookup (about 0.7 ms once,
             # scripts/bench_exit_calls.py), not a trace.
             self._idle.score(prepared, prepared.rest(), None)
         return prepared.joined()
@@ -248,7 +248,7 @@ class EarlyExitScorer(Scorer):
     def _validate(self, element: Any, early: np.ndarray) -> None:
         """Spearman correlation of early-exit and full losses on the round's first source
         batch: the full loss runs through every stage, and on the whole round (g=8 batches)
-        it took 12.5 ms against 2.0 ms on bench_overlap's 4-convolution model
+        it took 12.1 ms against 2.0 ms on bench_overlap's 4-convolution model
         (``scripts/bench_exit_calls.py``), every 20 rounds, for a metric."""
         x, y = _pair(element)
         rows = min(self.batch_size or len(early), len(early))

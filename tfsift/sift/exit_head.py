@@ -2,12 +2,12 @@
 
 The head takes one Adam step per sifted round on the exit features of the samples the
 policy kept, with the user's loss (no gradient reaches the trunk). Where that step runs
-matters on a pipeline: at the round every stage waits for stage 0, and as one call
-before the next round's scoring it took 3.2 ms in bench_overlap's 4-convolution
-pipeline against 0.6 ms for a unit that scores one source batch, longer than most of
-stage 0's waits for gradients, and the round's other units had to wait for it (they
-score with the updated head). So the step is spread over the calls that score the next
-round. Letters: r a round, b one source batch of it::
+matters on a pipeline: at the round every stage waits for stage 0, and as part of the
+next round's first scoring call it made that call 3.5x a plain one (1.35 against
+0.38 ms, ``scripts/bench_exit_calls.py`` at 779644c), too long for most of stage 0's
+waits for gradients, and the round's other units had to wait for it (they score with
+the updated head). So the step is spread over the calls that score the next round
+(now 0.68 against 0.54 ms). Letters: r a round, b one source batch of it::
 
     round r+1's calls:  apply mean(r-1), score b1 + sum grads(r, b1) | score b2 + grads(r, b2) | ...
     at round r+1:       select -> learn(kept of r+1): mean(r) = sums(r) / kept(r)
@@ -104,8 +104,7 @@ class ExitHead:
     def _trace(self, x: Any, y: Any) -> None:
         """Traces the four scoring calls for any batch size, before the first call. Each
         traced lazily at its first use and again at its second shape: 8 traces that
-        fell at random points of the first rounds, inside waits or at a round (a
-        4-convolution pipeline's step ranged 17 to 21 ms over short runs)."""
+        fell at random points of the first rounds, inside waits or at a round."""
         self._traced = True
         xs, ys = (tf.TensorSpec((None, *t.shape[1:]), t.dtype) for t in (x, y))
         variables = self.model.trainable_variables

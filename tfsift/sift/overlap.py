@@ -11,7 +11,7 @@ the last steps and how long a unit of each kind takes. The first unit of a round
 applies the exit head's update (``tfsift.sift.exit_head``): when that update learnt the
 whole round at once it took 3.5x a plain unit, and one estimate for both let it start
 where only a plain unit fits and then kept plain units out of waits they fit, so each
-kind has its own (now about 1.2x, ``scripts/bench_exit_calls.py``).
+kind has its own (now about 1.25x, ``scripts/bench_exit_calls.py``).
 
 Pure Python, no TensorFlow or MPI: the receive reports what it saw (``arrived``) and
 asks before each unit (``allows``).
