@@ -158,10 +158,9 @@ class EarlyExitScorer(Scorer):
         if prepared.done():
             self.overlapped += 1
         else:
-            # What no wait had room for, in one call. Its size varies, but tf.function
-            # (reduce_retracing) traces one function of any batch size at the second
-            # size it meets: a new size costs a lookup (about 0.7 ms once,
-            # scripts/bench_exit_calls.py), not a trace.
+            # What no wait had room for, in one call. Its size varies, but the scoring
+            # calls were traced for any batch size (ExitHead._trace): a new size costs
+            # a lookup (about 0.7 ms once, scripts/bench_exit_calls.py), not a trace.
             self._idle.score(prepared, prepared.rest(), None)
         return prepared.joined()
 
