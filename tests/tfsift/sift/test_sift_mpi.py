@@ -129,6 +129,16 @@ def test_overlap_scores_the_next_round_while_stage_0_waits_for_gradients() -> No
     assert reports[1]["metrics"]["overlapped_fraction"] == metrics["overlapped_fraction"]
 
 
+def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
+    # each replica's stage 0 scores its own units in its own waits, so the head's
+    # gradients are summed over different calls; their mean over the replicas is the same
+    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap")
+    check_lock_step(reports)
+    heads = [r["head"] for r in reports.values() if r["stage"] == 0]
+    assert len(heads) == 2 and heads[0] == heads[1]
+    assert all(r["metrics"]["overlapped_fraction"] > 0 for r in reports.values())
+
+
 @pytest.mark.parametrize(
     ("layout", "sleeper", "message"),
     [
