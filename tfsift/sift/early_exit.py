@@ -14,9 +14,9 @@ user's loss and its own Adam optimizer (``exit_lr``), computed by the calls that
 the next round and applied by the first call of the round after (``exit_head``); no
 gradient reaches the trunk. Its gradients are averaged over the replicas and its
 initial weights are broadcast from replica 0, so the head is the same on every
-replica. Every
-``VALIDATE_EVERY`` rounds the full pipelined loss is computed on the round's first source
-batch and the Spearman rank correlation between the two is reported as ``exit_spearman``.
+replica. Every ``VALIDATE_EVERY`` rounds the full pipelined loss is computed on the
+round's first source batch and the Spearman rank correlation between the two is
+reported as ``exit_spearman``.
 """
 
 from __future__ import annotations
@@ -187,13 +187,14 @@ class EarlyExitScorer(Scorer):
         self.learn(np.arange(n))
 
     def state(self) -> dict[str, Any]:
-        """The head's weights and its optimizer's variables (stage 0), and the round count."""
+        """The round count, and on stage 0 the head's weights, its optimizer's variables
+        and the gradients it has learnt so far (``ExitHead.state``)."""
         if not self._built or self._stage != 0:
             return {"rounds": self._rounds}
         return {"rounds": self._rounds, **self._head.state()}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restores ``state()``; the head is built at the next scoring and loaded then."""
+        """Restores ``state()``: at once if the head is built, else when it is built."""
         self._rounds = int(state["rounds"])
         self._pending = state if "head" in state else None
         if self._built and self._stage == 0:
