@@ -114,17 +114,26 @@ def markdown(results: dict[str, float], calls: int, rounds: int) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def timing_args(description: str, calls: int) -> argparse.Namespace:
+    """The options of a script that times calls with ``per_call_us`` (``calls`` per round)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/")
-    parser.add_argument("--calls", type=int, default=2000, help="calls per round")
+    parser.add_argument("--calls", type=int, default=calls, help="calls per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the median is kept")
-    args = parser.parse_args()
-    results = {name: per_call_us(fn, args.calls, args.rounds) for name, fn in cases().items()}
-    text = markdown(results, args.calls, args.rounds)
+    return parser.parse_args()
+
+
+def publish(text: str, args: argparse.Namespace, markers: tuple[str, str]) -> None:
+    """Prints ``text`` and, unless ``--no-docs``, writes it between ``markers`` of the docs."""
     print(text)
     if not args.no_docs:
-        write_section(text, DOC, (BEGIN, END))
+        write_section(text, DOC, markers)
+
+
+def main() -> None:
+    args = timing_args(__doc__.splitlines()[0], 2000)
+    results = {name: per_call_us(fn, args.calls, args.rounds) for name, fn in cases().items()}
+    publish(markdown(results, args.calls, args.rounds), args, (BEGIN, END))
 
 
 if __name__ == "__main__":

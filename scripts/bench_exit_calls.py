@@ -21,7 +21,6 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
-import argparse  # noqa: E402
 import datetime  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -37,16 +36,14 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_dispatch import per_call_us  # noqa: E402
+from bench_dispatch import per_call_us, publish, timing_args  # noqa: E402
 from bench_overlap import ConvNet, load  # noqa: E402
-from bench_pipeline import write_section  # noqa: E402
 
 import tfsift  # noqa: E402
 from tfsift.parallel import runtime  # noqa: E402
 from tfsift.sift.early_exit import EarlyExitScorer  # noqa: E402
 from tfsift.sift.replicas import ReplicaGroup  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- exit-calls:begin -->", "<!-- exit-calls:end -->"
 B, G, CONVS = 128, 8, 4
 
@@ -164,16 +161,9 @@ def commit() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-docs", action="store_true", help="do not write docs/")
-    parser.add_argument("--calls", type=int, default=50, help="calls per round")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds; the median is kept")
-    args = parser.parse_args()
+    args = timing_args(__doc__.splitlines()[0], 50)
     results = cases(args.calls, args.rounds)
-    text = markdown(results, args.calls, args.rounds)
-    print(text)
-    if not args.no_docs:
-        write_section(text, DOC, (BEGIN, END))
+    publish(markdown(results, args.calls, args.rounds), args, (BEGIN, END))
 
 
 if __name__ == "__main__":

@@ -319,9 +319,10 @@ class _IdleScoring:
         kind, batches = self._kind(), int(np.asarray(rows[1]).shape[0]) / prepared.rows
         signatures, start = self.scorer._head.signatures, time.perf_counter()
         prepared.add(self.scorer._compute(*rows, chunks))
-        # A call that traced took seconds: counted, it kept the units of its kind out of
-        # the waits for the rest of a short run (each of the head's four calls traces at
-        # its first use, and again at its second shape).
+        # A call that met a new signature (a trace of seconds while the head's calls
+        # were traced lazily; a lookup of about 0.7 ms since) says nothing about a
+        # unit's cost: counted, a trace kept the units of its kind out of the waits for
+        # the rest of a short run.
         if self.scorer._head.signatures == signatures:
             self.waits.unit(time.perf_counter() - start, kind, batches)
 
