@@ -61,9 +61,14 @@ class ExitHead:
         self.loss, self.group, self._features = loss, group, features
         self._feature, self._traced = feature, False
         self.optimizer = keras.optimizers.Adam(lr)
-        self.optimizer.build(self.model.trainable_variables)
+        head_vars = self.model.trainable_variables
+        self.optimizer.build(head_vars)
         self._queue: list[tuple[Any, Any, np.ndarray, int, int]] = []  # round r's rows to learn
-        self._sums: Grads | None = None  # their summed gradients, as far as computed
+        # Their summed gradients, as far as computed, added inside the compiled calls:
+        # added eagerly, one op per variable after each call, they took 0.13 ms of a
+        # 1.05 ms unit in bench_overlap's pipeline (a throwaway profile).
+        self._sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in head_vars]
+        self._learnt = 0  # calls that added to them since round r-1's ended
         self._kept = 0  # rows kept in round r
         self._ready: tuple[Grads, tf.Tensor] | None = None  # round r-1's sums and 1/kept
         self._score = Compiled(self._scored, "early-exit scoring")
@@ -71,6 +76,7 @@ class ExitHead:
         self._apply_and_score = Compiled(self._applied_and_scored, "exit head update and scoring")
         self._apply_learn_and_score = Compiled(self._all, "exit head update, gradients and scoring")
         self.grads = Compiled(self._kept_grads, "exit head gradients")
+        self._learn = Compiled(self._add_grads, "exit head gradients, summed")
         self._apply = Compiled(self._apply_grads, "exit head update")
 
     @property
@@ -94,12 +100,13 @@ class ExitHead:
         ready, self._ready = self._ready, None
         chunk = self._take(chunks)
         if ready is None:
-            if chunk is None:
-                return self._unpacked(self._score(x, y))
-            return self._unpacked(self._learn_and_score(x, y, *chunk))
-        if chunk is None:
-            return self._unpacked(self._apply_and_score(x, y, *ready))
-        return self._unpacked(self._apply_learn_and_score(x, y, *ready, *chunk))
+            out = self._score(x, y) if chunk is None else self._learn_and_score(x, y, *chunk)
+        elif chunk is None:
+            out = self._apply_and_score(x, y, *ready)
+        else:
+            out = self._apply_learn_and_score(x, y, *ready, *chunk)
+        features, losses, predictions = out
+        return features, losses, predictions
 
     def _trace(self, x: Any, y: Any) -> None:
         """Traces the four scoring calls for any batch size, before the first call. Each
@@ -117,12 +124,6 @@ class ExitHead:
         self._learn_and_score.function.get_concrete_function(xs, ys, *chunk)
         self._apply_and_score.function.get_concrete_function(xs, ys, *ready)
         self._apply_learn_and_score.function.get_concrete_function(xs, ys, *ready, *chunk)
-
-    def _unpacked(self, out: Any) -> tuple[Any, Any, Any]:
-        """A call's features, losses, predictions; the gradient sums it returned, added."""
-        if len(out) == 4:
-            self._add(out[3])
-        return out[0], out[1], out[2]
 
     def learn(
         self, features: list[Any], labels: list[Any], kept: np.ndarray, batch: int | None
@@ -142,7 +143,7 @@ class ExitHead:
         self._apply_pending()
         rest = self._take(None)
         if rest is not None:
-            self._add(self.grads(*rest))
+            self._learn(*rest)
 
     def sync(self) -> None:
         """The weights of replica 0 on every replica (the head starts the same everywhere)."""
@@ -153,7 +154,7 @@ class ExitHead:
     def state(self) -> dict[str, Any]:
         """Weights, optimizer variables and the gradients learnt so far (after ``flush``)."""
         self.flush()
-        sums = None if self._sums is None else [s.numpy() for s in self._sums]
+        sums = [s.numpy() for s in self._sums] if self._learnt else None
         return {
             "head": [w.numpy() for w in self.model.weights],
             "optimizer": [v.numpy() for v in self.optimizer.variables],
@@ -168,20 +169,26 @@ class ExitHead:
         for var, value in zip(self.optimizer.variables, state["optimizer"], strict=True):
             var.assign(value)
         sums = state.get("sums")  # absent from states saved before the head learnt late
-        self._sums = None if sums is None else [tf.constant(s) for s in sums]
+        zeros = [np.zeros(v.shape) for v in self._sums]
+        for var, value in zip(self._sums, sums or zeros, strict=True):
+            var.assign(tf.cast(value, var.dtype))
+        self._learnt = 0 if sums is None else 1
         self._kept, self._queue, self._ready = int(state.get("kept", 0)), [], None
 
     def _finish(self) -> None:
         """Round r-1's gradients complete (what no call took, now), and their mean ready."""
         self.flush()
-        sums, self._sums = self._sums, None
-        if sums is None:
+        if not self._learnt:
             return
-        scale = 1.0 / max(self._kept, 1)
+        # a copy: round r's gradients are summed into the same variables from now on
+        sums, scale = [s.numpy() for s in self._sums], 1.0 / max(self._kept, 1)
+        for var in self._sums:
+            var.assign(tf.zeros_like(var))
+        self._learnt = 0
         if self.group.replicas > 1:
-            mean = self.group.mean([s.numpy() * scale for s in sums])
-            sums, scale = [tf.constant(g) for g in mean], 1.0
-        self._ready = (sums, tf.constant(scale, sums[0].dtype))
+            sums, scale = self.group.mean([s * scale for s in sums]), 1.0
+        ready = [tf.constant(s) for s in sums]
+        self._ready = (ready, tf.constant(scale, ready[0].dtype))
 
     def _apply_pending(self) -> None:
         ready, self._ready = self._ready, None
@@ -194,17 +201,12 @@ class ExitHead:
         if not count:
             return None
         taken, self._queue = self._queue[:count], self._queue[count:]
+        self._learnt += 1
         parts = [_rows(*item) for item in _merged(taken)]
         if len(parts) == 1:
             return parts[0]
         features, labels, mask = (list(p) for p in zip(*parts, strict=True))
         return tf.concat(features, 0), tf.concat(labels, 0), tf.concat(mask, 0)
-
-    def _add(self, sums: Grads) -> None:
-        if self._sums is None:
-            self._sums = list(sums)
-        else:
-            self._sums = [a + b for a, b in zip(self._sums, sums, strict=True)]
 
     def _scored(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         features = self._features(x)
@@ -213,8 +215,9 @@ class ExitHead:
 
     def _learnt_and_scored(
         self, x: tf.Tensor, y: tf.Tensor, features: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor
-    ) -> tuple[Any, ...]:
-        return (*self._scored(x, y), self._kept_grads(features, labels, mask))
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        self._add_grads(features, labels, mask)
+        return self._scored(x, y)
 
     def _applied_and_scored(
         self, x: tf.Tensor, y: tf.Tensor, sums: Grads, scale: tf.Tensor
@@ -232,12 +235,18 @@ class ExitHead:
         features: tf.Tensor,
         labels: tf.Tensor,
         mask: tf.Tensor,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         self._apply_grads(sums, scale)
         return self._learnt_and_scored(x, y, features, labels, mask)
 
     def _apply_grads(self, sums: Grads, scale: tf.Tensor) -> tf.Tensor:
         self.optimizer.apply([g * scale for g in sums], self.model.trainable_variables)
+        return tf.constant(0)
+
+    def _add_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        """Adds the kept rows' gradients to the round's sums (``_kept_grads``)."""
+        for total, grad in zip(self._sums, self._kept_grads(features, y, mask), strict=True):
+            total.assign_add(grad)
         return tf.constant(0)
 
     def _kept_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> Grads:

@@ -105,7 +105,7 @@ def test_a_state_saved_before_the_head_learnt_late_loads_with_nothing_pending() 
     old = {key: value for key, value in h.state().items() if key in ("head", "optimizer")}
     loaded = head()
     loaded.load_state(old)
-    assert loaded._sums is None and loaded._kept == 0 and not loaded.applies_next
+    assert loaded._learnt == 0 and loaded._kept == 0 and not loaded.applies_next
 
 
 def test_the_gradient_is_of_the_kept_rows_summed_loss_only() -> None:
