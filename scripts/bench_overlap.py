@@ -80,6 +80,10 @@ VARIANTS = {
 }
 
 
+# what overlap had to work with: stage 0's expected wait per step, a unit's cost there
+ROOM = ("overlap_wait_ms", "overlap_unit_ms")
+
+
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -100,7 +104,8 @@ def time_variant(
 ) -> tuple[float, list[float]]:
     """Seconds per optimizer step of one variant (after its warm-up steps), and this
     rank's seconds per step waiting for the next batch, in the step, and in the update,
-    and the fraction of source batches scored while stage 0 waited (overlap only)."""
+    the fraction of source batches scored while stage 0 waited, the milliseconds it
+    expected to wait per step and a unit's cost there (overlap only)."""
     keras.utils.set_random_seed(0)
     model = ConvNet(convs)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -142,8 +147,9 @@ def time_variant(
         stamps.append(time.perf_counter())
         if i >= args.warmup:
             split += [t1 - t0, t2 - t1, stamps[-1] - t2]
-    overlapped = tfsift.sift_metrics().get("overlapped_fraction", 0.0) if options else 0.0
-    return (stamps[-1] - stamps[args.warmup - 1]) / args.steps, [*split / args.steps, overlapped]
+    metrics = tfsift.sift_metrics() if options else {}
+    overlap = [metrics.get(k, 0.0) for k in ("overlapped_fraction", *ROOM)]
+    return (stamps[-1] - stamps[args.warmup - 1]) / args.steps, [*split / args.steps, *overlap]
 
 
 def main() -> None:
@@ -175,7 +181,7 @@ def bench_model(
             splits[name].append(split)
             if tfsift.rank() == 0:
                 print(f"repeat {r + 1}: {name}: {times[name][-1] * 1e3:.1f} ms/step", flush=True)
-    # every rank's median split, per variant: [[data, step, update, overlapped] per rank]
+    # every rank's median split, per variant: [[data, step, update, overlapped, *ROOM] per rank]
     mine = {name: np.median(np.array(splits[name]), axis=0).tolist() for name in names}
     every = MPI.COMM_WORLD.gather(mine, root=0)
     if every is not None:  # rank 0
@@ -189,11 +195,16 @@ def bench_model(
             print(f"| {name} | {med * 1e3:.1f} | {lo:.1f} to {hi:.1f} | {med / base:.2f}x |")
         print("\nWhere each rank's step goes (ms per step, medians: next batch / step / update)")
         ranks = range(len(every))
-        print("\n| variant | " + " | ".join(f"rank {r}" for r in ranks) + " | scored waiting |")
-        print("| --- |" + " --- |" * (len(every) + 1))
+        print(
+            "\n| variant | " + " | ".join(f"rank {r}" for r in ranks) + " | scored waiting "
+            "| stage 0 waits per step / a unit (ms) |"
+        )
+        print("| --- |" + " --- |" * (len(every) + 2))
         for name in names:
             cells = [" / ".join(f"{v * 1e3:.1f}" for v in split[name][:3]) for split in every]
-            print(f"| {name} | " + " | ".join(cells) + f" | {every[0][name][3]:.0%} |")
+            wait, unit = every[0][name][4:6]
+            room = f"{wait:.1f} / {unit:.2f}" if "overlap" in name else ""
+            print(f"| {name} | " + " | ".join(cells) + f" | {every[0][name][3]:.0%} | {room} |")
 
 
 if __name__ == "__main__":

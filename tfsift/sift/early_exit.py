@@ -105,6 +105,8 @@ class EarlyExitScorer(Scorer):
         if self.config.overlap:
             self.metrics["overlapped_rounds"] = float(overlapped[0])
             self.metrics["overlapped_fraction"] = float(overlapped[1])
+            self.metrics["overlap_wait_ms"] = float(overlapped[2])
+            self.metrics["overlap_unit_ms"] = float(overlapped[3])
         self._rounds += 1
         if self._rounds % VALIDATE_EVERY == 1:
             self._validate(element, losses)
@@ -112,14 +114,20 @@ class EarlyExitScorer(Scorer):
         return Scores(np.asarray(losses), logits, labels)
 
     def _share(self, n: int, losses: Any, logits: Any) -> tuple[np.ndarray, Any, np.ndarray]:
-        """Stage 0's losses (logits, overlap counts) on every stage of the pipeline,
+        """Stage 0's losses (logits, overlap counts and estimates) on every stage of the pipeline,
         broadcast without blocking: a stalled stage 0 ends the job after ``timeout``."""
+        waits = self._idle.waits
         overlapped = np.array(
-            [self.overlapped, self.scored_while_waiting / max(self.scored_chunks, 1)]
+            [
+                self.overlapped,
+                self.scored_while_waiting / max(self.scored_chunks, 1),
+                1e3 * waits.room(),
+                1e3 * waits.unit_cost(),
+            ]
         )
         if self._pipe.Get_size() == 1:
             return losses, logits if self.needs_logits else None, overlapped
-        buffer = np.empty(n + 2, np.float64)
+        buffer = np.empty(n + len(overlapped), np.float64)
         values = np.empty((n, *self._out_shape) if self.needs_logits else 0, np.float64)
         if self._stage == 0:
             buffer[:n], buffer[n:] = losses, overlapped
@@ -154,7 +162,8 @@ class EarlyExitScorer(Scorer):
         self.scored_chunks += prepared.chunks
         self.prepared_rounds += 1
         if self.prepared_rounds == ADVICE_AFTER and self._group.replica == 0:
-            _advise(self.scored_while_waiting / self.scored_chunks, self._pipe.Get_size())
+            fraction = self.scored_while_waiting / self.scored_chunks
+            _advise(fraction, self._pipe.Get_size(), self._idle.waits)
         if prepared.done():
             self.overlapped += 1
         else:
@@ -334,22 +343,25 @@ class _IdleScoring:
         self.waits.arrived(microbatch, waited, exact)
 
 
-def _advise(fraction: float, stages: int) -> None:
+def _advise(fraction: float, stages: int, waits: WaitModel) -> None:
     """Warns when overlap scored less than ``LOW_OVERLAP`` of its batches in waits."""
     if fraction >= LOW_OVERLAP:
         return
     where = (
         "with one stage nothing waits for gradients"
         if stages == 1
-        else "stage 0's waits on this cut are short (it is the slowest stage, or a source "
-        "batch takes longer than they last)"
+        else "stage 0's waits on this cut are short: it waited about "
+        f"{1e3 * waits.room():.1f} ms per step for gradients, and scoring a source batch "
+        f"took {1e3 * waits.unit_cost():.1f} ms there (it is the slowest stage, "
+        "or a source batch takes longer than its waits last)"
     )
     log.warning(
         "tfsift.sift: overlap scored %.0f%% of the source batches of its first %d rounds "
         "while stage 0 waited for gradients; the rest was scored between steps, where every "
         "stage waits for it. Overlap pays only where stage 0 waits, and %s: put fewer "
         "layers on stage 0 (tfsift.partition with auto_partition=False) or exit earlier "
-        "(exit_after). sift_metrics()['overlapped_fraction'] tracks it.",
+        "(exit_after). sift_metrics()['overlapped_fraction'] tracks it, and "
+        "['overlap_wait_ms'] and ['overlap_unit_ms'] what it is made of.",
         100 * fraction,
         ADVICE_AFTER,
         where,

@@ -54,6 +54,18 @@ class WaitModel:
         expected = self.expected.get(microbatch, 0.0) * MARGIN
         return elapsed + self.costs.get(kind, 0.0) < expected
 
+    def room(self) -> float:
+        """Seconds stage 0 is expected to wait for gradients per step: the expected waits
+        of every microbatch seen. Against the cost of the units a step needs (a source
+        batch per unit, 1 / kept fraction per step), it says how much scoring can hide."""
+        return sum(self.expected.values())
+
+    def unit_cost(self) -> float:
+        """Seconds a unit takes: a plain one, or where none has run yet (rounds of one
+        source batch) the round's first, which also applies the head's update; 0 before
+        any unit ran."""
+        return self.costs.get(BATCH, self.costs.get(UPDATE, 0.0))
+
     def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
         """The receive of ``microbatch`` ended ``waited`` seconds after it was posted.
 

@@ -13,8 +13,8 @@ import pytest
 import tfsift
 from tfsift.parallel import runtime
 from tfsift.sift import early_exit
-from tfsift.sift.early_exit import EarlyExitScorer, cheap_exit, spearman
-from tfsift.sift.overlap import BATCH
+from tfsift.sift.early_exit import LOW_OVERLAP, EarlyExitScorer, cheap_exit, spearman
+from tfsift.sift.overlap import BATCH, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -126,6 +126,9 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     np.testing.assert_allclose(scores.losses, whole(second).losses, rtol=1e-6)
     assert chunked.metrics["overlapped_rounds"] == 1.0
     assert chunked.metrics["overlapped_fraction"] == 1.0
+    # what overlap had to work with: the waits seen (one of a minute) and a unit's cost
+    assert chunked.metrics["overlap_wait_ms"] == 60e3
+    assert chunked.metrics["overlap_unit_ms"] == 1e3 * idle.waits.unit_cost() > 0
     # the features of both batches are kept for the head to learn, as one call keeps them
     chunked.learn(kept)
     whole.learn(kept)
@@ -223,10 +226,34 @@ def test_overlap_that_finds_no_room_in_the_waits_says_so_once(
         "waits for it. Overlap pays only where stage 0 waits, and with one stage nothing "
         "waits for gradients: put fewer layers on stage 0 (tfsift.partition with "
         "auto_partition=False) or exit earlier (exit_after). "
-        "sift_metrics()['overlapped_fraction'] tracks it."
+        "sift_metrics()['overlapped_fraction'] tracks it, and ['overlap_wait_ms'] and "
+        "['overlap_unit_ms'] what it is made of."
     ]
     advice = [m for m in caplog.messages if m.startswith("tfsift.sift: overlap")]
     assert advice == (expected if warned else [])  # half in waits: no warning
+
+
+def test_the_advice_on_a_pipeline_says_how_long_stage_0_waited_and_a_unit_took(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    waits = WaitModel()
+    waits.arrived(0, 0.0012, exact=True)
+    waits.arrived(3, 0.0003, exact=True)
+    waits.unit(0.0011)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        early_exit._advise(0.2, 2, waits)
+        early_exit._advise(LOW_OVERLAP, 2, waits)  # enough in waits: no advice
+    assert caplog.messages == [
+        "tfsift.sift: overlap scored 20% of the source batches of its first 50 rounds while "
+        "stage 0 waited for gradients; the rest was scored between steps, where every stage "
+        "waits for it. Overlap pays only where stage 0 waits, and stage 0's waits on this "
+        "cut are short: it waited about 1.5 ms per step for gradients, and scoring a source "
+        "batch took 1.1 ms there (it is the slowest stage, or a source batch takes longer "
+        "than its waits last): put fewer layers on stage 0 (tfsift.partition with "
+        "auto_partition=False) or exit earlier (exit_after). "
+        "sift_metrics()['overlapped_fraction'] tracks it, and ['overlap_wait_ms'] and "
+        "['overlap_unit_ms'] what it is made of."
+    ]
 
 
 @pytest.mark.parametrize(

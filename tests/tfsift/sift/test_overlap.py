@@ -69,3 +69,21 @@ def test_a_call_of_several_batches_counts_one_unit_of_its_kind_and_plain_batches
     waits.unit(0.008, BATCH, batches=4)  # what no wait had room for: 2 ms a batch
     waits.unit(0.013, UPDATE, batches=4)  # 3 plain batches, and the update's unit
     assert waits.costs == {BATCH: 0.002, UPDATE: pytest.approx(0.007)}
+
+
+def test_the_room_is_the_sum_of_every_microbatchs_expected_wait() -> None:
+    waits = WaitModel()
+    assert waits.room() == 0.0
+    waits.arrived(0, 0.004, exact=True)
+    waits.arrived(3, 0.001, exact=True)
+    waits.arrived(3, 0.003, exact=True)
+    assert waits.room() == pytest.approx(0.004 + SMOOTHING * 0.003 + (1 - SMOOTHING) * 0.001)
+
+
+def test_a_units_cost_is_a_plain_ones_else_a_first_ones() -> None:
+    waits = WaitModel()
+    assert waits.unit_cost() == 0.0
+    waits.unit(0.003, UPDATE)
+    assert waits.unit_cost() == 0.003  # rounds of one source batch: only first units
+    waits.unit(0.002)
+    assert waits.unit_cost() == 0.002
