@@ -74,7 +74,8 @@ class EarlyExitScorer(Scorer):
         self._built = False
         self._rounds = 0
         # features and labels of the last scoring, in parts (a round scored in several
-        # calls): the head learns them one source batch per call (``exit_head``)
+        # calls): the next round's calls learn as many source batches as they score
+        # (``exit_head``)
         self._last: tuple[list[Any], list[Any]] | None = None
         self._pending: dict[str, Any] | None = None  # a loaded state, applied once built
         self._prepared: _Prepared | None = None  # overlap: the round scored during steps
@@ -139,8 +140,8 @@ class EarlyExitScorer(Scorer):
         return buffer[:n], shared_logits, buffer[n:]
 
     def prepare(self, element: Any) -> None:
-        """With ``overlap``: stage 0 scores ``element`` one source batch at a time while
-        the next training steps wait for gradients, where a batch is expected to fit in
+        """With ``overlap``: stage 0 scores ``element`` while the next training steps
+        wait for gradients, in units of as many source batches as are expected to fit in
         the wait (``tfsift.sift.overlap``); the round that follows scores the rest."""
         if not self.config.overlap:
             return
@@ -269,7 +270,7 @@ class EarlyExitScorer(Scorer):
 
 
 class _Prepared:
-    """A round being scored: one source batch per compiled call during training steps,
+    """A round being scored: in units of whole source batches during training steps,
     what no wait had room for in one call at the round."""
 
     def __init__(self, x: Any, y: Any, rows: int) -> None:
@@ -281,8 +282,12 @@ class _Prepared:
     def done(self) -> bool:
         return self.scored == self.rows * self.chunks
 
-    def next_rows(self) -> tuple[Any, Any]:
-        rows = slice(self.scored, self.scored + self.rows)
+    def left(self) -> int:
+        """Source batches not scored yet."""
+        return self.chunks - self.scored // self.rows
+
+    def next_rows(self, batches: int) -> tuple[Any, Any]:
+        rows = slice(self.scored, self.scored + batches * self.rows)
         return self.x[rows], self.y[rows]
 
     def rest(self) -> tuple[Any, Any]:
@@ -296,7 +301,7 @@ class _Prepared:
         """((feature parts, label parts), losses, logits) of the whole round. The parts
         stay apart: joining 8 source batches' features at the round (tf.concat) took
         0.8 ms (``scripts/bench_exit_calls.py``), while the later stages waited for the
-        losses; the next round's calls learn them one source batch at a time."""
+        losses; the next round's calls learn them as they score (``ExitHead.score``)."""
         features, labels, losses, logits = (
             list(parts) for parts in zip(*self.results, strict=True)
         )
@@ -305,8 +310,8 @@ class _Prepared:
 
 
 class _IdleScoring:
-    """The prepared round's scoring as ``tfsift.parallel.comm.IdleWork``: one source
-    batch per unit, started only where the ``WaitModel`` expects it to fit."""
+    """The prepared round's scoring as ``tfsift.parallel.comm.IdleWork``: units of as
+    many source batches as the ``WaitModel`` expects to fit in the wait."""
 
     def __init__(self, scorer: EarlyExitScorer) -> None:
         self.scorer = scorer
@@ -316,16 +321,17 @@ class _IdleScoring:
         prepared = self.scorer._prepared
         if prepared is None or prepared.done():
             return False
-        if not self.waits.allows(microbatch, waited, self._kind()):
+        batches = self.waits.batches(microbatch, waited, prepared.left(), self._kind())
+        if not batches:
             return False
-        self.score(prepared, prepared.next_rows(), 1)
+        self.score(prepared, prepared.next_rows(batches), batches)
         return True
 
     def score(self, prepared: _Prepared, rows: tuple[Any, Any], chunks: int | None) -> None:
         """Scores ``rows`` of ``prepared`` (learning ``chunks`` source batches of the last
-        round: one in a unit, the rest in the call at the round) and tells the
-        ``WaitModel`` what it took."""
-        kind, batches = self._kind(), int(np.asarray(rows[1]).shape[0]) / prepared.rows
+        round: as many as it scores in a unit, the rest in the call at the round) and
+        tells the ``WaitModel`` what it took."""
+        kind, batches = self._kind(), int(np.asarray(rows[1]).shape[0]) // prepared.rows
         signatures, start = self.scorer._head.signatures, time.perf_counter()
         prepared.add(self.scorer._compute(*rows, chunks))
         # A call that met a new signature (a trace of seconds while the head's calls

@@ -13,8 +13,9 @@ the updated head). So the step is spread over the calls that score the next roun
     at round r+1:       select -> learn(kept of r+1): mean(r) = sums(r) / kept(r)
     round r+2's calls:  apply mean(r), score b1 + grads(r+1, b1) | ...
 
-A unit then costs a scoring and the gradient of one batch's kept rows, the first of a
-round also the optimizer's update, and every call of a round scores with the same head
+A call then costs a scoring and the gradient of as many batches' kept rows as it scores
+(a unit of overlap may score several, ``tfsift.sift.overlap``), the first of a round also
+the optimizer's update, and every call of a round scores with the same head
 (the one learnt from the rounds up to two before), however overlap split the round.
 With several replicas the mean is averaged over them at the round, where the losses
 are gathered anyway.

@@ -1,70 +1,92 @@
 """When stage 0 may score during a training step: only where it would otherwise wait.
 
-With ``SiftConfig(overlap=True)`` stage 0 scores the next round one source batch (a
-*unit*) at a time while it waits for gradients from the later stages. A unit that is
-still running when the gradients arrive delays stage 0's next backward, and with it
-every later stage: on a pipeline whose stage 0 is its slowest, its waits are shorter
-than a unit and overlapping costs more than scoring at the round (measured in
-``docs/benchmarks.md``). So a unit starts only if it is expected to end before the
-gradients arrive: ``WaitModel`` remembers how long each microbatch's receive waited in
-the last steps and how long a unit of each kind takes. The first unit of a round also
-applies the exit head's update (``tfsift.sift.exit_head``): when that update learnt the
-whole round at once it took 3.5x a plain unit, and one estimate for both let it start
-where only a plain unit fits and then kept plain units out of waits they fit, so each
-kind has its own (now about 1.25x, ``scripts/bench_exit_calls.py``).
+With ``SiftConfig(overlap=True)`` stage 0 scores the next round in *units*, compiled
+calls of one or more source batches, while it waits for gradients from the later
+stages. A unit that is still running when the gradients arrive delays stage 0's next
+backward, and with it every later stage: on a pipeline whose stage 0 is its slowest,
+its waits are shorter than a unit and overlapping costs more than scoring at the round
+(measured in ``docs/benchmarks.md``). So a unit starts only if it is expected to end
+before the gradients arrive: ``WaitModel`` remembers how long each microbatch's receive
+waited in the last steps and how long calls of each size and kind took.
+
+A unit takes as many source batches as the wait has room for: most of a small call's
+cost is fixed (one source batch took 0.38 ms to score, eight in one call 1.35 ms,
+``scripts/bench_exit_calls.py``), so one call of several batches costs less than as
+many calls of one, and what no wait had room for is scored at the round, where every
+stage waits for it. The first unit of a round also applies the exit head's update
+(``tfsift.sift.exit_head``): when that update learnt the whole round at once it took
+3.5x a plain unit, and one estimate for both let it start where only a plain unit fits
+and then kept plain units out of waits they fit, so each kind has its own estimates.
 
 Pure Python, no TensorFlow or MPI: the receive reports what it saw (``arrived``) and
-asks before each unit (``allows``).
+asks before each unit how many batches it may take (``batches``).
 """
 
 from __future__ import annotations
 
 SMOOTHING = 0.5  # weight of the newest observation in the running estimates
 MARGIN = 0.8  # a unit may start if it ends within this fraction of the expected wait
-BATCH = "batch"  # a unit that scores one source batch
+BATCH = "batch"  # a unit that scores source batches
 UPDATE = "update"  # one that also applies the exit head's update first
 
 
 class WaitModel:
-    """Expected waits per microbatch and the cost of a unit of each kind, from observations.
+    """Expected waits per microbatch and the cost of a call of each size and kind.
 
     Example:
         >>> waits = WaitModel()
-        >>> waits.allows(3, elapsed=0.0)  # nothing known: do not risk a delay
-        False
+        >>> waits.batches(3, elapsed=0.0, most=8)  # nothing known: do not risk a delay
+        0
         >>> waits.arrived(3, waited=0.010, exact=True)
-        >>> waits.allows(3, elapsed=0.0)  # a unit's cost is unknown: one may try
-        True
-        >>> waits.unit(0.004)
-        >>> waits.allows(3, elapsed=0.002), waits.allows(3, elapsed=0.005)
-        (True, False)
-        >>> waits.unit(0.009, UPDATE)
-        >>> waits.allows(3, elapsed=0.0, kind=UPDATE)  # 9 ms > 0.8 x 10 ms
-        False
+        >>> waits.batches(3, elapsed=0.0, most=8)  # a call's cost is unknown: one may try
+        1
+        >>> waits.unit(0.002)  # a call of one batch took 2 ms; of two at most 4 ms then
+        >>> waits.batches(3, elapsed=0.0, most=8), waits.batches(3, elapsed=0.003, most=8)
+        (3, 2)
+        >>> waits.unit(0.005, batches=4)  # four in one call took 5 ms
+        >>> waits.batches(3, elapsed=0.0, most=8)  # 8 x 5 / 4 = 10 ms > 0.8 x 10 ms
+        6
+        >>> waits.batches(3, elapsed=0.0, most=8, kind=UPDATE)  # its cost is unknown
+        1
     """
 
     def __init__(self) -> None:
         self.expected: dict[int, float] = {}  # seconds the receive of microbatch m waits
-        self.costs: dict[str, float] = {}  # seconds one unit of each kind takes
-        self.last = BATCH  # the kind of the last unit
+        # seconds one call of k source batches took, per kind
+        self.costs: dict[str, dict[int, float]] = {BATCH: {}, UPDATE: {}}
+        self.last = (BATCH, 1)  # the kind and size of the last call
 
-    def allows(self, microbatch: int, elapsed: float, kind: str = BATCH) -> bool:
-        """Whether a unit of ``kind`` started ``elapsed`` seconds into the wait for
-        ``microbatch`` is expected to end before the message arrives."""
-        expected = self.expected.get(microbatch, 0.0) * MARGIN
-        return elapsed + self.costs.get(kind, 0.0) < expected
+    def batches(self, microbatch: int, elapsed: float, most: int, kind: str = BATCH) -> int:
+        """How many source batches (up to ``most``) a call of ``kind`` started ``elapsed``
+        seconds into the wait for ``microbatch`` may score and still be expected to end
+        before the message arrives; 0 if none."""
+        room = self.expected.get(microbatch, 0.0) * MARGIN - elapsed
+        if not self.costs[kind]:
+            return 1 if room > 0 else 0
+        fits = [k for k in range(1, most + 1) if self.cost(k, kind) < room]
+        return max(fits, default=0)
+
+    def cost(self, k: int, kind: str = BATCH) -> float:
+        """The expected seconds of a call of ``k`` source batches (0 if none of ``kind``
+        was seen): the least of the bounds the sizes seen give, since a call of more
+        batches costs more and one of fewer at least its share (a call's cost is a fixed
+        part and a part per batch): cost(k) <= cost(j) for j >= k, cost(j) * k / j for j < k.
+        """
+        seen = self.costs[kind]
+        bounds = [c if j >= k else c * k / j for j, c in seen.items()]
+        return min(bounds, default=0.0)
+
+    def unit_cost(self) -> float:
+        """Seconds a call of one source batch takes: a plain one, or where none has run
+        (rounds of one source batch) the round's first, which also applies the head's
+        update; 0 before any call."""
+        return self.cost(1, BATCH if self.costs[BATCH] else UPDATE)
 
     def room(self) -> float:
         """Seconds stage 0 is expected to wait for gradients per step: the expected waits
-        of every microbatch seen. Against the cost of the units a step needs (a source
-        batch per unit, 1 / kept fraction per step), it says how much scoring can hide."""
+        of every microbatch seen. Against the cost of the batches a step needs (1 / kept
+        fraction source batches), it says how much of the scoring can hide."""
         return sum(self.expected.values())
-
-    def unit_cost(self) -> float:
-        """Seconds a unit takes: a plain one, or where none has run yet (rounds of one
-        source batch) the round's first, which also applies the head's update; 0 before
-        any unit ran."""
-        return self.costs.get(BATCH, self.costs.get(UPDATE, 0.0))
 
     def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
         """The receive of ``microbatch`` ended ``waited`` seconds after it was posted.
@@ -74,20 +96,17 @@ class WaitModel:
         before ``waited``: the wait is taken as half a unit before that.
         """
         if not exact:
-            waited = max(waited - 0.5 * self.costs.get(self.last, 0.0), 0.0)
+            kind, k = self.last
+            waited = max(waited - 0.5 * self.cost(k, kind), 0.0)
         self.expected[microbatch] = _smoothed(self.expected.get(microbatch), waited)
 
-    def unit(self, seconds: float, kind: str = BATCH, batches: float = 1.0) -> None:
-        """A call took ``seconds`` for ``batches`` units: the first of ``kind``, the
-        others plain batches (what no wait had room for is scored in one call at the
-        round; timing it too lets an estimate that a trace inflated come down)."""
-        plain = self.costs.get(BATCH)
-        if kind == BATCH:
-            self.costs[BATCH] = _smoothed(plain, seconds / batches)
-        elif batches == 1 or plain is not None:
-            own = max(seconds - (batches - 1) * (plain or 0.0), 0.0)
-            self.costs[kind] = _smoothed(self.costs.get(kind), own)
-        self.last = kind
+    def unit(self, seconds: float, kind: str = BATCH, batches: int = 1) -> None:
+        """A call of ``kind`` scored ``batches`` source batches in ``seconds`` (in a
+        wait, or at the round what no wait had room for: timing that too tells the cost
+        of larger calls)."""
+        seen = self.costs[kind]
+        seen[batches] = _smoothed(seen.get(batches), seconds)
+        self.last = (kind, batches)
 
 
 def _smoothed(old: float | None, new: float) -> float:

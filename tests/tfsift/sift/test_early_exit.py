@@ -14,7 +14,7 @@ import tfsift
 from tfsift.parallel import runtime
 from tfsift.sift import early_exit
 from tfsift.sift.early_exit import LOW_OVERLAP, EarlyExitScorer, cheap_exit, spearman
-from tfsift.sift.overlap import BATCH, WaitModel
+from tfsift.sift.overlap import BATCH, UPDATE, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -143,6 +143,29 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     assert chunked.metrics["overlapped_fraction"] == 3 / 4
 
 
+def test_a_wait_with_room_for_the_whole_round_scores_it_in_one_unit() -> None:
+    tfsift.init({})
+    first, second, third = batches()
+    kept = np.array([0, 2, 5])
+    units, whole = overlap_scorer(first), scorer(first)
+    for s in (units, whole):
+        s.learn(kept)
+        s(second)
+        s.learn(kept)
+    units.prepare(third)
+    idle = STATE.idle_task
+    assert idle is not None
+    idle.arrived(0, 60.0, True)
+    idle.waits.unit(0.001, UPDATE)  # a call of one source batch takes a millisecond
+    assert idle.run(0, 0.0) is True  # both source batches of the round, learning both
+    assert units._prepared is not None and units._prepared.done()
+    assert idle.run(0, 0.0) is False
+    np.testing.assert_allclose(units(third).losses, whole(third).losses, rtol=1e-6)
+    assert units.metrics["overlapped_fraction"] == 1.0
+    for a, b in zip(units._head.state()["sums"], whole._head.state()["sums"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_a_unit_that_met_a_new_signature_says_nothing_about_a_units_cost() -> None:
     tfsift.init({})
     first, second, _ = batches()
@@ -153,9 +176,9 @@ def test_a_unit_that_met_a_new_signature_says_nothing_about_a_units_cost() -> No
     assert idle is not None
     idle.arrived(0, 60.0, True)
     assert idle.run(0, 0.0) is True  # the first call that also learns: a new signature
-    assert s._idle.waits.costs == {}
+    assert s._idle.waits.costs == {BATCH: {}, UPDATE: {}}
     assert idle.run(0, 0.0) is True  # the same call again, timed
-    assert set(s._idle.waits.costs) == {BATCH}
+    assert list(s._idle.waits.costs[BATCH]) == [1] and not s._idle.waits.costs[UPDATE]
 
 
 def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
@@ -171,6 +194,12 @@ def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
     assert STATE.idle_task.run(1, 0.0) is False  # the round was dropped: no work left
 
 
+def score_one_batch(s: EarlyExitScorer) -> None:
+    """A unit of one source batch of the prepared round, as in a short wait."""
+    assert s._prepared is not None and not s._prepared.done()
+    s._idle.score(s._prepared, s._prepared.next_rows(1), 1)
+
+
 def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing() -> None:
     tfsift.init({})
     first, second, _ = batches()
@@ -181,9 +210,8 @@ def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing()
         s.prepare(second)
         idle = STATE.idle_task
         assert idle is not None
-        idle.arrived(0, 60.0, True)
         for _ in range(8 - leftover):
-            assert idle.run(0, 0.0) is True
+            score_one_batch(s)
         np.testing.assert_allclose(s(second).losses, expected, rtol=1e-6)
     # every leftover size 1..8 was scored once, in one call each
     assert sorted(key[1][0][0][0] for key in s._head._score._concrete) == list(range(1, 9))
@@ -194,7 +222,7 @@ def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing()
         s.learn(np.arange(0, 8, 2))
         s.prepare(second)
         for _ in range(8 - leftover):
-            assert idle.run(0, 0.0) is True
+            score_one_batch(s)
         s(second)
     head = s._head
     calls = [head._score, head._learn_and_score, head._apply_and_score]
