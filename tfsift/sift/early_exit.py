@@ -49,7 +49,11 @@ from tfsift.sift.scorer import (
 from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
-VALIDATE_EVERY = 20  # rounds between two Spearman checks against the full loss
+# Rounds between two Spearman checks against the full loss. A check runs the full model
+# on a source batch through every stage (1.9 ms alone, scripts/bench_exit_calls.py; on a
+# pipeline more, as every stage must meet for it), at a round, where every stage waits
+# for it; for a metric, every 100 rounds costs a fifth of what every 20 did.
+VALIDATE_EVERY = 100
 # Overlap that found room for less than LOW_OVERLAP of the batches of its first
 # ADVICE_AFTER rounds says so, once: on a cut whose stage 0 is the slowest stage it
 # cannot pay (scripts/bench_overlap.py), and the user can move the cut or the exit.
@@ -98,7 +102,8 @@ class EarlyExitScorer(Scorer):
             if prepared is None:
                 features, labels, out_losses, out_logits = self._compute(x, y, None)
                 self._last = ([features], [labels])
-                losses, logits = out_losses.numpy(), out_logits.numpy()
+                losses = out_losses.numpy()
+                logits = out_logits.numpy() if self.needs_logits else None
             else:
                 self._last, losses, logits = prepared
         n = int(np.asarray(x).shape[0])
@@ -155,7 +160,7 @@ class EarlyExitScorer(Scorer):
 
     def _take_prepared(
         self, x: Any
-    ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray] | None:
+    ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray | None] | None:
         prepared, self._prepared = self._prepared, None
         if prepared is None or prepared.x is not x:
             return None
@@ -172,7 +177,7 @@ class EarlyExitScorer(Scorer):
             # calls were traced for any batch size (ExitHead._trace): a new size costs
             # a lookup (about 0.7 ms once, scripts/bench_exit_calls.py), not a trace.
             self._idle.score(prepared, prepared.rest(), None)
-        return prepared.joined()
+        return prepared.joined(self.needs_logits)
 
     def _compute(self, x: Any, y: Any, chunks: int | None) -> tuple[Any, Any, Any, Any]:
         """One scoring call, which also learns ``chunks`` source batches of the last
@@ -259,7 +264,7 @@ class EarlyExitScorer(Scorer):
         """Spearman correlation of early-exit and full losses on the round's first source
         batch: the full loss runs through every stage, and on the whole round (g=8 batches)
         it took 12.1 ms against 2.0 ms on bench_overlap's 4-convolution model
-        (``scripts/bench_exit_calls.py``), every 20 rounds, for a metric."""
+        (``scripts/bench_exit_calls.py``), every ``VALIDATE_EVERY`` rounds, for a metric."""
         x, y = _pair(element)
         rows = min(self.batch_size or len(early), len(early))
         full = self.full((x[:rows], y[:rows])).losses
@@ -297,16 +302,21 @@ class _Prepared:
         self.results.append(result)
         self.scored += int(result[2].shape[0])
 
-    def joined(self) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray]:
-        """((feature parts, label parts), losses, logits) of the whole round. The parts
-        stay apart: joining 8 source batches' features at the round (tf.concat) took
-        0.8 ms (``scripts/bench_exit_calls.py``), while the later stages waited for the
-        losses; the next round's calls learn them as they score (``ExitHead.score``)."""
+    def joined(
+        self, needs_logits: bool
+    ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray | None]:
+        """((feature parts, label parts), losses, logits if ``needs_logits``) of the
+        round. The parts stay apart: joining 8 source batches' features at the round
+        (tf.concat) took 0.8 ms (``scripts/bench_exit_calls.py``), while the later stages
+        waited for the losses; the next round's calls learn them as they score
+        (``ExitHead.score``)."""
         features, labels, losses, logits = (
             list(parts) for parts in zip(*self.results, strict=True)
         )
-        joined = [np.concatenate([part.numpy() for part in parts]) for parts in (losses, logits)]
-        return (features, labels), joined[0], joined[1]
+        joined = np.concatenate([part.numpy() for part in losses])
+        if not needs_logits:  # converting the predictions of 8 calls, for nothing
+            return (features, labels), joined, None
+        return (features, labels), joined, np.concatenate([part.numpy() for part in logits])
 
 
 class _IdleScoring:

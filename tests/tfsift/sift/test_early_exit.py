@@ -88,6 +88,9 @@ def test_the_spearman_check_runs_the_full_loss_on_the_rounds_first_source_batch(
     assert seen == [4]
     expected = spearman(early[:4], full((first[0][:4], first[1][:4])).losses)
     assert s.metrics["exit_spearman"] == pytest.approx(expected)
+    for _ in range(2 * early_exit.VALIDATE_EVERY):
+        s(first)
+    assert len(seen) == 3  # rounds 1, 1 + VALIDATE_EVERY and 1 + 2 x VALIDATE_EVERY
 
 
 def test_a_loaded_state_replaces_what_the_head_learnt_since() -> None:
