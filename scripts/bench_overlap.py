@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from sift_mnist1d import load
 
 import tfsift
+from tfsift.sift import overlap as units
 
 CUTS = {
     # the solver's cut, from the profile of the first variant (later ones reuse its plan)
@@ -77,7 +78,13 @@ VARIANTS = {
     "relative beta=1, full scoring": {"scorer": "full"},
     "relative beta=1, early exit": {"scorer": "early_exit"},
     "relative beta=1, early exit + overlap": {"scorer": "early_exit", "overlap": True},
+    # as before a3d26af: every unit scores one source batch, whatever room the wait has
+    "relative beta=1, early exit + overlap, one batch a unit": {
+        "scorer": "early_exit",
+        "overlap": True,
+    },
 }
+ONE_BATCH = "one batch a unit"
 
 
 # what overlap had to work with: stage 0's expected wait per step, a unit's cost there
@@ -123,6 +130,7 @@ def time_variant(
     train = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
     train = train.batch(args.batch, drop_remainder=True).prefetch(4)
     options = VARIANTS[name]
+    units.MOST_PER_UNIT = 1 if name.endswith(ONE_BATCH) else None
     if options is not None:
         config = tfsift.SiftConfig(
             policy="relative",

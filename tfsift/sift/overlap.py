@@ -26,6 +26,9 @@ from __future__ import annotations
 
 SMOOTHING = 0.5  # weight of the newest observation in the running estimates
 MARGIN = 0.8  # a unit may start if it ends within this fraction of the expected wait
+# At most so many source batches per unit (None: as many as the wait has room for);
+# scripts/bench_overlap.py sets 1 for a variant that compares the two side by side.
+MOST_PER_UNIT: int | None = None
 BATCH = "batch"  # a unit that scores source batches
 UPDATE = "update"  # one that also applies the exit head's update first
 
@@ -61,6 +64,7 @@ class WaitModel:
         seconds into the wait for ``microbatch`` may score and still be expected to end
         before the message arrives; 0 if none."""
         room = self.expected.get(microbatch, 0.0) * MARGIN - elapsed
+        most = most if MOST_PER_UNIT is None else min(most, MOST_PER_UNIT)
         if not self.costs[kind]:
             return 1 if room > 0 else 0
         fits = [k for k in range(1, most + 1) if self.cost(k, kind) < room]
