@@ -139,14 +139,16 @@ def markdown(results: dict[str, float], calls: int, rounds: int) -> str:
             f"model, exit after the first convolution, B={B}, g={G}. Median of {rounds} "
             f"rounds of {calls} calls.",
             "| call | milliseconds (or count) |\n|---|---|\n" + rows,
-            "With overlap, stage 0 makes the unit calls (rows 2 and 3) inside its waits "
-            "for gradients, which is why `WaitModel` prices the round's first unit apart; "
-            "each learns one source batch of the round before, where the head's update "
-            "used to learn all of them in the first unit (row 4 is that gradient alone); "
-            "what no wait had room for is one call at the round (row 5, or fewer "
-            "batches); row 6 is what joining a round's features at the round cost. The "
-            "Spearman check runs the full model on one source batch every 20 rounds "
-            "(row 7, not row 8). A "
+            "With overlap, stage 0 makes the unit calls (rows 2 and 3, for one source "
+            "batch) inside its waits for gradients, which is why `WaitModel` prices the "
+            "round's first unit apart; a unit learns as many source batches of the round "
+            "before as it scores, where the head's update used to learn all of them in "
+            "the first unit (row 4 is that gradient alone). Most of a call's cost is "
+            "fixed (8 batches in one call, row 5, cost 3.5x one, row 1), so a unit "
+            "scores as many source batches as the wait has room for, and what no wait "
+            "had room for is one call at the round (row 5, or fewer batches); row 6 is "
+            "what joining a round's features at the round cost. The Spearman check runs "
+            "the full model on one source batch every 100 rounds (row 7, not row 8). A "
             "call of a size the scorer has not met costs a lookup, not a trace: each "
             "scoring call is traced once, for any batch size, before the first call.",
         ]
