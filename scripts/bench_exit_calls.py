@@ -144,7 +144,7 @@ def markdown(results: dict[str, float], calls: int, rounds: int) -> str:
             "round's first unit apart; a unit learns as many source batches of the round "
             "before as it scores, where the head's update used to learn all of them in "
             "the first unit (row 4 is that gradient alone). Most of a call's cost is "
-            "fixed (8 batches in one call, row 5, cost 3.5x one, row 1), so a unit "
+            "fixed (8 batches in one call, row 5, against one, row 1), so a unit "
             "scores as many source batches as the wait has room for, and what no wait "
             "had room for is one call at the round (row 5, or fewer batches); row 6 is "
             "what joining a round's features at the round cost. The Spearman check runs "
