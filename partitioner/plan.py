@@ -36,6 +36,8 @@ class Plan:
         predicted_bubble: simulated fraction of idle stage time.
         peak_memory: simulated peak bytes per stage.
         cost_fingerprint: `CostModel.fingerprint()` of the costs it was solved for.
+        scoring: the sifting forwards per step stage 0 was planned to run in its waits
+            (`solve_speed`; 0: none). Plan files without it mean 0.
     """
 
     bounds: tuple[int, ...]
@@ -47,6 +49,7 @@ class Plan:
     predicted_bubble: float
     peak_memory: tuple[int, ...]
     cost_fingerprint: str
+    scoring: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bounds", tuple(self.bounds))
@@ -96,6 +99,9 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         """Builds a plan from `to_dict` output, rejecting unknown or missing keys."""
         names = {f.name for f in fields(cls)}
+        # files written before `scoring` existed were planned without it
+        if isinstance(data, Mapping) and "scoring" not in data:
+            data = {**data, "scoring": 0.0}
         if not isinstance(data, Mapping) or set(data) != names:
             keys = sorted(data) if isinstance(data, Mapping) else data
             raise ValueError(f"a plan has exactly the keys {sorted(names)}. Received: keys={keys}")
@@ -140,6 +146,7 @@ def make_plan(
     optimize: str = "speed",
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
+    scoring: float = 0.0,
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
 
@@ -151,11 +158,16 @@ def make_plan(
             simulated with recompute).
         pipeline: "interleaved" or "simple".
         memory_cap: bytes per stage for optimize="speed", or None.
+        scoring: forward microbatches stage 0 also runs per step in its waits (sifting's
+            early exit with overlap; `solve_speed`). The simulator does not model them:
+            the predictions are the pipeline's without the scoring.
 
     Raises:
         ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
     """
-    partition = solve(costs, K, M, optimize=optimize, pipeline=pipeline, memory_cap=memory_cap)
+    partition = solve(
+        costs, K, M, optimize=optimize, pipeline=pipeline, memory_cap=memory_cap, scoring=scoring
+    )
     result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=optimize == "memory")
     return Plan(
         bounds=partition.bounds,
@@ -169,6 +181,7 @@ def make_plan(
         predicted_bubble=result.bubble_fraction,
         peak_memory=result.peak_memory,
         cost_fingerprint=costs.fingerprint(),
+        scoring=float(scoring),
     )
 
 

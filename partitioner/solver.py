@@ -6,6 +6,12 @@ per microbatch: its forward and backward plus its input cut (s > 0) and output c
 (M - 1) max_s t_s, so T trades the bottleneck B = max_s t_s against the cut costs.
 Both solvers are exact: every candidate they skip is provably no better (up to a
 relative float tolerance of 1e-12 on B).
+
+Sifting with early exit and overlap gives stage 0 more work: per step it also runs its
+forward on the candidates it scores, in the waits for gradients. With ``scoring`` = S
+forward microbatches per step, the step takes at least stage 0's own work,
+M t_0 + S f_0 (f_0 its forward seconds per microbatch), so the speed objective becomes
+T' = max(T, M t_0 + S f_0): a lighter stage 0 leaves room for the scoring.
 """
 
 from __future__ import annotations
@@ -58,11 +64,28 @@ def stage_loads(costs: CostModel, partition: Partition) -> Array:
     return t
 
 
-def step_time_estimate(costs: CostModel, partition: Partition, M: int) -> float:
-    """T = sum_s t_s + (M - 1) max_s t_s, the step time of a balanced pipeline formula."""
+def step_time_estimate(
+    costs: CostModel, partition: Partition, M: int, *, scoring: float = 0.0
+) -> float:
+    """T = sum_s t_s + (M - 1) max_s t_s, the step time of a balanced pipeline formula;
+    with ``scoring`` S > 0, at least stage 0's own work M t_0 + S f_0 (module docstring).
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
+        >>> step_time_estimate(costs, Partition((0, 2, 4)), 4)
+        30.0
+        >>> step_time_estimate(costs, Partition((0, 2, 4)), 4, scoring=12)  # 4 * 6 + 12 * 2
+        48.0
+    """
     _check_count(M, "M (microbatches)")
+    _check_scoring(scoring)
     t = stage_loads(costs, partition)
-    return float(t.sum() + (M - 1) * t.max())
+    T = float(t.sum() + (M - 1) * t.max())
+    if scoring:
+        p = costs.prefix
+        T = max(T, float(M * t[0] + scoring * p.forward[partition.bounds[1]]))
+    return T
 
 
 def peak_memory_estimate(
@@ -91,17 +114,25 @@ def solve(
     optimize: str = "speed",
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
+    scoring: float = 0.0,
 ) -> Partition:
     """`solve_speed` under `memory_cap`, or `solve_memory` checked against it.
 
     With optimize="memory" the cap applies to the recompute peak of the least-memory
-    partition, and InfeasibleError names that peak if it does not fit.
+    partition, and InfeasibleError names that peak if it does not fit. ``scoring``
+    (stage 0's scoring forwards per step) applies to optimize="speed" only.
     """
     _check_choice(optimize, OPTIMIZE, "optimize")
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
+    _check_scoring(scoring)
     if optimize == "speed":
-        return solve_speed(costs, K, M, pipeline=pipeline, memory_cap=memory_cap)
+        return solve_speed(costs, K, M, pipeline=pipeline, memory_cap=memory_cap, scoring=scoring)
+    if scoring:
+        raise ValueError(
+            "scoring (stage 0's sifting forwards per step) shapes the speed objective; "
+            f"optimize='memory' minimises memory. Received: optimize='memory', scoring={scoring}"
+        )
     partition = solve_memory(costs, K, M, pipeline=pipeline)
     peak = max(peak_memory_estimate(costs, partition, M, pipeline=pipeline, recompute=True))
     if memory_cap is not None and peak > memory_cap:
@@ -116,6 +147,7 @@ def solve_speed(
     *,
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
+    scoring: float = 0.0,
 ) -> Partition:
     """The partition with the least `step_time_estimate` whose stages fit `memory_cap`.
 
@@ -124,6 +156,12 @@ def solve_speed(
     until T = W + 2 cuts + (M - 1) B cannot beat the best partition found. A probe is
     O(K (L log L + band)), where the band holds the starts whose pass depends on their
     own cut cost; realistic chains need a few dozen probes.
+
+    With ``scoring`` S > 0 it minimises T' = max(T, g(b_1)), where g(b_1) = M t_0 + S f_0
+    depends only on where stage 0 ends. For a cap Z on g, T*(Z), the least T with
+    g <= Z, is the search above with one more limit on stage 0; T' is minimised at a Z
+    among the L - K + 1 values of g, where T*(Z), nonincreasing, meets Z increasing:
+    a bisection over them, O(log L) searches.
 
     Example:
         >>> from partitioner.costs import LayerCost
@@ -137,6 +175,8 @@ def solve_speed(
         M: number of microbatches.
         pipeline: "interleaved" (1F1B) or "simple" (GPipe), for the memory model.
         memory_cap: bytes each stage may hold without recompute, or None.
+        scoring: forward microbatches stage 0 also runs per step, in its waits (sifting's
+            early exit with overlap: M / kept fraction when the exit ends stage 0).
 
     Returns:
         An optimal partition.
@@ -148,8 +188,9 @@ def solve_speed(
     chain = _Chain.make(costs, K, M, pipeline)
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
+    _check_scoring(scoring)
     memory = chain.memory(memory_cap, recompute=False)
-    best = _fastest(chain, memory)
+    best = _fastest(chain, memory) if not scoring else _fastest_scoring(chain, memory, scoring)
     if best is None:
         assert memory_cap is not None
         raise InfeasibleError(memory_cap, _smallest_cap(chain, recompute=False), K)
@@ -245,6 +286,44 @@ def _fastest(chain: _Chain, memory: list[list[Limit]]) -> Partition | None:
         return None if first is None else first.partition
     search.run(first)
     return search.best
+
+
+def _fastest_scoring(chain: _Chain, memory: list[list[Limit]], scoring: float) -> Partition | None:
+    """The partition with the least T' = max(T, M t_0 + S f_0) (see `solve_speed`)."""
+    p, K, M = chain.costs.prefix, chain.K, chain.M
+    own = M * p.compute + scoring * p.forward  # stage 0's work per step, but its cut
+    end = M * p.cut if K > 1 else None
+    ends = np.arange(1, chain.L - K + 2)  # where stage 0 may end
+    caps = np.unique(own[ends] + (0.0 if end is None else end[ends]))
+
+    def at(i: int) -> tuple[Partition | None, float]:
+        """The fastest partition with g <= caps[i], and its T (inf if none)."""
+        limit = Limit.make(own, float(caps[i]), None, end)
+        found = _fastest(chain, [[*memory[0], limit], *memory[1:]])
+        if found is None:
+            return None, math.inf
+        return found, step_time_estimate(chain.costs, found, M)
+
+    # the first cap at or above the T it allows: T' is T left of it and the cap from it on
+    low, high = 0, len(caps)
+    seen: dict[int, tuple[Partition | None, float]] = {}
+    while low < high:
+        mid = (low + high) // 2
+        seen[mid] = at(mid)
+        if caps[mid] >= seen[mid][1]:
+            high = mid
+        else:
+            low = mid + 1
+    best: Partition | None = None
+    best_time = math.inf
+    for i in (low - 1, low):
+        if 0 <= i < len(caps):
+            found, _ = seen[i] if i in seen else at(i)
+            if found is not None:
+                value = step_time_estimate(chain.costs, found, M, scoring=scoring)
+                if value < best_time:
+                    best, best_time = found, value
+    return best
 
 
 @dataclass(frozen=True)
@@ -350,6 +429,19 @@ def _smallest_cap(chain: _Chain, *, recompute: bool) -> int:
 def _check_count(value: int, name: str, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}")
+
+
+def _check_scoring(scoring: float) -> None:
+    if (
+        not isinstance(scoring, (int, float))
+        or isinstance(scoring, bool)
+        or not math.isfinite(scoring)
+        or scoring < 0
+    ):
+        raise ValueError(
+            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
+            f"Received: scoring={scoring!r}"
+        )
 
 
 def _check_choice(value: str, allowed: tuple[str, ...], name: str) -> None:

@@ -9,7 +9,10 @@ Each rank computes with one thread (a rank stands in for a device).
 Each variant trains the same 1-D ConvNet (2 convolutions, as in examples/sift_mnist1d.py,
 and 4) on two cuts: where the profile of the first variant of that model cut it
 (``plan_file``), and by hand after the first convolution (``tfsift.partition``), which
-leaves stage 0 idle while stage 1 works. Each trains on MNIST-1D
+leaves stage 0 idle while stage 1 works. On the profiled cut one more variant, overlap
+with the default exit (stage 0's last layer), gets a cut of its own: the planner, told
+by ``tfsift.sift`` that stage 0 will score in its waits, leaves it room for that (its
+own plan file). Each trains on MNIST-1D
 for ``--steps`` optimizer steps
 (after ``--warmup`` steps that trace and warm up), and the time per step counts
 everything the training loop waits for: reading and sifting the data, the step, the
@@ -83,9 +86,19 @@ VARIANTS = {
         "scorer": "early_exit",
         "overlap": True,
     },
+    # the default exit (stage 0's last layer) on a cut of its own: the planner gives stage 0
+    # room for the scoring (solve_speed's scoring); profiled cut only, with its own plan file
+    "relative beta=1, early exit + overlap, cut for it": {
+        "scorer": "early_exit",
+        "overlap": True,
+        "exit_after": None,
+    },
 }
 ONE_BATCH = "one batch a unit"
+OWN_CUT = "cut for it"
 
+
+STAGE0: dict[str, str] = {}  # the last node of stage 0, per variant (its cut)
 
 # what overlap had to work with: stage 0's expected wait per step, a unit's cost there
 ROOM = ("overlap_wait_ms", "overlap_unit_ms")
@@ -133,11 +146,13 @@ def time_variant(
     units.MOST_PER_UNIT = 1 if name.endswith(ONE_BATCH) else None
     if options is not None:
         config = tfsift.SiftConfig(
-            policy="relative",
-            beta=1.0,
-            exit_after="first",
-            score_batches=args.score_batches,
-            **options,
+            **{
+                "policy": "relative",
+                "beta": 1.0,
+                "exit_after": "first",
+                "score_batches": args.score_batches,
+                **options,
+            }
         )
         train = train.apply(tfsift.sift(model, per_sample, config))
     batches = iter(train)
@@ -155,6 +170,9 @@ def time_variant(
         stamps.append(time.perf_counter())
         if i >= args.warmup:
             split += [t1 - t0, t2 - t1, stamps[-1] - t2]
+    part = model.partitioned
+    assert part is not None
+    STAGE0[name] = part.graph.nodes[part.bounds[1] - 1].name
     metrics = tfsift.sift_metrics() if options else {}
     overlap = [metrics.get(k, 0.0) for k in ("overlapped_fraction", *ROOM)]
     return (stamps[-1] - stamps[args.warmup - 1]) / args.steps, [*split / args.steps, *overlap]
@@ -172,18 +190,25 @@ def main() -> None:
     for convs in args.convs:
         for cut in args.cuts:
             config = {"partitions": 2, "microbatches": 4, "profile_repeats": 3, **CUTS[cut]}
-            tfsift.init({**config, "plan_file": plan})
-            bench_model(convs, cut, x, y, args)
+            bench_model(convs, cut, x, y, args, config, plan)
 
 
 def bench_model(
-    convs: int, cut: str, x: np.ndarray, y: np.ndarray, args: argparse.Namespace
+    convs: int,
+    cut: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    plan: str,
 ) -> None:
-    names = list(VARIANTS)
+    names = [n for n in VARIANTS if cut == "profiled" or not n.endswith(OWN_CUT)]
     times: dict[str, list[float]] = {name: [] for name in names}
     splits: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(args.repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
+            own = name.endswith(OWN_CUT)  # its plan file, made (once) with room for scoring
+            tfsift.init({**config, "plan_file": plan + (".sift" if own else "")})
             seconds, split = time_variant(name, convs, x, y, args)
             times[name].append(seconds)
             splits[name].append(split)
@@ -195,6 +220,10 @@ def bench_model(
     if every is not None:  # rank 0
         base = statistics.median(times["no sifting"])
         print(f"\n{convs} convolutions, cut {cut}\n")
+        cuts = sorted({STAGE0[name] for name in names})
+        for last in cuts:
+            print(f"stage 0 ends at {last}: " + ", ".join(n for n in names if STAGE0[n] == last))
+        print()
         print("| variant | ms per step (median) | range | vs no sifting |")
         print("| --- | --- | --- | --- |")
         for name in names:

@@ -41,6 +41,9 @@ class Partitioned:
 class _ModelState:
     placements: dict[int, int] = dataclasses.field(default_factory=dict)
     partitioned: Partitioned | None = None
+    # source batches stage 0 scores per step in its waits (sifting with early exit and
+    # overlap, set by tfsift.sift before the first step): the planner lightens stage 0
+    scored_batches: float = 0.0
 
 
 class DistributedModel(keras.Model):  # type: ignore[misc]
@@ -129,7 +132,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             return self.partitioned
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
-        bounds = plan_bounds(graph, self._tfsift.placements, flat, rt)
+        # a source batch is one training batch, M microbatches of the profile's size
+        scoring = self._tfsift.scored_batches * rt.config.microbatches
+        bounds = plan_bounds(graph, self._tfsift.placements, flat, rt, scoring=scoring)
         check_unshared(graph, bounds)
         s = rt.stage
         sub = graph.stage(bounds[s], bounds[s + 1])

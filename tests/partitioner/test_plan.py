@@ -43,6 +43,17 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert Plan.load(tmp_path / "plan.json") == plan
 
 
+def test_a_plan_for_scoring_on_stage_0_keeps_it_and_older_files_mean_none() -> None:
+    equal = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
+    plan = make_plan(equal, 2, 4, scoring=8.0)
+    assert (plan.bounds, plan.scoring) == ((0, 1, 4), 8.0)  # solver test: stage 0 lightened
+    assert Plan.from_json(plan.to_json()) == plan
+    older = make_plan(equal, 2, 4).to_dict()
+    del older["scoring"]  # a plan file written before scoring existed
+    assert Plan.from_dict(older) == make_plan(equal, 2, 4)
+    assert Plan.from_dict(older).scoring == 0.0
+
+
 def test_check_rejects_other_costs_naming_both_fingerprints() -> None:
     plan = make_plan(costs_of(), 2, 2)
     plan.check(costs_of())

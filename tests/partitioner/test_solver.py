@@ -89,6 +89,59 @@ def test_solve_speed_matches_brute_force(
     assert same(step_time_estimate(costs, found, M), best)
 
 
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.one_of(st.integers(1, 12).map(float), st.floats(0.01, 30)), st.booleans())
+def test_solve_speed_with_scoring_matches_brute_force(
+    problem: tuple[CostModel, int, int, str], scoring: float, capped: bool
+) -> None:
+    costs, K, M, pipeline = problem
+    memory = {p: peak(costs, p, M, pipeline, False) for p in all_partitions(costs.num_layers, K)}
+    cap = int(sorted(memory.values())[len(memory) // 2]) if capped else None
+    fits = [p for p in memory if cap is None or memory[p] <= cap]
+    found = solve_speed(costs, K, M, pipeline=pipeline, memory_cap=cap, scoring=scoring)
+    assert cap is None or memory[found] <= cap
+    best = min(step_time_estimate(costs, p, M, scoring=scoring) for p in fits)
+    assert same(step_time_estimate(costs, found, M, scoring=scoring), best)
+
+
+def test_scoring_on_stage_0_moves_layers_off_it() -> None:
+    # 4 layers of forward 1 s, backward 2 s; M = 4. Plain: (0, 2, 4), t = [6, 6], T = 30.
+    # With 8 scoring forwards per step stage 0 would work 4 * 6 + 8 * 2 = 40 s a step;
+    # with one layer it works 4 * 3 + 8 * 1 = 20 s and the step takes T = 12 + 3 * 9 = 39.
+    costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
+    assert solve_speed(costs, 2, 4).bounds == (0, 2, 4)
+    assert step_time_estimate(costs, Partition((0, 2, 4)), 4, scoring=8) == 40.0
+    assert solve_speed(costs, 2, 4, scoring=8).bounds == (0, 1, 4)
+    assert step_time_estimate(costs, Partition((0, 1, 4)), 4, scoring=8) == 39.0
+    assert solve(costs, 2, 4, scoring=8).bounds == (0, 1, 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(scoring=-1.0),
+            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
+            "Received: scoring=-1.0",
+        ),
+        (
+            dict(scoring=math.inf),
+            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
+            "Received: scoring=inf",
+        ),
+        (
+            dict(scoring=2.0, optimize="memory"),
+            "scoring (stage 0's sifting forwards per step) shapes the speed objective; "
+            "optimize='memory' minimises memory. Received: optimize='memory', scoring=2.0",
+        ),
+    ],
+)
+def test_bad_scoring_says_what_it_expects(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        solve(chain([1.0, 1.0]), 2, 2, **kwargs)  # type: ignore[arg-type]
+    assert str(info.value) == message
+
+
 @settings(max_examples=100, deadline=None)
 @given(problems())
 def test_solve_memory_matches_brute_force(problem: tuple[CostModel, int, int, str]) -> None:

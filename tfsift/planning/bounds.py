@@ -43,11 +43,15 @@ def plan_bounds(
     placements: dict[int, int],
     example: Sequence[tf.Tensor],
     rt: runtime.Runtime,
+    *,
+    scoring: float = 0.0,
 ) -> tuple[int, ...]:
     """The K+1 stage bounds of ``graph``, the same on every rank (a collective).
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
+    ``scoring``: forward microbatches stage 0 runs per step in its waits (sifting with
+    early exit and overlap), which the solver leaves room for (``solve_speed``).
     """
     cfg, L = rt.config, len(graph)
     if cfg.partitions > L:
@@ -64,7 +68,7 @@ def plan_bounds(
     outcome: tuple[str, Any] | None = None
     if rt.rank == 0:
         try:
-            outcome = ("ok", rank0_bounds(graph, example, cfg))
+            outcome = ("ok", rank0_bounds(graph, example, cfg, scoring))
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
     status, payload = rt.world.bcast(outcome, root=0)
@@ -73,7 +77,9 @@ def plan_bounds(
     return tuple(payload)
 
 
-def rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tuple[int, ...]:
+def rank0_bounds(
+    graph: Graph, example: Sequence[tf.Tensor], cfg: Config, scoring: float = 0.0
+) -> tuple[int, ...]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
 
@@ -83,7 +89,7 @@ def rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tup
     """
     from partitioner.plan import make_plan, simulate_plan
 
-    plan = _reusable_plan(graph, cfg)
+    plan = _reusable_plan(graph, cfg, scoring)
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
         _keep_for_run_log(plan, cfg)
@@ -103,6 +109,7 @@ def rank0_bounds(graph: Graph, example: Sequence[tf.Tensor], cfg: Config) -> tup
         optimize=cfg.optimize,
         pipeline=cfg.pipeline,
         memory_cap=cfg.memory_cap,
+        scoring=scoring if cfg.optimize == "speed" else 0.0,
     )
     result = simulate_plan(
         costs, plan.partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
@@ -122,7 +129,7 @@ def _keep_for_run_log(plan: Plan, cfg: Config) -> None:
         plan.save(os.path.join(cfg.log_dir, "plan.json"))  # rundir.PLAN_FILE
 
 
-def plan_differences(plan: Plan, graph: Graph, cfg: Config) -> list[str]:
+def plan_differences(plan: Plan, graph: Graph, cfg: Config, scoring: float = 0.0) -> list[str]:
     """What differs between the run ``plan`` was made for and this one (empty: none).
 
     Example:
@@ -139,6 +146,10 @@ def plan_differences(plan: Plan, graph: Graph, cfg: Config) -> list[str]:
         for key, value in planned.items()
         if value != getattr(cfg, key)
     ]
+    if cfg.optimize == "speed" and plan.scoring != scoring:
+        found.append(
+            f"stage 0's sifting forwards per step: plan {plan.scoring:g}, this run {scoring:g}"
+        )
     model = _model_difference([n for stage in plan.stage_layers for n in stage], graph)
     return found + ([model] if model else [])
 
@@ -150,6 +161,11 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         f"plan: {len(plan.stage_layers)} stages, M={plan.microbatches}, {plan.pipeline}, "
         f"optimize={plan.optimize}: predicted step {_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
+        + (
+            f"; stage 0 left room for {plan.scoring:g} sifting forwards per step (not simulated)"
+            if plan.scoring
+            else ""
+        )
     ]
     for s, names in enumerate(plan.stage_layers):
         busy = ""
@@ -173,14 +189,14 @@ def weights(graph: Graph, plan: Plan) -> list[int]:
     ]
 
 
-def _reusable_plan(graph: Graph, cfg: Config) -> Plan | None:
+def _reusable_plan(graph: Graph, cfg: Config, scoring: float = 0.0) -> Plan | None:
     """The plan in ``plan_file`` if there is one and it was made for this run."""
     from partitioner.plan import Plan
 
     if not cfg.plan_file or not os.path.exists(cfg.plan_file):
         return None
     plan = Plan.load(cfg.plan_file)
-    differences = plan_differences(plan, graph, cfg)
+    differences = plan_differences(plan, graph, cfg, scoring)
     if differences:
         log.warning(
             "the plan file %s was made for another run (%s); solving again and overwriting it",

@@ -137,6 +137,24 @@ class SiftConfig:
         """A copy with `changes` applied, validated again."""
         return dataclasses.replace(self, **changes)
 
+    def expected_kept(self) -> float:
+        """The long-run fraction of scored samples the policy keeps (delay aside).
+
+        ``relative``: the mean of P = max(min_prob, p ** beta) over percentiles p uniform
+        in [0, 1], i.e. 1 / (1 + beta) when min_prob is 0; every other policy: ``keep``.
+        The planner uses it to size stage 0's scoring (``overlap``).
+
+        Example:
+            >>> SiftConfig(beta=3.0).expected_kept(), SiftConfig(policy="uniform").expected_kept()
+            (0.25, 0.5)
+        """
+        if self.policy != "relative":
+            return float(self.keep)
+        beta, floor = float(self.beta), float(self.min_prob)
+        # max(m, p^b) is m below p* = m^(1/b): m p* + (1 - p*^(b+1)) / (b+1)
+        low = floor ** (1 / beta)
+        return float(floor * low + (1 - low ** (beta + 1)) / (beta + 1))
+
 
 def _check_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

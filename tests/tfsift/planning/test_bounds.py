@@ -194,3 +194,25 @@ def test_an_invalid_plan_file_is_still_an_error(tmp_path: Path) -> None:
     Path(cfg.plan_file or "").write_text("{}")
     with pytest.raises(ValueError, match="is not a valid tfsift plan"):
         rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
+
+
+def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    graph = traced()
+    cfg = config(tmp_path)
+    rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0)
+    assert messages(caplog)[0] == (
+        "WARNING",
+        f"the plan file {cfg.plan_file} was made for another run (stage 0's sifting forwards "
+        "per step: plan 0, this run 4); solving again and overwriting it",
+    )
+    plan = Plan.load(cfg.plan_file or "")
+    assert (plan.bounds, plan.scoring) == (bounds, 4.0)
+    assert (
+        "stage 0 left room for 4 sifting forwards per step (not simulated)"
+        in (messages(caplog)[2][1].splitlines()[0])
+    )
+    assert plan_differences(plan, graph, cfg, 4.0) == []

@@ -1,5 +1,7 @@
 import dataclasses
+from typing import Any
 
+import numpy as np
 import pytest
 
 from tfsift.sift.config import LOSS_KINDS, METHODS, POLICIES, RESCALES, SCORERS, SiftConfig
@@ -150,3 +152,21 @@ def test_replace_returns_a_validated_copy() -> None:
     assert config.keep == 0.5
     with pytest.raises(ValueError, match="keep must be in"):
         config.replace(keep=2.0)
+
+
+@pytest.mark.parametrize(
+    "changes, kept",
+    [({}, 0.5), ({"beta": 3.0}, 0.25),
+     ({"min_prob": 0.1}, 0.1**2 + (1 - 0.1**2) / 2),  # max(0.1, p) has mean 0.505
+     ({"policy": "big_loss", "keep": 0.3}, 0.3), ({"policy": "adaptive", "keep": 0.4}, 0.4)],
+)  # fmt: skip
+def test_expected_kept_is_the_policys_long_run_fraction(
+    changes: dict[str, Any], kept: float
+) -> None:
+    assert SiftConfig(**changes).expected_kept() == pytest.approx(kept, rel=1e-12)
+
+
+def test_expected_kept_of_the_relative_rule_matches_sampled_percentiles() -> None:
+    config = SiftConfig(beta=2.0, min_prob=0.2)
+    p = (np.arange(200_000) + 0.5) / 200_000
+    assert config.expected_kept() == pytest.approx(np.maximum(0.2, p**2.0).mean(), rel=1e-6)

@@ -325,3 +325,20 @@ def test_with_one_stage_the_default_exit_skips_the_costly_layers() -> None:
     s((x, np.zeros(64, np.int64)))
     # the middle of the model, the old default, was "b": scoring cost about half the model
     assert [gn.name for gn in s._exit_graph.nodes] == ["a"]
+
+
+@pytest.mark.parametrize(
+    "changes, batches",
+    [({"overlap": True}, 2.0),  # relative beta=1 keeps half: 2 source batches a step
+     ({"overlap": True, "beta": 3.0}, 4.0),
+     ({"overlap": True, "exit_after": "a"}, 0.0),  # an exit of its own: not stage 0's end
+     ({}, 0.0)],  # scoring outside the waits: nothing to leave room for
+)  # fmt: skip
+def test_overlap_at_stage_0s_end_asks_the_planner_for_room(
+    changes: dict[str, Any], batches: float
+) -> None:
+    tfsift.init({})
+    model = Deep()
+    config = tfsift.SiftConfig(scorer="early_exit", **changes)
+    tfsift.sift(model, PER_SAMPLE, config)
+    assert model._tfsift.scored_batches == batches
