@@ -147,6 +147,7 @@ def make_plan(
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
     scoring: float = 0.0,
+    first_stage_min: int = 1,
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
 
@@ -161,12 +162,20 @@ def make_plan(
         scoring: forward microbatches stage 0 also runs per step in its waits (sifting's
             early exit with overlap; `solve_speed`). The simulator does not model them:
             the predictions are the pipeline's without the scoring.
+        first_stage_min: stage 0 holds at least this many layers (`solve_speed`).
 
     Raises:
         ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
     """
     partition = solve(
-        costs, K, M, optimize=optimize, pipeline=pipeline, memory_cap=memory_cap, scoring=scoring
+        costs,
+        K,
+        M,
+        optimize=optimize,
+        pipeline=pipeline,
+        memory_cap=memory_cap,
+        scoring=scoring,
+        first_stage_min=first_stage_min,
     )
     result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=optimize == "memory")
     return Plan(

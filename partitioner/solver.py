@@ -115,6 +115,7 @@ def solve(
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
     scoring: float = 0.0,
+    first_stage_min: int = 1,
 ) -> Partition:
     """`solve_speed` under `memory_cap`, or `solve_memory` checked against it.
 
@@ -127,13 +128,21 @@ def solve(
         _check_count(memory_cap, "memory_cap", minimum=0)
     _check_scoring(scoring)
     if optimize == "speed":
-        return solve_speed(costs, K, M, pipeline=pipeline, memory_cap=memory_cap, scoring=scoring)
+        return solve_speed(
+            costs,
+            K,
+            M,
+            pipeline=pipeline,
+            memory_cap=memory_cap,
+            scoring=scoring,
+            first_stage_min=first_stage_min,
+        )
     if scoring:
         raise ValueError(
             "scoring (stage 0's sifting forwards per step) shapes the speed objective; "
             f"optimize='memory' minimises memory. Received: optimize='memory', scoring={scoring}"
         )
-    partition = solve_memory(costs, K, M, pipeline=pipeline)
+    partition = solve_memory(costs, K, M, pipeline=pipeline, first_stage_min=first_stage_min)
     peak = max(peak_memory_estimate(costs, partition, M, pipeline=pipeline, recompute=True))
     if memory_cap is not None and peak > memory_cap:
         raise InfeasibleError(memory_cap, peak, K)
@@ -148,6 +157,7 @@ def solve_speed(
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
     scoring: float = 0.0,
+    first_stage_min: int = 1,
 ) -> Partition:
     """The partition with the least `step_time_estimate` whose stages fit `memory_cap`.
 
@@ -177,15 +187,18 @@ def solve_speed(
         memory_cap: bytes each stage may hold without recompute, or None.
         scoring: forward microbatches stage 0 also runs per step, in its waits (sifting's
             early exit with overlap: M / kept fraction when the exit ends stage 0).
+        first_stage_min: stage 0 holds at least this many layers (its end boundary is at
+            least this), e.g. so that an exit at stage 0's end follows a learnt layer.
 
     Returns:
         An optimal partition.
 
     Raises:
-        ValueError: on K < 1, M < 1, K > L or an unknown pipeline.
+        ValueError: on K < 1, M < 1, K > L, an unknown pipeline or a first_stage_min
+            that leaves fewer than K - 1 layers to the other stages.
         InfeasibleError: if no partition fits the cap.
     """
-    chain = _Chain.make(costs, K, M, pipeline)
+    chain = _Chain.make(costs, K, M, pipeline, first_stage_min)
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
     _check_scoring(scoring)
@@ -197,7 +210,9 @@ def solve_speed(
     return best
 
 
-def solve_memory(costs: CostModel, K: int, M: int, *, pipeline: str = "interleaved") -> Partition:
+def solve_memory(
+    costs: CostModel, K: int, M: int, *, pipeline: str = "interleaved", first_stage_min: int = 1
+) -> Partition:
     """The partition with the least peak memory under recompute, then the fastest.
 
     Bisection on the byte cap Z with the DP as feasibility probe (each feasible probe
@@ -207,7 +222,7 @@ def solve_memory(costs: CostModel, K: int, M: int, *, pipeline: str = "interleav
     Raises:
         ValueError: on K < 1, M < 1, K > L or an unknown pipeline.
     """
-    chain = _Chain.make(costs, K, M, pipeline)
+    chain = _Chain.make(costs, K, M, pipeline, first_stage_min)
     cap = _smallest_cap(chain, recompute=True)
     best = _fastest(chain, chain.memory(cap, recompute=True))
     assert best is not None, "the smallest cap admits a partition by construction"
@@ -223,9 +238,10 @@ class _Chain:
     M: int
     pipeline: str
     n: tuple[int, ...]
+    first_min: int = 1  # least end boundary of stage 0
 
     @classmethod
-    def make(cls, costs: CostModel, K: int, M: int, pipeline: str) -> _Chain:
+    def make(cls, costs: CostModel, K: int, M: int, pipeline: str, first_min: int = 1) -> _Chain:
         _check_count(K, "K (partitions)")
         _check_count(M, "M (microbatches)")
         if K > costs.num_layers:
@@ -233,7 +249,14 @@ class _Chain:
                 f"too few layers to split into partitions (layers: {costs.num_layers}, "
                 f"partitions: {K})"
             )
-        return cls(costs, K, M, pipeline, in_flight(pipeline, K, M))
+        _check_count(first_min, "first_stage_min")
+        if first_min > costs.num_layers - K + 1:
+            raise ValueError(
+                f"first_stage_min leaves the other {K - 1} stages fewer layers than stages: "
+                f"at most {costs.num_layers - K + 1} of {costs.num_layers} layers can be on "
+                f"stage 0. Received: first_stage_min={first_min}"
+            )
+        return cls(costs, K, M, pipeline, in_flight(pipeline, K, M), first_min)
 
     @property
     def L(self) -> int:
@@ -270,10 +293,11 @@ class _Chain:
     def spans(self, prefix: Array, bound: float) -> list[tuple[int, int]]:
         """End boundaries allowed when every stage spends at least its prefix difference."""
         if not math.isfinite(bound):
-            return [(0, self.L)] * self.K
+            return [(self.first_min, self.L)] + [(0, self.L)] * (self.K - 1)
         room = bound * (1 + 1e-9)
         stages = np.arange(self.K)
         lows = np.searchsorted(prefix, prefix[-1] - (self.K - 1 - stages) * room, side="left")
+        lows[0] = max(int(lows[0]), self.first_min)
         highs = np.searchsorted(prefix, (stages + 1) * room, side="right") - 1
         return [(int(lo), int(hi)) for lo, hi in zip(lows, highs, strict=True)]
 
@@ -293,7 +317,7 @@ def _fastest_scoring(chain: _Chain, memory: list[list[Limit]], scoring: float) -
     p, K, M = chain.costs.prefix, chain.K, chain.M
     own = M * p.compute + scoring * p.forward  # stage 0's work per step, but its cut
     end = M * p.cut if K > 1 else None
-    ends = np.arange(1, chain.L - K + 2)  # where stage 0 may end
+    ends = np.arange(chain.first_min, chain.L - K + 2)  # where stage 0 may end
     caps = np.unique(own[ends] + (0.0 if end is None else end[ends]))
 
     def at(i: int) -> tuple[Partition | None, float]:
@@ -412,7 +436,9 @@ def _smallest_cap(chain: _Chain, *, recompute: bool) -> int:
 
     p = costs.prefix
     total = p.state_bytes + p.activation_bytes
-    high = peak(Partition(tuple(s * chain.L // K for s in range(K + 1))))
+    # an even split, its first cut moved to stage 0's least end if that is later
+    even = [max(s * chain.L // K, chain.first_min + s - 1) for s in range(1, K)]
+    high = peak(Partition((0, *even, chain.L)))
     low = max(-1, -(-int(total[-1]) // K) - 1)  # every stage holds its own state and acts
     while high - low > 1:
         mid = (low + high) // 2

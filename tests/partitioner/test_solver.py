@@ -104,6 +104,39 @@ def test_solve_speed_with_scoring_matches_brute_force(
     assert same(step_time_estimate(costs, found, M, scoring=scoring), best)
 
 
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.data(), st.sampled_from([0.0, 3.0, 12.0]), st.booleans())
+def test_solvers_with_a_least_first_stage_match_brute_force(
+    problem: tuple[CostModel, int, int, str], data: st.DataObject, scoring: float, capped: bool
+) -> None:
+    costs, K, M, pipeline = problem
+    L = costs.num_layers
+    least = data.draw(st.integers(1, L - K + 1))
+    allowed = [p for p in all_partitions(L, K) if p.bounds[1] >= least]
+    memory = {p: peak(costs, p, M, pipeline, False) for p in allowed}
+    cap = int(sorted(memory.values())[len(memory) // 2]) if capped else None
+    fits = [p for p in allowed if cap is None or memory[p] <= cap]
+    found = solve_speed(
+        costs, K, M, pipeline=pipeline, memory_cap=cap, scoring=scoring, first_stage_min=least
+    )
+    assert found.bounds[1] >= least and (cap is None or memory[found] <= cap)
+    best = min(step_time_estimate(costs, p, M, scoring=scoring) for p in fits)
+    assert same(step_time_estimate(costs, found, M, scoring=scoring), best)
+    recompute = {p: peak(costs, p, M, pipeline, True) for p in allowed}
+    lightest = solve_memory(costs, K, M, pipeline=pipeline, first_stage_min=least)
+    assert lightest.bounds[1] >= least
+    assert recompute[lightest] == min(recompute.values())
+
+
+def test_a_least_first_stage_that_leaves_too_few_layers_is_an_error() -> None:
+    with pytest.raises(ValueError) as info:
+        solve_speed(chain([1.0, 1.0, 1.0]), 2, 2, first_stage_min=3)
+    assert str(info.value) == (
+        "first_stage_min leaves the other 1 stages fewer layers than stages: at most 2 of 3 "
+        "layers can be on stage 0. Received: first_stage_min=3"
+    )
+
+
 def test_scoring_on_stage_0_moves_layers_off_it() -> None:
     # 4 layers of forward 1 s, backward 2 s; M = 4. Plain: (0, 2, 4), t = [6, 6], T = 30.
     # With 8 scoring forwards per step stage 0 would work 4 * 6 + 8 * 2 = 40 s a step;

@@ -110,6 +110,11 @@ def rank0_bounds(
         pipeline=cfg.pipeline,
         memory_cap=cfg.memory_cap,
         scoring=scoring if cfg.optimize == "speed" else 0.0,
+        # the default exit ends stage 0: keep a learnt layer before it, or the exit head
+        # would score the raw input (the solver once left only a reshape there)
+        first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
+        if scoring
+        else 1,
     )
     result = simulate_plan(
         costs, plan.partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
@@ -120,6 +125,11 @@ def rank0_bounds(
         log.info("wrote the plan to %s", cfg.plan_file)
     _keep_for_run_log(plan, cfg)
     return plan.bounds
+
+
+def _first_weighted(graph: Graph) -> int:
+    """The index of the first node with variables (0 if none has any)."""
+    return next((i for i in range(len(graph)) if graph.stage(i, i + 1).variables()), 0)
 
 
 def _keep_for_run_log(plan: Plan, cfg: Config) -> None:

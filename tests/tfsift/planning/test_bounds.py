@@ -216,3 +216,22 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
         in (messages(caplog)[2][1].splitlines()[0])
     )
     assert plan_differences(plan, graph, cfg, 4.0) == []
+
+
+def test_room_for_scoring_keeps_a_learnt_layer_on_stage_0(tmp_path: Path) -> None:
+    # Scoring dwarfs everything, so the solver alone would leave stage 0 only the reshape
+    # (free, no weights), and the exit head at its end would score the raw input.
+    class Wide(tfsift.DistributedModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reshape = keras.layers.Reshape((64,), name="reshape")
+            self.a = keras.layers.Dense(256, name="a")
+            self.b = keras.layers.Dense(256, name="b")
+            self.c = keras.layers.Dense(2, name="c")
+
+        def call(self, x: Any) -> Any:
+            return self.c(self.b(self.a(self.reshape(x))))
+
+    graph = trace(Wide(), [tf.zeros((8, 8, 8))])
+    assert [n.name for n in graph.nodes][:2] == ["reshape", "a"]
+    assert rank0_bounds(graph, [tf.zeros((8, 8, 8))], config(tmp_path), 1e4)[1] == 2
