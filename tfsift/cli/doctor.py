@@ -89,6 +89,7 @@ def probes(ranks: int | None = None) -> list[Callable[[], Check]]:
         check_mpirun,
         check_cpus,
         functools.partial(check_gpus, ranks),
+        check_tf32,
         check_matplotlib,
     ]
 
@@ -196,6 +197,39 @@ def check_gpus(ranks: int | None = None) -> Check:
         return Check("gpus", False, detail, TF_FIX, required=False)
     return Check(
         "gpus", True, "none (CPU-only TensorFlow; training runs on the CPUs)", required=False
+    )
+
+
+def check_tf32() -> Check:
+    """Whether float32 matrix products and convolutions run in TF32 on these GPUs.
+
+    TensorFlow turns TF32 on by default on GPUs of compute capability 8.0 and newer: fast,
+    but with 10 mantissa bits, so a pipeline's gradients no longer match one process's to
+    float32 rounding (on an H100, up to 7.5% apart; docs/install.md#gpus). Reported, not
+    required: it is the user's trade.
+    """
+    try:
+        tf = _import("tensorflow")
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            return Check("tf32", True, "not used (no GPU)", required=False)
+        details = [tf.config.experimental.get_device_details(g) for g in gpus]
+        newer = [d for d in details if tuple(d.get("compute_capability", (0, 0))) >= (8, 0)]
+        on = bool(tf.config.experimental.tensor_float_32_execution_enabled())
+    except Exception as err:
+        return Check("tf32", False, f"unknown: {_reason(err)}", required=False)
+    if not newer:
+        return Check("tf32", True, "not used (no GPU of compute capability 8.0+)", required=False)
+    if not on or os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return Check("tf32", True, "off: float32 products keep float32 precision", required=False)
+    return Check(
+        "tf32",
+        True,
+        f"on for {len(newer)} GPU(s), TensorFlow's default: float32 matrix products and "
+        "convolutions keep 10 mantissa bits; to compare a pipeline with one process, turn it "
+        "off (tf.config.experimental.enable_tensor_float_32_execution(False) or "
+        "NVIDIA_TF32_OVERRIDE=0)",
+        required=False,
     )
 
 

@@ -188,3 +188,39 @@ def test_gpus_the_user_placed_are_left_alone_whatever_np(
     stack.setattr(doctor, "_import", fake_stack(gpus=1, cuda=True))
     check = doctor.check_gpus(ranks=4)
     assert (check.ok, check.detail) == (True, f"1; {why}: tfsift.init leaves them as they are")
+
+
+@pytest.mark.parametrize(
+    ("capability", "enabled", "override", "words"),
+    [((9, 0), True, None, "on for 1 GPU(s), TensorFlow's default: float32 matrix products"),
+     ((9, 0), False, None, "off: float32 products keep float32 precision"),
+     ((8, 0), True, "0", "off: float32 products keep float32 precision"),
+     ((7, 5), True, None, "not used (no GPU of compute capability 8.0+)")],
+)  # fmt: skip
+def test_tf32_is_reported_where_tensorflow_uses_it(
+    monkeypatch: pytest.MonkeyPatch,
+    capability: tuple[int, int],
+    enabled: bool,
+    override: str | None,
+    words: str,
+) -> None:
+    experimental = SimpleNamespace(
+        get_device_details=lambda gpu: {"compute_capability": capability},
+        tensor_float_32_execution_enabled=lambda: enabled,
+    )
+    tf = SimpleNamespace(
+        config=SimpleNamespace(
+            list_physical_devices=lambda kind: ["GPU:0"], experimental=experimental
+        )
+    )
+    monkeypatch.setattr(doctor, "_import", lambda name: tf)
+    if override is None:
+        monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
+    else:
+        monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", override)
+    check = doctor.check_tf32()
+    assert check.ok and not check.required and check.detail.startswith(words)
+
+
+def test_tf32_without_a_gpu_is_not_used(stack: pytest.MonkeyPatch) -> None:
+    assert doctor.check_tf32() == doctor.Check("tf32", True, "not used (no GPU)", required=False)
