@@ -89,6 +89,8 @@ def rank0_bounds(
     """
     from partitioner.plan import make_plan, simulate_plan
 
+    # room for scoring is a speed objective (solve_speed); a memory plan ignores it
+    scoring = scoring if cfg.optimize == "speed" else 0.0
     plan = _reusable_plan(graph, cfg, scoring)
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
@@ -109,7 +111,7 @@ def rank0_bounds(
         optimize=cfg.optimize,
         pipeline=cfg.pipeline,
         memory_cap=cfg.memory_cap,
-        scoring=scoring if cfg.optimize == "speed" else 0.0,
+        scoring=scoring,
         # the default exit ends stage 0: keep a learnt layer before it, or the exit head
         # would score the raw input (the solver once left only a reshape there)
         first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
@@ -140,7 +142,9 @@ def _keep_for_run_log(plan: Plan, cfg: Config) -> None:
 
 
 def plan_differences(plan: Plan, graph: Graph, cfg: Config, scoring: float = 0.0) -> list[str]:
-    """What differs between the run ``plan`` was made for and this one (empty: none).
+    """What differs between the run ``plan`` was made for and this one (empty: none);
+    ``scoring`` is this run's room for sifting (0 unless optimize="speed", as
+    ``rank0_bounds`` passes it).
 
     Example:
         ``["microbatches: plan 4, this run 2", "pipeline: plan 'interleaved', this run 'simple'"]``
@@ -156,7 +160,7 @@ def plan_differences(plan: Plan, graph: Graph, cfg: Config, scoring: float = 0.0
         for key, value in planned.items()
         if value != getattr(cfg, key)
     ]
-    if cfg.optimize == "speed" and plan.scoring != scoring:
+    if plan.scoring != scoring:
         found.append(
             f"stage 0's sifting forwards per step: plan {plan.scoring:g}, this run {scoring:g}"
         )

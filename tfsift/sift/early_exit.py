@@ -88,13 +88,11 @@ class EarlyExitScorer(Scorer):
         self.scored_while_waiting = 0  # their source batches scored during training steps
         self.scored_chunks = 0  # of so many prepared source batches
         self.prepared_rounds = 0  # rounds prepared and sifted (advice after ADVICE_AFTER)
-        state = getattr(model, "_tfsift", None)
-        if config.overlap and config.exit_after is None and state is not None:
+        if config.overlap and config.exit_after is None and model.partitioned is None:
             # The default exit ends stage 0, so scoring costs stage 0 a forward of its own
             # layers per source batch, 1 / kept of them per step: the planner (at the first
             # step) then leaves it room in its waits by giving it fewer layers.
-            if state.partitioned is None:
-                state.scored_batches = 1 / config.expected_kept()
+            model._tfsift.scored_batches = 1 / config.expected_kept()
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""

@@ -235,3 +235,15 @@ def test_room_for_scoring_keeps_a_learnt_layer_on_stage_0(tmp_path: Path) -> Non
     graph = trace(Wide(), [tf.zeros((8, 8, 8))])
     assert [n.name for n in graph.nodes][:2] == ["reshape", "a"]
     assert rank0_bounds(graph, [tf.zeros((8, 8, 8))], config(tmp_path), 1e4)[1] == 2
+
+
+def test_a_memory_plan_ignores_room_for_scoring(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    graph = traced()
+    cfg = config(tmp_path, optimize="memory")
+    rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0)
+    assert Plan.load(cfg.plan_file or "").scoring == 0.0
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        rank0_bounds(graph, [tf.zeros((1, 3))], cfg)  # reused: nothing differs
+    assert messages(caplog) == []
