@@ -4,7 +4,10 @@ Run on 2 processes (partitions=2, microbatches=4):
 
     mpirun -np 2 python scripts/bench_overlap.py --repeats 5
 
-Each rank computes with one thread (a rank stands in for a device).
+Each rank computes with one thread (a rank stands in for a device). ``--pipeline simple``
+times the GPipe schedule instead of 1F1B (stage 0's waits then fall at the drain);
+``--source batches`` reads batches sliced from arrays batched beforehand instead of
+batching samples in tf.data (a sifted run reads 1 / kept source batches per step).
 
 Each variant trains the same 1-D ConvNet (2 convolutions, as in examples/sift_mnist1d.py,
 and 4) on two cuts: where the profile of the first variant of that model cut it
@@ -18,7 +21,9 @@ for ``--steps`` optimizer steps
 everything the training loop waits for: reading and sifting the data, the step, the
 gradient allreduce and the update. Variants run in rotating order ``--repeats`` times
 in one job, and the table shows the median, so drift on a noisy machine hits all of
-them alike. Rank 0 prints a Markdown table.
+them alike. Rank 0 prints Markdown tables: the time per step, where each rank's step
+goes, and the step right after a round (the sifted dataset read and scored source
+batches in that step's ``next()``) against the others.
 """
 
 from __future__ import annotations
@@ -116,7 +121,23 @@ def parse() -> argparse.Namespace:
         "--convs", type=int, nargs="+", default=[2, 4], help="models: convolutions in each"
     )
     parser.add_argument("--cuts", nargs="+", choices=list(CUTS), default=list(CUTS))
+    parser.add_argument("--source", choices=["samples", "batches"], default="samples")
+    parser.add_argument(
+        "--pipeline", choices=["interleaved", "simple"], default="interleaved", help="schedule"
+    )
     return parser.parse_args()
+
+
+def source(x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> tf.data.Dataset:
+    """The training batches: batched from samples by tf.data (``--source samples``), or
+    slices of arrays batched beforehand (``--source batches``), which costs tf.data
+    almost nothing. Either way a background thread prefetches 4 of them."""
+    if args.source == "samples":
+        train = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        return train.batch(args.batch, drop_remainder=True).prefetch(4)
+    n = len(x) // args.batch * args.batch
+    batched = (x[:n].reshape(-1, args.batch, *x.shape[1:]), y[:n].reshape(-1, args.batch))
+    return tf.data.Dataset.from_tensor_slices(batched).repeat().prefetch(4)
 
 
 def time_variant(
@@ -140,8 +161,7 @@ def time_variant(
         loss = keras.ops.mean(per_sample(labels, model(images, training=True)))
         return tfsift.gradients(loss, model.trainable_variables), loss
 
-    train = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
-    train = train.batch(args.batch, drop_remainder=True).prefetch(4)
+    train = source(x, y, args)
     options = VARIANTS[name]
     units.MOST_PER_UNIT = 1 if name.endswith(ONE_BATCH) else None
     if options is not None:
@@ -158,7 +178,9 @@ def time_variant(
     batches = iter(train)
     stamps = []
     split = np.zeros(3)
+    steps: dict[bool, list[float]] = {True: [], False: []}  # step seconds, by "after a round"
     for i in range(args.warmup + args.steps):
+        seen = tfsift.sift_metrics().get("samples_seen", 0) if options else 0
         t0 = time.perf_counter()
         images, labels = next(batches)
         t1 = time.perf_counter()
@@ -170,12 +192,17 @@ def time_variant(
         stamps.append(time.perf_counter())
         if i >= args.warmup:
             split += [t1 - t0, t2 - t1, stamps[-1] - t2]
+            # the sifted dataset runs its rounds on this thread, inside next()
+            after = bool(options) and tfsift.sift_metrics()["samples_seen"] != seen
+            steps[after].append(t2 - t1)
     part = model.partitioned
     assert part is not None
     STAGE0[name] = part.graph.nodes[part.bounds[1] - 1].name
     metrics = tfsift.sift_metrics() if options else {}
     overlap = [metrics.get(k, 0.0) for k in ("overlapped_fraction", *ROOM)]
-    return (stamps[-1] - stamps[args.warmup - 1]) / args.steps, [*split / args.steps, *overlap]
+    rounds = [float(np.median(steps[k])) if steps[k] else float("nan") for k in (True, False)]
+    seconds = (stamps[-1] - stamps[args.warmup - 1]) / args.steps
+    return seconds, [*split / args.steps, *overlap, *rounds]
 
 
 def main() -> None:
@@ -189,7 +216,13 @@ def main() -> None:
     x, y, _, _ = load(args.samples, 0)
     for convs in args.convs:
         for cut in args.cuts:
-            config = {"partitions": 2, "microbatches": 4, "profile_repeats": 3, **CUTS[cut]}
+            config = {
+                "partitions": 2,
+                "microbatches": 4,
+                "pipeline": args.pipeline,
+                "profile_repeats": 3,
+                **CUTS[cut],
+            }
             bench_model(convs, cut, x, y, args, config, plan)
 
 
@@ -242,6 +275,21 @@ def bench_model(
             wait, unit = every[0][name][4:6]
             room = f"{wait:.1f} / {unit:.2f}" if "overlap" in name else ""
             print(f"| {name} | " + " | ".join(cells) + f" | {every[0][name][3]:.0%} | {room} |")
+        print(
+            "\nThe step (ms, medians) right after a round (the sifted dataset read and scored "
+            "source batches in that step's next()) and every other step\n"
+        )
+        print(
+            "| variant | " + " | ".join(f"rank {r}: after a round / others" for r in ranks) + " |"
+        )
+        print("| --- |" + " --- |" * len(every))
+        for name in names:
+            cells = [" / ".join(_ms(v) for v in split[name][6:8]) for split in every]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def _ms(seconds: float) -> str:
+    return "-" if np.isnan(seconds) else f"{seconds * 1e3:.1f}"
 
 
 if __name__ == "__main__":
