@@ -36,7 +36,7 @@ from tfsift.planning.graph import StageGraph
 from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.exit_head import ExitHead
-from tfsift.sift.overlap import BATCH, UPDATE, WaitModel
+from tfsift.sift.overlap import BATCH, FINISH, UPDATE, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import (
     FullScorer,
@@ -59,6 +59,10 @@ VALIDATE_EVERY = 100
 # cannot pay (scripts/bench_overlap.py), and the user can move the cut or the exit.
 ADVICE_AFTER = 50
 LOW_OVERLAP = 0.25
+# With overlap, stage 0 finishes the head's gradient sums in a wait after a round's last
+# unit where one has room (``ExitHead.finish_early``), instead of after the losses'
+# broadcast; scripts/bench_overlap.py sets False for a variant that compares the two.
+FINISH_IN_WAITS = True
 # With one stage, the default exit ends where at most this share of the model's forward
 # time has been spent: an exit in the middle of a CNN took its costliest convolution and
 # scored at the cost of the whole model (scripts/bench_sifting.py, docs/benchmarks.md).
@@ -334,8 +338,10 @@ class _IdleScoring:
 
     def run(self, microbatch: int, waited: float) -> bool:
         prepared = self.scorer._prepared
-        if prepared is None or prepared.done():
+        if prepared is None:
             return False
+        if prepared.done():
+            return self._finish(microbatch, waited)
         batches = self.waits.batches(microbatch, waited, prepared.left(), self._kind())
         if not batches:
             return False
@@ -355,6 +361,18 @@ class _IdleScoring:
         # the rest of a short run.
         if self.scorer._head.signatures == signatures:
             self.waits.unit(time.perf_counter() - start, kind, batches)
+
+    def _finish(self, microbatch: int, waited: float) -> bool:
+        """After the round's last unit: the head's ``finish_early``, if the wait has room."""
+        head = self.scorer._head
+        if not (FINISH_IN_WAITS and head.finishes_early):
+            return False
+        if not self.waits.batches(microbatch, waited, 1, FINISH):
+            return False
+        start = time.perf_counter()
+        head.finish_early()
+        self.waits.unit(time.perf_counter() - start, FINISH)
+        return True
 
     def _kind(self) -> str:
         """The next call's kind: it applies the head's pending update first, if any."""

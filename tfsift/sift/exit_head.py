@@ -70,6 +70,7 @@ class ExitHead:
         # 1.05 ms unit in bench_overlap's pipeline (a throwaway profile).
         self._sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in head_vars]
         self._learnt = 0  # calls that added to them since round r-1's ended
+        self._finished = False  # finish_early ran since the last learn
         self._kept = 0  # rows kept in round r
         self._ready: tuple[Grads, tf.Tensor] | None = None  # round r-1's sums and 1/kept
         self._score = Compiled(self._scored, "early-exit scoring")
@@ -132,11 +133,29 @@ class ExitHead:
         """Round r's rows ``kept`` (positions over the parts ``features``/``labels`` of its
         scoring) are learnt by the calls that score the next round, ``batch`` rows per
         call; round r-1's gradients end here (with replicas: a collective)."""
-        self._finish()
+        if self._finished:  # already, in a wait of the last step (``finish_early``)
+            self._finished = False
+        else:
+            self._finish()
         mask = np.zeros(sum(int(part.shape[0]) for part in features), np.float32)
         mask[kept] = 1.0
         self._kept = len(kept)
         self._queue = list(_chunks(features, labels, mask, batch))
+
+    @property
+    def finishes_early(self) -> bool:
+        """Whether ``finish_early`` may run now: the round's calls have learnt something
+        that is not finished yet, and there is one replica (with several the mean is a
+        collective of the replicas, which must meet at the round)."""
+        return self._learnt > 0 and not self._finished and self.group.replicas == 1
+
+    def finish_early(self) -> None:
+        """What ``learn`` does first, ahead of it: once a round's calls have all run,
+        stage 0 may finish the gradients they learnt inside a wait for gradients instead
+        of after the losses' broadcast, where the other stages wait for it in the next
+        step (about 0.8 ms a round on bench_overlap's pipeline, a throwaway profile)."""
+        self._finish()
+        self._finished = True
 
     def flush(self) -> None:
         """Applies what is pending and computes what is queued (before the weights are

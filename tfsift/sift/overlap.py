@@ -16,7 +16,10 @@ many calls of one, and what no wait had room for is scored at the round, where e
 stage waits for it. The first unit of a round also applies the exit head's update
 (``tfsift.sift.exit_head``): when that update learnt the whole round at once it took
 3.5x a plain unit, and one estimate for both let it start where only a plain unit fits
-and then kept plain units out of waits they fit, so each kind has its own estimates.
+and then kept plain units out of waits they fit, so each kind has its own estimates. A
+third kind takes the head's gradient sums after a round's last unit (``FINISH``,
+``ExitHead.finish_early``), work stage 0 otherwise did after the losses' broadcast while
+the other stages waited for it in the next step.
 
 Pure Python, no TensorFlow or MPI: the receive reports what it saw (``arrived``) and
 asks before each unit how many batches it may take (``batches``).
@@ -31,6 +34,7 @@ MARGIN = 0.8  # a unit may start if it ends within this fraction of the expected
 MOST_PER_UNIT: int | None = None
 BATCH = "batch"  # a unit that scores source batches
 UPDATE = "update"  # one that also applies the exit head's update first
+FINISH = "finish"  # the exit head's gradient sums taken, after a round's last unit
 
 
 class WaitModel:
@@ -56,7 +60,7 @@ class WaitModel:
     def __init__(self) -> None:
         self.expected: dict[int, float] = {}  # seconds the receive of microbatch m waits
         # seconds one call of k source batches took, per kind
-        self.costs: dict[str, dict[int, float]] = {BATCH: {}, UPDATE: {}}
+        self.costs: dict[str, dict[int, float]] = {BATCH: {}, UPDATE: {}, FINISH: {}}
         self.last = (BATCH, 1)  # the kind and size of the last call
 
     def batches(self, microbatch: int, elapsed: float, most: int, kind: str = BATCH) -> int:

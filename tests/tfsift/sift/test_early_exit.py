@@ -14,7 +14,7 @@ import tfsift
 from tfsift.parallel import runtime
 from tfsift.sift import early_exit
 from tfsift.sift.early_exit import LOW_OVERLAP, EarlyExitScorer, cheap_exit, spearman
-from tfsift.sift.overlap import BATCH, UPDATE, WaitModel
+from tfsift.sift.overlap import BATCH, FINISH, UPDATE, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.state import STATE
 
@@ -124,7 +124,11 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     idle.arrived(0, 60.0, True)  # microbatch 0's gradients took a minute to come
     assert idle.run(0, 0.0) is True  # the first source batch (learning the first's)
     assert idle.run(0, 0.0) is True  # the second
+    assert chunked._head.finishes_early  # the first round's gradients, all computed
+    assert idle.run(0, 0.0) is True  # finished in the wait, not after the broadcast
+    assert not chunked._head.finishes_early and chunked._head.applies_next
     assert idle.run(0, 0.0) is False  # nothing left
+    assert list(idle.waits.costs[FINISH]) == [1]
     scores = chunked(second)
     np.testing.assert_allclose(scores.losses, whole(second).losses, rtol=1e-6)
     assert chunked.metrics["overlapped_rounds"] == 1.0
@@ -162,11 +166,15 @@ def test_a_wait_with_room_for_the_whole_round_scores_it_in_one_unit() -> None:
     idle.waits.unit(0.001, UPDATE)  # a call of one source batch takes a millisecond
     assert idle.run(0, 0.0) is True  # both source batches of the round, learning both
     assert units._prepared is not None and units._prepared.done()
+    assert idle.run(0, 0.0) is True  # the head's gradients of the round before, finished
     assert idle.run(0, 0.0) is False
     np.testing.assert_allclose(units(third).losses, whole(third).losses, rtol=1e-6)
     assert units.metrics["overlapped_fraction"] == 1.0
-    for a, b in zip(units._head.state()["sums"], whole._head.state()["sums"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    for s in (units, whole):
+        s.learn(kept)  # whole finishes here; units finished in the wait
+    assert units._head._ready is not None and whole._head._ready is not None
+    for a, b in zip(units._head._ready[0], whole._head._ready[0], strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_a_unit_that_met_a_new_signature_says_nothing_about_a_units_cost() -> None:
@@ -179,7 +187,7 @@ def test_a_unit_that_met_a_new_signature_says_nothing_about_a_units_cost() -> No
     assert idle is not None
     idle.arrived(0, 60.0, True)
     assert idle.run(0, 0.0) is True  # the first call that also learns: a new signature
-    assert s._idle.waits.costs == {BATCH: {}, UPDATE: {}}
+    assert s._idle.waits.costs == {BATCH: {}, UPDATE: {}, FINISH: {}}
     assert idle.run(0, 0.0) is True  # the same call again, timed
     assert list(s._idle.waits.costs[BATCH]) == [1] and not s._idle.waits.costs[UPDATE]
 

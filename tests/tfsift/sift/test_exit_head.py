@@ -144,3 +144,44 @@ def test_a_round_learnt_whole_takes_its_features_as_they_are() -> None:
     chunk = h._take(None)
     assert chunk is not None and chunk[0] is features  # not sliced and joined again
     np.testing.assert_array_equal(chunk[2].numpy(), [0, 1, 0, 0, 0, 0, 1, 0])
+
+
+def test_a_round_finished_early_learns_as_one_finished_at_the_round() -> None:
+    # overlap finishes a round's gradients in a wait after its last call (finish_early);
+    # learn then must not finish (or apply) anything again
+    early, late = head(), head()
+    kept = [np.array([0, 2, 5]), np.array([1, 7]), np.array([3, 4, 6]), np.array([0])]
+    finished = []
+    for (x, y), k in zip(rounds(), kept, strict=True):
+        calls = [early.score(x[i : i + 4], y[i : i + 4], 1) for i in (0, 4)]
+        finished.append(early.finishes_early)
+        if early.finishes_early:
+            early.finish_early()
+            assert not early.finishes_early  # once a round
+        early.learn([c[0] for c in calls], [y[:4], y[4:]], k, 4)
+        losses = np.concatenate([c[1].numpy() for c in calls])
+        np.testing.assert_allclose(losses, in_units(late, x, y, k), rtol=1e-5)
+    # nothing learnt in the first round's calls; every later round's calls learnt one
+    assert finished == [False, True, True, True]
+    assert early.applies_next and late.applies_next
+    for a, b in zip(early.model.weights, late.model.weights, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5)
+    x, y = rounds()[0]
+    np.testing.assert_allclose(
+        early.score(x, y, None)[1].numpy(), late.score(x, y, None)[1].numpy(), rtol=1e-5
+    )
+
+
+def test_with_replicas_the_gradients_finish_at_the_round() -> None:
+    h = head()
+    x, y = rounds()[0]
+    h.learn([h.score(x, y, None)[0]], [y], np.arange(8), None)
+    h.score(x, y, None)
+    assert h.finishes_early
+
+    class TwoReplicas:
+        replicas = 2
+
+    h.group = TwoReplicas()  # type: ignore[assignment]
+    # the mean over the replicas is a collective: never inside one stage's wait
+    assert not h.finishes_early

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfsift.sift import overlap
-from tfsift.sift.overlap import BATCH, MARGIN, SMOOTHING, UPDATE, WaitModel
+from tfsift.sift.overlap import BATCH, FINISH, MARGIN, SMOOTHING, UPDATE, WaitModel
 
 
 def test_nothing_runs_before_a_wait_was_seen() -> None:
@@ -77,7 +77,7 @@ def test_a_unit_that_also_updates_the_head_has_its_own_cost() -> None:
     waits.arrived(0, 0.010, exact=True)
     waits.unit(0.002)
     waits.unit(0.007, UPDATE)  # the round's first unit: head update + a batch
-    assert waits.costs == {BATCH: {1: 0.002}, UPDATE: {1: 0.007}}
+    assert waits.costs == {BATCH: {1: 0.002}, UPDATE: {1: 0.007}, FINISH: {}}
     assert waits.batches(0, 0.005, most=1) == 1  # a plain batch still fits 5 ms in
     assert waits.batches(0, 0.005, most=1, kind=UPDATE) == 0  # the update does not
     # an overrun during an update unit is corrected by the update's cost
@@ -89,7 +89,7 @@ def test_a_call_of_several_batches_is_timed_as_its_size_and_kind() -> None:
     waits = WaitModel()
     waits.unit(0.013, UPDATE, batches=4)  # what no wait had room for, after the update
     waits.unit(0.008, BATCH, batches=5)
-    assert waits.costs == {BATCH: {5: 0.008}, UPDATE: {4: 0.013}}
+    assert waits.costs == {BATCH: {5: 0.008}, UPDATE: {4: 0.013}, FINISH: {}}
     assert waits.cost(1, UPDATE) == 0.013  # no smaller call of its kind seen: a bound
 
 
@@ -118,3 +118,13 @@ def test_units_may_be_held_to_a_number_of_batches(monkeypatch: pytest.MonkeyPatc
     assert waits.batches(0, 0.0, most=8) == 7
     monkeypatch.setattr(overlap, "MOST_PER_UNIT", 1)
     assert waits.batches(0, 0.0, most=8) == 1
+
+
+def test_finishing_the_heads_gradients_has_its_own_cost() -> None:
+    waits = WaitModel()
+    waits.arrived(0, 0.010, exact=True)
+    waits.unit(0.001)  # plain units are cheap: that says nothing of a finish
+    assert waits.batches(0, 0.0, 1, FINISH) == 1  # unknown: one may try where room is left
+    waits.unit(0.009, FINISH)  # it took 9 ms: more than 0.8 x the 10 ms wait
+    assert waits.batches(0, 0.0, 1, FINISH) == 0
+    assert waits.batches(0, 0.0, 1) == 1
