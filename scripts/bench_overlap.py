@@ -7,7 +7,8 @@ Run on 2 processes (partitions=2, microbatches=4):
 Each rank computes with one thread (a rank stands in for a device). ``--pipeline simple``
 times the GPipe schedule instead of 1F1B (stage 0's waits then fall at the drain);
 ``--source batches`` reads batches sliced from arrays batched beforehand instead of
-batching samples in tf.data (a sifted run reads 1 / kept source batches per step).
+batching samples in tf.data (a sifted run reads 1 / kept source batches per step);
+``--variants`` runs some of the variants (no sifting always runs).
 
 Each variant trains the same 1-D ConvNet (2 convolutions, as in examples/sift_mnist1d.py,
 and 4) on two cuts: where the profile of the first variant of that model cut it
@@ -45,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from sift_mnist1d import load
 
 import tfsift
+from tfsift.sift import early_exit
 from tfsift.sift import overlap as units
 
 CUTS = {
@@ -91,6 +93,11 @@ VARIANTS = {
         "scorer": "early_exit",
         "overlap": True,
     },
+    # as before the head's gradient sums were finished in a wait (ExitHead.finish_early)
+    "relative beta=1, early exit + overlap, head finished at the round": {
+        "scorer": "early_exit",
+        "overlap": True,
+    },
     # the default exit (stage 0's last layer) on a cut of its own: the planner gives stage 0
     # room for the scoring (solve_speed's scoring); profiled cut only, with its own plan file
     "relative beta=1, early exit + overlap, cut for it": {
@@ -100,6 +107,7 @@ VARIANTS = {
     },
 }
 ONE_BATCH = "one batch a unit"
+AT_THE_ROUND = "head finished at the round"
 OWN_CUT = "cut for it"
 
 
@@ -122,6 +130,7 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--cuts", nargs="+", choices=list(CUTS), default=list(CUTS))
     parser.add_argument("--source", choices=["samples", "batches"], default="samples")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument(
         "--pipeline", choices=["interleaved", "simple"], default="interleaved", help="schedule"
     )
@@ -164,6 +173,7 @@ def time_variant(
     train = source(x, y, args)
     options = VARIANTS[name]
     units.MOST_PER_UNIT = 1 if name.endswith(ONE_BATCH) else None
+    early_exit.FINISH_IN_WAITS = not name.endswith(AT_THE_ROUND)
     if options is not None:
         config = tfsift.SiftConfig(
             **{
@@ -179,6 +189,7 @@ def time_variant(
     stamps = []
     split = np.zeros(3)
     steps: dict[bool, list[float]] = {True: [], False: []}  # step seconds, by "after a round"
+    left: list[tuple[float, bool]] = []  # when this rank left next(), and if after a round
     for i in range(args.warmup + args.steps):
         seen = tfsift.sift_metrics().get("samples_seen", 0) if options else 0
         t0 = time.perf_counter()
@@ -195,6 +206,7 @@ def time_variant(
             # the sifted dataset runs its rounds on this thread, inside next()
             after = bool(options) and tfsift.sift_metrics()["samples_seen"] != seen
             steps[after].append(t2 - t1)
+            left.append((t1, after))
     part = model.partitioned
     assert part is not None
     STAGE0[name] = part.graph.nodes[part.bounds[1] - 1].name
@@ -202,7 +214,21 @@ def time_variant(
     overlap = [metrics.get(k, 0.0) for k in ("overlapped_fraction", *ROOM)]
     rounds = [float(np.median(steps[k])) if steps[k] else float("nan") for k in (True, False)]
     seconds = (stamps[-1] - stamps[args.warmup - 1]) / args.steps
-    return seconds, [*split / args.steps, *overlap, *rounds]
+    return seconds, [*split / args.steps, *overlap, *rounds, *skew(left)]
+
+
+def skew(left: list[tuple[float, bool]]) -> list[float]:
+    """How much later rank 0 left ``next()`` than rank 1 (seconds, medians over the timed
+    steps after a round, and over the others) on rank 0; NaN on the other ranks. The
+    ranks' ``time.perf_counter`` is the same clock on one host (CLOCK_MONOTONIC on
+    Linux), which is where this benchmark runs."""
+    every = MPI.COMM_WORLD.gather(left, root=0)
+    if every is None:
+        return [float("nan")] * 2
+    gaps: dict[bool, list[float]] = {True: [], False: []}
+    for (mine, after), (theirs, _) in zip(every[0], every[1], strict=True):
+        gaps[after].append(mine - theirs)
+    return [float(np.median(gaps[k])) if gaps[k] else float("nan") for k in (True, False)]
 
 
 def main() -> None:
@@ -235,7 +261,8 @@ def bench_model(
     config: dict[str, Any],
     plan: str,
 ) -> None:
-    names = [n for n in VARIANTS if cut == "profiled" or not n.endswith(OWN_CUT)]
+    chosen = [n for n in VARIANTS if n in args.variants or VARIANTS[n] is None]
+    names = [n for n in chosen if cut == "profiled" or not n.endswith(OWN_CUT)]
     times: dict[str, list[float]] = {name: [] for name in names}
     splits: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(args.repeats):
@@ -277,15 +304,19 @@ def bench_model(
             print(f"| {name} | " + " | ".join(cells) + f" | {every[0][name][3]:.0%} | {room} |")
         print(
             "\nThe step (ms, medians) right after a round (the sifted dataset read and scored "
-            "source batches in that step's next()) and every other step\n"
+            "source batches in that step's next()) and every other step; and how much later "
+            "rank 0 left next() than rank 1 before those steps (ms, medians; negative: earlier)\n"
         )
         print(
-            "| variant | " + " | ".join(f"rank {r}: after a round / others" for r in ranks) + " |"
+            "| variant | "
+            + " | ".join(f"rank {r}: after a round / others" for r in ranks)
+            + " | rank 0 left next() later than rank 1 by |"
         )
-        print("| --- |" + " --- |" * len(every))
+        print("| --- |" + " --- |" * (len(every) + 1))
         for name in names:
             cells = [" / ".join(_ms(v) for v in split[name][6:8]) for split in every]
-            print(f"| {name} | " + " | ".join(cells) + " |")
+            gaps = " / ".join(_ms(v) for v in every[0][name][8:10])
+            print(f"| {name} | " + " | ".join(cells) + f" | {gaps} |")
 
 
 def _ms(seconds: float) -> str:
