@@ -194,6 +194,7 @@ class ExitHead:
             var.assign(tf.cast(value, var.dtype))
         self._learnt = 0 if sums is None else 1
         self._kept, self._queue, self._ready = int(state.get("kept", 0)), [], None
+        self._finished = False  # a finish_early before the load finished what it replaced
 
     def _finish(self) -> None:
         """Round r-1's gradients complete (what no call took, now), and their mean ready."""

@@ -185,3 +185,21 @@ def test_with_replicas_the_gradients_finish_at_the_round() -> None:
     h.group = TwoReplicas()  # type: ignore[assignment]
     # the mean over the replicas is a collective: never inside one stage's wait
     assert not h.finishes_early
+
+
+def test_a_state_loaded_after_a_finish_ahead_of_the_round_continues_as_saved() -> None:
+    data, kept = rounds(), np.array([1, 2, 6])
+    saving, loading = head(), head()
+    for x, y in data[:2]:
+        in_units(saving, x, y, kept)
+        in_units(loading, x, y, kept)
+    saved = saving.state()
+    x, y = data[2]
+    for i in (0, 4):
+        loading.score(x[i : i + 4], y[i : i + 4], 1)
+    loading.finish_early()  # then the run is restored from the state saved before
+    loading.load_state(saved)
+    for x, y in data[2:]:
+        np.testing.assert_allclose(
+            in_units(loading, x, y, kept), in_units(saving, x, y, kept), rtol=1e-5
+        )
