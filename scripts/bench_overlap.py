@@ -155,7 +155,8 @@ def time_variant(
     """Seconds per optimizer step of one variant (after its warm-up steps), and this
     rank's seconds per step waiting for the next batch, in the step, and in the update,
     the fraction of source batches scored while stage 0 waited, the milliseconds it
-    expected to wait per step and a unit's cost there (overlap only)."""
+    expected to wait per step and a unit's cost there (overlap only), and more (see
+    the tables ``bench_model`` prints)."""
     keras.utils.set_random_seed(0)
     model = ConvNet(convs)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -214,7 +215,8 @@ def time_variant(
     overlap = [metrics.get(k, 0.0) for k in ("overlapped_fraction", *ROOM)]
     rounds = [float(np.median(steps[k])) if steps[k] else float("nan") for k in (True, False)]
     seconds = (stamps[-1] - stamps[args.warmup - 1]) / args.steps
-    return seconds, [*split / args.steps, *overlap, *rounds, *skew(left)]
+    late = metrics.get("overlap_late_fraction", 0.0)
+    return seconds, [*split / args.steps, *overlap, *rounds, *skew(left), late]
 
 
 def skew(left: list[tuple[float, bool]]) -> list[float]:
@@ -294,14 +296,19 @@ def bench_model(
         ranks = range(len(every))
         print(
             "\n| variant | " + " | ".join(f"rank {r}" for r in ranks) + " | scored waiting "
-            "| stage 0 waits per step / a unit (ms) |"
+            "| stage 0 waits per step / a unit (ms) | late receives |"
         )
-        print("| --- |" + " --- |" * (len(every) + 2))
+        print("| --- |" + " --- |" * (len(every) + 3))
         for name in names:
             cells = [" / ".join(f"{v * 1e3:.1f}" for v in split[name][:3]) for split in every]
             wait, unit = every[0][name][4:6]
             room = f"{wait:.1f} / {unit:.2f}" if "overlap" in name else ""
-            print(f"| {name} | " + " | ".join(cells) + f" | {every[0][name][3]:.0%} | {room} |")
+            late = f"{every[0][name][10]:.0%}" if "overlap" in name else ""
+            print(
+                f"| {name} | "
+                + " | ".join(cells)
+                + f" | {every[0][name][3]:.0%} | {room} | {late} |"
+            )
         print(
             "\nThe step (ms, medians) right after a round (the sifted dataset read and scored "
             "source batches in that step's next()) and every other step; and how much later "

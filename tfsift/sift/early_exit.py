@@ -122,6 +122,7 @@ class EarlyExitScorer(Scorer):
             self.metrics["overlapped_fraction"] = float(overlapped[1])
             self.metrics["overlap_wait_ms"] = float(overlapped[2])
             self.metrics["overlap_unit_ms"] = float(overlapped[3])
+            self.metrics["overlap_late_fraction"] = float(overlapped[4])
         self._rounds += 1
         if self._rounds % VALIDATE_EVERY == 1:
             self._validate(element, losses)
@@ -138,6 +139,7 @@ class EarlyExitScorer(Scorer):
                 self.scored_while_waiting / max(self.scored_chunks, 1),
                 1e3 * waits.room(),
                 1e3 * waits.unit_cost(),
+                self._idle.late / max(self._idle.receives, 1),
             ]
         )
         if self._pipe.Get_size() == 1:
@@ -335,6 +337,8 @@ class _IdleScoring:
     def __init__(self, scorer: EarlyExitScorer) -> None:
         self.scorer = scorer
         self.waits = WaitModel()
+        self.receives = 0  # stage 0's gradient receives since overlap began
+        self.late = 0  # of them, those whose gradients came while a unit ran
 
     def run(self, microbatch: int, waited: float) -> bool:
         prepared = self.scorer._prepared
@@ -379,6 +383,10 @@ class _IdleScoring:
         return UPDATE if self.scorer._head.applies_next else BATCH
 
     def arrived(self, microbatch: int, waited: float, exact: bool) -> None:
+        # not exact: the gradients came during a unit, which delayed stage 0's backward by
+        # up to its length (sift_metrics()["overlap_late_fraction"] counts how often)
+        self.receives += 1
+        self.late += not exact
         self.waits.arrived(microbatch, waited, exact)
 
 

@@ -135,6 +135,7 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     assert chunked.metrics["overlapped_fraction"] == 1.0
     # what overlap had to work with: the waits seen (one of a minute) and a unit's cost
     assert chunked.metrics["overlap_wait_ms"] == 60e3
+    assert chunked.metrics["overlap_late_fraction"] == 0.0  # no unit ran past a message
     assert chunked.metrics["overlap_unit_ms"] == 1e3 * idle.waits.unit_cost() > 0
     # the features of both batches are kept for the head to learn, as one call keeps them
     chunked.learn(kept)
@@ -145,9 +146,11 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     assert chunked._head.applies_next  # the first round's update, with the first unit
     assert idle.run(0, 0.0) is True
     assert not chunked._head.applies_next
+    idle.arrived(0, 0.5, False)  # these gradients came while a unit ran: late
     np.testing.assert_allclose(chunked(third).losses, whole(third).losses, rtol=1e-6)
     assert chunked.metrics["overlapped_rounds"] == 1.0
     assert chunked.metrics["overlapped_fraction"] == 3 / 4
+    assert chunked.metrics["overlap_late_fraction"] == 1 / 2  # of two receives seen
 
 
 def test_a_wait_with_room_for_the_whole_round_scores_it_in_one_unit() -> None:

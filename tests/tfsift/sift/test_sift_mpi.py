@@ -129,8 +129,9 @@ def test_overlap_scores_the_next_round_while_stage_0_waits_for_gradients() -> No
     assert reports[1]["metrics"]["overlapped_fraction"] == metrics["overlapped_fraction"]
     # what it had to work with, shared too: stage 0's waits for gradients outlast a unit
     assert metrics["overlap_wait_ms"] > metrics["overlap_unit_ms"] > 0
-    for key in ("overlap_wait_ms", "overlap_unit_ms"):
+    for key in ("overlap_wait_ms", "overlap_unit_ms", "overlap_late_fraction"):
         assert reports[1]["metrics"][key] == metrics[key]
+    assert 0.0 <= metrics["overlap_late_fraction"] <= 1.0
 
 
 def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
