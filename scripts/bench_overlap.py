@@ -155,8 +155,9 @@ def time_variant(
     """Seconds per optimizer step of one variant (after its warm-up steps), and this
     rank's seconds per step waiting for the next batch, in the step, and in the update,
     the fraction of source batches scored while stage 0 waited, the milliseconds it
-    expected to wait per step and a unit's cost there (overlap only), and more (see
-    the tables ``bench_model`` prints)."""
+    expected to wait per step and a unit's cost there (overlap only), the median step
+    right after a round and of the others, how much later rank 0 left ``next()`` than
+    rank 1 before each (``skew``), and the share of stage 0's late receives."""
     keras.utils.set_random_seed(0)
     model = ConvNet(convs)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -191,8 +192,8 @@ def time_variant(
     split = np.zeros(3)
     steps: dict[bool, list[float]] = {True: [], False: []}  # step seconds, by "after a round"
     left: list[tuple[float, bool]] = []  # when this rank left next(), and if after a round
+    seen = 0  # source samples the sifted dataset had read before this step's next()
     for i in range(args.warmup + args.steps):
-        seen = tfsift.sift_metrics().get("samples_seen", 0) if options else 0
         t0 = time.perf_counter()
         images, labels = next(batches)
         t1 = time.perf_counter()
@@ -202,10 +203,12 @@ def time_variant(
         if grads:
             apply(grads)
         stamps.append(time.perf_counter())
+        # the sifted dataset runs its rounds on this thread, inside next(): one read of
+        # its counters per step, after the update
+        now = tfsift.sift_metrics()["samples_seen"] if options else 0
+        after, seen = now != seen, now
         if i >= args.warmup:
             split += [t1 - t0, t2 - t1, stamps[-1] - t2]
-            # the sifted dataset runs its rounds on this thread, inside next()
-            after = bool(options) and tfsift.sift_metrics()["samples_seen"] != seen
             steps[after].append(t2 - t1)
             left.append((t1, after))
     part = model.partitioned
