@@ -16,7 +16,8 @@ and 4) on two cuts: where the profile of the first variant of that model cut it
 leaves stage 0 idle while stage 1 works. On the profiled cut one more variant, overlap
 with the default exit (stage 0's last layer), gets a cut of its own: the planner, told
 by ``tfsift.sift`` that stage 0 will score in its waits, leaves it room for that (its
-own plan file). Each trains on MNIST-1D
+own plan file); one more, overlap with ``SiftConfig(log_dir=...)``, times rank 0
+writing the sifting metrics to TensorBoard. Each trains on MNIST-1D
 for ``--steps`` optimizer steps
 (after ``--warmup`` steps that trace and warm up), and the time per step counts
 everything the training loop waits for: reading and sifting the data, the step, the
@@ -98,6 +99,11 @@ VARIANTS = {
         "scorer": "early_exit",
         "overlap": True,
     },
+    # with SiftConfig(log_dir=...): rank 0 writes the sifting metrics to TensorBoard
+    "relative beta=1, early exit + overlap, sift log_dir": {
+        "scorer": "early_exit",
+        "overlap": True,
+    },
     # the default exit (stage 0's last layer) on a cut of its own: the planner gives stage 0
     # room for the scoring (solve_speed's scoring); profiled cut only, with its own plan file
     "relative beta=1, early exit + overlap, cut for it": {
@@ -109,6 +115,7 @@ VARIANTS = {
 ONE_BATCH = "one batch a unit"
 AT_THE_ROUND = "head finished at the round"
 OWN_CUT = "cut for it"
+LOGGED = "sift log_dir"
 
 
 STAGE0: dict[str, str] = {}  # the last node of stage 0, per variant (its cut)
@@ -176,6 +183,8 @@ def time_variant(
     options = VARIANTS[name]
     units.MOST_PER_UNIT = 1 if name.endswith(ONE_BATCH) else None
     early_exit.FINISH_IN_WAITS = not name.endswith(AT_THE_ROUND)
+    if options is not None and name.endswith(LOGGED):
+        options = {**options, "log_dir": tempfile.mkdtemp(prefix="tfsift-bench-log-")}
     if options is not None:
         config = tfsift.SiftConfig(
             **{

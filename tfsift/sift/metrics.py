@@ -77,12 +77,21 @@ def _mean(total: float, count: int) -> float:
 
 
 class ScalarLog:
-    """TensorBoard scalars of the metrics under ``log_dir`` (written by rank 0 only)."""
+    """TensorBoard scalars of the metrics under ``log_dir`` (written by rank 0 only).
+
+    A point per metric per batch yielded, buffered and written by one compiled call per
+    ``runlog.FLUSH`` batches (or ``runlog.FLUSH_SECONDS``), at the end of each epoch and
+    at exit (``tfsift.pipeline.runlog.Scalars``): written eagerly, about 20 summary ops
+    and a flush per batch cost rank 0 several milliseconds per sifted batch, against a
+    10 ms pipeline step (a throwaway profile; ``scripts/bench_overlap.py`` times a variant
+    with ``log_dir`` beside one without: ``docs/benchmarks.md``).
+    """
 
     def __init__(self, log_dir: str) -> None:
+        import atexit
         import importlib.util
 
-        import tensorflow as tf
+        from tfsift.pipeline.runlog import Scalars
 
         if importlib.util.find_spec("tensorboard") is None:
             raise ValueError(
@@ -90,13 +99,17 @@ class ScalarLog:
                 "tensorboard package (pip install tensorboard). Received: "
                 f"log_dir={log_dir!r} without tensorboard installed"
             )
-        self._tf = tf
-        self._writer = tf.summary.create_file_writer(log_dir)
+        self._scalars = Scalars(log_dir)
+        atexit.register(self._scalars.close)
 
     def write(self, metrics: SiftMetrics) -> None:
-        """One point per numeric metric at step ``batches_yielded``."""
-        with self._writer.as_default(step=metrics.batches_yielded):
-            for name, value in metrics.as_dict().items():
-                if isinstance(value, (int, float)) and np.isfinite(value):
-                    self._tf.summary.scalar(f"sift/{name}", float(value))
-        self._writer.flush()
+        """One point per numeric metric at step ``batches_yielded`` (buffered)."""
+        step = metrics.batches_yielded
+        for name, value in metrics.as_dict().items():
+            if isinstance(value, (int, float)) and np.isfinite(value):
+                self._scalars.add(f"sift/{name}", step, float(value))
+        self._scalars.step_done()
+
+    def flush(self) -> None:
+        """Writes the buffered points (at the end of an epoch)."""
+        self._scalars.flush()

@@ -227,6 +227,8 @@ class Sifter:
             self._round(leaves, buffer, group)
             self._unsifted = 0
         yield from self._drain(buffer, group)
+        if self._log is not None:  # the epoch's points, for whoever reads them now
+            self._log.flush()
 
     def _replicas(self) -> ReplicaGroup:
         if self._group is None:

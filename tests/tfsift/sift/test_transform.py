@@ -283,6 +283,19 @@ def test_log_dir_gets_tensorboard_scalars_of_the_metrics(tmp_path: Any, where: s
     assert tags["sift/samples_seen"][-1] == N
 
 
+def test_log_dir_scalars_are_written_in_batches_not_per_batch(tmp_path: Any) -> None:
+    # eager summary ops and a flush per batch cost rank 0 milliseconds per sifted batch:
+    # the points wait in a buffer until runlog.FLUSH batches, the epoch's end, or exit
+    model = start()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, log_dir=str(tmp_path))
+    batches = iter(source().apply(tfsift.sift(model, PER_SAMPLE, config)))
+    next(batches), next(batches)
+    assert "sift/kept_fraction" not in scalars(tmp_path)
+    rest = len(list(batches))
+    points = scalars(tmp_path)["sift/kept_fraction"]
+    assert [step for step, _ in points] == list(range(1, rest + 3))
+
+
 class Deep(tfsift.DistributedModel):
     def __init__(self) -> None:
         super().__init__()
