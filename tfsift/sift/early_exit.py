@@ -318,9 +318,9 @@ class _Prepared:
     ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray | None]:
         """((feature parts, label parts), losses, logits if ``needs_logits``) of the
         round. The parts stay apart: joining 8 source batches' features at the round
-        (tf.concat) took 0.8 ms (``scripts/bench_exit_calls.py``), while the later stages
-        waited for the losses; the next round's calls learn them as they score
-        (``ExitHead.score``)."""
+        (tf.concat) took 0.3 to 0.8 ms (``scripts/bench_exit_calls.py``, two runs),
+        while the later stages waited for the losses; the next round's calls learn them
+        as they score (``ExitHead.score``)."""
         features, labels, losses, logits = (
             list(parts) for parts in zip(*self.results, strict=True)
         )
