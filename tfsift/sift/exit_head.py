@@ -35,7 +35,10 @@ from tfsift.pipeline.compiled import Compiled
 from tfsift.sift.replicas import ReplicaGroup
 
 Grads = list[Any]
-Chunk = tuple[Any, Any, Any]  # features, labels, mask of kept rows (1.0) of one call
+# features, labels and mask of kept rows (1.0) of a part of a round's scoring, and the
+# [start, stop) of its rows one call learns
+Chunk = tuple[Any, Any, Any, Any]
+Queued = tuple[Any, Any, np.ndarray, int, int]  # part, labels, its mask, start, stop
 
 
 class ExitHead:
@@ -64,7 +67,7 @@ class ExitHead:
         self.optimizer = keras.optimizers.Adam(lr)
         head_vars = self.model.trainable_variables
         self.optimizer.build(head_vars)
-        self._queue: list[tuple[Any, Any, np.ndarray, int, int]] = []  # round r's rows to learn
+        self._queue: list[Queued] = []  # round r's rows to learn
         # Their summed gradients, as far as computed, added inside the compiled calls:
         # added eagerly, one op per variable after each call, they took 0.13 ms of a
         # 1.05 ms unit in bench_overlap's pipeline (a throwaway profile).
@@ -121,7 +124,12 @@ class ExitHead:
             [tf.TensorSpec(v.shape, v.dtype) for v in variables],
             tf.TensorSpec((), variables[0].dtype),
         )
-        chunk = (self._feature, ys, tf.TensorSpec((None,), tf.float32))
+        chunk = (
+            self._feature,
+            ys,
+            tf.TensorSpec((None,), tf.float32),
+            tf.TensorSpec((2,), tf.int32),
+        )
         self._score.function.get_concrete_function(xs, ys)
         self._learn_and_score.function.get_concrete_function(xs, ys, *chunk)
         self._apply_and_score.function.get_concrete_function(xs, ys, *ready)
@@ -224,11 +232,15 @@ class ExitHead:
             return None
         taken, self._queue = self._queue[:count], self._queue[count:]
         self._learnt += 1
-        parts = [_rows(*item) for item in _merged(taken)]
-        if len(parts) == 1:
-            return parts[0]
-        features, labels, mask = (list(p) for p in zip(*parts, strict=True))
-        return tf.concat(features, 0), tf.concat(labels, 0), tf.concat(mask, 0)
+        merged = _merged(taken)
+        if len(merged) == 1:
+            return _rows(*merged[0])
+        # rows of several parts (a call learns more source batches than one part held):
+        # sliced and joined here, one part with its bounds
+        features = tf.concat([part[start:stop] for part, _, _, start, stop in merged], 0)
+        labels = tf.concat([y[start:stop] for _, y, _, start, stop in merged], 0)
+        mask = np.concatenate([m[start:stop] for _, _, m, start, stop in merged])
+        return _rows(features, labels, mask, 0, len(mask))
 
     def _scored(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         features = self._features(x)
@@ -236,9 +248,15 @@ class ExitHead:
         return features, tf.reshape(self.loss(y, predictions), [-1]), predictions
 
     def _learnt_and_scored(
-        self, x: tf.Tensor, y: tf.Tensor, features: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor
+        self,
+        x: tf.Tensor,
+        y: tf.Tensor,
+        features: tf.Tensor,
+        labels: tf.Tensor,
+        mask: tf.Tensor,
+        bounds: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        self._add_grads(features, labels, mask)
+        self._add_grads(features, labels, mask, bounds)
         return self._scored(x, y)
 
     def _applied_and_scored(
@@ -257,16 +275,24 @@ class ExitHead:
         features: tf.Tensor,
         labels: tf.Tensor,
         mask: tf.Tensor,
+        bounds: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         self._apply_grads(sums, scale)
-        return self._learnt_and_scored(x, y, features, labels, mask)
+        return self._learnt_and_scored(x, y, features, labels, mask, bounds)
 
     def _apply_grads(self, sums: Grads, scale: tf.Tensor) -> tf.Tensor:
         self.optimizer.apply([g * scale for g in sums], self.model.trainable_variables)
         return tf.constant(0)
 
-    def _add_grads(self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-        """Adds the kept rows' gradients to the round's sums (``_kept_grads``)."""
+    def _add_grads(
+        self, features: tf.Tensor, y: tf.Tensor, mask: tf.Tensor, bounds: tf.Tensor
+    ) -> tf.Tensor:
+        """Adds the gradients of the kept rows in ``[bounds[0], bounds[1])`` to the round's
+        sums (``_kept_grads``): the rows outside the bounds are masked out, not sliced
+        off, so the call takes the whole part and no copy of it."""
+        rows = tf.range(tf.shape(mask)[0])
+        inside = tf.logical_and(rows >= bounds[0], rows < bounds[1])
+        mask = tf.where(inside, mask, tf.zeros_like(mask))
         for total, grad in zip(self._sums, self._kept_grads(features, y, mask), strict=True):
             total.assign_add(grad)
         return tf.constant(0)
@@ -286,40 +312,38 @@ class ExitHead:
 
 def _chunks(
     features: list[Any], labels: list[Any], mask: np.ndarray, batch: int | None
-) -> list[tuple[Any, Any, np.ndarray, int, int]]:
+) -> list[Queued]:
     """The parts' rows in slices of ``batch`` (one slice per part if None), each with its
-    mask; sliced only when taken, inside a wait where the scoring runs in one."""
+    part's mask; nothing is sliced: a call takes the whole part and the slice's bounds."""
     out, offset = [], 0
     for part, y in zip(features, labels, strict=True):
         rows = int(part.shape[0])
-        step = batch or rows
+        step, part_mask = batch or rows, mask[offset : offset + rows]
         for start in range(0, rows, step):
-            stop = min(start + step, rows)
-            out.append((part, y, mask[offset + start : offset + stop], start, stop))
+            out.append((part, y, part_mask, start, min(start + step, rows)))
         offset += rows
     return out
 
 
-def _merged(
-    chunks: list[tuple[Any, Any, np.ndarray, int, int]],
-) -> list[tuple[Any, Any, np.ndarray, int, int]]:
+def _merged(chunks: list[Queued]) -> list[Queued]:
     """Consecutive chunks of one part as one: taking a whole round scored in one call
     must not slice its features into source batches only to join them again."""
     out = chunks[:1]
     for part, y, mask, start, stop in chunks[1:]:
         last = out[-1]
         if last[0] is part and last[4] == start:
-            out[-1] = (part, y, np.concatenate([last[2], mask]), last[3], stop)
+            out[-1] = (part, y, mask, last[3], stop)
         else:
             out.append((part, y, mask, start, stop))
     return out
 
 
 def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
-    whole = start == 0 and stop == int(part.shape[0])
-    if not whole:
-        part, y = part[start:stop], y[start:stop]
-    return part, y, tf.constant(mask)
+    """A part and its rows ``[start, stop)`` as a call's arguments. Sliced here, the
+    features and labels cost two eager ops per call, each a dispatch and a copy (a unit
+    through ``score`` against the bare call: ``scripts/bench_exit_calls.py``); inside
+    the call the bounds cost a mask."""
+    return part, y, tf.constant(mask), tf.constant([start, stop], tf.int32)
 
 
 def make_head(user: Any, feature_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Any:

@@ -146,6 +146,47 @@ def test_a_round_learnt_whole_takes_its_features_as_they_are() -> None:
     np.testing.assert_array_equal(chunk[2].numpy(), [0, 1, 0, 0, 0, 0, 1, 0])
 
 
+def test_a_source_batch_of_a_round_scored_whole_is_learnt_from_the_whole_part() -> None:
+    # slicing the features per call cost two eager ops (a dispatch and a copy each); the
+    # call takes the whole part and masks the rows outside its bounds instead
+    h = head()
+    x, y = rounds()[0]
+    features = h.score(x, y, None)[0]
+    h.learn([features], [y], np.array([1, 6]), 4)
+    part, labels, mask, bounds = h._take(1)
+    assert part is features and labels is y
+    np.testing.assert_array_equal(mask.numpy(), [0, 1, 0, 0, 0, 0, 1, 0])
+    assert bounds.numpy().tolist() == [0, 4]
+    assert h._take(1)[3].numpy().tolist() == [4, 8]
+
+
+def test_a_unit_adds_the_gradients_of_the_kept_rows_inside_its_bounds_only() -> None:
+    h = head()
+    (x, y), (x2, y2), _, _ = rounds()
+    features = h.score(x, y, None)[0]
+    h.learn([features], [y], np.array([1, 6]), 4)
+    h.score(x2[:4], y2[:4], 1)  # a unit: learns rows 0..3 of the round, so row 1 only
+    row1 = h.grads(features[:4], y[:4], tf.constant([0.0, 1.0, 0.0, 0.0]))
+    for got, want in zip(h._sums, row1, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_rounds_scored_whole_then_learnt_per_source_batch_equal_rounds_learnt_whole() -> None:
+    # whole rounds learnt by units of one source batch: each unit learns 4 rows of an
+    # 8-row part (its bounds), the first of a round also applies the update
+    mixed, single = head(), head()
+    kept = [np.array([0, 2, 5]), np.array([1, 7]), np.array([3, 4, 6]), np.array([0])]
+    for i, ((x, y), k) in enumerate(zip(rounds(), kept, strict=True)):
+        if i % 2:
+            got = in_units(mixed, x, y, k)
+        else:
+            got = whole(mixed, x, y, k)
+        np.testing.assert_allclose(got, whole(single, x, y, k), rtol=1e-5)
+    mixed.flush(), single.flush()
+    for a, b in zip(mixed.model.weights, single.model.weights, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5)
+
+
 def test_a_round_finished_early_learns_as_one_finished_at_the_round() -> None:
     # overlap finishes a round's gradients in a wait after its last call (finish_early);
     # learn then must not finish (or apply) anything again
