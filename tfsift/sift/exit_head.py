@@ -236,9 +236,9 @@ class ExitHead:
         if len(merged) == 1:
             return _rows(*merged[0])
         # rows of several parts (a call learns more source batches than one part held):
-        # sliced and joined here, one part with its bounds
-        features = tf.concat([part[start:stop] for part, _, _, start, stop in merged], 0)
-        labels = tf.concat([y[start:stop] for _, y, _, start, stop in merged], 0)
+        # joined here, sliced where a part is not taken whole, as one part
+        features = tf.concat([_part(part, start, stop) for part, _, _, start, stop in merged], 0)
+        labels = tf.concat([_part(y, start, stop) for _, y, _, start, stop in merged], 0)
         mask = np.concatenate([m[start:stop] for _, _, m, start, stop in merged])
         return _rows(features, labels, mask, 0, len(mask))
 
@@ -336,6 +336,11 @@ def _merged(chunks: list[Queued]) -> list[Queued]:
         else:
             out.append((part, y, mask, start, stop))
     return out
+
+
+def _part(part: Any, start: int, stop: int) -> Any:
+    """Rows ``[start, stop)`` of ``part``: the part itself if that is all of it."""
+    return part if start == 0 and stop == int(part.shape[0]) else part[start:stop]
 
 
 def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
