@@ -25,7 +25,12 @@ gradient allreduce and the update. Variants run in rotating order ``--repeats`` 
 in one job, and the table shows the median, so drift on a noisy machine hits all of
 them alike. Rank 0 prints Markdown tables: the time per step, where each rank's step
 goes, and the step right after a round (the sifted dataset read and scored source
-batches in that step's ``next()``) against the others.
+batches in that step's ``next()``) against the others. ``--actions`` also records every
+step in a run log (``log_dir``, ``tfsift.pipeline.rundir``) and splits each rank's step,
+after a round and otherwise, into its compute (forwards and backwards), its receives
+(waits for a peer, overlap's units on stage 0 included) and its sends; the log gathers
+each step's record on rank 0, so those runs' times are not comparable with runs
+without it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from sift_mnist1d import load
 
 import tfsift
+from tfsift.parallel import runtime
+from tfsift.pipeline import rundir
 from tfsift.sift import early_exit
 from tfsift.sift import overlap as units
 
@@ -141,6 +148,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--pipeline", choices=["interleaved", "simple"], default="interleaved", help="schedule"
     )
+    parser.add_argument(
+        "--actions", action="store_true", help="split each step into compute, receives, sends"
+    )
     return parser.parse_args()
 
 
@@ -164,7 +174,9 @@ def time_variant(
     the fraction of source batches scored while stage 0 waited, the milliseconds it
     expected to wait per step and a unit's cost there (overlap only), the median step
     right after a round and of the others, how much later rank 0 left ``next()`` than
-    rank 1 before each (``skew``), and the share of stage 0's late receives."""
+    rank 1 before each (``skew``), the share of stage 0's late receives, and with
+    ``--actions`` this rank's compute, receives and sends per step after a round and
+    otherwise (``inside``)."""
     keras.utils.set_random_seed(0)
     model = ConvNet(convs)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -201,6 +213,7 @@ def time_variant(
     split = np.zeros(3)
     steps: dict[bool, list[float]] = {True: [], False: []}  # step seconds, by "after a round"
     left: list[tuple[float, bool]] = []  # when this rank left next(), and if after a round
+    rounds: list[bool] = []  # per step, whether it came right after a round
     seen = 0  # source samples the sifted dataset had read before this step's next()
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
@@ -216,6 +229,7 @@ def time_variant(
         # its counters per step, after the update
         now = tfsift.sift_metrics()["samples_seen"] if options else 0
         after, seen = now != seen, now
+        rounds.append(after)
         if i >= args.warmup:
             split += [t1 - t0, t2 - t1, stamps[-1] - t2]
             steps[after].append(t2 - t1)
@@ -225,10 +239,33 @@ def time_variant(
     STAGE0[name] = part.graph.nodes[part.bounds[1] - 1].name
     metrics = tfsift.sift_metrics() if options else {}
     overlap = [metrics.get(k, 0.0) for k in ("overlapped_fraction", *ROOM)]
-    rounds = [float(np.median(steps[k])) if steps[k] else float("nan") for k in (True, False)]
+    medians = [float(np.median(steps[k])) if steps[k] else float("nan") for k in (True, False)]
     seconds = (stamps[-1] - stamps[args.warmup - 1]) / args.steps
     late = metrics.get("overlap_late_fraction", 0.0)
-    return seconds, [*split / args.steps, *overlap, *rounds, *skew(left), late]
+    parts = inside(rounds, args.warmup) if args.actions else [float("nan")] * 6
+    return seconds, [*split / args.steps, *overlap, *medians, *skew(left), late, *parts]
+
+
+def inside(rounds: list[bool], warmup: int) -> list[float]:
+    """This rank's compute (F, B), receives (R...) and sends (S...) per timed step, from
+    its run log: medians over the steps right after a round, then over the others."""
+    log_dir = runtime.get().config.log_dir
+    assert log_dir is not None
+    _, records = rundir.read_rank_file(rundir.rank_file(log_dir, tfsift.rank()))
+    sums: dict[bool, list[list[float]]] = {True: [], False: []}
+    for record in records:
+        if not record.name.endswith("train_step") or not warmup <= record.call < len(rounds):
+            continue
+        total = {"F": 0.0, "R": 0.0, "S": 0.0}
+        for action, start, end in record.actions:
+            kind = action.lstrip("0123456789")[0]
+            total["F" if kind == "B" else kind] += end - start
+        sums[rounds[record.call]].append(list(total.values()))
+    return [
+        float(v)
+        for k in (True, False)
+        for v in (np.median(sums[k], axis=0) if sums[k] else [float("nan")] * 3)
+    ]
 
 
 def skew(left: list[tuple[float, bool]]) -> list[float]:
@@ -253,6 +290,8 @@ def main() -> None:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     plan = os.path.join(tempfile.mkdtemp(prefix="tfsift-overlap-"), "plan.json")
     plan = MPI.COMM_WORLD.bcast(plan if MPI.COMM_WORLD.Get_rank() == 0 else None, root=0)
+    if args.actions:
+        rundir.EVERY = 1  # every step in the run log, not a sample of them
     x, y, _, _ = load(args.samples, 0)
     for convs in args.convs:
         for cut in args.cuts:
@@ -282,7 +321,14 @@ def bench_model(
     for r in range(args.repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             own = name.endswith(OWN_CUT)  # its plan file, made (once) with room for scoring
-            tfsift.init({**config, "plan_file": plan + (".sift" if own else "")})
+            logged = {"log_dir": f"{plan}.log-{convs}-{cut}-{r}-{names.index(name)}"}
+            tfsift.init(
+                {
+                    **config,
+                    "plan_file": plan + (".sift" if own else ""),
+                    **(logged if args.actions else {}),
+                }
+            )
             seconds, split = time_variant(name, convs, x, y, args)
             times[name].append(seconds)
             splits[name].append(split)
@@ -336,6 +382,24 @@ def bench_model(
             cells = [" / ".join(_ms(v) for v in split[name][6:8]) for split in every]
             gaps = " / ".join(_ms(v) for v in every[0][name][8:10])
             print(f"| {name} | " + " | ".join(cells) + f" | {gaps} |")
+        if args.actions:
+            print(
+                "\nInside the step (ms, medians, from the run log): compute (forwards and "
+                "backwards) / receives / sends, right after a round and otherwise\n"
+            )
+            print(
+                "| variant | "
+                + " | ".join(f"rank {r}: after a round | rank {r}: others" for r in ranks)
+                + " |"
+            )
+            print("| --- |" + " --- |" * (2 * len(every)))
+            for name in names:
+                cells = [
+                    " / ".join(_ms(v) for v in split[name][11 + 3 * k : 14 + 3 * k])
+                    for split in every
+                    for k in (0, 1)
+                ]
+                print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def _ms(seconds: float) -> str:
