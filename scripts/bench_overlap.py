@@ -4,7 +4,9 @@ Run on 2 processes (partitions=2, microbatches=4):
 
     mpirun -np 2 python scripts/bench_overlap.py --repeats 5
 
-Each rank computes with one thread (a rank stands in for a device). ``--pipeline simple``
+Each rank computes with one thread (a rank stands in for a device); ``tfsift run -np 2
+--bind-to core scripts/bench_overlap.py`` also keeps each rank on a core of its own
+(``docs/benchmarks.md`` compares runs with and without). ``--pipeline simple``
 times the GPipe schedule instead of 1F1B (stage 0's waits then fall at the drain);
 ``--source batches`` reads batches sliced from arrays batched beforehand instead of
 batching samples in tf.data (a sifted run reads 1 / kept source batches per step);
