@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from sift_mnist1d import load
 
 import tfsift
+from partitioner.schedule import COMPUTE, Action, Kind
 from tfsift.parallel import runtime
 from tfsift.pipeline import rundir
 from tfsift.sift import early_exit
@@ -248,6 +249,14 @@ def time_variant(
     return seconds, [*split / args.steps, *overlap, *medians, *skew(left), late, *parts]
 
 
+# what --actions adds up per step: the schedule's action kinds, by what they do
+PARTS = {
+    "compute": COMPUTE,
+    "receives": frozenset({Kind.RECV_F, Kind.RECV_B}),
+    "sends": frozenset({Kind.SEND_F, Kind.SEND_B}),
+}
+
+
 def inside(rounds: list[bool], warmup: int) -> list[float]:
     """This rank's compute (F, B), receives (R...) and sends (S...) per timed step, from
     its run log: medians over the steps right after a round, then over the others."""
@@ -258,10 +267,10 @@ def inside(rounds: list[bool], warmup: int) -> list[float]:
     for record in records:
         if not record.name.endswith("train_step") or not warmup <= record.call < len(rounds):
             continue
-        total = {"F": 0.0, "R": 0.0, "S": 0.0}
+        total = dict.fromkeys(PARTS, 0.0)
         for action, start, end in record.actions:
-            kind = action.lstrip("0123456789")[0]
-            total["F" if kind == "B" else kind] += end - start
+            kind = Action.parse(action).kind
+            total[next(part for part, kinds in PARTS.items() if kind in kinds)] += end - start
         sums[rounds[record.call]].append(list(total.values()))
     return [
         float(v)
