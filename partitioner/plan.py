@@ -38,6 +38,9 @@ class Plan:
         cost_fingerprint: `CostModel.fingerprint()` of the costs it was solved for.
         scoring: the sifting forwards per step stage 0 was planned to run in its waits
             (`solve_speed`; 0: none). Plan files without it mean 0.
+        scoring_call: the fixed seconds of a scoring call it was planned with (measured
+            when it was planned, like the costs; `partitioner.scoring`). Plan files
+            without it mean 0.
     """
 
     bounds: tuple[int, ...]
@@ -50,6 +53,7 @@ class Plan:
     peak_memory: tuple[int, ...]
     cost_fingerprint: str
     scoring: float = 0.0
+    scoring_call: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bounds", tuple(self.bounds))
@@ -99,9 +103,9 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         """Builds a plan from `to_dict` output, rejecting unknown or missing keys."""
         names = {f.name for f in fields(cls)}
-        # files written before `scoring` existed were planned without it
-        if isinstance(data, Mapping) and "scoring" not in data:
-            data = {**data, "scoring": 0.0}
+        # files written before `scoring` or `scoring_call` existed were planned without
+        if isinstance(data, Mapping):
+            data = {"scoring": 0.0, "scoring_call": 0.0, **data}
         if not isinstance(data, Mapping) or set(data) != names:
             keys = sorted(data) if isinstance(data, Mapping) else data
             raise ValueError(f"a plan has exactly the keys {sorted(names)}. Received: keys={keys}")
@@ -147,6 +151,7 @@ def make_plan(
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
     scoring: float = 0.0,
+    scoring_call: float = 0.0,
     first_stage_min: int = 1,
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
@@ -160,8 +165,9 @@ def make_plan(
         pipeline: "interleaved" or "simple".
         memory_cap: bytes per stage for optimize="speed", or None.
         scoring: forward microbatches stage 0 also runs per step in its waits (sifting's
-            early exit with overlap; `solve_speed`). The simulator does not model them:
-            the predictions are the pipeline's without the scoring.
+            early exit with overlap; `solve_speed`). The predictions are the pipeline's
+            without the scoring (`partitioner.scoring.sifted_step_time` adds it).
+        scoring_call: fixed seconds of one scoring call beyond its forwards.
         first_stage_min: stage 0 holds at least this many layers (`solve_speed`).
 
     Raises:
@@ -175,6 +181,7 @@ def make_plan(
         pipeline=pipeline,
         memory_cap=memory_cap,
         scoring=scoring,
+        scoring_call=scoring_call,
         first_stage_min=first_stage_min,
     )
     result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=optimize == "memory")
@@ -191,6 +198,7 @@ def make_plan(
         peak_memory=result.peak_memory,
         cost_fingerprint=costs.fingerprint(),
         scoring=float(scoring),
+        scoring_call=float(scoring_call),
     )
 
 

@@ -8,14 +8,15 @@ Both solvers are exact: every candidate they skip is provably no better (up to a
 relative float tolerance of 1e-12 on B).
 
 Sifting with early exit and overlap gives stage 0 more work: per step it also runs its
-forward on the candidates it scores, in the waits for gradients. With ``scoring`` = S
-forward microbatches per step, the step takes at least stage 0's own work,
-M t_0 + S f_0 (f_0 its forward seconds per microbatch), so the speed objective becomes
-T' = max(T, M t_0 + S f_0): a lighter stage 0 leaves room for the scoring.
+forward on the candidates it scores (``scoring`` = S forward microbatches), in units that
+start only where a wait for gradients has room for them. The speed objective is then
+`partitioner.scoring.sifted_step_time`: the simulated step plus the scoring no wait
+holds, so a lighter stage 0, whose waits are longer, leaves room for the scoring.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from partitioner.costs import CostModel, format_bytes
 from partitioner.partition import Partition
 from partitioner.probe import Array, Limit, cheapest
 from partitioner.schedule import PIPELINES
+from partitioner.scoring import sifted_step_time
 
 OPTIMIZE = ("speed", "memory")
 _EPSILON = 1e-12
@@ -64,28 +66,18 @@ def stage_loads(costs: CostModel, partition: Partition) -> Array:
     return t
 
 
-def step_time_estimate(
-    costs: CostModel, partition: Partition, M: int, *, scoring: float = 0.0
-) -> float:
-    """T = sum_s t_s + (M - 1) max_s t_s, the step time of a balanced pipeline formula;
-    with ``scoring`` S > 0, at least stage 0's own work M t_0 + S f_0 (module docstring).
+def step_time_estimate(costs: CostModel, partition: Partition, M: int) -> float:
+    """T = sum_s t_s + (M - 1) max_s t_s, the step time of a balanced pipeline formula.
 
     Example:
         >>> from partitioner.costs import LayerCost
         >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
         >>> step_time_estimate(costs, Partition((0, 2, 4)), 4)
         30.0
-        >>> step_time_estimate(costs, Partition((0, 2, 4)), 4, scoring=12)  # 4 * 6 + 12 * 2
-        48.0
     """
     _check_count(M, "M (microbatches)")
-    _check_scoring(scoring)
     t = stage_loads(costs, partition)
-    T = float(t.sum() + (M - 1) * t.max())
-    if scoring:
-        p = costs.prefix
-        T = max(T, float(M * t[0] + scoring * p.forward[partition.bounds[1]]))
-    return T
+    return float(t.sum() + (M - 1) * t.max())
 
 
 def peak_memory_estimate(
@@ -115,6 +107,7 @@ def solve(
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
     scoring: float = 0.0,
+    scoring_call: float = 0.0,
     first_stage_min: int = 1,
 ) -> Partition:
     """`solve_speed` under `memory_cap`, or `solve_memory` checked against it.
@@ -126,7 +119,7 @@ def solve(
     _check_choice(optimize, OPTIMIZE, "optimize")
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
-    _check_scoring(scoring)
+    _check_scoring(scoring, scoring_call)
     if optimize == "speed":
         return solve_speed(
             costs,
@@ -135,6 +128,7 @@ def solve(
             pipeline=pipeline,
             memory_cap=memory_cap,
             scoring=scoring,
+            scoring_call=scoring_call,
             first_stage_min=first_stage_min,
         )
     if scoring:
@@ -157,9 +151,11 @@ def solve_speed(
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
     scoring: float = 0.0,
+    scoring_call: float = 0.0,
     first_stage_min: int = 1,
 ) -> Partition:
-    """The partition with the least `step_time_estimate` whose stages fit `memory_cap`.
+    """The partition with the least `step_time_estimate` whose stages fit `memory_cap`
+    (with ``scoring``: the least `sifted_step_time`).
 
     Branch and bound over the bottleneck B: a probe minimises the total cut cost among
     partitions with max_s t_s <= B (or < B) by an exact DP, and intervals of B are split
@@ -167,11 +163,11 @@ def solve_speed(
     O(K (L log L + band)), where the band holds the starts whose pass depends on their
     own cut cost; realistic chains need a few dozen probes.
 
-    With ``scoring`` S > 0 it minimises T' = max(T, g(b_1)), where g(b_1) = M t_0 + S f_0
-    depends only on where stage 0 ends. For a cap Z on g, T*(Z), the least T with
-    g <= Z, is the search above with one more limit on stage 0; T' is minimised at a Z
-    among the L - K + 1 values of g, where T*(Z), nonincreasing, meets Z increasing:
-    a bisection over them, O(log L) searches.
+    With ``scoring`` S > 0 it takes, for each end b_1 of stage 0, the fastest partition
+    (least T) that ends stage 0 there, and returns the one of these with the least
+    `sifted_step_time`: L - K + 1 searches and simulations. The scoring depends on the
+    other stages only through stage 0's waits, which the fastest rest of the chain keeps
+    long; with K = 2 the rest is one stage and the result is exact.
 
     Example:
         >>> from partitioner.costs import LayerCost
@@ -187,6 +183,8 @@ def solve_speed(
         memory_cap: bytes each stage may hold without recompute, or None.
         scoring: forward microbatches stage 0 also runs per step, in its waits (sifting's
             early exit with overlap: M / kept fraction when the exit ends stage 0).
+        scoring_call: fixed seconds of one scoring call beyond its forwards (the exit
+            head, the call, reading the losses); with ``scoring`` only.
         first_stage_min: stage 0 holds at least this many layers (its end boundary is at
             least this), e.g. so that an exit at stage 0's end follows a learnt layer.
 
@@ -201,9 +199,12 @@ def solve_speed(
     chain = _Chain.make(costs, K, M, pipeline, first_stage_min)
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
-    _check_scoring(scoring)
+    _check_scoring(scoring, scoring_call)
     memory = chain.memory(memory_cap, recompute=False)
-    best = _fastest(chain, memory) if not scoring else _fastest_scoring(chain, memory, scoring)
+    if scoring:
+        best = _fastest_scoring(chain, memory, scoring, scoring_call)
+    else:
+        best = _fastest(chain, memory)
     if best is None:
         assert memory_cap is not None
         raise InfeasibleError(memory_cap, _smallest_cap(chain, recompute=False), K)
@@ -312,41 +313,23 @@ def _fastest(chain: _Chain, memory: list[list[Limit]]) -> Partition | None:
     return search.best
 
 
-def _fastest_scoring(chain: _Chain, memory: list[list[Limit]], scoring: float) -> Partition | None:
-    """The partition with the least T' = max(T, M t_0 + S f_0) (see `solve_speed`)."""
-    p, K, M = chain.costs.prefix, chain.K, chain.M
-    own = M * p.compute + scoring * p.forward  # stage 0's work per step, but its cut
-    end = M * p.cut if K > 1 else None
-    ends = np.arange(chain.first_min, chain.L - K + 2)  # where stage 0 may end
-    caps = np.unique(own[ends] + (0.0 if end is None else end[ends]))
-
-    def at(i: int) -> tuple[Partition | None, float]:
-        """The fastest partition with g <= caps[i], and its T (inf if none)."""
-        limit = Limit.make(own, float(caps[i]), None, end)
-        found = _fastest(chain, [[*memory[0], limit], *memory[1:]])
-        if found is None:
-            return None, math.inf
-        return found, step_time_estimate(chain.costs, found, M)
-
-    # the first cap at or above the T it allows: T' is T left of it and the cap from it on
-    low, high = 0, len(caps)
-    seen: dict[int, tuple[Partition | None, float]] = {}
-    while low < high:
-        mid = (low + high) // 2
-        seen[mid] = at(mid)
-        if caps[mid] >= seen[mid][1]:
-            high = mid
-        else:
-            low = mid + 1
+def _fastest_scoring(
+    chain: _Chain, memory: list[list[Limit]], scoring: float, call: float
+) -> Partition | None:
+    """The fastest partition for each end of stage 0, then the least `sifted_step_time`."""
+    index = np.arange(chain.L + 1, dtype=np.float64)  # a limit on where stage 0 ends
     best: Partition | None = None
     best_time = math.inf
-    for i in (low - 1, low):
-        if 0 <= i < len(caps):
-            found, _ = seen[i] if i in seen else at(i)
-            if found is not None:
-                value = step_time_estimate(chain.costs, found, M, scoring=scoring)
-                if value < best_time:
-                    best, best_time = found, value
+    for end in range(chain.first_min, chain.L - chain.K + 2):
+        at = dataclasses.replace(chain, first_min=end)
+        found = _fastest(at, [[*memory[0], Limit.make(index, float(end))], *memory[1:]])
+        if found is None:
+            continue  # no partition with that end fits the memory cap
+        value = sifted_step_time(
+            chain.costs, found, chain.M, pipeline=chain.pipeline, scoring=scoring, call=call
+        )
+        if value < best_time:
+            best, best_time = found, value
     return best
 
 
@@ -457,17 +440,20 @@ def _check_count(value: int, name: str, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}")
 
 
-def _check_scoring(scoring: float) -> None:
-    if (
-        not isinstance(scoring, (int, float))
-        or isinstance(scoring, bool)
-        or not math.isfinite(scoring)
-        or scoring < 0
+def _check_scoring(scoring: float, call: float = 0.0) -> None:
+    for name, value, what in (
+        ("scoring", scoring, "stage 0's scoring forwards per step"),
+        ("scoring_call", call, "seconds of a scoring call's fixed cost"),
     ):
-        raise ValueError(
-            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
-            f"Received: scoring={scoring!r}"
-        )
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError(
+                f"{name} must be a finite number >= 0 ({what}). Received: {name}={value!r}"
+            )
 
 
 def _check_choice(value: str, allowed: tuple[str, ...], name: str) -> None:

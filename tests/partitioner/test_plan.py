@@ -45,13 +45,17 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 def test_a_plan_for_scoring_on_stage_0_keeps_it_and_older_files_mean_none() -> None:
     equal = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
-    plan = make_plan(equal, 2, 4, scoring=8.0)
-    assert (plan.bounds, plan.scoring) == ((0, 1, 4), 8.0)  # solver test: stage 0 lightened
+    plan = make_plan(equal, 2, 4, scoring=8.0, scoring_call=1.0)
+    # solver test: stage 0 lightened
+    assert (plan.bounds, plan.scoring, plan.scoring_call) == ((0, 1, 4), 8.0, 1.0)
     assert Plan.from_json(plan.to_json()) == plan
     older = make_plan(equal, 2, 4).to_dict()
-    del older["scoring"]  # a plan file written before scoring existed
+    del older["scoring"], older["scoring_call"]  # a plan file written before they existed
     assert Plan.from_dict(older) == make_plan(equal, 2, 4)
-    assert Plan.from_dict(older).scoring == 0.0
+    assert (Plan.from_dict(older).scoring, Plan.from_dict(older).scoring_call) == (0.0, 0.0)
+    del older["bounds"]
+    with pytest.raises(ValueError, match="a plan has exactly the keys"):
+        Plan.from_dict(older)  # the defaults fill what is older, not what is missing
 
 
 def test_check_rejects_other_costs_naming_both_fingerprints() -> None:
