@@ -121,7 +121,10 @@ VARIANTS = {
         "overlap": True,
         "exit_after": None,
     },
+    # no sifting on that cut (the plan file the variant above made; it must run first)
+    "no sifting, cut for it": None,
 }
+PLAIN = "no sifting"
 ONE_BATCH = "one batch a unit"
 AT_THE_ROUND = "head finished at the round"
 OWN_CUT = "cut for it"
@@ -196,6 +199,10 @@ def time_variant(
 
     train = source(x, y, args)
     options = VARIANTS[name]
+    if name == f"{PLAIN}, {OWN_CUT}":
+        # plain training reusing the plan made with room for scoring (plan_differences
+        # compares the scoring it was made for): a source batch per kept half
+        model._tfsift.scored_batches = 2.0
     units.MOST_PER_UNIT = 1 if name.endswith(ONE_BATCH) else None
     early_exit.FINISH_IN_WAITS = not name.endswith(AT_THE_ROUND)
     if options is not None and name.endswith(LOGGED):
@@ -325,7 +332,9 @@ def bench_model(
     config: dict[str, Any],
     plan: str,
 ) -> None:
-    chosen = [n for n in VARIANTS if n in args.variants or VARIANTS[n] is None]
+    chosen = [n for n in VARIANTS if n in args.variants or n == PLAIN]
+    if any(n.endswith(OWN_CUT) for n in chosen):
+        chosen.append(f"{PLAIN}, {OWN_CUT}")
     names = [n for n in chosen if cut == "profiled" or not n.endswith(OWN_CUT)]
     times: dict[str, list[float]] = {name: [] for name in names}
     splits: dict[str, list[list[float]]] = {name: [] for name in names}
@@ -349,7 +358,7 @@ def bench_model(
     mine = {name: np.median(np.array(splits[name]), axis=0).tolist() for name in names}
     every = MPI.COMM_WORLD.gather(mine, root=0)
     if every is not None:  # rank 0
-        base = statistics.median(times["no sifting"])
+        base = statistics.median(times[PLAIN])
         print(f"\n{convs} convolutions, cut {cut}\n")
         cuts = sorted({STAGE0[name] for name in names})
         for last in cuts:
@@ -361,6 +370,10 @@ def bench_model(
             med = statistics.median(times[name])
             lo, hi = min(times[name]) * 1e3, max(times[name]) * 1e3
             print(f"| {name} | {med * 1e3:.1f} | {lo:.1f} to {hi:.1f} | {med / base:.2f}x |")
+        own = [n for n in names if n.endswith(OWN_CUT)]
+        if len(own) == 2:  # the sifted step against the plain one on the cut made for it
+            sifted, plain = (statistics.median(times[n]) for n in own)
+            print(f"\n{own[0]} against {own[1]}: {sifted / plain:.2f}x")
         print("\nWhere each rank's step goes (ms per step, medians: next batch / step / update)")
         ranks = range(len(every))
         print(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -44,6 +44,9 @@ class _ModelState:
     # source batches stage 0 scores per step in its waits (sifting with early exit and
     # overlap, set by tfsift.sift before the first step): the planner lightens stage 0
     scored_batches: float = 0.0
+    # and what a scoring call costs beyond its layers' forwards, measured on rank 0 when
+    # it plans (given the traced model; ``partitioner.scoring``)
+    scoring_call: Callable[[Graph], float] | None = None
 
 
 class DistributedModel(keras.Model):  # type: ignore[misc]
@@ -134,7 +137,14 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         # a source batch is one training batch, M microbatches of the profile's size
         scoring = self._tfsift.scored_batches * rt.config.microbatches
-        bounds = plan_bounds(graph, self._tfsift.placements, flat, rt, scoring=scoring)
+        bounds = plan_bounds(
+            graph,
+            self._tfsift.placements,
+            flat,
+            rt,
+            scoring=scoring,
+            scoring_call=self._tfsift.scoring_call,
+        )
         check_unshared(graph, bounds)
         s = rt.stage
         sub = graph.stage(bounds[s], bounds[s + 1])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -45,13 +45,15 @@ def plan_bounds(
     rt: runtime.Runtime,
     *,
     scoring: float = 0.0,
+    scoring_call: Callable[[Graph], float] | None = None,
 ) -> tuple[int, ...]:
     """The K+1 stage bounds of ``graph``, the same on every rank (a collective).
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
     ``scoring``: forward microbatches stage 0 runs per step in its waits (sifting with
-    early exit and overlap), which the solver leaves room for (``solve_speed``).
+    early exit and overlap), which the solver leaves room for (``solve_speed``);
+    ``scoring_call`` measures a scoring call's fixed seconds, on rank 0 when it solves.
     """
     cfg, L = rt.config, len(graph)
     if cfg.partitions > L:
@@ -68,7 +70,7 @@ def plan_bounds(
     outcome: tuple[str, Any] | None = None
     if rt.rank == 0:
         try:
-            outcome = ("ok", rank0_bounds(graph, example, cfg, scoring))
+            outcome = ("ok", rank0_bounds(graph, example, cfg, scoring, scoring_call))
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
     status, payload = rt.world.bcast(outcome, root=0)
@@ -78,7 +80,11 @@ def plan_bounds(
 
 
 def rank0_bounds(
-    graph: Graph, example: Sequence[tf.Tensor], cfg: Config, scoring: float = 0.0
+    graph: Graph,
+    example: Sequence[tf.Tensor],
+    cfg: Config,
+    scoring: float = 0.0,
+    scoring_call: Callable[[Graph], float] | None = None,
 ) -> tuple[int, ...]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
@@ -104,6 +110,7 @@ def rank0_bounds(
         cfg.partitions,
     )
     costs = profile(graph, example, cfg.profile_repeats)
+    call = scoring_call(graph) if scoring and scoring_call is not None else 0.0
     plan = make_plan(
         costs,
         cfg.partitions,
@@ -112,6 +119,7 @@ def rank0_bounds(
         pipeline=cfg.pipeline,
         memory_cap=cfg.memory_cap,
         scoring=scoring,
+        scoring_call=call,
         # the default exit ends stage 0: keep a learnt layer before it, or the exit head
         # would score the raw input (the solver once left only a reshape there)
         first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
@@ -176,7 +184,8 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         f"optimize={plan.optimize}: predicted step {_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
         + (
-            f"; stage 0 left room for {plan.scoring:g} sifting forwards per step (not simulated)"
+            f"; stage 0 left room for {plan.scoring:g} sifting forwards per step in its waits, "
+            f"{_seconds(plan.scoring_call)} a call beyond them (not in the prediction)"
             if plan.scoring
             else ""
         )

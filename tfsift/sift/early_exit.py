@@ -35,7 +35,7 @@ from tfsift.parallel.comm import bcast_from_stage
 from tfsift.planning.graph import StageGraph
 from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
-from tfsift.sift.exit_head import ExitHead
+from tfsift.sift.exit_head import ExitHead, call_seconds
 from tfsift.sift.overlap import BATCH, FINISH, UPDATE, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import (
@@ -104,7 +104,7 @@ class EarlyExitScorer(Scorer):
 
     def __call__(self, element: Any) -> Scores:
         x, y = _pair(element)
-        self._build(x)
+        self._build(x, y)
         losses, logits = (None, None)
         if self._stage == 0:
             prepared = self._take_prepared(x)
@@ -162,7 +162,7 @@ class EarlyExitScorer(Scorer):
         if not self.config.overlap:
             return
         x, y = _pair(element)
-        self._build(x)
+        self._build(x, y)
         n, B = int(np.asarray(x).shape[0]), self.batch_size
         if self._stage != 0 or not B or n % B:
             return  # a round of a partial batch is scored whole, when it is sifted
@@ -231,17 +231,22 @@ class EarlyExitScorer(Scorer):
         if pending is not None:
             self._head.load_state(pending)
 
-    def _build(self, x: Any) -> None:
+    def _build(self, x: Any, y: Any) -> None:
         if self._built:
             return
         rt = runtime.get()
         batch = self.batch_size or int(np.asarray(x).shape[0])
+        if self.model._tfsift.scored_batches and self.model.partitioned is None:
+            # the planner sizes stage 0's room with what a call costs beyond its forwards
+            self.model._tfsift.scoring_call = lambda graph: call_seconds(
+                np.asarray(y)[:batch], _out_shape(graph), self.loss, self._group
+            )
         # no step has run yet: partition now (a collective, like a step)
         partition_for_training(self.model, x, batch)
         part = self.model.partitioned
         self._stage = part.stage.index
         self._pipe = rt.pipe_comm.Dup()
-        self._out_shape = tuple(part.graph.tensors[part.graph.outputs[0]].shape[1:])
+        self._out_shape = _out_shape(part.graph)
         if self._stage == 0:
             exit_after = _node_name(self.model, part.graph, self.config.exit_after)
             default = None
@@ -413,6 +418,11 @@ def _advise(fraction: float, stages: int, waits: WaitModel) -> None:
         ADVICE_AFTER,
         where,
     )
+
+
+def _out_shape(graph: Any) -> tuple[int, ...]:
+    """The model output's shape after the batch dimension (the head's output)."""
+    return tuple(graph.tensors[graph.outputs[0]].shape[1:])
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -24,6 +24,7 @@ are gathered anyway.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ Grads = list[Any]
 # [start, stop) of its rows one call learns
 Chunk = tuple[Any, Any, Any, Any]
 Queued = tuple[Any, Any, np.ndarray, int, int]  # part, labels, its mask, start, stop
+CALL_REPEATS = 20  # timed calls of ``call_seconds`` (about 0.5 ms each here)
 
 
 class ExitHead:
@@ -349,6 +351,36 @@ def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
     through ``score`` against the bare call: ``scripts/bench_exit_calls.py``); inside
     the call the bounds cost a mask."""
     return part, y, tf.constant(mask), tf.constant([start, stop], tf.int32)
+
+
+def call_seconds(
+    y: Any,
+    out_shape: tuple[int, ...],
+    loss: Callable[..., Any],
+    group: ReplicaGroup,
+    repeats: int = CALL_REPEATS,
+) -> float:
+    """The fixed cost of an overlap unit's call, for the planner (``partitioner.scoring``):
+    the median seconds of ``ExitHead.score`` scoring one source batch (labels ``y``) and
+    learning one, with the default head on a feature of width 1 and no layers before it,
+    so that what it times is the call, the head and reading the losses, not a layer's
+    forward (the profile has those).
+
+    ``group`` is never used: the calls learn rows queued once, and nothing is finished.
+    """
+    n = int(np.asarray(y).shape[0])
+    x, labels = tf.zeros((n, 1)), tf.convert_to_tensor(y)
+    head = ExitHead(None, tf.TensorSpec((None, 1)), out_shape, loss, 1e-3, lambda t: t, group)
+    features, _, _ = head.score(x, labels, None)  # traces the calls
+    parts = repeats + 1
+    head.learn([features] * parts, [labels] * parts, np.arange(0, n * parts, 2), None)
+    head.score(x, labels, 1)[1].numpy()  # the first learning call: a lookup, not timed
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        head.score(x, labels, 1)[1].numpy()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def make_head(user: Any, feature_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Any:

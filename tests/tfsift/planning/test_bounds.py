@@ -202,20 +202,29 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
     graph = traced()
     cfg = config(tmp_path)
     rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+    measured: list[Graph] = []
+
+    def call(traced: Graph) -> float:
+        measured.append(traced)
+        return 2.5e-4
+
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0)
+        bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+    assert measured == [graph]  # measured once, on the traced model, when it solves
     assert messages(caplog)[0] == (
         "WARNING",
         f"the plan file {cfg.plan_file} was made for another run (stage 0's sifting forwards "
         "per step: plan 0, this run 4); solving again and overwriting it",
     )
     plan = Plan.load(cfg.plan_file or "")
-    assert (plan.bounds, plan.scoring) == (bounds, 4.0)
+    assert (plan.bounds, plan.scoring, plan.scoring_call) == (bounds, 4.0, 2.5e-4)
     assert (
-        "stage 0 left room for 4 sifting forwards per step (not simulated)"
-        in (messages(caplog)[2][1].splitlines()[0])
-    )
+        "stage 0 left room for 4 sifting forwards per step in its waits, 0.25 ms a call "
+        "beyond them (not in the prediction)"
+    ) in messages(caplog)[2][1].splitlines()[0]
     assert plan_differences(plan, graph, cfg, 4.0) == []
+    rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+    assert measured == [graph]  # the plan is reused with the cost it was made with
 
 
 def test_room_for_scoring_keeps_a_learnt_layer_on_stage_0(tmp_path: Path) -> None:

@@ -353,3 +353,20 @@ def test_overlap_at_stage_0s_end_asks_the_planner_for_room(
     config = tfsift.SiftConfig(scorer="early_exit", **changes)
     tfsift.sift(model, PER_SAMPLE, config)
     assert model._tfsift.scored_batches == batches
+
+
+@pytest.mark.parametrize("exit_after, measured", [(None, True), ("a", False)])
+def test_overlap_at_stage_0s_end_gives_the_planner_a_calls_cost_to_measure(
+    exit_after: str | None, measured: bool
+) -> None:
+    tfsift.init({})
+    model = Deep()
+    config = tfsift.SiftConfig(scorer="early_exit", overlap=True, exit_after=exit_after)
+    scorer = EarlyExitScorer(model, PER_SAMPLE, config, False)
+    scorer.bind(ReplicaGroup(runtime.get()))
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    scorer((x, np.arange(16) % 3))
+    call = model._tfsift.scoring_call
+    assert (call is not None) == measured
+    if call is not None:  # rank 0 calls it with the traced model when it solves
+        assert 0.0 < call(model.partitioned.graph) < 1.0

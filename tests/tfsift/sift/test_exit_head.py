@@ -3,13 +3,16 @@ per call, and applies their mean at the first call of the round after."""
 
 from __future__ import annotations
 
+from typing import Any
+from unittest import mock
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
-from tfsift.sift.exit_head import ExitHead
+from tfsift.sift.exit_head import ExitHead, call_seconds
 from tfsift.sift.replicas import ReplicaGroup
 
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -244,3 +247,28 @@ def test_a_state_loaded_after_a_finish_ahead_of_the_round_continues_as_saved() -
         np.testing.assert_allclose(
             in_units(loading, x, y, kept), in_units(saving, x, y, kept), rtol=1e-5
         )
+
+
+class Untouchable:
+    """A replica group that must not be used: timing calls on one rank must not start a
+    collective the other ranks never join."""
+
+    def __getattr__(self, name: str) -> None:
+        raise AssertionError(f"call_seconds used the group's {name}")
+
+
+def test_a_calls_fixed_cost_is_timed_through_score_without_the_group() -> None:
+    tfsift.init({})
+    calls: list[int | None] = []
+    score = ExitHead.score
+
+    def counted(self: ExitHead, x: Any, y: Any, chunks: int | None) -> Any:
+        calls.append(chunks)
+        return score(self, x, y, chunks)
+
+    y = np.arange(32) % 10
+    with mock.patch.object(ExitHead, "score", counted):
+        seconds = call_seconds(y, (10,), PER_SAMPLE, Untouchable(), repeats=5)  # type: ignore[arg-type]
+    assert 0.0 < seconds < 1.0
+    # one call to trace, one to warm the learning call up, five timed, each learning one
+    assert calls == [None, 1, 1, 1, 1, 1, 1]
