@@ -110,7 +110,7 @@ def rank0_bounds(
         cfg.partitions,
     )
     costs = profile(graph, example, cfg.profile_repeats)
-    call = scoring_call(graph) if scoring and scoring_call is not None else 0.0
+    call = _call_seconds(scoring_call, graph) if scoring else 0.0
     plan = make_plan(
         costs,
         cfg.partitions,
@@ -140,6 +140,23 @@ def rank0_bounds(
 def _first_weighted(graph: Graph) -> int:
     """The index of the first node with variables (0 if none has any)."""
     return next((i for i in range(len(graph)) if graph.stage(i, i + 1).variables()), 0)
+
+
+def _call_seconds(scoring_call: Callable[[Graph], float] | None, graph: Graph) -> float:
+    """A scoring call's measured fixed cost, or 0 if it cannot be measured: it refines the
+    plan and must not end the run (nor, raised on rank 0 alone, hang the other ranks)."""
+    if scoring_call is None:
+        return 0.0
+    try:
+        return float(scoring_call(graph))
+    except Exception as err:  # any failure of an estimate is survivable
+        log.warning(
+            "could not time a sifting scoring call for the plan (%s: %s); planning stage 0's "
+            "room for scoring without its fixed cost",
+            type(err).__name__,
+            err,
+        )
+        return 0.0
 
 
 def _keep_for_run_log(plan: Plan, cfg: Config) -> None:

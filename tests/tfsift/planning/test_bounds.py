@@ -227,6 +227,27 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
     assert measured == [graph]  # the plan is reused with the cost it was made with
 
 
+def test_a_call_cost_that_cannot_be_measured_plans_without_it_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # rank 0 alone measures, while the other ranks wait for the plan's broadcast: an
+    # error that left rank0_bounds other than as a ValueError would hang them
+    def call(traced: Graph) -> float:
+        raise TypeError("the loss takes no such labels")
+
+    cfg = config(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+    assert messages(caplog) == [
+        (
+            "WARNING",
+            "could not time a sifting scoring call for the plan (TypeError: the loss takes no "
+            "such labels); planning stage 0's room for scoring without its fixed cost",
+        )
+    ]
+    assert Plan.load(cfg.plan_file or "").scoring_call == 0.0
+
+
 def test_room_for_scoring_keeps_a_learnt_layer_on_stage_0(tmp_path: Path) -> None:
     # Scoring dwarfs everything, so the solver alone would leave stage 0 only the reshape
     # (free, no weights), and the exit head at its end would score the raw input.
