@@ -21,6 +21,7 @@ run one after another, all tasks and then the 2-stage pipeline (``mpirun -np 2``
 before the next seed's, so that a drift of the machine's speed spreads over methods.
 
 usage: .venv/bin/python scripts/bench_sifting.py [--quick] [--no-docs] [--json PATH]
+       .venv/bin/python scripts/bench_sifting.py --pipeline-only   (2-stage jobs, printed)
        .venv/bin/python scripts/bench_sifting.py --render PATH   (docs from a --json file)
 """
 
@@ -196,6 +197,7 @@ class Settings:
     methods: tuple[Method, ...] = METHODS
     seeds: tuple[int, ...] = (0, 1, 2)
     pipeline_task: str = "mnist1d"  # "" skips the 2-stage runs
+    one_process: bool = True  # False: the 2-stage runs alone (--pipeline-only)
     pipeline_methods: tuple[Method, ...] = PIPELINE_METHODS
     partitions: int = 2
     microbatches: int = 4
@@ -209,7 +211,7 @@ class Settings:
         """Every job, in the order they run: per seed, each task, then the pipeline."""
         out = []
         for seed in self.seeds:
-            for task in self.tasks:
+            for task in self.tasks if self.one_process else ():
                 out.append(self.job(task, seed, self.methods, 1, 1))
             for task in self.tasks:
                 if task.name == self.pipeline_task:
@@ -1050,6 +1052,11 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/")
     parser.add_argument("--json", type=Path, help="also save the raw results here")
     parser.add_argument("--render", type=Path, help="re-render the docs from a --json file")
+    parser.add_argument(
+        "--pipeline-only",
+        action="store_true",
+        help="the 2-stage runs alone, their table printed (docs/ untouched)",
+    )
     args = parser.parse_args()
     if args.render:
         saved = json.loads(args.render.read_text())
@@ -1057,11 +1064,16 @@ def main() -> None:
         settings = QUICK if meta.get("quick") else Settings()
     else:
         settings = QUICK if args.quick else Settings()
+        if args.pipeline_only:
+            settings = dataclasses.replace(settings, one_process=False)
         raw, meta = measure(settings, args.json)
         meta["quick"] = args.quick
         if args.json:
             args.json.write_text(json.dumps({"raw": raw, "meta": meta}))
     summary = summarise(raw, settings)
+    if not settings.one_process:
+        print(results_table(summary, pipeline=True))
+        return
     text = markdown(summary, settings, meta, raw)
     print(text)
     if not args.no_docs:
