@@ -274,9 +274,12 @@ class Run:
 
     def train(self) -> Config:
         B = self.task["batch"]
+        # the sifted dataset first, as a user makes it: overlap's planner (at the first
+        # step, here the warm-up's) then leaves stage 0 room for the scoring
+        train = self.dataset()
         self.warm_up(self.x[:B], self.y[:B])
         self.record()
-        train, epochs, next_eval = self.dataset(), 0, self.task["eval_every_s"]
+        epochs, next_eval = 0, self.task["eval_every_s"]
         done = False
         self.clock.start()
         while not done:

@@ -45,8 +45,8 @@ class _ModelState:
     # overlap, set by tfsift.sift before the first step): the planner lightens stage 0
     scored_batches: float = 0.0
     # and what a scoring call costs beyond its layers' forwards, measured on rank 0 when
-    # it plans (given the traced model; ``partitioner.scoring``)
-    scoring_call: Callable[[Graph], float] | None = None
+    # it plans (given the traced model and a source batch's rows; ``partitioner.scoring``)
+    scoring_call: Callable[[Graph, int], float] | None = None
 
 
 class DistributedModel(keras.Model):  # type: ignore[misc]

@@ -45,7 +45,7 @@ def plan_bounds(
     rt: runtime.Runtime,
     *,
     scoring: float = 0.0,
-    scoring_call: Callable[[Graph], float] | None = None,
+    scoring_call: Callable[[Graph, int], float] | None = None,
 ) -> tuple[int, ...]:
     """The K+1 stage bounds of ``graph``, the same on every rank (a collective).
 
@@ -53,7 +53,8 @@ def plan_bounds(
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
     ``scoring``: forward microbatches stage 0 runs per step in its waits (sifting with
     early exit and overlap), which the solver leaves room for (``solve_speed``);
-    ``scoring_call`` measures a scoring call's fixed seconds, on rank 0 when it solves.
+    ``scoring_call(graph, rows)`` measures a scoring call's fixed seconds on a source
+    batch of ``rows`` (M microbatches of the example's size), on rank 0 when it solves.
     """
     cfg, L = rt.config, len(graph)
     if cfg.partitions > L:
@@ -84,7 +85,7 @@ def rank0_bounds(
     example: Sequence[tf.Tensor],
     cfg: Config,
     scoring: float = 0.0,
-    scoring_call: Callable[[Graph], float] | None = None,
+    scoring_call: Callable[[Graph, int], float] | None = None,
 ) -> tuple[int, ...]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
@@ -110,7 +111,8 @@ def rank0_bounds(
         cfg.partitions,
     )
     costs = profile(graph, example, cfg.profile_repeats)
-    call = _call_seconds(scoring_call, graph) if scoring else 0.0
+    rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
+    call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
     plan = make_plan(
         costs,
         cfg.partitions,
@@ -142,13 +144,15 @@ def _first_weighted(graph: Graph) -> int:
     return next((i for i in range(len(graph)) if graph.stage(i, i + 1).variables()), 0)
 
 
-def _call_seconds(scoring_call: Callable[[Graph], float] | None, graph: Graph) -> float:
+def _call_seconds(
+    scoring_call: Callable[[Graph, int], float] | None, graph: Graph, rows: int
+) -> float:
     """A scoring call's measured fixed cost, or 0 if it cannot be measured: it refines the
     plan and must not end the run (nor, raised on rank 0 alone, hang the other ranks)."""
     if scoring_call is None:
         return 0.0
     try:
-        return float(scoring_call(graph))
+        return float(scoring_call(graph, rows))
     except Exception as err:  # any failure of an estimate is survivable
         log.warning(
             "could not time a sifting scoring call for the plan (%s: %s); planning stage 0's "

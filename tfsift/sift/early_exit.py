@@ -104,7 +104,7 @@ class EarlyExitScorer(Scorer):
 
     def __call__(self, element: Any) -> Scores:
         x, y = _pair(element)
-        self._build(x, y)
+        self._build(x)
         losses, logits = (None, None)
         if self._stage == 0:
             prepared = self._take_prepared(x)
@@ -162,7 +162,7 @@ class EarlyExitScorer(Scorer):
         if not self.config.overlap:
             return
         x, y = _pair(element)
-        self._build(x, y)
+        self._build(x)
         n, B = int(np.asarray(x).shape[0]), self.batch_size
         if self._stage != 0 or not B or n % B:
             return  # a round of a partial batch is scored whole, when it is sifted
@@ -231,16 +231,26 @@ class EarlyExitScorer(Scorer):
         if pending is not None:
             self._head.load_state(pending)
 
-    def _build(self, x: Any, y: Any) -> None:
+    def expect(self, element_spec: Any) -> None:
+        """With room to plan for (overlap at stage 0's end, no step yet): how the planner,
+        on rank 0, times a scoring call's fixed cost (``exit_head.call_seconds``) on
+        labels shaped as the dataset's, whether the first step comes before the first
+        round or after it."""
+        if not self.model._tfsift.scored_batches or self.model.partitioned is not None:
+            return
+        labels = _pair(element_spec)[1]
+
+        def measure(graph: Any, rows: int) -> float:
+            y = np.zeros((rows, *labels.shape[1:]), labels.dtype.as_numpy_dtype)
+            return call_seconds(y, _out_shape(graph), self.loss)
+
+        self.model._tfsift.scoring_call = measure
+
+    def _build(self, x: Any) -> None:
         if self._built:
             return
         rt = runtime.get()
         batch = self.batch_size or int(np.asarray(x).shape[0])
-        if self.model._tfsift.scored_batches and self.model.partitioned is None:
-            # the planner sizes stage 0's room with what a call costs beyond its forwards
-            self.model._tfsift.scoring_call = lambda graph: call_seconds(
-                np.asarray(y)[:batch], _out_shape(graph), self.loss, self._group
-            )
         # no step has run yet: partition now (a collective, like a step)
         partition_for_training(self.model, x, batch)
         part = self.model.partitioned

@@ -353,23 +353,26 @@ def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
     return part, y, tf.constant(mask), tf.constant([start, stop], tf.int32)
 
 
+class _NoGroup:
+    """``call_seconds``'s head has no replicas: it learns rows queued once and finishes
+    nothing, so no collective may start (rank 0 times it alone, while the others wait)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"call_seconds must not use a replica group (it read {name!r})")
+
+
 def call_seconds(
-    y: Any,
-    out_shape: tuple[int, ...],
-    loss: Callable[..., Any],
-    group: ReplicaGroup,
-    repeats: int = CALL_REPEATS,
+    y: Any, out_shape: tuple[int, ...], loss: Callable[..., Any], repeats: int = CALL_REPEATS
 ) -> float:
     """The fixed cost of an overlap unit's call, for the planner (``partitioner.scoring``):
     the median seconds of ``ExitHead.score`` scoring one source batch (labels ``y``) and
     learning one, with the default head on a feature of width 1 and no layers before it,
     so that what it times is the call, the head and reading the losses, not a layer's
     forward (the profile has those).
-
-    ``group`` is never used: the calls learn rows queued once, and nothing is finished.
     """
     n = int(np.asarray(y).shape[0])
     x, labels = tf.zeros((n, 1)), tf.convert_to_tensor(y)
+    group: Any = _NoGroup()
     head = ExitHead(None, tf.TensorSpec((None, 1)), out_shape, loss, 1e-3, lambda t: t, group)
     features, _, _ = head.score(x, labels, None)  # traces the calls
     parts = repeats + 1

@@ -56,6 +56,9 @@ class Scorer:
     def bind(self, group: Any) -> None:
         """Told the replica group once, before the first round."""
 
+    def expect(self, element_spec: Any) -> None:
+        """Told the dataset's element spec when the transform is applied (before any step)."""
+
     def prepare(self, element: Element) -> None:
         """Told the next round's element before the training step that precedes it."""
 

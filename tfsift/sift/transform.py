@@ -156,6 +156,7 @@ class Sifter:
         self.M, self.replica = rt.config.microbatches, rt.replica
         self.batch_size = _static_batch(element_spec)
         _check_divisible(self.batch_size, self.M)
+        scorer.expect(element_spec)
         self.policy: Policy = make_policy(config)
         self.metrics = SiftMetrics()
         self.rounds = 0  # source rounds over all epochs: seeds each round's draws

@@ -202,15 +202,17 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
     graph = traced()
     cfg = config(tmp_path)
     rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
-    measured: list[Graph] = []
+    measured: list[tuple[Graph, int]] = []
 
-    def call(traced: Graph) -> float:
-        measured.append(traced)
+    def call(traced: Graph, rows: int) -> float:
+        measured.append((traced, rows))
         return 2.5e-4
 
     with caplog.at_level(logging.INFO, logger="tfsift"):
         bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
-    assert measured == [graph]  # measured once, on the traced model, when it solves
+    # measured once, when it solves, on the traced model and a source batch: M = 2
+    # microbatches of the example's row
+    assert measured == [(graph, 2)]
     assert messages(caplog)[0] == (
         "WARNING",
         f"the plan file {cfg.plan_file} was made for another run (stage 0's sifting forwards "
@@ -224,7 +226,7 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
     ) in messages(caplog)[2][1].splitlines()[0]
     assert plan_differences(plan, graph, cfg, 4.0) == []
     rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
-    assert measured == [graph]  # the plan is reused with the cost it was made with
+    assert len(measured) == 1  # the plan is reused with the cost it was made with
 
 
 def test_a_call_cost_that_cannot_be_measured_plans_without_it_and_says_why(
@@ -232,7 +234,7 @@ def test_a_call_cost_that_cannot_be_measured_plans_without_it_and_says_why(
 ) -> None:
     # rank 0 alone measures, while the other ranks wait for the plan's broadcast: an
     # error that left rank0_bounds other than as a ValueError would hang them
-    def call(traced: Graph) -> float:
+    def call(traced: Graph, rows: int) -> float:
         raise TypeError("the loss takes no such labels")
 
     cfg = config(tmp_path)

@@ -9,9 +9,11 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
+from tfsift.planning.graph import trace
 from tfsift.sift import early_exit
 from tfsift.sift.early_exit import LOW_OVERLAP, EarlyExitScorer, cheap_exit, spearman
 from tfsift.sift.overlap import BATCH, FINISH, UPDATE, WaitModel
@@ -356,17 +358,27 @@ def test_overlap_at_stage_0s_end_asks_the_planner_for_room(
 
 
 @pytest.mark.parametrize("exit_after, measured", [(None, True), ("a", False)])
-def test_overlap_at_stage_0s_end_gives_the_planner_a_calls_cost_to_measure(
+def test_overlap_at_stage_0s_end_gives_the_planner_a_calls_cost_before_any_step(
     exit_after: str | None, measured: bool
 ) -> None:
+    # set when the transform is applied: a first step before the first round plans with it
     tfsift.init({})
     model = Deep()
     config = tfsift.SiftConfig(scorer="early_exit", overlap=True, exit_after=exit_after)
-    scorer = EarlyExitScorer(model, PER_SAMPLE, config, False)
-    scorer.bind(ReplicaGroup(runtime.get()))
-    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
-    scorer((x, np.arange(16) % 3))
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    source = tf.data.Dataset.from_tensor_slices((x, np.arange(32) % 3)).batch(16)
+    source.apply(tfsift.sift(model, PER_SAMPLE, config))
     call = model._tfsift.scoring_call
     assert (call is not None) == measured
     if call is not None:  # rank 0 calls it with the traced model when it solves
-        assert 0.0 < call(model.partitioned.graph) < 1.0
+        assert 0.0 < call(trace(model, [tf.constant(x[:4])]), 16) < 1.0
+
+
+def test_overlap_with_elements_that_are_not_pairs_fails_when_applied() -> None:
+    tfsift.init({})
+    config = tfsift.SiftConfig(scorer="early_exit", overlap=True)
+    source = tf.data.Dataset.from_tensor_slices(np.zeros((32, 4), np.float32)).batch(16)
+    with pytest.raises(
+        ValueError, match=r"early-exit scoring needs dataset elements that are \(x, y\) pairs"
+    ):
+        source.apply(tfsift.sift(Deep(), PER_SAMPLE, config))
