@@ -169,3 +169,21 @@ def test_a_rank_that_stalls_while_sifting_ends_the_job_after_the_timeout(
     assert proc.returncode != 0
     assert f"tfsift: {message}; aborting the job" in proc.stderr, proc.stderr[-2000:]
     assert 2.0 <= ended - started < 3.0 + 15  # the waiter may start waiting a little earlier
+
+
+def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
+    tmp_path: Path,
+) -> None:
+    # two stages by two replicas; the first step comes before the first round. Rank 0
+    # times a scoring call while it plans and the other ranks wait for the plan: a
+    # collective there would hang them (the job's timeout would end this test)
+    plan_file = tmp_path / "plan.json"
+    reports = mpi.reports(mpi.run(4, "sift_room.py", str(plan_file), timeout=240))
+    bounds = {tuple(r["bounds"]) for r in reports.values()}
+    assert len(bounds) == 1  # one cut, on every rank
+    plan = reports[0]["plan"]
+    assert plan["bounds"] == list(next(iter(bounds)))
+    # relative beta=1 keeps half: 2 source batches a step, M = 2 forwards of each
+    assert plan["scoring"] == 4.0
+    assert 0.0 < plan["scoring_call"] < 0.1  # seconds, measured (0 if it failed)
+    assert all(r["steps"] >= 4 for r in reports.values())
