@@ -18,7 +18,8 @@ and 4) on two cuts: where the profile of the first variant of that model cut it
 leaves stage 0 idle while stage 1 works. On the profiled cut one more variant, overlap
 with the default exit (stage 0's last layer), gets a cut of its own: the planner, told
 by ``tfsift.sift`` that stage 0 will score in its waits, leaves it room for that (its
-own plan file); one more, overlap with ``SiftConfig(log_dir=...)``, times rank 0
+own plan file), and no sifting then trains on that plan too, so that the two steps are
+compared on the same pipeline; one more, overlap with ``SiftConfig(log_dir=...)``, times rank 0
 writing the sifting metrics to TensorBoard. Each trains on MNIST-1D
 for ``--steps`` optimizer steps
 (after ``--warmup`` steps that trace and warm up), and the time per step counts
