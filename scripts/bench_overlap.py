@@ -126,6 +126,7 @@ VARIANTS = {
     "no sifting, cut for it": None,
 }
 PLAIN = "no sifting"
+POLICY = {"policy": "relative", "beta": 1.0}  # every sifted variant's
 ONE_BATCH = "one batch a unit"
 AT_THE_ROUND = "head finished at the round"
 OWN_CUT = "cut for it"
@@ -202,8 +203,9 @@ def time_variant(
     options = VARIANTS[name]
     if name == f"{PLAIN}, {OWN_CUT}":
         # plain training reusing the plan made with room for scoring (plan_differences
-        # compares the scoring it was made for): a source batch per kept half
-        model._tfsift.scored_batches = 2.0
+        # compares the scoring it was made for): the source batches per step that the
+        # sifted variants' policy reads, as tfsift.sift tells the planner
+        model._tfsift.scored_batches = 1 / tfsift.SiftConfig(**POLICY).expected_kept()
     units.MOST_PER_UNIT = 1 if name.endswith(ONE_BATCH) else None
     early_exit.FINISH_IN_WAITS = not name.endswith(AT_THE_ROUND)
     if options is not None and name.endswith(LOGGED):
@@ -211,8 +213,7 @@ def time_variant(
     if options is not None:
         config = tfsift.SiftConfig(
             **{
-                "policy": "relative",
-                "beta": 1.0,
+                **POLICY,
                 "exit_after": "first",
                 "score_batches": args.score_batches,
                 **options,
