@@ -133,20 +133,62 @@ def _tag(direction: int, microbatch: int) -> int:
     return (microbatch % _TAG_LIMIT) * 3 + direction
 
 
+class StageBroadcast:
+    """Broadcasts from stage ``root`` of a pipeline communicator, call after call, where
+    the root does not wait for the other stages to receive.
+
+    ``bcast_from_stage`` makes the root wait until its send completes, and a send over
+    Open MPI's eager limit (4 KB in shared memory; a round's 1024 losses are 8 KB)
+    completes only when the receiver has taken it: the root then starts its next step
+    only when the slowest stage reached the broadcast. Here the root's send is
+    completed by its next call or ``finish``, bounded by ``timeout``; the arrays it sent
+    stay alive until then. The other stages wait for theirs as in ``bcast_from_stage``.
+
+    Example:
+        >>> losses = StageBroadcast(pipe, 0, 600.0, "early-exit losses")
+        >>> losses([buffer])  # on stage 0 returns at once; elsewhere fills ``buffer``
+    """
+
+    def __init__(self, pipe: Any, root: int, timeout: float, what: str) -> None:
+        self.pipe, self.root, self.timeout, self.what = pipe, root, timeout, what
+        self._sending: tuple[list[Any], Sequence[np.ndarray]] | None = None
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> None:
+        """Starts broadcasting ``arrays`` (on the root), or receives them in place."""
+        self.finish()
+        requests = [self.pipe.Ibcast(a, root=self.root) for a in arrays]
+        me = self.pipe.Get_rank()
+        if me == self.root:
+            self._sending = (requests, arrays)
+        elif not watchdog.wait(requests, self.timeout):
+            watchdog.abort(
+                f"stage {me} (rank {watchdog.world_rank(self.pipe, me)}) waited "
+                f"{self.timeout:g} s for stage {self.root} (rank "
+                f"{watchdog.world_rank(self.pipe, self.root)}) to broadcast the {self.what}"
+            )
+
+    def finish(self) -> None:
+        """Completes the root's last broadcast: ends the job if a stage has not received
+        it after ``timeout`` seconds."""
+        sending, self._sending = self._sending, None
+        if sending is not None and not watchdog.wait(sending[0], self.timeout):
+            watchdog.abort(
+                f"stage {self.root} (rank {watchdog.world_rank(self.pipe, self.root)}) waited "
+                f"{self.timeout:g} s for the other stages to receive the {self.what}"
+            )
+
+
 def bcast_from_stage(
     pipe: Any, arrays: Sequence[np.ndarray], root: int, timeout: float, what: str
 ) -> None:
     """Broadcasts ``arrays`` in place from stage ``root`` of a pipeline communicator
     (ranked by stage), without blocking: a stage that waits longer than ``timeout`` ends
-    the job, naming both stages and ``what`` it waited for.
+    the job, naming both stages and ``what`` it waited for. The root returns once every
+    stage has received them (``StageBroadcast`` returns at once).
 
     Example:
-        >>> bcast_from_stage(pipe, [losses], 0, 600.0, "early-exit losses")
+        >>> bcast_from_stage(pipe, [values], 1, 600.0, "step's metric values")
     """
-    requests = [pipe.Ibcast(a, root=root) for a in arrays]
-    if not watchdog.wait(requests, timeout):
-        me = pipe.Get_rank()
-        watchdog.abort(
-            f"stage {me} (rank {watchdog.world_rank(pipe, me)}) waited {timeout:g} s for "
-            f"stage {root} (rank {watchdog.world_rank(pipe, root)}) to broadcast the {what}"
-        )
+    broadcast = StageBroadcast(pipe, root, timeout, what)
+    broadcast(arrays)
+    broadcast.finish()

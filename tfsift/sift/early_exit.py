@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsift.parallel import runtime
-from tfsift.parallel.comm import bcast_from_stage
+from tfsift.parallel.comm import StageBroadcast
 from tfsift.planning.graph import StageGraph
 from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
@@ -131,7 +131,10 @@ class EarlyExitScorer(Scorer):
 
     def _share(self, n: int, losses: Any, logits: Any) -> tuple[np.ndarray, Any, np.ndarray]:
         """Stage 0's losses (logits, overlap counts and estimates) on every stage of the pipeline,
-        broadcast without blocking: a stalled stage 0 ends the job after ``timeout``."""
+        broadcast without blocking: a stalled stage 0 ends the job after ``timeout``.
+        Stage 0 goes on without waiting for the others to receive them (``StageBroadcast``):
+        it finishes its update before the last stage does, and waiting here made it lose
+        that head start on the next step at every round."""
         waits = self._idle.waits
         overlapped = np.array(
             [
@@ -150,8 +153,7 @@ class EarlyExitScorer(Scorer):
             buffer[:n], buffer[n:] = losses, overlapped
             if self.needs_logits:
                 values[...] = logits
-        timeout = runtime.get().config.timeout
-        bcast_from_stage(self._pipe, [buffer, values], 0, timeout, "early-exit losses")
+        self._losses_bcast([buffer, values])
         shared_logits = values.astype(np.float32) if self.needs_logits else None
         return buffer[:n], shared_logits, buffer[n:]
 
@@ -256,6 +258,7 @@ class EarlyExitScorer(Scorer):
         part = self.model.partitioned
         self._stage = part.stage.index
         self._pipe = rt.pipe_comm.Dup()
+        self._losses_bcast = StageBroadcast(self._pipe, 0, rt.config.timeout, "early-exit losses")
         self._out_shape = _out_shape(part.graph)
         if self._stage == 0:
             exit_after = _node_name(self.model, part.graph, self.config.exit_after)

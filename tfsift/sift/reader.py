@@ -6,7 +6,11 @@ iterator costs a fixed fraction of a millisecond of Python and runtime work
 models). When every source batch has the same static size B, the reader asks tf.data
 for g of them at once (``source.batch(g)``: one call, the copy done in C++) and hands
 out views of that block; rounds never cross two blocks, so nothing is copied again,
-and the next block is prefetched (source data only: scoring never runs ahead).
+and the next block is prefetched (source data only: scoring never runs ahead). The
+``next()`` for the next block is itself called ahead, on a thread of the reader's own,
+as soon as the current block is taken: on a rank that computes with one core it cost
+about 1.4 ms of the round (``scripts/bench_overlap.py``), on the critical path of every
+stage, and the thread runs it while the rank waits for its peers instead.
 A source whose batch size is unknown (a last partial batch is possible) is read one
 batch at a time and concatenated, as any size may then come.
 """
@@ -14,6 +18,7 @@ batch at a time and concatenated, as any size may then come.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -37,6 +42,8 @@ class SourceReader:
         # the next block is assembled while the current one is sifted and trained on
         grouped = source.batch(group).prefetch(1) if self._grouped else source
         self._upstream: Iterator[Any] = iter(grouped)
+        self._ahead: Future[Any] | None = None  # the next block's next(), on the thread
+        self._thread: ThreadPoolExecutor | None = None
         self._block: list[np.ndarray] = []  # the current block of grouped batches
         self._at = 0  # batches of the block already handed out
         self._blocks = 0  # batches in the block
@@ -47,18 +54,48 @@ class SourceReader:
         many they are; ``None`` when the source has ended."""
         if not self._grouped:
             return self._read_single(k)
-        if self._at == self._blocks:
-            element = next(self._upstream, None)
-            if element is None:
-                return None
-            grouped = [np.asarray(leaf) for leaf in tree.flatten(element)]
-            self._blocks, self._at = int(grouped[0].shape[0]), 0
-            self._block = [g.reshape(-1, *g.shape[2:]) for g in grouped]
-        n = min(k, self._blocks - self._at)
         B = self.batch_size or 0
+        if self._at == self._blocks:
+            block = self._next_block()
+            if block is None:
+                return None
+            self._block, self._blocks, self._at = block, int(block[0].shape[0]) // B, 0
+        n = min(k, self._blocks - self._at)
         rows = slice(self._at * B, (self._at + n) * B)
         self._at += n
         return [leaf[rows] for leaf in self._block], n
+
+    def _next_block(self) -> list[np.ndarray] | None:
+        """The next block's leaves, each of its batches' rows one after another (``None``
+        at the end); the one after it is read on the reader's thread meanwhile. An error
+        upstream is raised here, in order."""
+        if self._ahead is None:
+            block = self._fetch()
+        else:
+            ahead, self._ahead = self._ahead, None
+            block = ahead.result()
+        if block is None:
+            self.close()
+            return None
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfsift-sift-reader")
+        self._ahead = self._thread.submit(self._fetch)
+        return block
+
+    def _fetch(self) -> list[np.ndarray] | None:
+        # converted on the thread too: on a busy rank the conversion cost as much as the
+        # next() (scripts/bench_overlap.py)
+        element = next(self._upstream, None)
+        if element is None:
+            return None
+        grouped = [np.asarray(leaf) for leaf in tree.flatten(element)]
+        return [g.reshape(-1, *g.shape[2:]) for g in grouped]
+
+    def close(self) -> None:
+        """Ends the reader's thread (after the ``next()`` it runs, if any)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
 
     def _read_single(self, k: int) -> tuple[list[np.ndarray], int] | None:
         parts = []

@@ -213,20 +213,23 @@ class Sifter:
             source = source.skip(self.epoch_read)
         buffer = self.buffer
         reader = SourceReader(source, self.batch_size, self.config.score_batches)
-        while True:
-            leaves = self._read(reader)
-            B = self.batch_size or 0
-            n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
-            if n and more and self.config.overlap and self.batches_read > self.config.delay:
+        try:
+            while True:
+                leaves = self._read(reader)
+                B = self.batch_size or 0
+                n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
+                if n and more and self.config.overlap and self.batches_read > self.config.delay:
+                    assert leaves is not None
+                    self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
+                for _ in range(n):
+                    yield self._emit(buffer, B)
+                if not more:  # the shortest shard ended: every replica stops here
+                    break
                 assert leaves is not None
-                self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
-            for _ in range(n):
-                yield self._emit(buffer, B)
-            if not more:  # the shortest shard ended: every replica stops here
-                break
-            assert leaves is not None
-            self._round(leaves, buffer, group)
-            self._unsifted = 0
+                self._round(leaves, buffer, group)
+                self._unsifted = 0
+        finally:  # also when the consumer stops early: the reader's thread ends
+            reader.close()
         yield from self._drain(buffer, group)
         if self._log is not None:  # the epoch's points, for whoever reads them now
             self._log.flush()
