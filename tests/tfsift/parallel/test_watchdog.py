@@ -171,3 +171,23 @@ def test_a_stalled_replica_ends_the_job_after_horovods_stall_check() -> None:
     assert "Missing ranks:\n1!" in proc.stderr
     assert "tfsift: rank 0 failed, aborting the job" in proc.stderr
     assert 2.0 <= took < 2 * 3.0 + 15, took  # Horovod checks every `timeout` seconds
+
+
+@pytest.mark.mpi
+def test_a_stage_broadcast_root_goes_on_before_the_other_stages_receive() -> None:
+    reports = mpi.reports(mpi.run(2, "stage_bcast_check.py", timeout=120))
+    root, other = reports[0], reports[1]
+    seconds = root["seconds"]
+    print(f"root's calls (stage 1 receives 1 s later): {seconds}")
+    # bcast_from_stage: the root waits for stage 1 (so the next lines can fail)
+    assert seconds["0"] >= 0.8, seconds
+    # StageBroadcast: the root returns at once; its next call waits for the first send
+    assert seconds["1"] < 0.5, seconds
+    assert seconds["2"] >= 0.5, seconds
+    assert seconds["finish"] >= 0.5, seconds
+    assert other["intact"] and root["intact"]
+    assert 0.5 <= seconds["gave up"] < 2.0, seconds
+    assert root["aborts"] == [
+        "stage 0 (rank 0) waited 0.5 s for the other stages to receive the test values"
+    ]
+    assert other["aborts"] == []

@@ -13,6 +13,7 @@ from events import scalars
 
 import tfsift
 from tfsift.sift.policies import RelativePolicy
+from tfsift.sift.reader import SourceReader
 
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 MEAN = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -501,3 +502,29 @@ def test_a_round_shorter_than_g_batches_is_padded_to_one_scoring_shape() -> None
     )
     assert len([i for batch in got for i in batch if i >= 10 * B]) == B
     assert tfsift.sift_metrics()["samples_scored"] == N
+
+
+def test_a_consumer_that_stops_early_ends_the_readers_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readers: list[SourceReader] = []  # held here: the thread must end on close, not on GC
+    init = SourceReader.__init__
+
+    def held(self: SourceReader, *args: Any) -> None:
+        init(self, *args)
+        readers.append(self)
+
+    monkeypatch.setattr(SourceReader, "__init__", held)
+    model = start()
+    config = tfsift.SiftConfig(policy="uniform", keep=0.5, score_batches=2)
+    batches = iter(source().apply(tfsift.sift(model, PER_SAMPLE, config)))
+    next(batches)
+    (reader,) = readers
+    thread = reader._thread
+    assert thread is not None  # the next block is being read ahead
+    workers = list(thread._threads)
+    assert workers
+    del batches  # the consumer stops: the epoch's generator is closed
+    for worker in workers:
+        worker.join(5.0)
+    assert reader._thread is None and not any(w.is_alive() for w in workers)
