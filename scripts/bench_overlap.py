@@ -335,8 +335,8 @@ def bench_model(
     plan: str,
 ) -> None:
     chosen = [n for n in VARIANTS if n in args.variants or n == PLAIN]
-    if any(n.endswith(OWN_CUT) for n in chosen):
-        chosen.append(f"{PLAIN}, {OWN_CUT}")
+    if any(n.endswith(OWN_CUT) for n in chosen) and f"{PLAIN}, {OWN_CUT}" not in chosen:
+        chosen.append(f"{PLAIN}, {OWN_CUT}")  # named or not, once (it ran twice a repeat)
     names = [n for n in chosen if cut == "profiled" or not n.endswith(OWN_CUT)]
     times: dict[str, list[float]] = {name: [] for name in names}
     splits: dict[str, list[list[float]]] = {name: [] for name in names}
