@@ -7,10 +7,12 @@ models). When every source batch has the same static size B, the reader asks tf.
 for g of them at once (``source.batch(g)``: one call, the copy done in C++) and hands
 out views of that block; rounds never cross two blocks, so nothing is copied again,
 and the next block is prefetched (source data only: scoring never runs ahead). The
-``next()`` for the next block is itself called ahead, on a thread of the reader's own,
-as soon as the current block is taken: on a rank that computes with one core it cost
-about 1.4 ms of the round (``scripts/bench_overlap.py``), on the critical path of every
-stage, and the thread runs it while the rank waits for its peers instead.
+``next()`` for the next block, and its conversion to NumPy, are themselves run ahead,
+on a thread of the reader's own, as soon as the current block is taken: at the round
+they sat on the critical path of every stage, and the thread runs them while the rank
+waits for its peers instead (with the losses' broadcast that no longer waits, a round
+on ``scripts/bench_overlap.py``'s 4-convolution cut for sifting went from 0.7-0.8 ms of
+rank 0's ``next()`` per step to plain training's 0.5, ``docs/benchmarks.md``).
 A source whose batch size is unknown (a last partial batch is possible) is read one
 batch at a time and concatenated, as any size may then come.
 """
@@ -83,8 +85,8 @@ class SourceReader:
         return block
 
     def _fetch(self) -> list[np.ndarray] | None:
-        # converted on the thread too: on a busy rank the conversion cost as much as the
-        # next() (scripts/bench_overlap.py)
+        # converted on the thread too: the conversion of a block that has just come
+        # costs the caller's thread time as well, and the round waits for that thread
         element = next(self._upstream, None)
         if element is None:
             return None
