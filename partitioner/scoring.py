@@ -96,6 +96,8 @@ def unheld(waits: Sequence[float], batches: float, forward: float, call: float) 
         room = wait - call
         if room <= 0:
             continue
-        fits = math.inf if forward <= 0 else math.floor(room / forward + 1e-12)
+        ratio = room / forward if forward > 0 else math.inf
+        # a forward too short to measure (a denormal) overflows the ratio: all fit
+        fits = math.floor(ratio + 1e-12) if math.isfinite(ratio) else math.inf
         left -= min(left, fits)
     return max(left, 0.0)

@@ -32,6 +32,7 @@ def test_stage_0_waits_before_its_backwards_on_the_1f1b_schedule() -> None:
         ([1.4, 1.4, 1.4], 2.0, 1.0, 0.5, 2.0),  # many short waits hold nothing
         ([0.4], 1.0, 0.0, 0.5, 1.0),  # no forward, but the call does not fit
         ([0.6], 3.0, 0.0, 0.5, 0.0),  # no forward: a call that fits holds all
+        ([1.0], 2.0, 5e-324, 0.0, 0.0),  # a denormal forward: the ratio overflows, all fit
         ([9.0], 2.5, 1.0, 0.0, 0.0),  # never below zero
         ([], 2.0, 1.0, 0.0, 2.0),  # one stage: no waits
     ],
