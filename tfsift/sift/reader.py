@@ -44,7 +44,7 @@ class SourceReader:
         # the next block is assembled while the current one is sifted and trained on
         grouped = source.batch(group).prefetch(1) if self._grouped else source
         self._upstream: Iterator[Any] = iter(grouped)
-        self._ahead: Future[Any] | None = None  # the next block's next(), on the thread
+        self._ahead: Future[Any] | None = None  # the next block, read on the thread
         self._thread: ThreadPoolExecutor | None = None
         self._block: list[np.ndarray] = []  # the current block of grouped batches
         self._at = 0  # batches of the block already handed out
