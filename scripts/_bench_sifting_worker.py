@@ -241,6 +241,7 @@ class Run:
             exit_after=m.get("exit_after"),
             stale=int(m.get("stale", 0)),
             overlap=bool(m.get("overlap", False)),
+            leftover=m.get("leftover", "score"),
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],

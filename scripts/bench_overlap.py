@@ -19,7 +19,9 @@ leaves stage 0 idle while stage 1 works. On the profiled cut one more variant, o
 with the default exit (stage 0's last layer), gets a cut of its own: the planner, told
 by ``tfsift.sift`` that stage 0 will score in its waits, leaves it room for that (its
 own plan file), and no sifting then trains on that plan too, so that the two steps are
-compared on the same pipeline; one more, overlap with ``SiftConfig(log_dir=...)``, times rank 0
+compared on the same pipeline (and overlap with ``leftover="keep"`` on it too, which
+keeps unscored what no wait had room to score); one more, overlap with
+``SiftConfig(log_dir=...)``, times rank 0
 writing the sifting metrics to TensorBoard. Each trains on MNIST-1D
 for ``--steps`` optimizer steps
 (after ``--warmup`` steps that trace and warm up), and the time per step counts
@@ -122,7 +124,14 @@ VARIANTS = {
         "overlap": True,
         "exit_after": None,
     },
-    # no sifting on that cut (the plan file the variant above made; it must run first)
+    # the same, keeping unscored what no wait had room to score (SiftConfig.leftover)
+    "relative beta=1, early exit + overlap, leftover kept, cut for it": {
+        "scorer": "early_exit",
+        "overlap": True,
+        "exit_after": None,
+        "leftover": "keep",
+    },
+    # no sifting on that cut (the plan file the variants above made; one must run first)
     "no sifting, cut for it": None,
 }
 PLAIN = "no sifting"
@@ -255,7 +264,9 @@ def time_variant(
     seconds = (stamps[-1] - stamps[args.warmup - 1]) / args.steps
     late = metrics.get("overlap_late_fraction", 0.0)
     parts = inside(rounds, args.warmup) if args.actions else [float("nan")] * 6
-    return seconds, [*split / args.steps, *overlap, *medians, *skew(left), late, *parts]
+    unscored = metrics.get("samples_unscored", 0) / max(metrics.get("samples_seen", 0), 1)
+    kept = [metrics.get("kept_fraction", 1.0), unscored]
+    return seconds, [*split / args.steps, *overlap, *medians, *skew(left), late, *parts, *kept]
 
 
 # what --actions adds up per step: the schedule's action kinds, by what they do
@@ -372,10 +383,18 @@ def bench_model(
             med = statistics.median(times[name])
             lo, hi = min(times[name]) * 1e3, max(times[name]) * 1e3
             print(f"| {name} | {med * 1e3:.1f} | {lo:.1f} to {hi:.1f} | {med / base:.2f}x |")
-        own = [n for n in names if n.endswith(OWN_CUT)]
-        if len(own) == 2:  # the sifted step against the plain one on the cut made for it
-            sifted, plain = (statistics.median(times[n]) for n in own)
-            print(f"\n{own[0]} against {own[1]}: {sifted / plain:.2f}x")
+        own_plain = f"{PLAIN}, {OWN_CUT}"
+        if own_plain in names:  # the sifted steps against the plain one on the cut made for it
+            plain = statistics.median(times[own_plain])
+            for name in names:
+                if name.endswith(OWN_CUT) and name != own_plain:
+                    sifted = statistics.median(times[name])
+                    print(f"\n{name} against {own_plain}: {sifted / plain:.2f}x")
+        print("\nSamples kept / kept unscored (leftover kept), of those read (medians)\n")
+        for name in names:
+            if VARIANTS[name] is not None:
+                kept, unscored = every[0][name][17:19]
+                print(f"- {name}: {kept:.0%} / {unscored:.0%}")
         print("\nWhere each rank's step goes (ms per step, medians: next batch / step / update)")
         ranks = range(len(every))
         print(

@@ -107,6 +107,7 @@ class Method:
     exit_after: str | None = None  # early exit: None is SiftConfig's default exit
     stale: int = 0  # epochs a sample's loss is reused (Stale-SB)
     overlap: bool = False  # early exit on a pipeline: score in stage 0's waits
+    leftover: str = "score"  # overlap: "keep" keeps unscored what no wait had room for
 
     def setting(self) -> str:
         if self.name == AGAIN:
@@ -122,6 +123,7 @@ class Method:
         if self.scorer == "early_exit":
             text += f", early exit after {self.exit_after}" if self.exit_after else ", early exit"
         text += ", overlap" if self.overlap else ""
+        text += ", leftover kept" if self.leftover == "keep" else ""
         return text + (f", stale={self.stale}" if self.stale else "")
 
 
@@ -139,7 +141,8 @@ METHODS = (
     Method(AGAIN, "none"),
 )
 OVERLAP = Method("relative-1-exit-overlap", "relative", scorer="early_exit", overlap=True)
-PIPELINE_METHODS = (NONE, METHODS[1], METHODS[3], OVERLAP, METHODS[-1])
+OVERLAP_KEEP = dataclasses.replace(OVERLAP, name="relative-1-exit-overlap-keep", leftover="keep")
+PIPELINE_METHODS = (NONE, METHODS[1], METHODS[3], OVERLAP, OVERLAP_KEEP, METHODS[-1])
 SMALL_CNN = ("cnn", 32, 2, 128)
 TASKS = (
     Task("mnist1d", "MNIST-1D", "mnist1d", "ce", SMALL_CNN, epochs=5, delay=188, eval_every_s=0.5),

@@ -3,7 +3,8 @@
 usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN [SCORER]
   UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
   TRAIN "1": train on the sifted batches (scoring and training interleave)
-  SCORER "full" (default), "early_exit" or "early_exit_overlap"
+  SCORER "full" (default), "early_exit", "early_exit_overlap" or "early_exit_overlap_keep"
+    (overlap with leftover="keep")
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def main() -> None:
     K, placement, policy = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     uneven, train = sys.argv[4] == "1", sys.argv[5] == "1"
     scorer = sys.argv[6] if len(sys.argv) > 6 else "full"
-    overlap = scorer == "early_exit_overlap"
+    overlap = scorer.startswith("early_exit_overlap")
+    leftover = "keep" if scorer == "early_exit_overlap_keep" else "score"
     scorer = "early_exit" if overlap else scorer
     tfsift.init(
         {
@@ -92,6 +94,7 @@ def main() -> None:
         keep=0.5,
         seed=SEED,
         overlap=overlap,
+        leftover=leftover,
         scorer=scorer,
         delay=2 if scorer == "early_exit" else 0,  # the replay in the test assumes no delay
     )

@@ -167,9 +167,11 @@ def test_jobs_run_every_task_then_the_pipeline_for_each_seed(bench: ModuleType) 
         "relative-1",
         "relative-1-exit",
         "relative-1-exit-overlap",
+        "relative-1-exit-overlap-keep",
         "none-again",
     ]
     assert bench.OVERLAP.setting() == "relative, beta=1, early exit, overlap"
+    assert bench.OVERLAP_KEEP.setting() == "relative, beta=1, early exit, overlap, leftover kept"
 
 
 def test_uniform_keeps_relative_1s_fraction_and_comes_after_it(bench: ModuleType) -> None:

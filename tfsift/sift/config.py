@@ -28,6 +28,7 @@ METHODS = (
 )
 RESCALES = ("normalized", "unbiased")
 SCORERS = ("full", "early_exit")
+LEFTOVERS = ("score", "keep")
 LOSS_KINDS = ("auto", "softmax_crossentropy", "squared_error")
 
 
@@ -76,6 +77,11 @@ class SiftConfig:
             time, while it waits for gradients in the next training steps, where a batch
             is expected to fit in the wait (``tfsift.sift.overlap``), with the weights
             before those steps' updates.
+        leftover: overlap only; what becomes of a prepared round's source batches that
+            no wait had room to score: ``"score"`` scores them between steps, where
+            every stage waits for them; ``"keep"`` keeps them unscored (probability 1),
+            so that scoring costs the step nothing and the samples sifted are those
+            stage 0's idle time could score (``sift_metrics()["samples_unscored"]``).
         seed: seeds the random draws of the selection.
         log_dir: where rank 0 writes the metrics as TensorBoard scalars (None: the
             run's ``log_dir`` from ``tfsift.init``, if set; else not written).
@@ -101,6 +107,7 @@ class SiftConfig:
     exit_lr: float = 1e-3
     stale: int = 0
     overlap: bool = False
+    leftover: str = "score"
     seed: int = 0
     log_dir: str | None = None
     loss_kind: str = "auto"
@@ -128,6 +135,12 @@ class SiftConfig:
             raise ValueError(
                 "overlap runs the early-exit scoring during the pipeline's drain; it needs "
                 f"scorer='early_exit'. Received: overlap=True, scorer={self.scorer!r}"
+            )
+        _check_choice("leftover", self.leftover, LEFTOVERS)
+        if self.leftover != "score" and not self.overlap:
+            raise ValueError(
+                "leftover decides what overlap had no wait to score; it needs overlap=True. "
+                f"Received: leftover={self.leftover!r}, overlap=False"
             )
         _check_int("seed", self.seed, 0)
         _check_optional_name("log_dir", self.log_dir)

@@ -105,7 +105,8 @@ class EarlyExitScorer(Scorer):
     def __call__(self, element: Any) -> Scores:
         x, y = _pair(element)
         self._build(x)
-        losses, logits = (None, None)
+        n = int(np.asarray(x).shape[0])
+        losses, logits, scored = (None, None, n)
         if self._stage == 0:
             prepared = self._take_prepared(x)
             if prepared is None:
@@ -114,9 +115,9 @@ class EarlyExitScorer(Scorer):
                 losses = out_losses.numpy()
                 logits = out_logits.numpy() if self.needs_logits else None
             else:
-                self._last, losses, logits = prepared
-        n = int(np.asarray(x).shape[0])
-        losses, logits, overlapped = self._share(n, losses, logits)
+                self._last, losses, logits, scored = prepared
+        losses, logits, overlapped = self._share(n, losses, logits, scored)
+        scored = int(overlapped[5])
         if self.config.overlap:
             self.metrics["overlapped_rounds"] = float(overlapped[0])
             self.metrics["overlapped_fraction"] = float(overlapped[1])
@@ -127,10 +128,13 @@ class EarlyExitScorer(Scorer):
         if self._rounds % VALIDATE_EVERY == 1:
             self._validate(element, losses)
         labels = np.asarray(y) if self.needs_logits else None
-        return Scores(np.asarray(losses), logits, labels)
+        return Scores(np.asarray(losses), logits, labels, None if scored == n else scored)
 
-    def _share(self, n: int, losses: Any, logits: Any) -> tuple[np.ndarray, Any, np.ndarray]:
-        """Stage 0's losses (logits, overlap counts and estimates) on every stage of the pipeline,
+    def _share(
+        self, n: int, losses: Any, logits: Any, scored: int
+    ) -> tuple[np.ndarray, Any, np.ndarray]:
+        """Stage 0's losses (logits, overlap counts and estimates, and how many of the
+        first samples were scored) on every stage of the pipeline,
         broadcast without blocking: a stalled stage 0 ends the job after ``timeout``.
         Stage 0 goes on without waiting for the others to receive them (``StageBroadcast``):
         it finishes its update before the last stage does, and waiting here made it lose
@@ -143,6 +147,7 @@ class EarlyExitScorer(Scorer):
                 1e3 * waits.room(),
                 1e3 * waits.unit_cost(),
                 self._idle.late / max(self._idle.receives, 1),
+                scored,
             ]
         )
         if self._pipe.Get_size() == 1:
@@ -173,7 +178,7 @@ class EarlyExitScorer(Scorer):
 
     def _take_prepared(
         self, x: Any
-    ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray | None] | None:
+    ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray | None, int] | None:
         prepared, self._prepared = self._prepared, None
         if prepared is None or prepared.x is not x:
             return None
@@ -185,12 +190,14 @@ class EarlyExitScorer(Scorer):
             _advise(fraction, self._pipe.Get_size(), self._idle.waits)
         if prepared.done():
             self.overlapped += 1
+        elif self.config.leftover == "keep":
+            pass  # the sifter keeps what no wait scored, unscored: nothing costs the step
         else:
             # What no wait had room for, in one call. Its size varies, but the scoring
             # calls were traced for any batch size (ExitHead._trace): a new size costs
             # a lookup (about 0.7 ms once, scripts/bench_exit_calls.py), not a trace.
             self._idle.score(prepared, prepared.rest(), None)
-        return prepared.joined(self.needs_logits)
+        return prepared.joined(self.needs_logits, self._out_shape)
 
     def _compute(self, x: Any, y: Any, chunks: int | None) -> tuple[Any, Any, Any, Any]:
         """One scoring call, which also learns ``chunks`` source batches of the last
@@ -332,20 +339,26 @@ class _Prepared:
         self.scored += int(result[2].shape[0])
 
     def joined(
-        self, needs_logits: bool
-    ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray | None]:
-        """((feature parts, label parts), losses, logits if ``needs_logits``) of the
-        round. The parts stay apart: joining 8 source batches' features at the round
-        (tf.concat) took 0.3 to 0.8 ms (``scripts/bench_exit_calls.py``, two runs),
-        while the later stages waited for the losses; the next round's calls learn them
-        as they score (``ExitHead.score``)."""
-        features, labels, losses, logits = (
-            list(parts) for parts in zip(*self.results, strict=True)
-        )
-        joined = np.concatenate([part.numpy() for part in losses])
+        self, needs_logits: bool, out_shape: tuple[int, ...]
+    ) -> tuple[tuple[list[Any], list[Any]], np.ndarray, np.ndarray | None, int]:
+        """((feature parts, label parts), losses, logits if ``needs_logits``, rows
+        scored) of the round; the losses and logits of rows not scored (``leftover=
+        "keep"``) are NaN. The parts stay apart: joining 8 source batches' features at
+        the round (tf.concat) took 0.3 to 0.8 ms (``scripts/bench_exit_calls.py``, two
+        runs), while the later stages waited for the losses; the next round's calls
+        learn them as they score (``ExitHead.score``)."""
+        features, labels, losses, logits = ([r[i] for r in self.results] for i in range(4))
+        total, scored = self.rows * self.chunks, self.scored
+        parts = [part.numpy() for part in losses]
+        joined = np.full(total, np.nan, parts[0].dtype if parts else np.float32)
+        if parts:
+            joined[:scored] = np.concatenate(parts)
         if not needs_logits:  # converting the predictions of 8 calls, for nothing
-            return (features, labels), joined, None
-        return (features, labels), joined, np.concatenate([part.numpy() for part in logits])
+            return (features, labels), joined, None, scored
+        out = np.full((total, *out_shape), np.nan, np.float32)
+        if logits:
+            out[:scored] = np.concatenate([part.numpy() for part in logits])
+        return (features, labels), joined, out, scored
 
 
 class _IdleScoring:

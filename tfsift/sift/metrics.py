@@ -2,10 +2,11 @@
 
 ``samples_seen`` counts samples read from the source dataset (delay included),
 ``samples_scored`` those whose loss was computed, ``samples_reused`` those whose
-loss came from the ``stale`` cache instead, ``samples_kept`` those that
-entered the refill buffer (every sample during the delay). ``kept_fraction`` is
-kept / seen. Mean losses are over the finite losses of scored samples and of the
-kept ones among them. Times are wall-clock seconds this rank spent scoring (the
+loss came from the ``stale`` cache instead, ``samples_unscored`` those kept without a
+loss (overlap with ``leftover="keep"``), ``samples_kept`` those that entered the
+refill buffer (every sample during the delay). ``kept_fraction`` is kept / seen.
+Mean losses are over the finite losses of scored samples and of the kept ones among
+them. Times are wall-clock seconds this rank spent scoring (the
 forward pass and its collectives), selecting (the policy and the replicas'
 agreement) and accumulating (copying samples into and out of the buffer).
 """
@@ -26,6 +27,7 @@ class SiftMetrics:
     samples_scored: int = 0
     samples_kept: int = 0
     samples_reused: int = 0
+    samples_unscored: int = 0
     nonfinite_losses: int = 0
     batches_yielded: int = 0
     rounds: int = 0
@@ -57,6 +59,7 @@ class SiftMetrics:
             "samples_scored": self.samples_scored,
             "samples_kept": self.samples_kept,
             "samples_reused": self.samples_reused,
+            "samples_unscored": self.samples_unscored,
             "kept_fraction": self.samples_kept / self.samples_seen if self.samples_seen else 0.0,
             "mean_loss_scored": _mean(self.loss_sum_scored, self.finite_scored),
             "mean_loss_kept": _mean(self.loss_sum_kept, self.finite_kept),

@@ -33,11 +33,15 @@ class Scores:
         losses: one loss per sample, shape (B,).
         logits: the model's outputs (for ``grad_norm``), or None.
         labels: the labels, when the element is an ``(x, y)`` pair and logits are asked.
+        scored: None if every sample was scored; else only the first ``scored`` were
+            (overlap with ``leftover="keep"``), and the rest have NaN losses and logits
+            and are kept unscored.
     """
 
     losses: np.ndarray
     logits: np.ndarray | None = None
     labels: np.ndarray | None = None
+    scored: int | None = None
 
 
 class Scorer:

@@ -43,6 +43,7 @@ from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.reader import SourceReader
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import FullScorer, Scorer, Scores, StepScorer
+from tfsift.sift.selection import Selection
 from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
 
@@ -95,9 +96,10 @@ def sift(
 def sift_metrics() -> dict[str, Any]:
     """The metrics of the sifted dataset iterated last on this rank (``{}`` if none yet).
 
-    Keys: samples_seen, samples_scored, samples_kept, kept_fraction, mean_loss_scored,
-    mean_loss_kept, nonfinite_losses, batches_yielded, epochs, time_scoring,
-    time_selecting, time_accumulating, and ``policy/<name>`` (e.g. adaptive's weights).
+    Keys: samples_seen, samples_scored, samples_kept, samples_reused, samples_unscored,
+    kept_fraction, mean_loss_scored, mean_loss_kept, nonfinite_losses, batches_yielded,
+    epochs, time_scoring, time_selecting, time_accumulating, and ``policy/<name>`` (e.g.
+    adaptive's weights).
     """
     metrics = STATE.sift_metrics
     return {} if metrics is None else dict(metrics.as_dict())
@@ -267,23 +269,32 @@ class Sifter:
             return
         start = time.perf_counter()
         scores, scored = self._scores(leaves, n)
+        scores, unscored = _scored_part(scores, n)
+        scored = scored[: len(scores.losses)]
         everyone = group.allgather(scores.losses)
         selected = time.perf_counter()
         self.metrics.time_scoring += selected - start
         self.policy.observe(np.concatenate(everyone))
         rng = np.random.default_rng([self.config.seed, self.replica, self.rounds])
-        chosen = self.policy.select(scores.losses, rng, scores.logits, scores.labels)
+        chosen = (
+            self.policy.select(scores.losses, rng, scores.logits, scores.labels)
+            if len(scores.losses)
+            else Selection.empty()  # no wait had room: the whole round is kept unscored
+        )
         self.rounds += 1
         self._note_nonfinite(scores.losses)
         self.metrics.record(scores.losses, chosen.indices, len(scored))
-        self.metrics.samples_kept += len(chosen)
+        self.metrics.samples_kept += len(chosen) + len(unscored)
+        self.metrics.samples_unscored += len(unscored)
         self.metrics.policy = self.policy.metrics()
         self.metrics.scorer = dict(self.scorer.metrics)
         self.metrics.time_selecting += time.perf_counter() - selected
         start = time.perf_counter()
         self.scorer.learn(_positions_in(scored, chosen.indices, n))
         self.metrics.time_scoring += time.perf_counter() - start
-        self._accumulate(buffer, leaves, chosen.indices, chosen.probs)
+        indices = np.concatenate([chosen.indices, unscored])
+        probs = np.concatenate([chosen.probs, np.ones(len(unscored))])
+        self._accumulate(buffer, leaves, indices, probs)
 
     def _scores(self, leaves: list[np.ndarray], n: int) -> tuple[Scores, np.ndarray]:
         """The group's losses, and which positions were scored now (the rest reused)."""
@@ -441,6 +452,14 @@ def _check_divisible(batch: int | None, M: int) -> None:
             f"the sifted dataset's batch size must be divisible by microbatches={M}, since "
             f"every sifted batch has that size. Received: batch size {batch}"
         )
+
+
+def _scored_part(scores: Scores, n: int) -> tuple[Scores, np.ndarray]:
+    """The scores of the samples that were scored, and the positions of those that were
+    not (overlap with ``leftover="keep"``: the last ones of the round, kept unscored)."""
+    if scores.scored is None:
+        return scores, np.arange(0, dtype=np.int64)
+    return _first(scores, scores.scored), np.arange(scores.scored, n, dtype=np.int64)
 
 
 def _first(scores: Scores, n: int) -> Scores:

@@ -4,7 +4,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tfsift.sift.config import LOSS_KINDS, METHODS, POLICIES, RESCALES, SCORERS, SiftConfig
+from tfsift.sift.config import (
+    LEFTOVERS,
+    LOSS_KINDS,
+    METHODS,
+    POLICIES,
+    RESCALES,
+    SCORERS,
+    SiftConfig,
+)
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -29,6 +37,7 @@ def test_defaults_are_the_documented_ones() -> None:
         1e-3,
     )
     assert (config.stale, config.seed, config.log_dir, config.loss_kind) == (0, 0, None, "auto")
+    assert (config.overlap, config.leftover) == (False, "score")
 
 
 def test_choices_are_module_constants() -> None:
@@ -45,6 +54,7 @@ def test_choices_are_module_constants() -> None:
     )
     assert RESCALES == ("normalized", "unbiased")
     assert SCORERS == ("full", "early_exit")
+    assert LEFTOVERS == ("score", "keep")
     assert LOSS_KINDS == ("auto", "softmax_crossentropy", "squared_error")
 
 
@@ -82,6 +92,10 @@ def test_choices_are_module_constants() -> None:
         ({"log_dir": 3}, "log_dir must be None or a non-empty string. Received: log_dir=3"),
         ({"exit_head": 3}, "exit_head must be None or a callable Keras layer. Received: "
          "exit_head=3"),
+        ({"scorer": "early_exit", "overlap": True, "leftover": "drop"}, "leftover must be "
+         "one of 'score', 'keep'. Received: leftover='drop'"),
+        ({"leftover": "keep"}, "leftover decides what overlap had no wait to score; it "
+         "needs overlap=True. Received: leftover='keep', overlap=False"),
     ],
 )  # fmt: skip
 def test_invalid_field_raises_with_constraint_and_value(

@@ -33,10 +33,14 @@ class Deep(tfsift.DistributedModel):
         return self.b(self.a(x))
 
 
-def unbuilt(overlap: bool = False, batch_size: int | None = None) -> EarlyExitScorer:
+def unbuilt(
+    overlap: bool = False, batch_size: int | None = None, leftover: str = "score"
+) -> EarlyExitScorer:
     """A fresh scorer (same weights every time) that has scored nothing yet."""
     keras.utils.set_random_seed(3)
-    config = tfsift.SiftConfig(scorer="early_exit", exit_after="a", exit_lr=0.1, overlap=overlap)
+    config = tfsift.SiftConfig(
+        scorer="early_exit", exit_after="a", exit_lr=0.1, overlap=overlap, leftover=leftover
+    )
     out = EarlyExitScorer(Deep(), PER_SAMPLE, config, False)
     out.bind(ReplicaGroup(runtime.get()))
     out.batch_size = batch_size
@@ -44,10 +48,13 @@ def unbuilt(overlap: bool = False, batch_size: int | None = None) -> EarlyExitSc
 
 
 def scorer(
-    first: tuple[np.ndarray, np.ndarray], overlap: bool = False, batch_size: int | None = None
+    first: tuple[np.ndarray, np.ndarray],
+    overlap: bool = False,
+    batch_size: int | None = None,
+    leftover: str = "score",
 ) -> EarlyExitScorer:
     """A fresh scorer that has scored ``first`` (which builds the model and the head)."""
-    out = unbuilt(overlap, batch_size)
+    out = unbuilt(overlap, batch_size, leftover)
     out(first)
     return out
 
@@ -245,6 +252,34 @@ def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing()
     calls.append(head._apply_learn_and_score)
     assert [c.function.experimental_get_tracing_count() for c in calls] == [1, 1, 1, 1]
     assert head._learn_and_score.traces > 2 and head._apply_learn_and_score.traces == 2
+
+
+def test_with_leftover_keep_what_no_wait_scored_stays_unscored() -> None:
+    tfsift.init({})
+    first, second, third = batches()
+    s = scorer(first, overlap=True, batch_size=4, leftover="keep")  # two batches a round
+    whole = scorer(first)
+    for t in (s, whole):
+        t.learn(np.array([0, 2, 5]))
+    s.prepare(second)
+    score_one_batch(s)  # a wait had room for the first source batch only
+    got, want = s(second), whole(second).losses
+    assert got.scored == 4  # the first four samples; the others NaN, kept by the sifter
+    np.testing.assert_allclose(got.losses[:4], want[:4], rtol=1e-6)
+    assert np.isnan(got.losses[4:]).all()
+    assert s.metrics["overlapped_fraction"] == 1 / 2 and s.metrics["overlapped_rounds"] == 0
+    # the head learns the kept among the scored rows, whose features are all it has
+    s.learn(np.array([1, 3]))
+    whole.learn(np.array([1, 3]))
+    s.prepare(third)  # no wait had room at all
+    got = s(third)
+    assert got.scored == 0 and np.isnan(got.losses).all()
+    s.learn(np.array([], np.int64))
+    whole(third)
+    whole.learn(np.array([], np.int64))
+    # nothing was lost on the way: the next round scores as the scorer that saw it all
+    assert s(first).scored is None
+    np.testing.assert_allclose(s(first).losses, whole(first).losses, rtol=1e-6)
 
 
 @pytest.mark.parametrize(("units", "warned"), [(0, True), (1, False)])

@@ -144,6 +144,25 @@ def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
     assert all(r["metrics"]["overlapped_fraction"] > 0 for r in reports.values())
 
 
+def test_overlap_that_keeps_what_no_wait_scored_keeps_the_pipeline_in_lock_step() -> None:
+    # each replica's stage 0 decides how much of a round its waits scored: the stages of a
+    # pipeline must keep the same samples, and the replicas gather losses of any length
+    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap_keep")
+    check_lock_step(reports)
+    for replica in (0, 1):
+        stages = [r["metrics"] for r in reports.values() if r["replica"] == replica]
+        for key in ("samples_scored", "samples_unscored", "samples_kept", "overlapped_fraction"):
+            assert stages[0][key] == stages[1][key], key
+        metrics = stages[0]
+        # the first prepared round comes before any wait was measured: none of it is scored
+        assert metrics["samples_unscored"] >= B
+        assert metrics["samples_scored"] > 0
+        delay = 2 * B  # sift_check's early exit trains on 2 source batches unsifted first
+        seen = metrics["samples_seen"] - delay
+        assert metrics["samples_scored"] + metrics["samples_unscored"] == seen
+        assert metrics["samples_kept"] < metrics["samples_seen"]
+
+
 @pytest.mark.parametrize(
     ("layout", "sleeper", "message"),
     [

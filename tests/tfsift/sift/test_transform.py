@@ -14,6 +14,9 @@ from events import scalars
 import tfsift
 from tfsift.sift.policies import RelativePolicy
 from tfsift.sift.reader import SourceReader
+from tfsift.sift.scorer import Scorer, Scores
+from tfsift.sift.selection import Selection
+from tfsift.sift.transform import SiftedDataset, Sifter
 
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 MEAN = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -528,3 +531,48 @@ def test_a_consumer_that_stops_early_ends_the_readers_thread(
     for worker in workers:
         worker.join(5.0)
     assert reader._thread is None and not any(w.is_alive() for w in workers)
+
+
+class PartlyScored(Scorer):
+    """Scores each round's first ``scored[r]`` samples, with their ids as losses, and
+    leaves the rest unscored, as overlap with ``leftover="keep"`` does where its waits
+    had room for that many; records the kept positions it is told to learn."""
+
+    def __init__(self, scored: list[int]) -> None:
+        self.scored, self.rounds, self.learnt = scored, 0, []
+
+    def __call__(self, element: Any) -> Scores:
+        losses = np.asarray(ids(element[0]), np.float64)
+        k = self.scored[self.rounds]
+        self.rounds += 1
+        losses[k:] = np.nan
+        return Scores(losses, scored=None if k == len(losses) else k)
+
+    def learn(self, kept: np.ndarray) -> None:
+        self.learnt.append(kept.tolist())
+
+
+def test_what_overlap_left_unscored_is_kept_and_the_policy_sees_only_the_scored() -> None:
+    start()
+    scored = [16, 8, 0, 5, 16, 3]  # per round of 16: all, half, none, ...
+    scorer = PartlyScored(scored)
+    config = tfsift.SiftConfig(policy="relative", beta=1.0, history=50, seed=7, rescale="unbiased")
+    sifter = Sifter(source().element_spec, scorer, config)
+    got = [(ids(x), w.numpy().tolist()) for x, _, w in SiftedDataset(sifter, source(6 * B))]
+    policy, kept, weights, learnt = RelativePolicy(1.0, 50), [], [], []
+    for r, k in enumerate(scored):
+        losses = np.arange(r * B, r * B + k, dtype=np.float64)
+        policy.observe(losses)  # the history holds the scored losses only
+        rng = np.random.default_rng([7, 0, r])
+        chosen = policy.select(losses, rng) if k else Selection.empty()
+        learnt.append(chosen.indices.tolist())
+        kept += [r * B + int(i) for i in chosen.indices] + list(range(r * B + k, (r + 1) * B))
+        weights += (1 / chosen.probs).tolist() + [1.0] * (B - k)
+    yielded = len(kept) // B * B
+    assert [i for batch, _ in got for i in batch] == kept[:yielded]
+    np.testing.assert_allclose([v for _, w in got for v in w], weights[:yielded], rtol=1e-6)
+    assert scorer.learnt == learnt  # the kept among the scored, as positions among them
+    metrics = tfsift.sift_metrics()
+    assert metrics["samples_unscored"] == 6 * B - sum(scored)
+    assert metrics["samples_scored"] == sum(scored)
+    assert metrics["samples_kept"] == len(kept)
