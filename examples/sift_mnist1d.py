@@ -6,11 +6,15 @@ signals of the ten digits, harder than MNIST for a small model. Run
     horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py               # 2 stages
     horovodrun -np 4 -H localhost:4 python examples/sift_mnist1d.py               # 2 x 2
     horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py --policy none # baseline
+    horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py --scorer early_exit \
+        --overlap --leftover keep     # score on stage 0 while it waits; keep what no wait scored
 
 Every rank scores candidate batches with a forward-only pass through the pipeline,
 keeps samples by the Selective-Backprop relative rule (``--beta``), refills batches of
 ``--batch`` and trains on those; every epoch rank 0 prints the kept fraction, the
-training loss and the held-out accuracy.
+training loss and the held-out accuracy. ``--scorer early_exit`` scores with stage 0's
+layers and a small head instead (``tfsift.SiftConfig``), ``--overlap`` while stage 0 waits
+for gradients, and ``--leftover keep`` keeps unscored what no wait had room to score.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--delay", type=int, default=10, help="source batches unsifted")
     parser.add_argument("--scorer", default="full", choices=["full", "early_exit"])
+    parser.add_argument("--overlap", action="store_true", help="early exit in stage 0's waits")
+    parser.add_argument("--leftover", default="score", choices=["score", "keep"])
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
@@ -97,7 +103,7 @@ def main() -> None:
     if args.policy != "none":
         config = tfsift.SiftConfig(
             policy=args.policy, beta=args.beta, delay=args.delay, seed=args.seed,
-            scorer=args.scorer,
+            scorer=args.scorer, overlap=args.overlap, leftover=args.leftover,
         )  # fmt: skip
         train = train.apply(tfsift.sift(model, per_sample, config))
     start = time.perf_counter()
@@ -110,11 +116,13 @@ def main() -> None:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             losses.append(float(loss.reduce_mean()))
         accuracy = evaluate(predict, x_test, y_test, args.batch * 4)
-        kept = tfsift.sift_metrics().get("kept_fraction", 1.0)
+        metrics = tfsift.sift_metrics()
+        kept, unscored = metrics.get("kept_fraction", 1.0), metrics.get("samples_unscored", 0)
         if tfsift.rank() == 0:
             print(
                 f"epoch {epoch + 1}: kept {kept:.3f}, loss {np.mean(losses):.4f}, "
-                f"held-out accuracy {accuracy:.4f}, {time.perf_counter() - start:.1f} s",
+                f"held-out accuracy {accuracy:.4f}, {time.perf_counter() - start:.1f} s"
+                + (f", kept unscored {unscored}" if args.leftover == "keep" else ""),
                 flush=True,
             )
 

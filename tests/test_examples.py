@@ -26,6 +26,22 @@ def test_sift_mnist1d_trains_on_two_stages_by_two_replicas() -> None:
     assert float(lines[-1][3]) > 0.2  # better than chance (0.1) after two short epochs
 
 
+def test_sift_mnist1d_scores_in_stage_0s_waits_and_keeps_what_they_had_no_room_for() -> None:
+    proc = mpi.run(
+        2, str(mpi.ROOT / "examples" / "sift_mnist1d.py"), "--samples", "2500", "--epochs", "2",
+        "--batch", "32", "--delay", "2", "--scorer", "early_exit", "--overlap", "--leftover",
+        "keep", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"epoch (\d): kept ([\d.]+), loss [\d.]+, held-out accuracy ([\d.]+), "
+                       r"[\d.]+ s, kept unscored (\d+)", proc.stdout)  # fmt: skip
+    assert [int(e) for e, *_ in lines] == [1, 2]
+    # the first prepared round comes before stage 0 has measured a wait: kept unscored
+    assert 32 <= int(lines[0][3]) <= int(lines[1][3])
+    assert all(0.4 < float(k) < 0.9 for _, k, _, _ in lines)
+    assert float(lines[-1][2]) > 0.2  # better than chance (0.1) after two short epochs
+
+
 def test_resnet_skip_sends_the_shortcut_across_the_cut_and_learns() -> None:
     proc = mpi.run(2, str(mpi.ROOT / "examples" / "resnet_skip.py"), "--epochs", "1",
                    timeout=300)  # fmt: skip
