@@ -13,7 +13,8 @@ A unit takes as many source batches as the wait has room for: most of a small ca
 cost is fixed (one source batch took 0.38 ms to score, eight in one call 1.35 ms,
 ``scripts/bench_exit_calls.py``), so one call of several batches costs less than as
 many calls of one, and what no wait had room for is scored at the round, where every
-stage waits for it. The first unit of a round also applies the exit head's update
+stage waits for it (with ``SiftConfig(leftover="keep")`` it is kept unscored instead).
+The first unit of a round also applies the exit head's update
 (``tfsift.sift.exit_head``): when that update learnt the whole round at once it took
 3.5x a plain unit, and one estimate for both let it start where only a plain unit fits
 and then kept plain units out of waits they fit, so each kind has its own estimates. A
