@@ -285,6 +285,7 @@ class EarlyExitScorer(Scorer):
                 self.config.exit_lr,
                 lambda x: exit_graph.run([x], False)[0],
                 self._group,
+                learn_rest=self.config.leftover == "score",
             )
             self._head.sync()
             self._restore()

@@ -18,7 +18,10 @@ A call then costs a scoring and the gradient of as many batches' kept rows as it
 the optimizer's update, and every call of a round scores with the same head
 (the one learnt from the rounds up to two before), however overlap split the round.
 With several replicas the mean is averaged over them at the round, where the losses
-are gathered anyway.
+are gathered anyway. With ``learn_rest=False`` (overlap with ``leftover="keep"``) what
+the calls of a round did not learn is dropped at the round instead of learnt there in a
+call of its own, and the mean is over the kept rows the calls learnt: the head learns
+what stage 0's idle time paid for, as the sifter sifts what it could score.
 """
 
 from __future__ import annotations
@@ -63,9 +66,11 @@ class ExitHead:
         lr: float,
         features: Callable[[tf.Tensor], tf.Tensor],
         group: ReplicaGroup,
+        learn_rest: bool = True,
     ) -> None:
         self.model = make_head(user, tuple(feature.shape[1:]), out_shape)
         self.loss, self.group, self._features = loss, group, features
+        self.learn_rest = learn_rest
         self._feature, self._traced = feature, False
         self.optimizer = keras.optimizers.Adam(lr)
         head_vars = self.model.trainable_variables
@@ -77,7 +82,7 @@ class ExitHead:
         self._sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in head_vars]
         self._learnt = 0  # calls that added to them since round r-1's ended
         self._finished = False  # finish_early ran since the last learn
-        self._kept = 0  # rows kept in round r
+        self._kept = 0  # kept rows of round r that calls have learnt so far
         self._ready: tuple[Grads, tf.Tensor] | None = None  # round r-1's sums and 1/kept
         self._score = Compiled(self._scored, "early-exit scoring")
         self._learn_and_score = Compiled(self._learnt_and_scored, "exit head gradients and scoring")
@@ -150,7 +155,7 @@ class ExitHead:
             self._finish()
         mask = np.zeros(sum(int(part.shape[0]) for part in features), np.float32)
         mask[kept] = 1.0
-        self._kept = len(kept)
+        self._kept = 0
         self._queue = list(_chunks(features, labels, mask, batch))
 
     @property
@@ -209,8 +214,14 @@ class ExitHead:
         self._finished = False  # a finish_early before the load finished what it replaced
 
     def _finish(self) -> None:
-        """Round r-1's gradients complete (what no call took, now), and their mean ready."""
-        self.flush()
+        """Round r-1's gradients complete (what no call took, now, or with ``learn_rest``
+        False dropped), and their mean ready."""
+        if self.learn_rest:
+            self.flush()
+        else:
+            # what no call took is not learnt; a pending update no call applied (no call
+            # ran, so none learnt either) stays pending for the next round's first call
+            self._queue = []
         if not self._learnt:
             return
         # a copy: round r's gradients are summed into the same variables from now on
@@ -235,6 +246,7 @@ class ExitHead:
             return None
         taken, self._queue = self._queue[:count], self._queue[count:]
         self._learnt += 1
+        self._kept += int(sum(mask[start:stop].sum() for _, _, mask, start, stop in taken))
         merged = _merged(taken)
         if len(merged) == 1:
             return _rows(*merged[0])

@@ -20,11 +20,12 @@ LR = 0.1
 FEATURES = tf.TensorSpec((None, 4), tf.float32)
 
 
-def head() -> ExitHead:
+def head(learn_rest: bool = True) -> ExitHead:
     """A fresh head (the same weights every time) on 4 features, 3 classes."""
     tfsift.init({})
     keras.utils.set_random_seed(5)
-    return ExitHead(None, FEATURES, (3,), PER_SAMPLE, LR, tf.identity, ReplicaGroup(runtime.get()))
+    group = ReplicaGroup(runtime.get())
+    return ExitHead(None, FEATURES, (3,), PER_SAMPLE, LR, tf.identity, group, learn_rest)
 
 
 def rounds() -> list[tuple[tf.Tensor, tf.Tensor]]:
@@ -214,6 +215,34 @@ def test_a_round_finished_early_learns_as_one_finished_at_the_round() -> None:
     np.testing.assert_allclose(
         early.score(x, y, None)[1].numpy(), late.score(x, y, None)[1].numpy(), rtol=1e-5
     )
+
+
+def test_without_learn_rest_the_round_drops_what_no_call_learnt() -> None:
+    # leftover="keep": round 2's only call scored (and learnt) one of two source batches
+    (x1, y1), (x2, y2), (x3, y3), _ = rounds()
+    dropping, reference = head(learn_rest=False), head()
+    dropping.score(x1, y1, None)
+    reference.score(x1, y1, None)
+    features = [tf.identity(x1[:4]), tf.identity(x1[4:])]
+    dropping.learn(features, [y1[:4], y1[4:]], np.array([0, 2, 5]), 4)
+    reference.learn([x1], [y1], np.array([0, 2]), None)  # the rows the call will learn
+    dropping.score(x2[:4], y2[:4], 1)
+    reference.score(x2, y2, None)
+    with mock.patch.object(dropping, "_learn", side_effect=AssertionError("a call at the round")):
+        dropping.learn([tf.identity(x2[:4])], [y2[:4]], np.array([1]), 4)
+    reference.learn([x2], [y2], np.array([1]), None)
+    # the mean over the two kept rows learnt, not over three: the same update as learning
+    # only those
+    assert dropping._ready is not None and reference._ready is not None
+    assert float(dropping._ready[1]) == float(reference._ready[1]) == 0.5
+    np.testing.assert_allclose(
+        dropping.score(x3, y3, None)[1].numpy(), reference.score(x3, y3, None)[1].numpy(), rtol=1e-5
+    )
+    # a round with no call at all learns nothing and keeps the pending update pending
+    dropping.learn([tf.identity(x3)], [y3], np.array([0, 1]), 4)
+    assert dropping.applies_next
+    dropping.learn([], [], np.array([], np.int64), 4)
+    assert dropping.applies_next and dropping._learnt == 0 and not dropping._queue
 
 
 def test_with_replicas_the_gradients_finish_at_the_round() -> None:
