@@ -81,7 +81,8 @@ class SiftConfig:
             no wait had room to score: ``"score"`` scores them between steps, where
             every stage waits for them; ``"keep"`` keeps them unscored (probability 1),
             so that scoring costs the step nothing and the samples sifted are those
-            stage 0's idle time could score (``sift_metrics()["samples_unscored"]``).
+            stage 0's idle time could score (``sift_metrics()["samples_unscored"]``);
+            the exit head then also learns only what the scoring calls had room for.
         seed: seeds the random draws of the selection.
         log_dir: where rank 0 writes the metrics as TensorBoard scalars (None: the
             run's ``log_dir`` from ``tfsift.init``, if set; else not written).
