@@ -229,9 +229,10 @@ class ExitHead:
             return
         # a copy, taken and the sums zeroed in one compiled call: round r's gradients are
         # summed into the same variables from now on. Copied to NumPy and back, one eager
-        # op per variable and step, this took 0.6 ms of a 0.7 ms round on stage 0 where
-        # the head finished at the round (a throwaway profile, bench_overlap's 2-convolution
-        # cut for sifting with leftover="keep", whose rounds mostly end partly scored)
+        # op per variable and step, it was most of stage 0's round wherever the head
+        # finished there (rounds that end partly scored, as with leftover="keep"); since,
+        # rank 0's next() with the leftover kept takes plain training's (bench_overlap,
+        # docs/benchmarks.md)
         ready, scale = list(self._take_sums()), 1.0 / max(self._kept, 1)
         self._learnt = 0
         if self.group.replicas > 1:
