@@ -3,8 +3,9 @@
 usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN [SCORER]
   UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
   TRAIN "1": train on the sifted batches (scoring and training interleave)
-  SCORER "full" (default), "early_exit", "early_exit_overlap" or "early_exit_overlap_keep"
-    (overlap with leftover="keep")
+  SCORER "full" (default), "early_exit", "early_exit_overlap", "early_exit_overlap_keep"
+    (overlap with leftover="keep") or "early_exit_overlap_keep_starved" (the same, but
+    replica 1's waits hold no call: its stage 0 scores and learns nothing in them)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
+import tfsift.sift.overlap as overlap_module
 from mpi import report
 
 N, B, SEED = 384, 16, 5
@@ -67,7 +69,8 @@ def main() -> None:
     uneven, train = sys.argv[4] == "1", sys.argv[5] == "1"
     scorer = sys.argv[6] if len(sys.argv) > 6 else "full"
     overlap = scorer.startswith("early_exit_overlap")
-    leftover = "keep" if scorer == "early_exit_overlap_keep" else "score"
+    leftover = "keep" if scorer.startswith("early_exit_overlap_keep") else "score"
+    starved = scorer == "early_exit_overlap_keep_starved"
     scorer = "early_exit" if overlap else scorer
     tfsift.init(
         {
@@ -77,6 +80,8 @@ def main() -> None:
             "profile_repeats": 1,
         }
     )
+    if starved and tfsift.dp_rank() == 1:
+        overlap_module.WaitModel.batches = lambda *args, **kwargs: 0  # type: ignore[method-assign]
     keras.utils.set_random_seed(SEED)
     model = Net(heavy=overlap)
 

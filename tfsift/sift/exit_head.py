@@ -17,11 +17,12 @@ A call then costs a scoring and the gradient of as many batches' kept rows as it
 (a unit of overlap may score several, ``tfsift.sift.overlap``), the first of a round also
 the optimizer's update, and every call of a round scores with the same head
 (the one learnt from the rounds up to two before), however overlap split the round.
-With several replicas the mean is averaged over them at the round, where the losses
-are gathered anyway. With ``learn_rest=False`` (overlap with ``leftover="keep"``) what
-the calls of a round did not learn is dropped at the round instead of learnt there in a
-call of its own, and the mean is over the kept rows the calls learnt: the head learns
-what stage 0's idle time paid for, as the sifter sifts what it could score.
+With several replicas the mean is averaged at the round, where the losses are gathered
+anyway, over the replicas whose calls learnt something (all of them join it). With
+``learn_rest=False`` (overlap with ``leftover="keep"``) what the calls of a round did
+not learn is dropped at the round instead of learnt there in a call of its own, and the
+mean is over the kept rows the calls learnt: the head learns what stage 0's idle time
+paid for, as the sifter sifts what it could score.
 """
 
 from __future__ import annotations
@@ -225,6 +226,9 @@ class ExitHead:
             # what no call took is not learnt; a pending update no call applied (no call
             # ran, so none learnt either) stays pending for the next round's first call
             self._queue = []
+        if self.group.replicas > 1:
+            self._finish_replicas()
+            return
         if not self._learnt:
             return
         # a copy, taken and the sums zeroed in one compiled call: round r's gradients are
@@ -235,10 +239,35 @@ class ExitHead:
         # docs/benchmarks.md)
         ready, scale = list(self._take_sums()), 1.0 / max(self._kept, 1)
         self._learnt = 0
-        if self.group.replicas > 1:
-            means = self.group.mean([s.numpy() * scale for s in ready])
-            ready, scale = [tf.constant(m) for m in means], 1.0
         self._ready = (ready, tf.constant(scale, ready[0].dtype))
+
+    def _finish_replicas(self) -> None:
+        """``_finish``'s mean, over the replicas whose calls learnt something this round.
+
+        Every replica joins it every round, learnt or not: with ``learn_rest=False`` one
+        replica's waits may hold no call of a round while another's hold some, and a mean
+        that only some replicas joined was matched with the next round's agreement on
+        batch counts (an MPI truncation error; CI at 705db39). A replica that learnt
+        nothing adds zeros and is not counted, so the mean is the same as if it had not
+        taken part; with ``learn_rest`` every replica learns every round and it is the
+        plain mean over them, as before.
+        """
+        learnt = self._learnt > 0
+        if learnt:
+            scale = 1.0 / max(self._kept, 1)
+            mine = [s.numpy() * scale for s in self._take_sums()]
+        else:
+            mine = [np.zeros(s.shape, s.dtype.as_numpy_dtype) for s in self._sums]
+        self._learnt = 0
+        *means, share = self.group.mean([*mine, np.array([float(learnt)])])
+        if share[0] == 0:  # no replica learnt: nothing new to apply
+            return
+        # no call of this replica ran to apply the last mean: apply it now, so every
+        # replica applies the same means in the same order and the heads stay equal
+        self._apply_pending()
+        # share = learners / replicas: the mean over the learners
+        ready = [tf.constant((m / share[0]).astype(m.dtype)) for m in means]
+        self._ready = (ready, tf.constant(1.0, ready[0].dtype))
 
     def _apply_pending(self) -> None:
         ready, self._ready = self._ready, None
@@ -382,7 +411,10 @@ def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
 
 class _NoGroup:
     """``call_seconds``'s head has no replicas: it learns rows queued once and finishes
-    nothing, so no collective may start (rank 0 times it alone, while the others wait)."""
+    nothing, so no collective may start (rank 0 times it alone, while the others wait).
+    It is a group of one, as the head may ask, and raises on anything else."""
+
+    replicas = 1
 
     def __getattr__(self, name: str) -> Any:
         raise RuntimeError(f"call_seconds must not use a replica group (it read {name!r})")

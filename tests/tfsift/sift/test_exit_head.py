@@ -3,6 +3,7 @@ per call, and applies their mean at the first call of the round after."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 from unittest import mock
 
@@ -258,6 +259,78 @@ def test_with_replicas_the_gradients_finish_at_the_round() -> None:
     h.group = TwoReplicas()  # type: ignore[assignment]
     # the mean over the replicas is a collective: never inside one stage's wait
     assert not h.finishes_early
+
+
+class Paired:
+    """Two replicas' groups in one process: each replica runs in a thread of its own and
+    ``mean`` meets the other's (a mean only one replica joins times out, not hangs)."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2, timeout=20)
+        self.given: list[list[np.ndarray]] = [[], []]
+        self.means = [0, 0]
+
+    def group(self, replica: int) -> Any:
+        pair = self
+
+        class Group:
+            replicas = 2
+
+            def mean(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+                pair.given[replica] = arrays
+                pair.means[replica] += 1
+                pair.barrier.wait()
+                out = [(a + b) / 2 for a, b in zip(*pair.given, strict=True)]
+                pair.barrier.wait()  # both read the other's before either gives again
+                return [m.astype(a.dtype) for m, a in zip(out, arrays, strict=True)]
+
+        return Group()
+
+
+def test_a_replica_whose_calls_learnt_nothing_joins_the_mean_and_is_not_counted() -> None:
+    # leftover="keep": replica 1's waits held no call in rounds 2 and 3, replica 0's one a
+    # round. Both join each round's mean; it is replica 0's own mean (not half of it), and
+    # replica 1 applies each mean at the round after, so the heads stay equal
+    data, kept = rounds(), np.array([0, 2, 5])
+    alone, pair = head(learn_rest=False), Paired()
+    heads = [head(learn_rest=False) for _ in range(2)]
+    for replica, h in enumerate(heads):
+        h.group = pair.group(replica)
+
+    def play(h: ExitHead, calls: bool) -> None:
+        x, y = data[0]
+        h.learn([h.score(x, y, None)[0]], [y], kept, 4)  # round 1, scored at the round
+        for x, y in data[1:3]:
+            if calls:
+                h.learn([h.score(x[:4], y[:4], 1)[0]], [y[:4]], kept[:2], 4)
+            else:  # the round is kept unscored: nothing to learn from
+                h.learn([], [], np.array([], np.int64), 4)
+
+    errors: list[BaseException] = []
+
+    def run(h: ExitHead, calls: bool) -> None:
+        try:
+            play(h, calls)
+        except BaseException as error:  # reported by the test's thread
+            errors.append(error)
+            pair.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(h, i == 0)) for i, h in enumerate(heads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    play(alone, True)
+    assert pair.means == [3, 3]  # every round, learnt or not
+    assert alone._ready is not None
+    for h in heads:
+        assert h._ready is not None and float(h._ready[1]) == 1.0
+        for got, want in zip(h._ready[0], alone._ready[0], strict=True):
+            np.testing.assert_allclose(got.numpy(), (want * alone._ready[1]).numpy(), rtol=1e-6)
+    for a, b, c in zip(*(h.model.weights for h in (*heads, alone)), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        np.testing.assert_allclose(a.numpy(), c.numpy(), rtol=1e-6)
 
 
 def test_a_state_loaded_after_a_finish_ahead_of_the_round_continues_as_saved() -> None:

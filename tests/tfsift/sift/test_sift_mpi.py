@@ -163,6 +163,21 @@ def test_overlap_that_keeps_what_no_wait_scored_keeps_the_pipeline_in_lock_step(
         assert metrics["samples_kept"] < metrics["samples_seen"]
 
 
+def test_a_replica_whose_waits_hold_no_call_joins_every_mean_of_the_exit_head() -> None:
+    # leftover="keep", and replica 1's stage 0 never finds room in a wait: its calls learn
+    # nothing while replica 0's learn. It must still join every round's mean of the head's
+    # gradients (skipping it made the next round's agreement meet that mean: an MPI
+    # truncation error in CI at 705db39), and apply every mean in order
+    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap_keep_starved")
+    check_lock_step(reports)
+    stage0 = {r["replica"]: r for r in reports.values() if r["stage"] == 0}
+    starved, fed = stage0[1]["metrics"], stage0[0]["metrics"]
+    assert fed["samples_scored"] > 0 and fed["overlapped_fraction"] > 0
+    assert starved["overlapped_fraction"] == 0
+    assert starved["samples_scored"] < fed["samples_scored"]
+    assert stage0[0]["head"] == stage0[1]["head"]
+
+
 @pytest.mark.parametrize(
     ("layout", "sleeper", "message"),
     [
