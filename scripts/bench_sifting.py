@@ -22,6 +22,7 @@ before the next seed's, so that a drift of the machine's speed spreads over meth
 
 usage: .venv/bin/python scripts/bench_sifting.py [--quick] [--no-docs] [--json PATH]
        .venv/bin/python scripts/bench_sifting.py --pipeline-only   (2-stage jobs, printed)
+           [--methods NAME ...] [--seeds N]   (of them, these methods; seeds 0..N-1)
        .venv/bin/python scripts/bench_sifting.py --render PATH   (docs from a --json file)
 """
 
@@ -1060,7 +1061,20 @@ def main() -> None:
         action="store_true",
         help="the 2-stage runs alone, their table printed (docs/ untouched)",
     )
+    names = [m.name for m in PIPELINE_METHODS if m.name not in (NONE.name, AGAIN)]
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=names,
+        help="with --pipeline-only: these sifting methods only (no sifting runs first and "
+        "last in every job anyway)",
+    )
+    parser.add_argument("--seeds", type=int, help="with --pipeline-only: seeds 0..N-1 (default: 3)")
     args = parser.parse_args()
+    if (args.methods or args.seeds) and not args.pipeline_only:
+        parser.error("--methods and --seeds go with --pipeline-only")
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
     if args.render:
         saved = json.loads(args.render.read_text())
         raw, meta = saved["raw"], saved["meta"]
@@ -1069,6 +1083,11 @@ def main() -> None:
         settings = QUICK if args.quick else Settings()
         if args.pipeline_only:
             settings = dataclasses.replace(settings, one_process=False)
+        if args.methods:
+            chosen = [m for m in PIPELINE_METHODS if m.name in (NONE.name, AGAIN, *args.methods)]
+            settings = dataclasses.replace(settings, pipeline_methods=tuple(chosen))
+        if args.seeds:
+            settings = dataclasses.replace(settings, seeds=tuple(range(args.seeds)))
         raw, meta = measure(settings, args.json)
         meta["quick"] = args.quick
         if args.json:
