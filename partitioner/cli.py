@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from partitioner.costs import CostModel, format_bytes
-from partitioner.plan import Plan, make_plan, simulate_plan
+from partitioner.plan import Plan, make_plan
 from partitioner.schedule import PIPELINES
-from partitioner.simulator import SimResult, stage_times
+from partitioner.simulator import SimResult, simulate_plan, stage_times
 from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_loads
 from partitioner.timeline import draw_timeline, draw_timelines
 

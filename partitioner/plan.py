@@ -10,8 +10,8 @@ from typing import Any
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
-from partitioner.schedule import PIPELINES, build
-from partitioner.simulator import SimResult, simulate
+from partitioner.schedule import PIPELINES
+from partitioner.simulator import simulate_plan
 from partitioner.solver import OPTIMIZE, solve
 
 
@@ -200,10 +200,3 @@ def make_plan(
         scoring=float(scoring),
         scoring_call=float(scoring_call),
     )
-
-
-def simulate_plan(
-    costs: CostModel, partition: Partition, M: int, *, pipeline: str, recompute: bool
-) -> SimResult:
-    """Simulates `build(pipeline, K, M)` on `partition`."""
-    return simulate(costs, partition, build(pipeline, partition.num_stages, M), recompute=recompute)

@@ -26,8 +26,7 @@ from collections.abc import Sequence
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
-from partitioner.schedule import build
-from partitioner.simulator import Event, simulate
+from partitioner.simulator import Event, simulate_plan
 
 
 def sifted_step_time(
@@ -66,7 +65,7 @@ def sifted_step_time(
     Returns:
         Seconds per step.
     """
-    result = simulate(costs, partition, build(pipeline, partition.num_stages, M))
+    result = simulate_plan(costs, partition, M, pipeline=pipeline)
     forward = M * float(costs.prefix.forward[partition.bounds[1]])  # one source batch
     left = unheld(stage_waits(result.events), scoring / M, forward, call)
     return result.step_time + left * forward + call * min(left, 1.0)

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
-from partitioner.schedule import COMPUTE, Action, Kind, Schedule, ScheduleError, validate
+from partitioner.schedule import (
+    COMPUTE,
+    Action,
+    Kind,
+    Schedule,
+    ScheduleError,
+    build,
+    validate,
+)
 
 
 @dataclass(frozen=True)
@@ -205,3 +213,10 @@ def _ready(
         producer = end.get(Action(s + 1, Kind.BACKWARD, m))
         return None if producer is None else producer + cut_out
     return 0.0
+
+
+def simulate_plan(
+    costs: CostModel, partition: Partition, M: int, *, pipeline: str, recompute: bool = False
+) -> SimResult:
+    """Simulates `build(pipeline, K, M)` on `partition`."""
+    return simulate(costs, partition, build(pipeline, partition.num_stages, M), recompute=recompute)

@@ -94,7 +94,8 @@ def rank0_bounds(
         ValueError: the plan file is not a plan, or no partition fits ``memory_cap``.
         OSError: the plan file cannot be read or written.
     """
-    from partitioner.plan import make_plan, simulate_plan
+    from partitioner.plan import make_plan
+    from partitioner.simulator import simulate_plan
 
     # room for scoring is a speed objective (solve_speed); a memory plan ignores it
     scoring = scoring if cfg.optimize == "speed" else 0.0
