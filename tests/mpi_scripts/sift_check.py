@@ -4,8 +4,9 @@ usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN [SCORER]
   UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
   TRAIN "1": train on the sifted batches (scoring and training interleave)
   SCORER "full" (default), "early_exit", "early_exit_overlap", "early_exit_overlap_keep"
-    (overlap with leftover="keep") or "early_exit_overlap_keep_starved" (the same, but
-    replica 1's waits hold no call: its stage 0 scores and learns nothing in them)
+    (overlap with leftover="keep"), "early_exit_overlap_keep_starved" (the same, but
+    replica 1's waits hold no call: its stage 0 scores and learns nothing in them) or
+    "early_exit_overlap_keep_starved_stale" (that, with stale=1, for three epochs)
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def main() -> None:
     scorer = sys.argv[6] if len(sys.argv) > 6 else "full"
     overlap = scorer.startswith("early_exit_overlap")
     leftover = "keep" if scorer.startswith("early_exit_overlap_keep") else "score"
-    starved = scorer == "early_exit_overlap_keep_starved"
+    starved = scorer.startswith("early_exit_overlap_keep_starved")
+    stale = 1 if scorer.endswith("_stale") else 0
     scorer = "early_exit" if overlap else scorer
     tfsift.init(
         {
@@ -102,6 +104,7 @@ def main() -> None:
         leftover=leftover,
         scorer=scorer,
         delay=2 if scorer == "early_exit" else 0,  # the replay in the test assumes no delay
+        stale=stale,
     )
     sifted = source(uneven).apply(tfsift.sift(model, PER_SAMPLE, config))
     optimizer = keras.optimizers.SGD(0.1)
@@ -112,7 +115,7 @@ def main() -> None:
         return tfsift.gradients(loss, model.trainable_variables), loss
 
     batches, step_losses = [], []
-    for xb, yb in sifted:
+    for xb, yb in (element for _ in range(3 if stale else 1) for element in sifted):
         batches.append(ids(xb))
         if train:
             grads, loss = step(xb, yb)

@@ -209,7 +209,14 @@ class EarlyExitScorer(Scorer):
     def learn(self, kept: np.ndarray) -> None:
         """The head learns the kept samples of the last scoring, during the next round's
         scoring calls (``tfsift.sift.exit_head``)."""
-        if self._stage != 0 or self._last is None:
+        if self._stage != 0:
+            return
+        if self._last is None:
+            # nothing scored this round (stale: every loss fresh). With replicas the head's
+            # round still ends: its mean is a collective of the replicas, and another may
+            # have scored (its samples were not fresh): 2x2 mpirun with stale, test_sift_mpi
+            if self._built and self._group.replicas > 1:
+                self._head.learn([], [], np.array([], np.int64), self.batch_size)
             return
         features, y = self._last
         self._head.learn(features, y, kept, self.batch_size)

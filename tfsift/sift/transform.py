@@ -165,6 +165,9 @@ class Sifter:
         self.batches_read = 0  # source batches over all epochs: counts the delay
         self._group: ReplicaGroup | None = None
         self.cache = ScoreCache(config.stale) if config.stale else None
+        # with stale: the last round's first leaf, its keys, which have a fresh loss, and
+        # those losses (looked up once, for overlap's decision and for the round alike)
+        self._looked: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.epoch_read = 0  # source batches read in the current epoch
         self.buffer = SampleBuffer()
         self._resume: tuple[int, SampleBuffer] | None = None
@@ -222,7 +225,8 @@ class Sifter:
                 n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
                 if n and more and self.config.overlap and self.batches_read > self.config.delay:
                     assert leaves is not None
-                    self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
+                    if self._scores_all(leaves):
+                        self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
                 for _ in range(n):
                     yield self._emit(buffer, B)
                 if not more:  # the shortest shard ended: every replica stops here
@@ -308,9 +312,17 @@ class Sifter:
                 element = tree.pack_sequence_as(self.element_spec, leaves)
                 return self._score(element, n), np.arange(n)
             return self._score_rows(leaves, np.arange(n), full), np.arange(n)
-        keys = self.cache.fingerprints(leaves)
-        fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
+        keys, fresh, losses = self._lookup(leaves)
         need = np.flatnonzero(~fresh)
+        if len(need) == n >= (self.batch_size or n) * self.config.score_batches:
+            # none fresh (the first epoch, and every stale-th after): scored as without
+            # stale, from the same leaves, so that the scorer finds the round that overlap
+            # prepared in stage 0's waits. With leftover="keep" only what was scored is
+            # stored: the rest is scored when it comes again
+            scores = self._score(tree.pack_sequence_as(self.element_spec, leaves), n)
+            k = n if scores.scored is None else scores.scored
+            self.cache.store(keys[:k], scores.losses[:k], self.metrics.epochs)
+            return scores, np.arange(n)
         if len(need):
             # pad to whole source batches, so the scorer sees at most g batch sizes
             B = self.batch_size or len(need)
@@ -318,6 +330,26 @@ class Sifter:
             self.cache.store(keys[need], losses[need], self.metrics.epochs)
         self.metrics.samples_reused += n - len(need)
         return Scores(losses), need
+
+    def _scores_all(self, leaves: list[np.ndarray]) -> bool:
+        """Whether the round of ``leaves`` scores every one of its samples, in one call of
+        them all, as overlap prepares it: without stale, always; with it, when the round is
+        whole (g source batches) and no sample has a fresh loss. Otherwise the round
+        scores other rows, and a prepared round would be scored in the waits for nothing."""
+        if self.cache is None:
+            return True
+        whole = (self.batch_size or 0) * self.config.score_batches
+        return int(leaves[0].shape[0]) >= whole and not self._lookup(leaves)[1].any()
+
+    def _lookup(self, leaves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The round's keys, which samples have a fresh loss, and those losses (``stale``)."""
+        assert self.cache is not None
+        if self._looked is not None and self._looked[0] is leaves[0]:
+            return self._looked[1:]
+        keys = self.cache.fingerprints(leaves)
+        fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
+        self._looked = (leaves[0], keys, fresh, losses)
+        return keys, fresh, losses
 
     def _score_rows(self, leaves: list[np.ndarray], rows: np.ndarray, size: int) -> Scores:
         """The scores of samples ``rows``, scored padded to ``size`` samples with copies of

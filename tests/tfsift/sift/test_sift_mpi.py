@@ -178,6 +178,29 @@ def test_a_replica_whose_waits_hold_no_call_joins_every_mean_of_the_exit_head() 
     assert stage0[0]["head"] == stage0[1]["head"]
 
 
+def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_round() -> None:
+    # stale=1 for three epochs, replica 1 starved as above: epoch 1 scores in stage 0's
+    # waits on replica 0, and keeps every prepared round unscored on replica 1. So in
+    # epoch 2 replica 0 finds fresh losses for whole rounds and scores nothing there, while
+    # replica 1 scores them: both must still end the head's round together (a replica
+    # that scored nothing skipped the head's mean before)
+    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap_keep_starved_stale")
+    check_lock_step(reports)
+    keys = ("samples_scored", "samples_reused", "samples_unscored", "overlapped_fraction")
+    for replica in (0, 1):
+        stages = [r["metrics"] for r in reports.values() if r["replica"] == replica]
+        for key in keys:
+            assert stages[0][key] == stages[1][key], key
+        seen = stages[0]["samples_seen"] - 2 * B  # the delay's 2 source batches
+        assert sum(stages[0][key] for key in keys[:3]) == seen
+    stage0 = {r["replica"]: r for r in reports.values() if r["stage"] == 0}
+    fed, starved = stage0[0]["metrics"], stage0[1]["metrics"]
+    # 0 before: a stale round's prepared scoring was always dropped
+    assert fed["overlapped_fraction"] > 0 and starved["overlapped_fraction"] == 0
+    assert fed["samples_reused"] > starved["samples_reused"]
+    assert stage0[0]["head"] == stage0[1]["head"]
+
+
 @pytest.mark.parametrize(
     ("layout", "sleeper", "message"),
     [

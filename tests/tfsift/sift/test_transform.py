@@ -576,3 +576,51 @@ def test_what_overlap_left_unscored_is_kept_and_the_policy_sees_only_the_scored(
     assert metrics["samples_unscored"] == 6 * B - sum(scored)
     assert metrics["samples_scored"] == sum(scored)
     assert metrics["samples_kept"] == len(kept)
+
+
+class Preparing(PartlyScored):
+    """``PartlyScored``, told the rounds that overlap prepares: notes, per call, whether a
+    round was prepared since the last call and whether the call scores that very round
+    (the scorer finds a prepared round by its x: the same array)."""
+
+    def __init__(self, scored: list[int]) -> None:
+        super().__init__(scored)
+        self.prepared: Any = None
+        self.calls: list[tuple[bool, bool]] = []
+
+    def prepare(self, element: Any) -> None:
+        self.prepared = element[0]
+
+    def __call__(self, element: Any) -> Scores:
+        had, self.prepared = self.prepared, None
+        self.calls.append((had is not None, element[0] is had))
+        return super().__call__(element)
+
+
+def test_stale_with_overlap_prepares_only_rounds_it_scores_whole_and_stores_the_scored() -> None:
+    # stale=1, every sample kept: epoch 1 scores rounds 2 and 4 partly (8 and 4 samples of
+    # 16, leftover="keep"), so only 44 losses are stored; epoch 2 reuses them and scores
+    # the 20 others; in epoch 3 only those 20 are fresh
+    start()
+    scorer = Preparing([16, 8, 16, 4, 16, 16, 16, 16, 16, 16])  # per call: epochs 1, 2, 3
+    config = tfsift.SiftConfig(
+        policy="big_loss", keep=1.0, stale=1, overlap=True, scorer="early_exit",
+        leftover="keep",
+    )  # fmt: skip
+    sifter = Sifter(source().element_spec, scorer, config)
+    epochs = []
+    for _ in range(3):
+        before = len(scorer.calls)
+        list(SiftedDataset(sifter, source(4 * B)))
+        epochs.append(scorer.calls[before:])
+        metrics = tfsift.sift_metrics()
+        epochs[-1].append((metrics["samples_scored"], metrics["samples_reused"]))
+    # epoch 1: no fresh loss; every round after the first (a full batch is then ready to
+    # train on) prepared, and scored from the prepared arrays
+    assert epochs[0] == [(False, False), (True, True), (True, True), (True, True), (44, 0)]
+    # epoch 2: rounds 2 and 4 partly fresh, scored at the round, and nothing prepared
+    # for them (it would have scored other rows), nor for the two fully fresh rounds
+    assert epochs[1] == [(False, False), (False, False), (44 + 20, 44)]
+    # epoch 3: rounds 1 and 3 have no fresh loss (round 3 prepared, as in epoch 1); 2 and
+    # 4 have 8 and 12 (what epoch 2 scored)
+    assert epochs[2] == [(False, False), (False, False), (True, True), (False, False), (108, 64)]
