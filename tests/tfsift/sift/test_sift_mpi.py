@@ -197,7 +197,6 @@ def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_ro
     fed, starved = stage0[0]["metrics"], stage0[1]["metrics"]
     # 0 before: a stale round's prepared scoring was always dropped
     assert fed["overlapped_fraction"] > 0 and starved["overlapped_fraction"] == 0
-    assert fed["samples_reused"] > starved["samples_reused"]
     assert stage0[0]["head"] == stage0[1]["head"]
 
 
