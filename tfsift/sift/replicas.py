@@ -79,7 +79,19 @@ class ReplicaGroup:
         return out
 
     def _wait(self, request: Any, what: str) -> None:
-        if not watchdog.wait([request], self.timeout):
+        try:
+            done = watchdog.wait([request], self.timeout)
+        except MPI.Exception as error:
+            # Every replica must call these collectives in the same order. One that took a
+            # branch on its own state (eaef77e and dbbe3a2 fixed two) makes this one meet
+            # a collective of another size, and MPI reports only "MPI_ERR_IN_STATUS".
+            watchdog.abort(
+                f"rank {self._rank}'s exchange of the sifting round's {what} with the other "
+                f"replicas of stage {self._stage} failed in MPI ({error.Get_error_string()}): "
+                "the replicas called sifting's collectives out of step, and this one met a "
+                "different collective (a bug in tfsift: please report it with this message)"
+            )
+        if not done:
             watchdog.abort(
                 f"rank {self._rank} waited {self.timeout:g} s for the other replicas of stage "
                 f"{self._stage} to exchange the sifting round's {what} (a replica stalled)"

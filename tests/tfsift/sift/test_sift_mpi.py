@@ -227,6 +227,22 @@ def test_a_rank_that_stalls_while_sifting_ends_the_job_after_the_timeout(
     assert 2.0 <= ended - started < 3.0 + 15  # the waiter may start waiting a little earlier
 
 
+def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> None:
+    # rank 1 averages exit-head gradients that rank 0 never sends; rank 0's next agreement
+    # meets that mean. MPI's own report was "MPI_ERR_IN_STATUS" (CI at 705db39)
+    start = time.time()
+    proc = mpi.run(2, "sift_out_of_step_check.py", timeout=120)
+    assert proc.returncode != 0
+    message = (
+        "tfsift: rank 0's exchange of the sifting round's batch counts with the other "
+        "replicas of stage 0 failed in MPI (MPI_ERR_IN_STATUS: error code in status): the "
+        "replicas called sifting's collectives out of step, and this one met a different "
+        "collective (a bug in tfsift: please report it with this message); aborting the job"
+    )
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert time.time() - start < 20  # at once, not after the script's 20 s timeout
+
+
 def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
     tmp_path: Path,
 ) -> None:
