@@ -249,8 +249,8 @@ class ExitHead:
         that only some replicas joined was matched with the next round's agreement on
         batch counts (an MPI truncation error; CI at 705db39). A replica that learnt
         nothing adds zeros and is not counted, so the mean is the same as if it had not
-        taken part; with ``learn_rest`` every replica learns every round and it is the
-        plain mean over them, as before.
+        taken part; with ``learn_rest``, where every replica scored (and so learns) every
+        round, it is the plain mean over them, as before.
         """
         learnt = self._learnt > 0
         if learnt:

@@ -225,7 +225,7 @@ class Sifter:
                 n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
                 if n and more and self.config.overlap and self.batches_read > self.config.delay:
                     assert leaves is not None
-                    if self._scores_all(leaves):
+                    if self._scored_whole(leaves):
                         self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
                 for _ in range(n):
                     yield self._emit(buffer, B)
@@ -302,27 +302,21 @@ class Sifter:
 
     def _scores(self, leaves: list[np.ndarray], n: int) -> tuple[Scores, np.ndarray]:
         """The group's losses, and which positions were scored now (the rest reused)."""
+        if self._scored_whole(leaves):
+            scores = self._score(tree.pack_sequence_as(self.element_spec, leaves), n)
+            if self.cache is not None:  # with leftover="keep", only what was scored
+                keys, k = self._lookup(leaves)[0], n if scores.scored is None else scores.scored
+                self.cache.store(keys[:k], scores.losses[:k], self.metrics.epochs)
+            return scores, np.arange(n)
         if self.cache is None:
             # A round shorter than g batches (where the delay ends, at an epoch's end) is
             # padded with copies of its first sample to g batches: every scoring call then
             # has one shape, so nothing is traced again mid-training (a trace of a pipeline
             # stage costs seconds); the copies' losses are dropped.
             full = (self.batch_size or n) * self.config.score_batches
-            if n >= full:
-                element = tree.pack_sequence_as(self.element_spec, leaves)
-                return self._score(element, n), np.arange(n)
             return self._score_rows(leaves, np.arange(n), full), np.arange(n)
         keys, fresh, losses = self._lookup(leaves)
         need = np.flatnonzero(~fresh)
-        if len(need) == n >= (self.batch_size or n) * self.config.score_batches:
-            # none fresh (the first epoch, and every stale-th after): scored as without
-            # stale, from the same leaves, so that the scorer finds the round that overlap
-            # prepared in stage 0's waits. With leftover="keep" only what was scored is
-            # stored: the rest is scored when it comes again
-            scores = self._score(tree.pack_sequence_as(self.element_spec, leaves), n)
-            k = n if scores.scored is None else scores.scored
-            self.cache.store(keys[:k], scores.losses[:k], self.metrics.epochs)
-            return scores, np.arange(n)
         if len(need):
             # pad to whole source batches, so the scorer sees at most g batch sizes
             B = self.batch_size or len(need)
@@ -331,15 +325,16 @@ class Sifter:
         self.metrics.samples_reused += n - len(need)
         return Scores(losses), need
 
-    def _scores_all(self, leaves: list[np.ndarray]) -> bool:
-        """Whether the round of ``leaves`` scores every one of its samples, in one call of
-        them all, as overlap prepares it: without stale, always; with it, when the round is
-        whole (g source batches) and no sample has a fresh loss. Otherwise the round
-        scores other rows, and a prepared round would be scored in the waits for nothing."""
-        if self.cache is None:
-            return True
-        whole = (self.batch_size or 0) * self.config.score_batches
-        return int(leaves[0].shape[0]) >= whole and not self._lookup(leaves)[1].any()
+    def _scored_whole(self, leaves: list[np.ndarray]) -> bool:
+        """Whether the round of ``leaves`` is scored whole, in one call of these very
+        arrays: it has g source batches and (with ``stale``) no sample with a fresh loss.
+        Only such a round is prepared for overlap, as the scorer finds a prepared round by
+        its arrays: any other is scored from copies (padded, or the rows not fresh), and
+        a prepared one would be scored in stage 0's waits for nothing."""
+        n = int(leaves[0].shape[0])
+        if n < (self.batch_size or n) * self.config.score_batches:
+            return False
+        return self.cache is None or not self._lookup(leaves)[1].any()
 
     def _lookup(self, leaves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The round's keys, which samples have a fresh loss, and those losses (``stale``)."""
