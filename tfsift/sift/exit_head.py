@@ -244,10 +244,11 @@ class ExitHead:
     def _finish_replicas(self) -> None:
         """``_finish``'s mean, over the replicas whose calls learnt something this round.
 
-        Every replica joins it every round, learnt or not: with ``learn_rest=False`` one
-        replica's waits may hold no call of a round while another's hold some, and a mean
-        that only some replicas joined was matched with the next round's agreement on
-        batch counts (an MPI truncation error; CI at 705db39). A replica that learnt
+        Every replica joins it every round, learnt or not, and leaves it with the last mean
+        applied: with ``learn_rest=False`` one replica's waits may hold no call of a round
+        while another's hold some, and a mean that only some replicas joined was matched
+        with the next round's agreement on batch counts (an MPI truncation error; CI at
+        705db39). A replica that learnt
         nothing adds zeros and is not counted, so the mean is the same as if it had not
         taken part; with ``learn_rest``, where every replica scored (and so learns) every
         round, it is the plain mean over them, as before.
@@ -260,11 +261,14 @@ class ExitHead:
             mine = [np.zeros(s.shape, s.dtype.as_numpy_dtype) for s in self._sums]
         self._learnt = 0
         *means, share = self.group.mean([*mine, np.array([float(learnt)])])
+        # No call of this replica ran to apply the last mean: apply it now, so that after
+        # every round each replica has applied the same means in the same order. Also
+        # when no replica learnt: another replica's call may have applied it (one that had
+        # nothing to learn), and left pending here until a replica learnt again, it kept
+        # the heads apart, at the end of a job for good (CI at ee43bc3; test_exit_head)
+        self._apply_pending()
         if share[0] == 0:  # no replica learnt: nothing new to apply
             return
-        # no call of this replica ran to apply the last mean: apply it now, so every
-        # replica applies the same means in the same order and the heads stay equal
-        self._apply_pending()
         # share = learners / replicas: the mean over the learners
         ready = [tf.constant((m / share[0]).astype(m.dtype)) for m in means]
         self._ready = (ready, tf.constant(1.0, ready[0].dtype))

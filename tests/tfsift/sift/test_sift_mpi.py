@@ -68,6 +68,17 @@ def check_lock_step(reports: dict[int, dict[str, Any]]) -> None:
     assert all(len(batch) == B for rep in reports.values() for batch in rep["batches"])
 
 
+def check_heads(reports: dict[int, dict[str, Any]]) -> None:
+    """The exit head is the same on both replicas' stage 0 after every round's mean (each
+    replica has applied the same means), and at the end."""
+    stage0 = [r for r in reports.values() if r["stage"] == 0]
+    assert len(stage0) == 2
+    rounds = [r["head_rounds"] for r in stage0]
+    assert len(rounds[0]) > 2
+    assert rounds[0] == rounds[1]
+    assert stage0[0]["head"] == stage0[1]["head"]
+
+
 def run(np_: int, *args: str) -> dict[int, dict[str, Any]]:
     return mpi.reports(mpi.run(np_, "sift_check.py", *args, timeout=240))
 
@@ -139,8 +150,7 @@ def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
     # gradients are summed over different calls; their mean over the replicas is the same
     reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap")
     check_lock_step(reports)
-    heads = [r["head"] for r in reports.values() if r["stage"] == 0]
-    assert len(heads) == 2 and heads[0] == heads[1]
+    check_heads(reports)
     assert all(r["metrics"]["overlapped_fraction"] > 0 for r in reports.values())
 
 
@@ -175,15 +185,15 @@ def test_a_replica_whose_waits_hold_no_call_joins_every_mean_of_the_exit_head() 
     assert fed["samples_scored"] > 0 and fed["overlapped_fraction"] > 0
     assert starved["overlapped_fraction"] == 0
     assert starved["samples_scored"] < fed["samples_scored"]
-    assert stage0[0]["head"] == stage0[1]["head"]
+    check_heads(reports)
 
 
 def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_round() -> None:
     # stale=1 for three epochs, replica 1 starved as above: epoch 1 scores in stage 0's
     # waits on replica 0, and keeps every prepared round unscored on replica 1. So in
     # epoch 2 replica 0 finds fresh losses for whole rounds and scores nothing there, while
-    # replica 1 scores them: both must still end the head's round together (a replica
-    # that scored nothing skipped the head's mean before)
+    # replica 1, with none fresh, prepares them again: both must still end the head's
+    # round together (a replica that scored nothing skipped the head's mean before)
     reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap_keep_starved_stale")
     check_lock_step(reports)
     keys = ("samples_scored", "samples_reused", "samples_unscored", "overlapped_fraction")
@@ -197,7 +207,10 @@ def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_ro
     fed, starved = stage0[0]["metrics"], stage0[1]["metrics"]
     # 0 before: a stale round's prepared scoring was always dropped
     assert fed["overlapped_fraction"] > 0 and starved["overlapped_fraction"] == 0
-    assert stage0[0]["head"] == stage0[1]["head"]
+    # in epoch 3 replica 0's first call applies a mean and has nothing to learn (it scored
+    # nothing in epoch 2), while replica 1 has no call: no replica learnt, and replica 1
+    # left that mean pending until a replica learnt again (CI at ee43bc3: at the job's end)
+    check_heads(reports)
 
 
 @pytest.mark.parametrize(
