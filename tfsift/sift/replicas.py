@@ -19,6 +19,11 @@ Per source round the replicas exchange two things:
 Every collective of a round is non-blocking and waited on with the watchdog: a replica
 that stalls makes the others end the job after the config's ``timeout`` (naming what
 they waited for) instead of waiting forever in an MPI call.
+
+Every replica must call these collectives in the same order. Each exchange sends a
+code of its own along (two more values), so that replicas out of step end the job
+saying which exchanges met, even where the collectives match in MPI (two agreements on
+one value each, say) and would otherwise combine unrelated numbers without an error.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ from mpi4py import MPI
 
 from tfsift.parallel import watchdog
 from tfsift.parallel.runtime import Runtime
+
+# What the replicas exchange, named in messages; an exchange's code is its place here + 1
+LOSSES = "the sifting round's losses"
+COUNTS = "the sifting round's batch counts"
+FULL_BATCHES = "the epoch end's count of full batches"
+REMAINDER = "the epoch end's remainder"
+HEAD_GRADIENTS = "the sifting round's exit head gradients"
+EXCHANGES = (LOSSES, COUNTS, FULL_BATCHES, REMAINDER, HEAD_GRADIENTS)
 
 
 class ReplicaGroup:
@@ -44,39 +57,68 @@ class ReplicaGroup:
         self._comm: Any = rt.world.Split(color=rt.stage, key=rt.replica)
 
     def allgather(self, values: np.ndarray) -> list[np.ndarray]:
-        """Every replica's ``values``, in replica order."""
+        """Every replica's losses ``values``, in replica order."""
         if self.replicas == 1:
             return [values]
         mine = np.ascontiguousarray(values, dtype=np.float64)
-        counts = np.empty(self.replicas, np.int64)
-        self._wait(self._comm.Iallgather(np.array([mine.size], np.int64), counts), "losses")
+        code = _code(LOSSES)
+        sizes = np.empty(2 * self.replicas, np.int64)  # each replica's [size, code]
+        self._wait(self._comm.Iallgather(np.array([mine.size, code], np.int64), sizes), LOSSES)
+        counts, codes = sizes[0::2], sizes[1::2]
+        if (codes != code).any():
+            self._out_of_step(LOSSES, set(codes.tolist()) - {code})
         out = np.empty(int(counts.sum()), np.float64)
         request = self._comm.Iallgatherv(mine, [out, (counts, None), MPI.DOUBLE])
-        self._wait(request, "losses")
+        self._wait(request, LOSSES)
         return np.split(out, np.cumsum(counts)[:-1])
 
-    def agree(self, values: list[int]) -> list[int]:
-        """The elementwise minimum of ``values`` over the replicas."""
+    def agree(self, values: list[int], what: str = COUNTS) -> list[int]:
+        """The elementwise minimum of ``values`` over the replicas; ``what`` they are, one
+        of ``EXCHANGES``."""
         if self.replicas == 1:
             return list(values)
-        mine = np.asarray(values, dtype=np.int64)
+        code = _code(what)
+        # the minimum of code and of -code: the least and the greatest code of the replicas
+        mine = np.asarray([code, -code, *values], dtype=np.int64)
         out = np.empty_like(mine)
-        self._wait(self._comm.Iallreduce(mine, out, op=MPI.MIN), "batch counts")
-        return [int(v) for v in out]
+        self._wait(self._comm.Iallreduce(mine, out, op=MPI.MIN), what)
+        if out[0] != code or -out[1] != code:
+            self._out_of_step(what, {int(out[0]), int(-out[1])} - {code})
+        return [int(v) for v in out[2:]]
 
     def mean(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """The elementwise mean of ``arrays`` over the replicas (one fused allreduce)."""
+        """The elementwise mean of the exit head's ``arrays`` over the replicas (one fused
+        allreduce)."""
         if self.replicas == 1:
             return arrays
-        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float64)
+        code = _code(HEAD_GRADIENTS)
+        # sums of code and code**2 are R code and R code**2 only if every replica's is code
+        tag = np.array([code, code * code], np.float64)
+        flat = np.concatenate([*(a.reshape(-1) for a in arrays), tag]).astype(np.float64)
         total = np.empty_like(flat)
-        self._wait(self._comm.Iallreduce(flat, total, op=MPI.SUM), "exit head gradients")
-        total /= self.replicas
+        self._wait(self._comm.Iallreduce(flat, total, op=MPI.SUM), HEAD_GRADIENTS)
+        if (total[-2:] != self.replicas * tag).any():
+            self._out_of_step(HEAD_GRADIENTS, None)
+        total = total[:-2] / self.replicas
         out, at = [], 0
         for a in arrays:
             out.append(total[at : at + a.size].reshape(a.shape).astype(a.dtype))
             at += a.size
         return out
+
+    def _out_of_step(self, what: str, others: set[int] | None) -> None:
+        """Ends the job: this replica's exchange ``what`` met others' (their codes, None
+        where a sum hides them) in a collective that matched in MPI."""
+        if others is None:
+            theirs = "exchange of something else"
+        else:
+            names = [EXCHANGES[c - 1] if 0 < c <= len(EXCHANGES) else f"code {c}" for c in others]
+            theirs = "exchange of " + " and ".join(sorted(names))
+        watchdog.abort(
+            f"rank {self._rank}'s exchange of {what} with the other replicas of stage "
+            f"{self._stage} met another replica's {theirs}: the replicas called sifting's "
+            "collectives out of step (a bug in tfsift: please report it with this message)"
+        )
 
     def _wait(self, request: Any, what: str) -> None:
         try:
@@ -86,7 +128,7 @@ class ReplicaGroup:
             # branch on its own state (eaef77e and dbbe3a2 fixed two) makes this one meet
             # a collective of another size, and MPI reports only "MPI_ERR_IN_STATUS".
             watchdog.abort(
-                f"rank {self._rank}'s exchange of the sifting round's {what} with the other "
+                f"rank {self._rank}'s exchange of {what} with the other "
                 f"replicas of stage {self._stage} failed in MPI ({error.Get_error_string()}): "
                 "the replicas called sifting's collectives out of step, and this one met a "
                 "different collective (a bug in tfsift: please report it with this message)"
@@ -94,7 +136,7 @@ class ReplicaGroup:
         if not done:
             watchdog.abort(
                 f"rank {self._rank} waited {self.timeout:g} s for the other replicas of stage "
-                f"{self._stage} to exchange the sifting round's {what} (a replica stalled)"
+                f"{self._stage} to exchange {what} (a replica stalled)"
             )
 
     def bcast(self, value: Any) -> Any:
@@ -106,3 +148,7 @@ class ReplicaGroup:
         if self._comm is not None:
             self._comm.Free()
             self._comm = None
+
+
+def _code(what: str) -> int:
+    return EXCHANGES.index(what) + 1

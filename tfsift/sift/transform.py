@@ -41,7 +41,7 @@ from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.reader import SourceReader
-from tfsift.sift.replicas import ReplicaGroup
+from tfsift.sift.replicas import FULL_BATCHES, REMAINDER, ReplicaGroup
 from tfsift.sift.scorer import FullScorer, Scorer, Scores, StepScorer
 from tfsift.sift.selection import Selection
 from tfsift.sift.stale import ScoreCache
@@ -389,11 +389,11 @@ class Sifter:
         """The end of an epoch: the full batches every replica has, then the remainder."""
         B = self.batch_size or 0
         if B:
-            (n,) = group.agree([len(buffer) // B])
+            (n,) = group.agree([len(buffer) // B], FULL_BATCHES)
             for _ in range(n):
                 yield self._emit(buffer, B)
             if not self.config.drop_remainder:
-                (left,) = group.agree([len(buffer)])
+                (left,) = group.agree([len(buffer)], REMAINDER)
                 left -= left % self.M  # a partial batch must still split into M microbatches
                 if left > 0:
                     yield self._emit(buffer, left)

@@ -256,6 +256,27 @@ def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> N
     assert time.time() - start < 20  # at once, not after the script's 20 s timeout
 
 
+def test_replicas_whose_collectives_match_in_mpi_but_not_in_kind_end_the_job_saying_so() -> None:
+    # at the epoch's end rank 0 agrees on its full batches, rank 1 on its remainder: one
+    # value each, so MPI matches them and the minimum of unrelated numbers went unnoticed.
+    # Each exchange's code rides along; both ranks see both codes and end the job
+    start = time.time()
+    proc = mpi.run(2, "sift_out_of_step_check.py", "same-size", timeout=120)
+    assert proc.returncode != 0
+    messages = [
+        f"tfsift: rank {rank}'s exchange of the epoch end's {mine} with the other replicas "
+        f"of stage 0 met another replica's exchange of the epoch end's {theirs}: the "
+        "replicas called sifting's collectives out of step (a bug in tfsift: please report "
+        "it with this message); aborting the job"
+        for rank, mine, theirs in (
+            (0, "count of full batches", "remainder"),
+            (1, "remainder", "count of full batches"),
+        )
+    ]
+    assert any(m in proc.stderr for m in messages), proc.stderr[-2000:]
+    assert time.time() - start < 20  # at once, not after the script's 20 s timeout
+
+
 def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
     tmp_path: Path,
 ) -> None:
