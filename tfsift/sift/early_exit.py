@@ -37,7 +37,7 @@ from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.exit_head import ExitHead, call_seconds
 from tfsift.sift.overlap import BATCH, FINISH, UPDATE, WaitModel
-from tfsift.sift.replicas import ReplicaGroup
+from tfsift.sift.replicas import DEFAULT_EXIT, ReplicaGroup
 from tfsift.sift.scorer import (
     FullScorer,
     Scorer,
@@ -279,7 +279,8 @@ class EarlyExitScorer(Scorer):
             default = None
             if exit_after is None and len(part.bounds) == 2:  # one stage: the cheap prefix
                 default = self._group.bcast(
-                    self._cheapest_exit(part.graph, x, batch) if self._group.replica == 0 else None
+                    self._cheapest_exit(part.graph, x, batch) if self._group.replica == 0 else None,
+                    DEFAULT_EXIT,
                 )
             exit_graph = _exit_graph(part.graph, part.bounds, exit_after, default)
             self._exit_graph = exit_graph

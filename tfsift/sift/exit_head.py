@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsift.pipeline.compiled import Compiled
-from tfsift.sift.replicas import ReplicaGroup
+from tfsift.sift.replicas import HEAD_WEIGHTS, ReplicaGroup
 
 Grads = list[Any]
 # features, labels and mask of kept rows (1.0) of a part of a round's scoring, and the
@@ -188,7 +188,7 @@ class ExitHead:
 
     def sync(self) -> None:
         """The weights of replica 0 on every replica (the head starts the same everywhere)."""
-        weights = self.group.bcast([w.numpy() for w in self.model.weights])
+        weights = self.group.bcast([w.numpy() for w in self.model.weights], HEAD_WEIGHTS)
         for var, value in zip(self.model.weights, weights, strict=True):
             var.assign(value)
 

@@ -28,6 +28,7 @@ one value each, say) and would otherwise combine unrelated numbers without an er
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,9 @@ COUNTS = "the sifting round's batch counts"
 FULL_BATCHES = "the epoch end's count of full batches"
 REMAINDER = "the epoch end's remainder"
 HEAD_GRADIENTS = "the sifting round's exit head gradients"
-EXCHANGES = (LOSSES, COUNTS, FULL_BATCHES, REMAINDER, HEAD_GRADIENTS)
+HEAD_WEIGHTS = "the exit head's first weights"
+DEFAULT_EXIT = "the default exit replica 0 chose"
+EXCHANGES = (LOSSES, COUNTS, FULL_BATCHES, REMAINDER, HEAD_GRADIENTS, HEAD_WEIGHTS, DEFAULT_EXIT)
 
 
 class ReplicaGroup:
@@ -139,9 +142,25 @@ class ReplicaGroup:
                 f"{self._stage} to exchange {what} (a replica stalled)"
             )
 
-    def bcast(self, value: Any) -> Any:
-        """Replica 0's ``value`` on every replica."""
-        return value if self.replicas == 1 else self._comm.bcast(value, root=0)
+    def bcast(self, value: Any, what: str) -> Any:
+        """Replica 0's ``value`` (anything picklable) on every replica; ``what`` it is, one
+        of ``EXCHANGES``. Non-blocking and watched, as the rounds' exchanges: with MPI's
+        blocking ``bcast`` the other replicas waited forever for a replica 0 that stalled
+        before it (test_sift_mpi)."""
+        if self.replicas == 1:
+            return value
+        code = _code(what)
+        data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL) if self.replica == 0 else b""
+        header = np.array([code, len(data)], np.int64)  # replica 0's, on every replica
+        self._wait(self._comm.Ibcast(header, root=0), what)
+        if header[0] != code:
+            self._out_of_step(what, {int(header[0])})
+        if self.replica == 0:
+            self._wait(self._comm.Ibcast(np.frombuffer(data, np.uint8).copy(), root=0), what)
+            return value
+        buffer = np.empty(int(header[1]), np.uint8)
+        self._wait(self._comm.Ibcast(buffer, root=0), what)
+        return pickle.loads(buffer.tobytes())
 
     def close(self) -> None:
         """Frees the communicator (collective over the group)."""

@@ -227,6 +227,13 @@ def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_ro
             0,
             "stage 1 (rank 1) waited 3 s for stage 0 (rank 0) to broadcast the early-exit losses",
         ),
+        (
+            # MPI's blocking bcast waited here forever
+            "dp_exit",
+            0,
+            "rank 1 waited 3 s for the other replicas of stage 0 to exchange the default exit "
+            "replica 0 chose (a replica stalled)",
+        ),
     ],
 )
 def test_a_rank_that_stalls_while_sifting_ends_the_job_after_the_timeout(
