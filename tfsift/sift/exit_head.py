@@ -248,10 +248,9 @@ class ExitHead:
         applied: with ``learn_rest=False`` one replica's waits may hold no call of a round
         while another's hold some, and a mean that only some replicas joined was matched
         with the next round's agreement on batch counts (an MPI truncation error; CI at
-        705db39). A replica that learnt
-        nothing adds zeros and is not counted, so the mean is the same as if it had not
-        taken part; with ``learn_rest``, where every replica scored (and so learns) every
-        round, it is the plain mean over them, as before.
+        705db39). A replica that learnt nothing adds zeros and is not counted, so the mean
+        is the same as if it had not taken part; with ``learn_rest``, where every replica
+        scored (and so learns) every round, it is the plain mean over them, as before.
         """
         learnt = self._learnt > 0
         if learnt:
