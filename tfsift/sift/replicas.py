@@ -29,7 +29,7 @@ one value each, say) and would otherwise combine unrelated numbers without an er
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -75,7 +75,7 @@ class ReplicaGroup:
         self._wait(request, LOSSES)
         return np.split(out, np.cumsum(counts)[:-1])
 
-    def agree(self, values: list[int], what: str = COUNTS) -> list[int]:
+    def agree(self, values: list[int], what: str) -> list[int]:
         """The elementwise minimum of ``values`` over the replicas; ``what`` they are, one
         of ``EXCHANGES``."""
         if self.replicas == 1:
@@ -109,7 +109,7 @@ class ReplicaGroup:
             at += a.size
         return out
 
-    def _out_of_step(self, what: str, others: set[int] | None) -> None:
+    def _out_of_step(self, what: str, others: set[int] | None) -> NoReturn:
         """Ends the job: this replica's exchange ``what`` met others' (their codes, None
         where a sum hides them) in a collective that matched in MPI."""
         if others is None:

@@ -41,7 +41,7 @@ from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.reader import SourceReader
-from tfsift.sift.replicas import FULL_BATCHES, REMAINDER, ReplicaGroup
+from tfsift.sift.replicas import COUNTS, FULL_BATCHES, REMAINDER, ReplicaGroup
 from tfsift.sift.scorer import FullScorer, Scorer, Scores, StepScorer
 from tfsift.sift.selection import Selection
 from tfsift.sift.stale import ScoreCache
@@ -222,7 +222,8 @@ class Sifter:
             while True:
                 leaves = self._read(reader)
                 B = self.batch_size or 0
-                n, more = group.agree([len(buffer) // B if B else 0, int(leaves is not None)])
+                ready = [len(buffer) // B if B else 0, int(leaves is not None)]
+                n, more = group.agree(ready, COUNTS)
                 if n and more and self.config.overlap and self.batches_read > self.config.delay:
                     assert leaves is not None
                     if self._scored_whole(leaves):
