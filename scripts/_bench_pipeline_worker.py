@@ -1,10 +1,10 @@
 """One rank of ``scripts/bench_pipeline.py``: times one configuration and writes JSON.
 
-usage: _bench_pipeline_worker.py MODE CONFIG_JSON OUT_DIR
-       (MODE: single, pipeline, dp, reference or microbatched)
+usage: _bench_pipeline_worker.py MODE CONFIG_JSON  (run by bench_pipeline.py's harness)
+       (MODE: single, pipeline, dp, mwms, reference or microbatched)
 
 Letters: K stages, M microbatches, B the global batch. Every rank runs one compute
-thread; each writes ``OUT_DIR/rank<r>.json``.
+thread; each writes its JSON report with ``bench.harness.write_rank``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import gc  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -31,6 +32,7 @@ import psutil  # type: ignore[import-untyped]  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import tfsift  # noqa: E402
+from bench.harness import write_rank  # noqa: E402
 from partitioner.plan import make_plan  # noqa: E402
 from tfsift.planning.profiler import profile  # noqa: E402
 
@@ -308,6 +310,39 @@ def run_dp(cfg: Config) -> dict[str, Any]:
     return timed(train, cfg) | {"first_step_s": first, "allreduce": timings["allreduce"]}
 
 
+def run_mwms(cfg: Config) -> dict[str, Any]:
+    """The peer of ``dp``: tf.distribute's MultiWorkerMirroredStrategy (ring collectives),
+    B / size samples per worker, gradients averaged by the replica context, plain SGD."""
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    workers = [f"127.0.0.1:{port}" for port in cfg["ports"]]
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+    )
+    ring = tf.distribute.experimental.CommunicationImplementation.RING
+    options = tf.distribute.experimental.CommunicationOptions(implementation=ring)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    x, y = data(cfg)
+    share = cfg["batch"] // size
+    x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+    with strategy.scope():
+        model = plain_chain(cfg)
+
+    def replica() -> None:
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        grads = tf.distribute.get_replica_context().all_reduce("MEAN", grads)
+        for v, g in zip(variables, grads, strict=True):
+            v.assign_sub(1e-3 * g)  # SGD, as the other rows
+
+    compiled = tf.function(lambda: strategy.run(replica))
+    step = lambda: compiled()  # noqa: E731
+    for _ in range(cfg["warmup"]):
+        synced_time(step, cfg["collect"])
+    return timed(step, cfg)
+
+
 def run_reference(cfg: Config) -> dict[str, Any]:
     """One process: the plain Keras step alone (for models other than the main one)."""
     x, y = data(cfg)
@@ -324,17 +359,17 @@ MODES: dict[str, Callable[[Config], dict[str, Any]]] = {
     "single": run_single,
     "pipeline": run_pipeline,
     "dp": run_dp,
+    "mwms": run_mwms,
     "reference": run_reference,
     "microbatched": run_microbatched,
 }
 
 
 def main() -> None:
-    mode, cfg, out = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
+    mode, cfg = sys.argv[1], json.loads(sys.argv[2])
     result = MODES[mode](cfg)
     rank = MPI.COMM_WORLD.Get_rank()
-    result |= {"rank": rank, "mode": mode, "config": cfg}
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    write_rank(rank, result | {"rank": rank, "mode": mode, "config": cfg})
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """One job of ``scripts/bench_sifting.py``: trains one task and seed with each method, in turn.
 
-usage: _bench_sifting_worker.py CONFIG_JSON OUT_DIR
+usage: _bench_sifting_worker.py CONFIG_JSON   (run by ``bench.harness.run_job``)
 
-Every rank runs one compute thread and writes ``OUT_DIR/rank<r>.json``: per method, the
+Every rank runs one compute thread and reports (``harness.write_rank``): per method, the
 held-out metric at each evaluation with the training seconds, optimizer steps and samples
 backpropagated so far, and ``tfsift.sift_metrics()`` at the end. The training clock stops
 while the model is evaluated. On a pipeline, rank 0's clock decides when to evaluate and
@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import tfsift  # noqa: E402
+from bench import harness  # noqa: E402
 
 Config = dict[str, Any]
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -399,7 +400,7 @@ def run_method(
 
 
 def main() -> None:
-    job, out_dir = json.loads(sys.argv[1]), Path(sys.argv[2])
+    job = json.loads(sys.argv[1])
     tfsift.init({"partitions": job["partitions"], "microbatches": job["microbatches"]})
     data = load(job["task"], job["seed"], Path(job["cache"]))
     results: list[Config] = []
@@ -412,8 +413,7 @@ def main() -> None:
         if baseline and budget is None:
             budget = job["budget_factor"] * result["curve"][-1][0]
         log_line(job, result)
-    report = {"job": job, "rank": tfsift.rank(), "results": results}
-    (out_dir / f"rank{tfsift.rank()}.json").write_text(json.dumps(report))
+    harness.write_rank(tfsift.rank(), {"job": job, "rank": tfsift.rank(), "results": results})
 
 
 def log_line(job: Config, result: Config) -> None:

@@ -1,23 +1,20 @@
-"""Benchmarks the exact partition solver against the baselines and times it at scale.
+"""How good and how fast is the exact partition solver, against the baselines?
 
-Usage: python scripts/bench_partition.py [--no-write]
+usage: .venv/bin/python scripts/bench_partition.py [--quick] [--no-docs] [--json F] [--render F]
 
 Five cost vectors (a VGG-like CNN, a GPT-2-medium-like transformer, a ResNet-50-like
 chain whose cuts inside a block carry the skip tensor, and two random heterogeneous
 chains), K in {2, 4, 8}, M = 8, the default link (1 GB/s, no latency). For each, the
 bottleneck stage time and the step-time estimate of the exact solver, the brute-force
 optimum where C(L - 1, K - 1) is small enough, and the baselines. Then the solver's run
-time on 10,000 layers x 64 stages. Prints a Markdown report and writes it into
-docs/benchmarks.md between the partition markers.
+time on 10,000 layers x 64 stages (``--quick``: 1,000 layers).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
+import dataclasses
 import itertools
 import math
-import os
 import platform
 import statistics
 import time
@@ -26,6 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import report
+from bench.harness import Result
+from bench.main import Benchmark, run
 from partitioner import (
     CostModel,
     LayerCost,
@@ -39,9 +39,6 @@ from partitioner import (
 )
 from partitioner.solver import stage_loads
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- partition:begin -->", "<!-- partition:end -->"
 FLOPS = 20e12  # effective device speed for the analytic models, FLOP/s
 M = 8
 STAGES = (2, 4, 8)
@@ -209,10 +206,17 @@ def compare(name: str, costs: CostModel, K: int) -> tuple[list[str], list[str]]:
     return steps, necks
 
 
-def scale_timing(repeats: int = 3) -> list[str]:
-    """Median solver time on 10,000 layers x 64 stages, speed and memory."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    layers: int = 10_000  # the solver timing's chain
+    stages: int = 64
+    repeats: int = 3
+
+
+def scale_timing(s: Settings) -> list[list[str]]:
+    """Median solver time on ``s.layers`` layers x ``s.stages`` stages, speed and memory."""
     rng = np.random.default_rng(0)
-    L, K = 10_000, 64
+    L, K, repeats = s.layers, s.stages, s.repeats
     forward = rng.uniform(1e-4, 1e-3, L)
     costs = CostModel(
         tuple(
@@ -237,9 +241,9 @@ def scale_timing(repeats: int = 3) -> list[str]:
             solver(costs, K, M)
             runs.append(time.perf_counter() - started)
         rows.append(
-            f"| {label} | {L:,} | {K} | {M} | {statistics.median(runs):.2f} s "
-            f"| {', '.join(f'{r:.2f}' for r in runs)} |"
-        )
+            [label, f"{L:,}", str(K), str(M), f"{statistics.median(runs):.2f} s",
+             ", ".join(f"{r:.2f}" for r in runs)]
+        )  # fmt: skip
     return rows
 
 
@@ -251,11 +255,6 @@ def cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.machine()
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 MODELS: list[tuple[str, Callable[[], CostModel]]] = [
@@ -270,9 +269,8 @@ STEP_HEADER = ["model", "L", "K", "exact", "brute force", "uniform", "by_paramet
 NECK_HEADER = ["model", "K", "exact", "uniform", "by_parameters", "block_partition"]
 
 
-def report() -> str:
-    """The whole Markdown section: comparisons, bottlenecks and timings."""
-    timings = scale_timing()
+def measure(s: Settings) -> Result:
+    """Comparisons and bottlenecks per model and K, then the solver's timings."""
     steps, necks = [], []
     for name, build in MODELS:
         costs = build()
@@ -280,56 +278,39 @@ def report() -> str:
             step, neck = compare(name, costs, K)
             steps.append(step)
             necks.append(neck)
-    return "\n".join([
-        *preamble(), "", *table(STEP_HEADER, steps), "",
-        "Bottleneck stage time max_s t_s in ms (the exact solver may accept a larger "
-        "bottleneck to save transfers):", "", *table(NECK_HEADER, necks), "",
-        "Solver run time on 10,000 random layers (uniform 0.1-1 ms forward, cut sizes up to "
-        "3.2 MB per microbatch) into 64 stages, median of 3:", "",
-        "| solver | L | K | M | median | runs (s) |", "|---|---|---|---|---|---|", *timings,
-    ])  # fmt: skip
+    machine = f"{cpu_name()}, Python {platform.python_version()}, numpy {np.__version__}"
+    return {"steps": steps, "necks": necks, "timings": scale_timing(s), "machine": machine}
 
 
-def preamble() -> list[str]:
-    """Title, when and where it ran, how to rerun, and what the first table shows."""
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    machine = f"{cpu_name()} ({os.cpu_count()} cores, 1/5/15-min load {load})"
-    return [
+def render(raw: Result, meta: Result, s: Settings) -> str:
+    timing = ["solver", "L", "K", "M", "median", "runs (s)"]
+    return "\n\n".join([
         "## Partition solver",
-        "",
-        f"Measured {datetime.date.today().isoformat()} on {machine}, Python "
-        f"{platform.python_version()}, numpy {np.__version__}. Rerun: "
-        "`python scripts/bench_partition.py`.",
-        "",
+        f"{report.provenance(meta, BENCH.command)} {raw['machine']}.",
         f"Step-time estimate T = sum_s t_s + (M - 1) max_s t_s in ms (M = {M}, link 1 GB/s, "
         "no latency; t_s includes a stage's input and output transfers). The brute-force "
         "column enumerates all C(L - 1, K - 1) partitions when there are at most "
         f"{BRUTE_FORCE_LIMIT:,}; the exact solver is optimal by construction otherwise. "
         "Percentages are the loss against the exact solver.",
-    ]
+        report.table(STEP_HEADER, raw["steps"]),
+        "Bottleneck stage time max_s t_s in ms (the exact solver may accept a larger "
+        "bottleneck to save transfers):",
+        report.table(NECK_HEADER, raw["necks"]),
+        f"Solver run time on {s.layers:,} random layers (uniform 0.1-1 ms forward, cut sizes "
+        f"up to 3.2 MB per microbatch) into {s.stages} stages, median of {s.repeats}:",
+        report.table(timing, raw["timings"]),
+    ])  # fmt: skip
 
 
-def write(text: str) -> None:
-    DOC.parent.mkdir(exist_ok=True)
-    current = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + block + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + block + "\n"
-    DOC.write_text(current)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-write", action="store_true", help="only print the report")
-    args = parser.parse_args()
-    text = report()
-    print(text)
-    if not args.no_write:
-        write(text)
-
+BENCH = Benchmark(
+    name="partition",
+    question=__doc__.splitlines()[0],
+    full=Settings(),
+    quick=Settings(layers=1_000, stages=16, repeats=1),
+    measure=measure,
+    render=render,
+    max_wait=0.0,  # one process, and the timings are of the solver alone
+)
 
 if __name__ == "__main__":
-    main()
+    run(BENCH)

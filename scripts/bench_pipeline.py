@@ -1,56 +1,35 @@
-"""Benchmarks the K=2 pipeline, @tfsift.step overhead and 2-rank data parallelism on CPU.
+"""How fast is a K=2 pipeline against one process, and what does it cost in memory?
 
-Letters: K stages, M microbatches, B the global batch. Every rank uses one compute
-thread. The reference is one process running a plain Keras 3 train step (GradientTape,
-the same loss, SGD, in one tf.function) on the whole batch B. Each configuration runs
-in its own ``mpirun`` job (``scripts/_bench_pipeline_worker.py``) so that peak RSS is
-per configuration; each step is timed between barriers (slowest rank), after warm-up
-steps, and the median of the timed steps is reported.
+Also the @tfsift.step overhead in one process and 2-rank data parallelism. Letters: K
+stages, M microbatches, B the global batch. Every rank uses one compute thread and its
+own core. The reference is one process running a plain Keras 3 train step (GradientTape,
+the same loss, SGD, in one tf.function) on the whole batch B. Each configuration runs in
+its own ``mpirun`` job (``scripts/_bench_pipeline_worker.py``) so that peak RSS is per
+configuration; each step is timed between barriers (slowest rank), after warm-up steps,
+and the median of the timed steps is reported.
 
-usage: .venv/bin/python scripts/bench_pipeline.py [--quick] [--no-docs] [--json PATH]
-       .venv/bin/python scripts/bench_pipeline.py --render PATH   (docs from a --json file)
+usage: .venv/bin/python scripts/bench_pipeline.py [--quick] [--no-docs] [--json F] [--render F]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
-import itertools
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tfsift.parallel.launch import mpirun_command  # noqa: E402
+from bench import harness, report
+from bench.harness import ROOT, Result, say
+from bench.main import Benchmark, run
+from bench.report import median_ms, table
 
 WORKER = ROOT / "scripts" / "_bench_pipeline_worker.py"
-DOC = ROOT / "docs" / "benchmarks.md"
 PLOT = ROOT / "docs" / "pipeline_speedup.png"
 TIMELINE = ROOT / "docs" / "pipeline_timeline.png"
-BEGIN, END = "<!-- pipeline:begin -->", "<!-- pipeline:end -->"
-RERUN = ".venv/bin/python scripts/bench_pipeline.py"
 SPEED_TARGET, OVERHEAD_TARGET, TARGET_M = 0.90, 0.05, 8
-NOISE = 0.02  # ratios closer than this to a target are called undecided
 CASE_PIPELINE = "interleaved"  # the schedule of the "where we lose" comparisons
 TIMELINE_ROW = (TARGET_M, "interleaved", "speed")  # (M, pipeline, optimize) drawn step by step
-ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "3",
-    "OMP_NUM_THREADS": "1",
-    "TF_NUM_INTRAOP_THREADS": "1",
-    "TF_NUM_INTEROP_THREADS": "1",
-}
-Result = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,15 +54,12 @@ class Settings:
     dense_M: int = 8
     small_batch: int = 64  # the small-microbatch comparison: the same chain, B/M = 4
     small_M: int = 16
-    max_load: float = 1.5
-    max_wait: float = 300.0
 
     def worker_config(self, **extra: Any) -> Result:
         base = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("max_load", "max_wait", "repeats")
-            and not f.name.startswith(("dense_", "small_"))
+            if f.name != "repeats" and not f.name.startswith(("dense_", "small_"))
         }
         return base | {"collect": True} | extra
 
@@ -126,47 +102,15 @@ QUICK = Settings(
     dense_batch=64,
     small_batch=32,
     small_M=8,
-    max_wait=0.0,
 )
 
 
 # ---------------------------------------------------------------- running jobs
 
 
-def wait_for_quiet(settings: Settings) -> float:
-    """Waits (up to ``max_wait`` s) until the 1-minute load is below ``max_load``."""
-    deadline = time.monotonic() + settings.max_wait
-    while os.getloadavg()[0] > settings.max_load and time.monotonic() < deadline:
-        say(f"load {os.getloadavg()[0]:.2f} > {settings.max_load}; waiting")
-        time.sleep(15)
-    return os.getloadavg()[0]
-
-
-def run_job(np: int, mode: str, config: Result, timeout: float = 300) -> list[Result]:
+def run_job(np: int, mode: str, config: Result) -> list[Result]:
     """Runs the worker on ``np`` ranks; returns each rank's JSON, by rank."""
-    out = Path(tempfile.mkdtemp(prefix="tfsift-bench-"))
-    argv = [str(WORKER), mode, json.dumps(config), str(out)]
-    env = dict(os.environ) | ENV | {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        mpirun_command(np, argv),
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    files = sorted(out.glob("rank*.json"))
-    if proc.returncode != 0 or len(files) != np:
-        raise RuntimeError(
-            f"{mode} job failed (exit {proc.returncode}, {len(files)} of {np} reports). "
-            f"Received config: {config}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    return [json.loads(f.read_text()) for f in files]
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
+    return harness.run_job(WORKER, [mode, json.dumps(config)], np, timeout=300)
 
 
 def run_all(settings: Settings) -> Result:
@@ -228,10 +172,6 @@ def repeats(settings: Settings, M: int, optimize: str) -> int:
 def ideal(M: int, K: int) -> float:
     """The GPipe bound M*K/(M+K-1) on the speed-up of K equal stages."""
     return M * K / (M + K - 1)
-
-
-def median_ms(times: list[float]) -> float:
-    return 1000 * statistics.median(times)
 
 
 def prediction(raw: Result, M: int, pipeline: str, optimize: str) -> Result:
@@ -344,11 +284,6 @@ def comparison_summary(jobs: Result, settings: Settings) -> Result:
 
 
 # ---------------------------------------------------------------- Markdown
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def speedup_table(s: Result) -> str:
@@ -510,167 +445,6 @@ def targets(s: Result) -> tuple[list[str], list[str]]:
     return met, missed
 
 
-def reading(s: Result, settings: Settings) -> str:
-    """The paragraph of conclusions, its numbers filled in from this run."""
-    met, missed = targets(s)
-    return " ".join(
-        [
-            f"**Targets** (speed-up >= {SPEED_TARGET:.0%} of ideal for M >= {TARGET_M}; step "
-            f"overhead <= {OVERHEAD_TARGET:.0%}): met: {'; '.join(met) or 'none'}; missed: "
-            f"{'; '.join(missed) or 'none'}.{_margin_text(s)}",
-            speed_reading(s, settings),
-            memory_reading(s, settings),
-            dp_reading(s),
-        ]
-    )
-
-
-def _margin_text(s: Result) -> str:
-    """A warning when a speed-up target is decided by less than the machine's noise."""
-    close = [
-        r
-        for r in s["rows"]
-        if r["optimize"] == "speed"
-        and r["M"] >= TARGET_M
-        and abs(r["speedup"] / r["ideal"] - SPEED_TARGET) < NOISE
-    ]
-    if not close:
-        return ""
-    names = ", ".join(f"{r['pipeline']} M={r['M']}" for r in close)
-    return (
-        f" {names} {'is' if len(close) == 1 else 'are'} within {100 * NOISE:.0f} points of "
-        f"the target, less than the run-to-run differences seen on this machine: another "
-        f"run may decide {'it' if len(close) == 1 else 'them'} the other way."
-    )
-
-
-def speed_reading(s: Result, settings: Settings) -> str:
-    speed = [r for r in s["rows"] if r["optimize"] == "speed"]
-    best = max(speed, key=lambda r: r["speedup"])
-    top = max(settings.microbatches)
-    k1_top = next(r["k1_ms"] for r in speed if r["M"] == top)
-    bound = max(r["predicted"] / r["ideal"] for r in speed if r["M"] >= TARGET_M)
-    return (
-        f"The best K={settings.K} speed-up is {best['speedup']:.2f} ({best['pipeline']}, "
-        f"M={best['M']}). Microbatching without pipelining costs "
-        f"{k1_top / s['keras_ms'] - 1:+.0%}: one process running `@tfsift.step` with M={top} "
-        f"({settings.batch // top} samples per microbatch) takes {k1_top:.0f} ms against "
-        f"{s['keras_ms']:.0f} ms for the whole batch in Keras. The simulator, which charges "
-        f"nothing for the runtime, predicts up to {bound:.0%} of ideal for M >= {TARGET_M}. "
-        f"In the best configuration rank 0 / 1 compute for "
-        f"{' / '.join(f'{x:.0f}' for x in best['busy_ms'])} ms of a {best['step_ms']:.0f} ms "
-        f"step, while one process needs {best['k1_ms'] / settings.K:.0f} ms for 1/{settings.K} "
-        f"of the work at the same M. Two things keep the stages from that: "
-        f"{_balance_text(best, settings)}; and stages before the last run their backward "
-        f"through TensorFlow's function gradient (a tape), not one fused graph (its fixed "
-        f"cost per microbatch alone is twice the fused call's: see *Fixed cost per call* "
-        f"below). The remaining "
-        f"{best['step_ms'] - max(best['busy_ms']):.0f} ms are the fill-and-drain bubble "
-        f"(ideally 1/(M+K-1) of the step) and the transfers. {_lose_text(s, settings)}"
-    )
-
-
-def _balance_text(row: Result, settings: Settings) -> str:
-    """The stages' shares of the chain's matrix products (stage 0 skips one)."""
-    if settings.model != "conv":
-        return "the stages are not equal"
-    bounds = row["bounds"]
-    # per layer and sample: forward, weight gradient and input gradient; nobody needs the
-    # input gradient of the model's first layer
-    sizes = [hi - lo for lo, hi in itertools.pairwise(bounds)]
-    products = [3 * n - (s == 0) for s, n in enumerate(sizes)]
-    total = sum(products)
-    return (
-        f"the stages are not equal even in a chain of equal layers (stage 0 never computes "
-        f"its first layer's input gradient, so with bounds {tuple(bounds)} the stages do "
-        f"{' / '.join(str(p) for p in products)} of the {total} matrix products per sample, "
-        f"the largest share {max(products) / total:.1%} against 1/{settings.K} in the ideal)"
-    )
-
-
-def _lose_text(s: Result, settings: Settings) -> str:
-    d, small = s["compare"]["dense"], s["compare"]["small"]
-    return (
-        f"**Where we lose**: a chain of {settings.layers} x Dense({settings.dense_width}) at "
-        f"B={d['batch']} is memory-bound. With M={d['M']} each microbatch of "
-        f"{d['batch'] // d['M']} samples reads every "
-        f"{4 * settings.dense_width**2 / 2**20:.2g} MiB weight matrix again and writes a "
-        f"gradient as large, so one process with M={d['M']} takes {d['k1_ms']:.0f} ms against "
-        f"{d['reference_ms']:.0f} ms for the whole batch, and the K={settings.K} pipeline "
-        f"reaches {d['speedup']:.2f} ({d['speedup'] / d['ideal']:.0%} of ideal). The main "
-        f"chain at B={small['batch']} and M={small['M']} ({small['batch'] // small['M']} "
-        f"samples per microbatch) reaches {small['speedup']:.2f} "
-        f"({small['speedup'] / small['ideal']:.0%} of ideal): one process already takes "
-        f"{small['k1_ms'] / small['reference_ms'] - 1:+.0%} longer with those microbatches, "
-        f"and the runtime's fixed work per microbatch (a compiled call per action, the "
-        f"gradient tape, the transfers) is spread over {settings.batch // small['batch']}x "
-        f"fewer samples than at B={settings.batch}. "
-        f"Pipelining pays when a microbatch's compute outweighs its weight traffic and the "
-        f"runtime's work per microbatch: convolutions, or more samples per microbatch."
-    )
-
-
-def memory_reading(s: Result, settings: Settings) -> str:
-    rows, top, low = s["rows"], max(settings.microbatches), min(settings.microbatches)
-    slower = [
-        r["step_ms"] / next(q["step_ms"] for q in rows if _twin(q, r)) - 1
-        for r in rows
-        if r["optimize"] == "memory"
-    ]
-    growth = [(_rss(rows, top, i) - _rss(rows, low, i)) / (top - low) for i in range(settings.K)]
-    grads = settings.param_bytes() / settings.K / 2**20
-    per_stage = settings.layers // settings.K
-    acts = per_stage * settings.output_bytes(settings.batch // low) / 2**20
-    return (
-        f"optimize=memory makes steps {min(slower):.0%} to {max(slower):.0%} slower "
-        f"(recompute){_saving(s, settings)}. Peak RSS is the ~0.6 GiB TensorFlow runtime "
-        f"plus what changes with M: about {' / '.join(f'{g:.1f}' for g in growth)} MiB per "
-        f"extra microbatch on rank 0 / 1. A stage's gradients are {grads:.1f} MiB, summed as "
-        f"each backward finishes instead of kept M times. The layer outputs a stage keeps "
-        f"for all B={settings.batch} samples are {acts:.0f} MiB, whatever M is: that bounds "
-        f"what optimize=memory can save on this model (the last stage keeps none in either "
-        f"mode: its backward runs with its forward)."
-    )
-
-
-def _saving(s: Result, settings: Settings) -> str:
-    top = max(settings.microbatches)
-    simple = {
-        r["optimize"]: r["rss_timed_mib"]
-        for r in s["rows"]
-        if r["pipeline"] == "simple" and r["M"] == top
-    }
-    if not {"speed", "memory"} <= set(simple):
-        return ""
-    saved = [a - b for a, b in zip(simple["speed"], simple["memory"], strict=True)]
-    return (
-        f"; with the simple schedule at M={top}, where stage 0 holds every microbatch's "
-        f"activations before its first backward, it lowers peak RSS by "
-        f"{' / '.join(f'{x:.0f}' for x in saved)} MiB on rank 0 / 1"
-    )
-
-
-def dp_reading(s: Result) -> str:
-    return (
-        f"Two data-parallel ranks reach {s['tfsift_ms'] / s['dp_ms']:.2f}x the throughput of "
-        f"one: the allreduce takes {s['allreduce_ms'] / s['dp_ms']:.0%} of the step (a "
-        f"{s['grad_mib']:.1f} MiB Horovod allreduce at {s['allreduce_gbps']:.1f} GB/s), and "
-        f"the rest of the step ({s['dp_ms'] - s['allreduce_ms']:.0f} ms) is slower than the "
-        f"same B/2 work in a rank alone ({s['alone_ms']:.0f} ms), while threads other than "
-        f"the main thread and TensorFlow's pools (Horovod's background loop, which polls "
-        f"MPI) keep {s['helper_cpu']:.0%} of a core busy on each rank (against "
-        f"{s['alone_helper_cpu']:.0%} without Horovod) on a machine with one core per rank."
-    )
-
-
-def _twin(a: Result, b: Result) -> bool:
-    return a is not b and (a["M"], a["pipeline"]) == (b["M"], b["pipeline"])
-
-
-def _rss(rows: list[Result], M: int, rank: int) -> float:
-    return max(float(r["rss_timed_mib"][rank]) for r in rows if r["M"] == M)
-
-
 def model_text(settings: Settings) -> str:
     if settings.model == "conv":
         return (
@@ -689,24 +463,20 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
     return "\n\n".join(
         [
             "## Pipeline speed-up, memory and step overhead",
-            f"Measured {meta['date']} on {meta['cores']} cores (commit {meta['commit']}; "
-            f"1-minute load {meta['load_start']:.2f} at start, {meta['load_end']:.2f} at end, "
-            f"this benchmark's own 2 ranks included), model: {model_text(settings)}, MSE "
-            f"loss, SGD, global batch B={settings.batch}, float32. One compute thread per "
-            f"rank. Each "
+            report.provenance(meta, BENCH.command),
+            f"Model: {model_text(settings)}, MSE loss, SGD, global batch B={settings.batch}, "
+            "float32, one compute thread per rank, each rank bound to a core. Each "
             f"configuration runs in its own `mpirun` job; step times are the median of "
             f"{settings.steps} timed steps after {settings.warmup} warm-up steps, each started "
-            f"by a barrier and timed on the slowest rank. Reference: one process running a "
-            f"plain Keras 3 train step (GradientTape, the same loss, SGD) compiled with "
-            f"tf.function on the whole batch, measured in its own job right before and right "
+            "by a barrier and timed on the slowest rank. Reference: one process running a "
+            "plain Keras 3 train step (GradientTape, the same loss, SGD) compiled with "
+            "tf.function on the whole batch, measured in its own job right before and right "
             f"after each pipeline job (*Keras, before and after*, their mean: {_span(s)} ms "
             f"in this run, which drifts; the first job measured **{s['keras_ms']:.1f} ms**, "
             f"which the other tables use). Each row the targets are about (optimize=speed, "
             f"M >= {TARGET_M}) ran in {settings.repeats} pipeline jobs and shows the one with "
-            f"the median speed-up. All ratios come from this one run.",
-            f"Rerun: `{RERUN}` (this run took {meta.get('seconds', 0) / 60:.0f} minutes; it "
-            f"first waits up to {settings.max_wait:.0f} s "
-            f"for the 1-minute load to drop below {settings.max_load}).",
+            "the median speed-up. All ratios come from this one run.",
+            targets_text(s),
             f"### K={settings.K} pipeline speed-up (optimize=speed)",
             speedup_table(s),
             "*K=1, same M*: `@tfsift.step` in one process (partitions=1) with the same M: "
@@ -750,28 +520,33 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "without a partner. *helper-thread CPU*: CPU time of the threads other than the "
             "main thread and TensorFlow's `tf_*` pools, over the wall time of the timed "
             "steps (the garbage collections between steps included).",
-            "### Reading",
-            reading(s, settings),
-            _leak_note(s, settings),
+            "### Garbage collection between steps",
+            gc_table(s, settings),
+            "The tables time each step after a `gc.collect()` outside the timed window; close "
+            "numbers without it mean no step's tensors outlive it.",
         ]
     )
 
 
-def _leak_note(s: Result, settings: Settings) -> str:
-    with_gc = next(
-        r
-        for r in s["rows"]
-        if (r["M"], r["pipeline"], r["optimize"]) == (TARGET_M, "interleaved", "speed")
-    )
+def targets_text(s: Result) -> str:
+    met, missed = targets(s)
     return (
-        "**Garbage-collection check.** The tables time each step after a `gc.collect()` "
-        "outside the timed window. Without it (interleaved, "
-        f"M={TARGET_M}, speed) a step takes {s['no_collect_ms']:.1f} ms against "
-        f"{with_gc['step_ms']:.1f} ms, and the peak RSS over {settings.steps} steps is "
-        f"{' / '.join(f'{x:.0f}' for x in s['no_collect_rss'])} MiB against "
-        f"{' / '.join(f'{x:.0f}' for x in with_gc['rss_timed_mib'])} MiB (rank 0 / 1): "
-        "close numbers mean no step's tensors outlive it. (Before commit 3928a2b a "
-        "reference cycle in the executor made this 889 ms and 1360 / 3374 MiB.)"
+        f"**Targets** (speed-up >= {SPEED_TARGET:.0%} of ideal for M >= {TARGET_M}; step "
+        f"overhead <= {OVERHEAD_TARGET:.0%}): met: {'; '.join(met) or 'none'}; missed: "
+        f"{'; '.join(missed) or 'none'}."
+    )
+
+
+def gc_table(s: Result, settings: Settings) -> str:
+    """The step and peak RSS with and without the gc.collect() between steps."""
+    with_gc = next(r for r in s["rows"] if (r["M"], r["pipeline"], r["optimize"]) == TIMELINE_ROW)
+    rss = lambda xs: " / ".join(f"{x:.0f}" for x in xs)  # noqa: E731
+    return table(
+        ["between steps", "step ms", f"peak RSS over {settings.steps} steps, rank 0 / 1 (MiB)"],
+        [
+            ["gc.collect()", f"{with_gc['step_ms']:.1f}", rss(with_gc["rss_timed_mib"])],
+            ["nothing", f"{s['no_collect_ms']:.1f}", rss(s["no_collect_rss"])],
+        ],
     )
 
 
@@ -824,68 +599,21 @@ def _plot_one(ax: Any, s: Result, pipeline: str, settings: Settings) -> None:
     ax.legend(fontsize=8)
 
 
-def write_section(text: str, path: Path, markers: tuple[str, str] = (BEGIN, END)) -> None:
-    """Replaces the text between ``markers``, leaving the rest of the file as it is."""
-    begin, end = markers
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in current and end in current:
-        head, rest = current.split(begin, 1)
-        tail = rest.split(end, 1)[1]
-        path.write_text(head + block + tail)
-    else:
-        path.write_text(current.rstrip("\n") + "\n\n" + block + "\n")
-
-
-def metadata(load_start: float) -> Result:
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return {
-        "date": datetime.date.today().isoformat(),
-        "cores": os.cpu_count(),
-        "commit": commit or "unknown",
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
-    }
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke test: fewer configs")
-    parser.add_argument("--no-docs", action="store_true", help="do not write docs/")
-    parser.add_argument("--json", type=Path, help="also save the raw results here")
-    parser.add_argument("--render", type=Path, help="re-render the docs from a --json file")
-    args = parser.parse_args()
-    if args.render:
-        saved = json.loads(args.render.read_text())
-        settings = Settings(**_tuples(saved.get("settings", {})))
-        raw, meta = saved["raw"], saved["meta"]
-    else:
-        settings = QUICK if args.quick else Settings()
-        start, load = time.monotonic(), wait_for_quiet(settings)
-        raw = run_all(settings)
-        meta = metadata(load) | {"seconds": time.monotonic() - start}
+def figures(raw: Result, settings: Settings) -> None:
     s = summary(raw, settings)
-    text = markdown(s, settings, meta)
-    print(text)
-    if args.json:
-        record = {"raw": raw, "meta": meta, "settings": dataclasses.asdict(settings)}
-        args.json.write_text(json.dumps(record, indent=1))
-    if not args.no_docs:
-        plot(s, settings, PLOT)
-        draw_measured(s, settings, TIMELINE)
-        write_section(text, DOC)
-    say(f"done; the measurements took {meta.get('seconds', 0):.0f} s")
+    plot(s, settings, PLOT)
+    draw_measured(s, settings, TIMELINE)
 
 
-def _tuples(values: Result) -> Result:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-
+BENCH = Benchmark(
+    name="pipeline",
+    question=__doc__.splitlines()[0],
+    full=Settings(),
+    quick=QUICK,
+    measure=run_all,
+    render=lambda raw, meta, settings: markdown(summary(raw, settings), settings, meta),
+    figures=figures,
+)
 
 if __name__ == "__main__":
-    main()
+    run(BENCH)

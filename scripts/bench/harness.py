@@ -1,0 +1,152 @@
+"""Running benchmark jobs: a quiet machine, one environment, a job per configuration."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tfsift.parallel.launch import mpirun_command  # noqa: E402
+
+Result = dict[str, Any]
+OUT_DIR = "TFSIFT_BENCH_OUT"  # where a worker rank writes rank<r>.json
+# A rank stands in for a device: one compute thread each, so that K ranks on K cores
+# compare with one process on one core.
+ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "OMP_NUM_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+}
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def wait_for_quiet(max_load: float, max_wait: float, poll: float = 15.0) -> tuple[float, str]:
+    """Waits (up to ``max_wait`` s) until the 1-minute load is below ``max_load``.
+
+    Returns the load then and a note for the docs: empty, how long it waited, or that
+    the load never dropped and the run went ahead anyway."""
+    start = time.monotonic()
+    while os.getloadavg()[0] > max_load and time.monotonic() < start + max_wait:
+        say(f"load {os.getloadavg()[0]:.2f} > {max_load}; waiting")
+        time.sleep(poll)
+    load, waited = os.getloadavg()[0], (time.monotonic() - start) / 60
+    if load <= max_load:
+        return load, f"; it waited {waited:.0f} minutes for a quiet machine" if waited >= 1 else ""
+    return load, f"; the load never dropped below {max_load}, and it ran after {waited:.0f} minutes"
+
+
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment with the benchmark threads and paths."""
+    path = os.pathsep.join([str(ROOT), str(ROOT / "scripts")])
+    return dict(os.environ) | ENV | {"PYTHONPATH": path} | (extra or {})
+
+
+def run_job(
+    worker: Path,
+    args: Sequence[str],
+    np: int,
+    *,
+    timeout: float = 900,
+    mpi: bool = True,
+    bind: str = "core",
+    python: str = sys.executable,
+) -> list[Result]:
+    """Runs ``worker args`` on ``np`` ranks and returns each rank's JSON, by rank.
+
+    The worker reads its output folder from ``$TFSIFT_BENCH_OUT`` (``write_rank``).
+    Lines it prints indented are progress and shown as they come; the rest of its output
+    only if it fails. Ranks are bound to a core each (``bind``, mpirun's ``--bind-to``).
+    With ``mpi=False`` (``np`` must be 1) it runs without ``mpirun``. ``python`` runs
+    the worker: another environment's (a peer framework's) for a peer's worker.
+    A job still running after ``timeout`` seconds is terminated and reported as failed.
+    """
+    out = Path(tempfile.mkdtemp(prefix="tfsift-bench-"))
+    argv = [str(worker), *args]
+    if not mpi and np != 1:
+        raise ValueError(f"a job without mpirun runs one process. Received: np={np}")
+    cmd = launch_command(np, argv, bind, python) if mpi else [python, *argv]
+    tail = _run(cmd, environment({OUT_DIR: str(out)}), timeout)
+    files = sorted(out.glob("rank*.json"), key=lambda f: int(f.stem[4:]))
+    if len(files) != np or tail[0] != 0:
+        raise RuntimeError(
+            f"{worker.name} job failed (exit {tail[0]}, {len(files)} of {np} reports). "
+            f"Received args: {list(args)}\n{tail[1]}"
+        )
+    return [json.loads(f.read_text()) for f in files]
+
+
+def launch_command(np: int, argv: Sequence[str], bind: str, python: str) -> list[str]:
+    """tfsift's own ``mpirun`` line (root, oversubscription) with ranks bound by ``bind``."""
+    cmd = mpirun_command(np, argv, python=python)
+    cmd[cmd.index("--bind-to") + 1] = bind
+    return cmd
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """(exit code, the last lines of output); indented lines are echoed live."""
+    kept: list[str] = []
+    with subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        for line in proc.stdout:
+            if line.startswith("  "):
+                say(line.rstrip())
+            kept = [*kept[-80:], line]
+        timer.cancel()
+    return proc.returncode, "".join(kept)
+
+
+def write_rank(rank: int, values: Result) -> None:
+    """Called in a worker rank: its JSON report (ranks' stdout lines can interleave)."""
+    path = Path(os.environ[OUT_DIR]) / f"rank{rank}.json"
+    path.write_text(json.dumps(values))
+
+
+def rotations(names: Sequence[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """(repeat, name) in rotating order, so that a drifting machine hits every name alike:
+    repeat 0 runs a b c, repeat 1 b c a, repeat 2 c a b."""
+    for r in range(repeats):
+        for i in range(len(names)):
+            yield r, names[(i + r) % len(names)]
+
+
+def git(*args: str) -> str:
+    run = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return run.stdout.strip()
+
+
+def metadata(load_start: float, seconds: float, note: str = "") -> Result:
+    """Where and when a run was measured: date, cores, commit (``-dirty`` if uncommitted
+    library or benchmark changes ran), the load before and after."""
+    dirty = git(
+        "status", "--porcelain", "--untracked-files=no", "--", "tfsift", "partitioner", "scripts"
+    )
+    return {
+        "date": datetime.date.today().isoformat(),
+        "cores": os.cpu_count(),
+        "commit": (git("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if dirty else ""),
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0],
+        "seconds": seconds,
+        "wait_note": note,
+    }

@@ -1,0 +1,297 @@
+"""What does one call of the runtime cost? Fixed costs per action, and early exit's calls.
+
+Two tables, one process, one compute thread:
+
+- *dispatch*: the calls the pipeline executor makes once per microbatch and action, on a
+  model so small (4 x Conv2D(8, 3x3) on one 4x4x8 sample) that a call's time is almost
+  all fixed cost: argument handling, dispatch, the gradient tape. It decides how small a
+  microbatch can usefully be.
+- *early exit*: the calls the early-exit scorer makes per round, and where overlap puts
+  them, on bench_overlap's 4-convolution model (exit after the first convolution, B=128,
+  g=8): the costs ``tfsift/sift/overlap.py``'s ``WaitModel`` estimates and the comments
+  in ``tfsift/sift/early_exit.py`` cite.
+
+Each time is the median of ``rounds`` rounds of ``calls`` calls.
+
+usage: .venv/bin/python scripts/bench_calls.py [--quick] [--no-docs] [--json F] [--render F]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import report
+from bench.harness import Result
+from bench.main import Benchmark, run
+
+LAYERS, CHANNELS, SIDE = 4, 8, 4  # the dispatch model
+B, G, CONVS = 128, 8, 4  # the early-exit model
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    dispatch_calls: int = 2000
+    exit_calls: int = 50
+    rounds: int = 5
+
+
+def per_call_s(
+    fn: Callable[[], Any], calls: int, rounds: int, before: Callable[[], Any] | None = None
+) -> float:
+    """Median over ``rounds`` of the mean time of ``calls`` calls of ``fn``, after 20 warm-up
+    calls; with ``before``, each call follows an untimed call of ``before``."""
+    for _ in range(20):
+        if before is not None:
+            before()
+        fn()
+    means = []
+    for _ in range(rounds):
+        total = 0.0
+        for _ in range(calls):
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            fn()
+            total += time.perf_counter() - start
+        means.append(total / calls)
+    return statistics.median(means)
+
+
+def single_thread() -> Any:
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def dispatch_cases() -> dict[str, Callable[[], Any]]:
+    """The executor's calls, by table row."""
+    tf = single_thread()
+    import keras
+
+    from tfsift.pipeline.compiled import Compiled
+
+    model = keras.Sequential(
+        [keras.Input((SIDE, SIDE, CHANNELS))]
+        + [keras.layers.Conv2D(CHANNELS, 3, padding="same") for _ in range(LAYERS)]
+    )
+    variables = list(model.trainable_variables)
+    x = tf.ones((1, SIDE, SIDE, CHANNELS))
+    dy = tf.ones_like(x)
+    grads = [tf.identity(v.value) for v in variables]
+
+    def add(a: list[Any], b: list[Any], c: Any) -> list[Any]:
+        return [p + q for p, q in zip(a, b, strict=True)] + [c]
+
+    polymorphic, compiled = tf.function(add), Compiled(add)
+    concrete = polymorphic.get_concrete_function(grads, grads, x)
+    forward = Compiled(lambda x: model(x, training=True))
+
+    def fused(x: Any, dy: Any) -> list[Any]:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = model(x, training=True)
+        return list(tape.gradient(y, [*variables, x], output_gradients=dy))
+
+    fused_call = Compiled(fused)
+
+    def taped() -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = forward(x)
+        return tape.gradient(y, [*variables, x], output_gradients=dy)
+
+    n = 2 * len(grads) + 1
+    return {
+        f"`tf.function`, {n} tensor arguments": lambda: polymorphic(grads, grads, x),
+        "`tfsift.pipeline.compiled.Compiled`, the same function": lambda: compiled(grads, grads, x),
+        "its concrete function, called directly": lambda: concrete(grads, grads, x),
+        f"stage forward + backward joined by a tape ({LAYERS} tiny layers)": taped,
+        f"one compiled forward + backward, as in the last stage ({LAYERS} tiny layers)": (
+            lambda: fused_call(x, dy)
+        ),
+    }
+
+
+def exit_cases(calls: int, rounds: int) -> dict[str, float]:
+    """The early-exit scorer's calls, by table row, in ms (the last row a count)."""
+    tf = single_thread()
+    import keras
+    import numpy as np
+    from _bench_overlap_worker import ConvNet, load
+
+    import tfsift
+    from tfsift.parallel import runtime
+    from tfsift.sift.early_exit import EarlyExitScorer
+    from tfsift.sift.replicas import ReplicaGroup
+
+    tfsift.init({})
+    x, y, _, _ = load(4000, 0)
+    keras.utils.set_random_seed(0)
+    per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    config = tfsift.SiftConfig(scorer="early_exit", exit_after="first", score_batches=G)
+    scorer = EarlyExitScorer(ConvNet(CONVS), per_sample, config, False)
+    scorer.bind(ReplicaGroup(runtime.get()))
+    scorer.batch_size = B
+    scorer((x[: G * B], y[: G * B]))  # builds the model, the exit and the head
+    assert scorer._last is not None
+    (features,), (labels,) = scorer._last
+    head = scorer._head
+    mask = tf.constant((np.arange(G * B) % 2).astype(np.float32))  # half kept
+    xb, yb = tf.constant(x[:B]), tf.constant(y[:B])
+    xg, yg = tf.constant(x[: G * B]), tf.constant(y[: G * B])
+    parts = [tf.identity(features[i * B : (i + 1) * B]) for i in range(G)]
+    chunk = (parts[0], labels[:B], mask[:B], tf.constant([0, B], tf.int32))
+    sums, scale = head.grads(features, labels, mask), tf.constant(1 / (G * B // 2))
+    # stage 0 makes its units between its own forwards and backwards: the same unit right
+    # after a training forward and backward of one microbatch (B/4 samples) of the layers
+    twin = keras.Sequential(
+        [keras.Input(x.shape[1:]), keras.layers.Reshape((x.shape[1], 1))]
+        + [keras.layers.Conv1D(32, 5, padding="same", activation="relu") for _ in range(CONVS)]
+        + [
+            keras.layers.Flatten(),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+
+    @tf.function
+    def train(xm: Any, ym: Any) -> list[Any]:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(per_sample(ym, twin(xm, training=True)))
+        return list(tape.gradient(loss, twin.trainable_variables))
+
+    xm, ym = tf.constant(x[: B // 4]), tf.constant(y[: B // 4])
+    microbatch = lambda: [g.numpy() for g in train(xm, ym)]  # noqa: E731
+    unit = lambda: head._learn_and_score(xb, yb, *chunk)[1].numpy()  # noqa: E731
+    timed = {
+        "score one source batch (exit layers and head)": lambda: head._score(xb, yb)[1].numpy(),
+        "score one source batch and learn one of the round before (a unit)": unit,
+        "the same, after the head's update (a round's first unit)": (
+            lambda: head._apply_learn_and_score(xb, yb, sums, scale, *chunk)[1].numpy()
+        ),
+        f"the head's gradient on {G} source batches, half kept, in one call": (
+            lambda: head.grads(features, labels, mask)[0].numpy()
+        ),
+        f"score {G} source batches in one call": lambda: head._score(xg, yg)[1].numpy(),
+        f"join {G} source batches' exit features (tf.concat)": lambda: tf.concat(parts, 0).numpy(),
+        "the full model's losses of one source batch (the Spearman check)": (
+            lambda: scorer.full((x[:B], y[:B]))
+        ),
+        f"the full model's losses of {G} source batches": lambda: scorer.full(
+            (x[: G * B], y[: G * B])
+        ),
+        "a training forward and backward of one microbatch (B/4 samples)": microbatch,
+    }
+    out = {name: 1e3 * per_call_s(fn, calls, rounds) for name, fn in timed.items()}
+    out["a unit (row 2) right after that forward and backward, the unit alone timed"] = (
+        1e3 * per_call_s(unit, calls, rounds, before=microbatch)
+    )
+    out[
+        "a unit through the scorer's path (ExitHead.score): row 2, learning one source "
+        "batch of a round scored in one call"
+    ] = through_score(head, features, labels, xb, yb, rounds * calls // G)
+    out["first call of a new size, less a later call of it (2 to 7 batches)"] = first_call_ms(
+        head, x, y
+    )
+    out["traces of the scoring function after those sizes"] = float(
+        head._score.function.experimental_get_tracing_count()
+    )
+    return out
+
+
+def through_score(head: Any, features: Any, labels: Any, xb: Any, yb: Any, rounds: int) -> float:
+    """The median ``ExitHead.score`` call (ms) of one source batch that learns one of a round
+    scored in one call (half its rows kept), as overlap's units make them; each round's
+    first call, which also applies the head's update, is left out."""
+    import numpy as np
+
+    kept = np.arange(0, G * B, 2)
+    times = []
+    for r in range(rounds + 2):
+        head.learn([features], [labels], kept, B)
+        for call in range(G):
+            start = time.perf_counter()
+            head.score(xb, yb, 1)[1].numpy()
+            if call and r >= 2:  # two rounds to warm up
+                times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def first_call_ms(head: Any, x: Any, y: Any) -> float:
+    """A call of a size the scorer has not met (it met 1 and G batches) less a later one."""
+    import tensorflow as tf
+
+    firsts = []
+    for batches in range(2, G):
+        xs, ys = tf.constant(x[: batches * B]), tf.constant(y[: batches * B])
+        call = lambda xs=xs, ys=ys: head._score(xs, ys)[1].numpy()  # noqa: E731
+        start = time.perf_counter()
+        call()
+        first = time.perf_counter() - start
+        firsts.append(first - statistics.median(_once(call) for _ in range(5)))
+    return statistics.median(firsts) * 1e3
+
+
+def _once(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(s: Settings) -> Result:
+    dispatch = {
+        k: 1e6 * per_call_s(f, s.dispatch_calls, s.rounds) for k, f in dispatch_cases().items()
+    }
+    return {"dispatch": dispatch, "exit": exit_cases(s.exit_calls, s.rounds)}
+
+
+def render(raw: Result, meta: Result, s: Settings) -> str:
+    dispatch = [[name, f"{us:.0f}"] for name, us in raw["dispatch"].items()]
+    exits = [
+        [name, f"{v:.0f}" if name.startswith("traces") else f"{v:.2f}"]
+        for name, v in raw["exit"].items()
+    ]
+    return "\n\n".join(
+        [
+            "## Fixed cost per call",
+            report.provenance(meta, BENCH.command),
+            f"One process, one compute thread. Median of {s.rounds} rounds.",
+            "### The executor's calls",
+            f"{s.dispatch_calls} calls a round. {LAYERS} x Conv2D({CHANNELS}, 3x3) on one "
+            f"{SIDE}x{SIDE}x{CHANNELS} sample, so that a call's time is almost all fixed cost.",
+            report.table(["call", "microseconds"], dispatch),
+            "The executor makes one such call per microbatch and action: the stage forward "
+            "and the gradient sum through `Compiled`; stages before the last add a tape "
+            "(row 4); the last stage runs forward and backward as one compiled call (row 5).",
+            "### Early-exit scoring calls",
+            f"{s.exit_calls} calls a round. `bench_overlap.py`'s {CONVS}-convolution model, "
+            f"exit after the first convolution, B={B}, g={G}.",
+            report.table(["call", "milliseconds (or count)"], exits),
+            "With overlap, stage 0 makes the unit calls (rows 2 and 3) inside its waits for "
+            "gradients. Most of a call's cost is fixed (row 5 against row 1), so a unit scores "
+            "as many source batches as the wait has room for, and what no wait had room for "
+            "is one call at the round. A call of a new size costs a lookup, not a trace "
+            "(last two rows). Row 10 times row 2's unit right after a training forward and "
+            "backward of one microbatch (row 9), as stage 0 makes it between its own actions; "
+            "row 11 is the same call through `ExitHead.score`.",
+        ]
+    )
+
+
+BENCH = Benchmark(
+    name="calls",
+    question=__doc__.splitlines()[0],
+    full=Settings(),
+    quick=Settings(dispatch_calls=50, exit_calls=5, rounds=2),
+    measure=measure,
+    render=render,
+)
+
+if __name__ == "__main__":
+    run(BENCH)
