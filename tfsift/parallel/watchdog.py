@@ -9,11 +9,11 @@ sleeps between tests, each pause ``GROWTH`` times the last:
 A message already there costs one test. One that arrives after a wait of ``t`` is seen
 at most ``t / 5`` or 250 µs late (plus the kernel's timer slack): a pipeline's waits
 are on its critical path, and longer pauses lengthen the step (pauses of up to 10 ms
-made the pipeline benchmark's fastest step up to 13% slower, as measured by
-``tests/mpi_scripts/bench_polling.py``). Only after ``LONG_WAIT`` (a peer that is not
-just computing) does the pause grow to ``MAX_PAUSE``: ~100 wake-ups a second instead of
-a busy core. When ``timeout`` seconds pass first, the caller ends the job with
-``abort``, naming who waited for what.
+made the pipeline benchmark's fastest step slower, in a comparison of polled and
+blocking receives in one job, since removed; docs/failures.md). Only after
+``LONG_WAIT`` (a peer that is not just computing) does the pause grow to ``MAX_PAUSE``:
+~100 wake-ups a second instead of a busy core. When ``timeout`` seconds pass first,
+the caller ends the job with ``abort``, naming who waited for what.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
 # Rounds between two Spearman checks against the full loss. A check runs the full model
-# on a source batch through every stage (1.9 ms alone, scripts/bench_exit_calls.py; on a
+# on a source batch through every stage (1.9 ms alone, scripts/bench_calls.py; on a
 # pipeline more, as every stage must meet for it), at a round, where every stage waits
 # for it; for a metric, every 100 rounds costs a fifth of what every 20 did.
 VALIDATE_EVERY = 100
@@ -59,10 +59,6 @@ VALIDATE_EVERY = 100
 # cannot pay (scripts/bench_overlap.py), and the user can move the cut or the exit.
 ADVICE_AFTER = 50
 LOW_OVERLAP = 0.25
-# With overlap, stage 0 finishes the head's gradient sums in a wait after a round's last
-# unit where one has room (``ExitHead.finish_early``), instead of after the losses'
-# broadcast; scripts/bench_overlap.py sets False for a variant that compares the two.
-FINISH_IN_WAITS = True
 # With one stage, the default exit ends where at most this share of the model's forward
 # time has been spent: an exit in the middle of a CNN took its costliest convolution and
 # scored at the cost of the whole model (scripts/bench_sifting.py, docs/benchmarks.md).
@@ -195,7 +191,7 @@ class EarlyExitScorer(Scorer):
         else:
             # What no wait had room for, in one call. Its size varies, but the scoring
             # calls were traced for any batch size (ExitHead._trace): a new size costs
-            # a lookup (about 0.7 ms once, scripts/bench_exit_calls.py), not a trace.
+            # a lookup (about 0.7 ms once, scripts/bench_calls.py), not a trace.
             self._idle.score(prepared, prepared.rest(), None)
         return prepared.joined(self.needs_logits, self._out_shape)
 
@@ -309,7 +305,7 @@ class EarlyExitScorer(Scorer):
         """Spearman correlation of early-exit and full losses on the round's first source
         batch: the full loss runs through every stage, and on the whole round (g=8 batches)
         it took 12.1 ms against 2.0 ms on bench_overlap's 4-convolution model
-        (``scripts/bench_exit_calls.py``), every ``VALIDATE_EVERY`` rounds, for a metric."""
+        (``scripts/bench_calls.py``), every ``VALIDATE_EVERY`` rounds, for a metric."""
         x, y = _pair(element)
         rows = min(self.batch_size or len(early), len(early))
         full = self.full((x[:rows], y[:rows])).losses
@@ -353,7 +349,7 @@ class _Prepared:
         """((feature parts, label parts), losses, logits if ``needs_logits``, rows
         scored) of the round; the losses and logits of rows not scored (``leftover=
         "keep"``) are NaN. The parts stay apart: joining 8 source batches' features at
-        the round (tf.concat) took 0.3 to 0.8 ms (``scripts/bench_exit_calls.py``, two
+        the round (tf.concat) took 0.3 to 0.8 ms (``scripts/bench_calls.py``, two
         runs), while the later stages waited for the losses; the next round's calls
         learn them as they score (``ExitHead.score``)."""
         features, labels, losses, logits = ([r[i] for r in self.results] for i in range(4))
@@ -409,7 +405,9 @@ class _IdleScoring:
     def _finish(self, microbatch: int, waited: float) -> bool:
         """After the round's last unit: the head's ``finish_early``, if the wait has room."""
         head = self.scorer._head
-        if not (FINISH_IN_WAITS and head.finishes_early):
+        # in a wait with room rather than after the losses' broadcast: it is then off the
+        # critical path (docs/benchmarks-log.md, the exit head finished in a wait)
+        if not head.finishes_early:
             return False
         if not self.waits.batches(microbatch, waited, 1, FINISH):
             return False

@@ -4,7 +4,7 @@ The head takes one Adam step per sifted round on the exit features of the sample
 policy kept, with the user's loss (no gradient reaches the trunk). Where that step runs
 matters on a pipeline: at the round every stage waits for stage 0, and as part of the
 next round's first scoring call it made that call 3.5x a plain one (1.35 against
-0.38 ms, ``scripts/bench_exit_calls.py`` at 779644c), too long for most of stage 0's
+0.38 ms, ``scripts/bench_calls.py`` at 779644c), too long for most of stage 0's
 waits for gradients, and the round's other units had to wait for it (they score with
 the updated head). So the step is spread over the calls that score the next round
 (now 0.68 against 0.54 ms). Letters: r a round, b one source batch of it::
@@ -174,7 +174,7 @@ class ExitHead:
         stage 0 may finish the gradients they learnt inside a wait for gradients instead
         of after the losses' broadcast, where the other stages wait for it in the next
         step (``scripts/bench_overlap.py`` times how much later stage 0 leaves a round
-        than stage 1, with and without this: ``docs/benchmarks.md``)."""
+        than stage 1, with and without this: ``docs/benchmarks-log.md``)."""
         self._finish()
         self._finished = True
 
@@ -236,7 +236,7 @@ class ExitHead:
         # op per variable and step, it was most of stage 0's round wherever the head
         # finished there (rounds that end partly scored, as with leftover="keep"); since,
         # rank 0's next() with the leftover kept takes plain training's (bench_overlap,
-        # docs/benchmarks.md)
+        # docs/benchmarks-log.md)
         ready, scale = list(self._take_sums()), 1.0 / max(self._kept, 1)
         self._learnt = 0
         self._ready = (ready, tf.constant(scale, ready[0].dtype))
@@ -407,7 +407,7 @@ def _part(part: Any, start: int, stop: int) -> Any:
 def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
     """A part and its rows ``[start, stop)`` as a call's arguments. Sliced here, the
     features and labels cost two eager ops per call, each a dispatch and a copy (a unit
-    through ``score`` against the bare call: ``scripts/bench_exit_calls.py``); inside
+    through ``score`` against the bare call: ``scripts/bench_calls.py``); inside
     the call the bounds cost a mask."""
     return part, y, tf.constant(mask), tf.constant([start, stop], tf.int32)
 

@@ -87,7 +87,7 @@ class ScalarLog:
     at exit (``tfsift.pipeline.runlog.Scalars``): written eagerly, about 20 summary ops
     and a flush per batch cost rank 0 several milliseconds per sifted batch, against a
     10 ms pipeline step (a throwaway profile; ``scripts/bench_overlap.py`` times a variant
-    with ``log_dir`` beside one without: ``docs/benchmarks.md``).
+    with ``log_dir`` beside one without: ``docs/benchmarks-log.md``).
     """
 
     def __init__(self, log_dir: str) -> None:

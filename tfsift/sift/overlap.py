@@ -5,13 +5,13 @@ calls of one or more source batches, while it waits for gradients from the later
 stages. A unit that is still running when the gradients arrive delays stage 0's next
 backward, and with it every later stage: on a pipeline whose stage 0 is its slowest,
 its waits are shorter than a unit and overlapping costs more than scoring at the round
-(measured in ``docs/benchmarks.md``). So a unit starts only if it is expected to end
+(measured in ``docs/benchmarks-log.md``). So a unit starts only if it is expected to end
 before the gradients arrive: ``WaitModel`` remembers how long each microbatch's receive
 waited in the last steps and how long calls of each size and kind took.
 
 A unit takes as many source batches as the wait has room for: most of a small call's
 cost is fixed (one source batch took 0.38 ms to score, eight in one call 1.35 ms,
-``scripts/bench_exit_calls.py``), so one call of several batches costs less than as
+``scripts/bench_calls.py``), so one call of several batches costs less than as
 many calls of one, and what no wait had room for is scored at the round, where every
 stage waits for it (with ``SiftConfig(leftover="keep")`` it is kept unscored instead).
 The first unit of a round also applies the exit head's update
@@ -30,9 +30,6 @@ from __future__ import annotations
 
 SMOOTHING = 0.5  # weight of the newest observation in the running estimates
 MARGIN = 0.8  # a unit may start if it ends within this fraction of the expected wait
-# At most so many source batches per unit (None: as many as the wait has room for);
-# scripts/bench_overlap.py sets 1 for a variant that compares the two side by side.
-MOST_PER_UNIT: int | None = None
 BATCH = "batch"  # a unit that scores source batches
 UPDATE = "update"  # one that also applies the exit head's update first
 FINISH = "finish"  # the exit head's gradient sums taken, after a round's last unit
@@ -69,7 +66,6 @@ class WaitModel:
         seconds into the wait for ``microbatch`` may score and still be expected to end
         before the message arrives; 0 if none."""
         room = self.expected.get(microbatch, 0.0) * MARGIN - elapsed
-        most = most if MOST_PER_UNIT is None else min(most, MOST_PER_UNIT)
         if not self.costs[kind]:
             return 1 if room > 0 else 0
         fits = [k for k in range(1, most + 1) if self.cost(k, kind) < room]

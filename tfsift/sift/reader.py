@@ -12,7 +12,7 @@ on a thread of the reader's own, as soon as the current block is taken: at the r
 they sat on the critical path of every stage, and the thread runs them while the rank
 waits for its peers instead (with the losses' broadcast that no longer waits, a round
 on ``scripts/bench_overlap.py``'s 4-convolution cut for sifting went from 0.7-0.8 ms of
-rank 0's ``next()`` per step to plain training's 0.5, ``docs/benchmarks.md``).
+rank 0's ``next()`` per step to plain training's 0.5, ``docs/benchmarks-log.md``).
 A source whose batch size is unknown (a last partial batch is possible) is read one
 batch at a time and concatenated, as any size may then come.
 """

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tfsift.sift import overlap
 from tfsift.sift.overlap import BATCH, FINISH, MARGIN, SMOOTHING, UPDATE, WaitModel
 
 
@@ -109,15 +108,6 @@ def test_a_units_cost_is_a_plain_ones_else_a_first_ones() -> None:
     assert waits.unit_cost() == 0.003  # rounds of one source batch: only first units
     waits.unit(0.002)
     assert waits.unit_cost() == 0.002
-
-
-def test_units_may_be_held_to_a_number_of_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    waits = WaitModel()
-    waits.arrived(0, 0.010, exact=True)
-    waits.unit(0.001)
-    assert waits.batches(0, 0.0, most=8) == 7
-    monkeypatch.setattr(overlap, "MOST_PER_UNIT", 1)
-    assert waits.batches(0, 0.0, most=8) == 1
 
 
 def test_finishing_the_heads_gradients_has_its_own_cost() -> None:
