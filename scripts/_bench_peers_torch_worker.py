@@ -1,0 +1,150 @@
+"""One rank of bench_peers.py's PyTorch rows: bench_pipeline's chain in PyTorch, timed.
+
+usage: _bench_peers_torch_worker.py MODE CONFIG_JSON  (MODE: single, gpipe, 1f1b or ddp)
+
+Runs in a benchmark-only environment with PyTorch (never tfsift's), under ``mpirun``:
+the rank comes from Open MPI's environment and gloo connects the ranks. One compute
+thread per rank; channels-last convolutions (PyTorch's fastest layout on CPU). Each rank
+writes ``$TFSIFT_BENCH_OUT/rank<r>.json`` with the slowest rank's time per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+torch.set_num_threads(1)
+torch.set_num_interop_threads(1)
+Config = dict[str, Any]
+RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+SIZE = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+CHANNELS_LAST = torch.channels_last
+
+
+def chain(cfg: Config) -> nn.Sequential:
+    torch.manual_seed(0)
+    w = cfg["width"]
+    layers = [nn.Sequential(nn.Conv2d(w, w, 3, padding=1), nn.ReLU()) for _ in range(cfg["layers"])]
+    return nn.Sequential(*layers).to(memory_format=CHANNELS_LAST)
+
+
+def data(cfg: Config, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    shape = (batch, cfg["width"], cfg["side"], cfg["side"])
+    x = torch.randn(shape).contiguous(memory_format=CHANNELS_LAST)
+    return x, torch.randn(shape).contiguous(memory_format=CHANNELS_LAST)
+
+
+def single(cfg: Config) -> Callable[[], None]:
+    model = chain(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = data(cfg, cfg["batch"])
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
+def ddp(cfg: Config) -> Callable[[], None]:
+    model = nn.parallel.DistributedDataParallel(chain(cfg))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = data(cfg, cfg["batch"] // SIZE)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
+class _ChannelsLast(torch.autograd.Function):
+    """Channels-last inside a stage, the default layout between stages (gloo sends only
+    contiguous tensors), for activations and their gradients alike."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=CHANNELS_LAST)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+class Stage(nn.Module):
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(_ChannelsLast.apply(x)).contiguous()
+
+
+def pipelined(cfg: Config, schedule: str) -> Callable[[], None]:
+    """torch.distributed.pipelining: the chain cut in two equal halves, one per rank."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    half = cfg["layers"] // 2
+    layers = list(chain(cfg))
+    part = Stage(layers[:half] if RANK == 0 else layers[half:])
+    stage = PipelineStage(part, RANK, SIZE, torch.device("cpu"))
+    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    runner = kind(stage, n_microbatches=cfg["M"], loss_fn=F.mse_loss)
+    optimizer = torch.optim.SGD(part.parameters(), lr=1e-3)
+    x, y = (t.contiguous() for t in data(cfg, cfg["batch"]))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        if RANK == 0:
+            runner.step(x)
+        else:
+            runner.step(target=y)
+        optimizer.step()
+
+    return step
+
+
+def synced(step: Callable[[], None]) -> float:
+    """One step started together on every rank; the slowest rank's seconds."""
+    if SIZE > 1:
+        dist.barrier()
+    start = time.perf_counter()
+    step()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    if SIZE > 1:
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+def main() -> None:
+    mode, cfg = sys.argv[1], json.loads(sys.argv[2])
+    if SIZE > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(cfg["port"])
+        dist.init_process_group("gloo", rank=RANK, world_size=SIZE)
+    build = {"single": single, "ddp": ddp}.get(mode) or (lambda c: pipelined(c, mode))
+    step = build(cfg)
+    for _ in range(cfg["warmup"]):
+        synced(step)
+    times = [synced(step) for _ in range(cfg["steps"])]
+    report = {"rank": RANK, "mode": mode, "config": cfg, "times": times, "torch": torch.__version__}
+    (Path(os.environ["TFSIFT_BENCH_OUT"]) / f"rank{RANK}.json").write_text(json.dumps(report))
+    if SIZE > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

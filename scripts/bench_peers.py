@@ -1,0 +1,152 @@
+"""How does tfsift compare with what a user would run instead, on the same model?
+
+The pipeline benchmark's model (8 x Conv2D(128, 3x3, same, relu) on 16x16x128, MSE, SGD,
+global batch B=128), one compute thread per rank, each rank bound to its own core:
+
+- one process: a plain Keras step (tfsift's and tf.distribute's reference) and PyTorch;
+- K=2, M=8: tfsift ``simple`` against ``torch.distributed.pipelining.ScheduleGPipe``, and
+  tfsift ``interleaved`` against ``Schedule1F1B`` (the chain cut in two equal halves);
+- data parallel, 2 ranks x B/2: tfsift (Horovod) against tf.distribute's
+  ``MultiWorkerMirroredStrategy`` and PyTorch DDP (gloo).
+
+Every configuration runs in its own job, all of them in rotating order ``repeats`` times;
+a row shows the median of the jobs' median step times, and each framework's speed-up over
+its own one-process step. The PyTorch rows need a benchmark-only environment with
+PyTorch (never tfsift's dependency): ``--torch PYTHON``, by default ``.venv-peers``,
+which ``bash scripts/bench/peers-venv.sh`` makes; without it they are left out.
+
+usage: .venv/bin/python scripts/bench_peers.py [--quick] [--no-docs] [--json F] [--render F]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+from bench_pipeline import WORKER
+from bench_pipeline import Settings as ChainSettings
+
+from bench import harness, report
+from bench.harness import ROOT, Result, say
+from bench.main import Benchmark, parser, run
+
+TORCH_WORKER = ROOT / "scripts" / "_bench_peers_torch_worker.py"
+TORCH_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+# (row, framework, ranks, worker mode); the framework's one-process row comes first
+CASES = (
+    ("one process", "tfsift / Keras", 1, "reference"),
+    ("one process", "PyTorch", 1, "single"),
+    ("K=2 pipeline, GPipe", "tfsift", 2, "simple"),
+    ("K=2 pipeline, GPipe", "PyTorch", 2, "gpipe"),
+    ("K=2 pipeline, 1F1B", "tfsift", 2, "interleaved"),
+    ("K=2 pipeline, 1F1B", "PyTorch", 2, "1f1b"),
+    ("data parallel, 2 x B/2", "tfsift", 2, "dp"),
+    ("data parallel, 2 x B/2", "tf.distribute MWMS", 2, "mwms"),
+    ("data parallel, 2 x B/2", "PyTorch", 2, "ddp"),
+)
+ONE_PROCESS = {"tfsift": "tfsift / Keras", "tf.distribute MWMS": "tfsift / Keras"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    chain: ChainSettings = dataclasses.field(default_factory=ChainSettings)
+    M: int = 8
+    repeats: int = 3
+    torch: str = str(TORCH_PYTHON)
+
+
+QUICK = Settings(
+    chain=ChainSettings(width=32, warmup=1, steps=3, profile_repeats=2), M=4, repeats=1
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def job(s: Settings, framework: str, ranks: int, mode: str) -> list[Result]:
+    """One job of one configuration; each rank's report."""
+    c = s.chain
+    if framework == "PyTorch":
+        cfg = {f: getattr(c, f) for f in ("layers", "width", "side", "batch", "warmup", "steps")}
+        args = [mode, json.dumps(cfg | {"M": s.M, "port": free_port()})]
+        return harness.run_job(TORCH_WORKER, args, ranks, timeout=600, python=s.torch)
+    extra = {"M": s.M, "optimize": "speed", "pipeline": mode if ranks > 1 else "simple"}
+    if mode in ("simple", "interleaved"):
+        mode = "pipeline"
+    extra["ports"] = [free_port() for _ in range(ranks)]
+    args = [mode, json.dumps(c.worker_config(**extra))]
+    return harness.run_job(WORKER, args, ranks, timeout=600)
+
+
+def cases(s: Settings) -> list[tuple[str, str, int, str]]:
+    if Path(s.torch).exists():
+        return list(CASES)
+    say(f"no PyTorch environment at {s.torch}: the PyTorch rows are left out")
+    return [c for c in CASES if c[1] != "PyTorch"]
+
+
+def measure(s: Settings) -> Result:
+    chosen = {f"{row} | {framework}": (framework, n, mode) for row, framework, n, mode in cases(s)}
+    out: dict[str, list[float]] = {key: [] for key in chosen}
+    for repeat, key in harness.rotations(list(chosen), s.repeats):
+        say(f"#{repeat} {key}")
+        ranks = job(s, *chosen[key])
+        out[key].append(statistics.median(ranks[0]["times"]))
+    return {"medians": out, "torch": s.torch if Path(s.torch).exists() else None}
+
+
+def render(raw: Result, meta: Result, s: Settings) -> str:
+    medians = {k: statistics.median(v) for k, v in raw["medians"].items()}
+    rows = []
+    for key, seconds in medians.items():
+        row, framework = key.split(" | ")
+        own = f"one process | {ONE_PROCESS.get(framework, framework)}"
+        speedup = medians[own] / seconds if own in medians else float("nan")
+        jobs = ", ".join(f"{1e3 * t:.0f}" for t in raw["medians"][key])
+        rows.append([row, framework, f"{1e3 * seconds:.1f}", f"{speedup:.2f}x", jobs])
+    c = s.chain
+    return "\n\n".join(
+        [
+            "## tfsift against its peers",
+            report.provenance(meta, BENCH.command),
+            f"{c.layers} x Conv2D({c.width}, 3x3, same, relu) on {c.side}x{c.side}x{c.width}, "
+            f"MSE, SGD, B={c.batch}, M={s.M} microbatches in the pipelines; one compute thread "
+            f"per rank, ranks bound to cores; {s.repeats} jobs per configuration in rotating "
+            f"order, each the median of {c.steps} steps after {c.warmup} warm-up steps (the "
+            "slowest rank's time, steps started together).",
+            report.table(
+                ["configuration", "framework", "step ms", "speed-up over its one process", "jobs"],
+                rows,
+            ),
+        ]
+    )
+
+
+BENCH = Benchmark(
+    name="peers",
+    question=__doc__.splitlines()[0],
+    full=Settings(),
+    quick=QUICK,
+    measure=measure,
+    render=render,
+)
+
+
+def main() -> None:
+    extra = parser(BENCH)
+    extra.add_argument("--torch", default=str(TORCH_PYTHON), help="Python with PyTorch")
+    known = extra.parse_args()
+    base = QUICK if known.quick else Settings()
+    rest = [a for a in sys.argv[1:] if not a.startswith("--torch") and a != known.torch]
+    run(BENCH, rest, dataclasses.replace(base, torch=known.torch))
+
+
+if __name__ == "__main__":
+    main()
