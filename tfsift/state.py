@@ -26,6 +26,8 @@ class ProcessState:
         idle_task: work for stage 0 to run while it waits for gradients in training
             steps (``SiftConfig(overlap=True)``), a ``tfsift.parallel.comm.IdleWork``.
         run_log: the open ``tfsift.pipeline.runlog.RunLog`` (``log_dir``), if any.
+        profiles: cost models measured so far, by graph signature
+            (``tfsift.planning.profiler.signature``).
     """
 
     runtime: Any = None
@@ -35,6 +37,7 @@ class ProcessState:
     sift_metrics: Any = None
     idle_task: Any = None
     run_log: Any = None
+    profiles: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 STATE = ProcessState()
@@ -56,3 +59,4 @@ def reset() -> None:
     if STATE.run_log is not None:
         STATE.run_log.close()
     STATE.run_log = None
+    STATE.profiles.clear()

@@ -37,6 +37,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 for step in range(3):
+    if step == 1:
+        # both ranks leave step 0 together: on a loaded machine the waiter could start
+        # waiting long before the sleeper's stall and time out before its report
+        MPI.COMM_WORLD.Barrier()
     if step == 1 and tfsift.rank() == sleeper:
         start = time.time()
         waiter = pids[1 - sleeper]

@@ -28,6 +28,7 @@ import tensorflow as tf
 from partitioner.costs import format_bytes
 from tfsift.config import Config
 from tfsift.parallel import runtime
+from tfsift.parallel.comm import bcast_object
 from tfsift.planning.graph import Graph
 from tfsift.planning.profiler import profile
 
@@ -74,7 +75,7 @@ def plan_bounds(
             outcome = ("ok", rank0_bounds(graph, example, cfg, scoring, scoring_call))
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
-    status, payload = rt.world.bcast(outcome, root=0)
+    status, payload = bcast_object(rt.world, outcome)  # the others sleep while rank 0 profiles
     if status == "error":
         raise ValueError(payload)
     return tuple(payload)

@@ -64,3 +64,32 @@ def test_profiling_leaves_batchnorm_statistics_and_seeds_unchanged() -> None:
     profile(graph, [x], repeats=2)
     for v in model.variables:
         np.testing.assert_array_equal(v.numpy(), before[v.path])  # moving mean/var, seeds
+
+
+class Wider(Scaled):
+    """Scaled with a wider second Dense: the same operations, other weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = keras.layers.Dense(6, use_bias=False)
+
+
+def test_a_model_of_the_same_layers_gets_the_profile_again_under_its_own_names(
+    monkeypatch: Any,
+) -> None:
+    from tfsift.planning import profiler
+
+    first = profile(trace(Scaled(), [tf.zeros((2, 3, 2))]), [tf.ones((4, 3, 2))], repeats=3)
+    runs: list[int] = []
+    monkeypatch.setattr(profiler, "_profile", lambda *args: runs.append(1) or first)
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    again = profile(graph, [tf.ones((4, 3, 2))], repeats=3)
+    assert runs == []  # nothing timed again
+    assert [c.name for c in again.layers] == [gn.name for gn in graph.nodes]
+    assert [c.name for c in again.layers] != [c.name for c in first.layers]
+    assert [c.forward_time for c in again.layers] == [c.forward_time for c in first.layers]
+    # another batch size, other repeats, other weights: each timed anew
+    profile(graph, [tf.ones((8, 3, 2))], repeats=3)
+    profile(graph, [tf.ones((4, 3, 2))], repeats=2)
+    profile(trace(Wider(), [tf.zeros((2, 3, 2))]), [tf.ones((4, 3, 2))], repeats=3)
+    assert runs == [1, 1, 1]
