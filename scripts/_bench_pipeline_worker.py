@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+import tfsift  # before mpi4py starts MPI, as a user's script does (tfsift's MPI defaults)
+
 # One compute thread per rank, fixed before any TensorFlow op runs.
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -31,7 +33,6 @@ import numpy as np  # noqa: E402
 import psutil  # type: ignore[import-untyped]  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-import tfsift  # noqa: E402
 from bench.harness import write_rank  # noqa: E402
 from partitioner.plan import make_plan  # noqa: E402
 from tfsift.planning.profiler import profile  # noqa: E402
