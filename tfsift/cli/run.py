@@ -1,11 +1,19 @@
 """``tfsift run``: launch a script under mpirun, passing mpirun's own flags through.
 
-    tfsift run -np 4 -H a:2,b:2 --mca btl tcp,self train.py --epochs 3
-               └── mpirun flags (-np required) ──┘ └─ script, args ──┘
+    tfsift run -np 4 -H a:2,b:2 --mca btl tcp,self python train.py --epochs 3
+               └── mpirun flags (-np required) ──┘ └─┬──┘ └─ script, args ──┘
+                                                  optional
 
 The script is the first argument ending in ``.py``; anything else to run with Python
-(``-m package.module``) goes after ``--``. ``-np N`` is required. tfsift adds what the
-machine needs (``--allow-run-as-root`` as root, ``--oversubscribe`` for more local ranks
+(``-m package.module``) goes after ``--`` or after ``python``. As with horovodrun, a
+Python interpreter may come first: a bare ``python``, ``python3`` or ``python3.11`` means
+the interpreter tfsift itself runs in (so the ranks import the same tfsift, whatever
+``python`` the hosts' PATH finds); a path to one (``/opt/py/bin/python3``) is used as
+given; with none, tfsift's own runs the script. ``-np N`` is required. horovodrun's
+``-H host:n[,host:n]`` (or ``--host``) goes to mpirun as ``--host host:n,...`` (a bare
+host is one slot), and ``-np`` must not exceed the slots it gives unless
+``--oversubscribe`` is passed. tfsift adds what the machine needs
+(``--allow-run-as-root`` as root, ``--oversubscribe`` for more local ranks
 than cores unless hosts are given, ``--bind-to none`` unless given) and sets
 ``TF_CPP_MIN_LOG_LEVEL=2`` for the ranks (exported to every host with ``-x``; set it
 yourself to choose another level). That hides TensorFlow's C++ INFO and WARNING lines
@@ -44,8 +52,14 @@ STARTUP_NOISE = (
 )
 _NP = ("-np", "-n", "--np", "-c")
 _HOSTS = ("-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile")
+_HOST_LISTS = ("-H", "-host", "--host")  # the flags that list hosts with their slots
 _SWITCHES = ("--oversubscribe", "--allow-run-as-root")  # mpirun_command's flags without values
-_USAGE = "tfsift run -np N [MPIRUN FLAGS] SCRIPT.py [ARGS] | tfsift run -np N [FLAGS] -- -m MODULE"
+# What names a Python interpreter as the first word of the command, as horovodrun users type it.
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
+_USAGE = (
+    "tfsift run -np N [-H HOST:N,...] [MPIRUN FLAGS] [python] SCRIPT.py [ARGS] | "
+    "tfsift run -np N [FLAGS] [python | --] -m MODULE"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +70,13 @@ class RunArgs:
         np: the number of ranks.
         mpirun_flags: every other argument before the script, in order, for mpirun.
         script: the script and its arguments (or ``-m module ...``), for Python.
+        python: the path of the interpreter the user named, or None for tfsift's own.
     """
 
     np: int
     mpirun_flags: tuple[str, ...]
     script: tuple[str, ...]
+    python: str | None = None
 
     @property
     def hosts_given(self) -> bool:
@@ -121,16 +137,16 @@ def forward(source: Any, sink: Any) -> None:
 
 
 def parse(argv: Sequence[str]) -> RunArgs:
-    """Splits ``-np N [mpirun flags] script.py [args]`` (or ``... -- -m module``).
+    """Splits ``-np N [mpirun flags] [python] script.py [args]`` (or ``... -- -m module``).
 
     Example:
-        >>> parse(["-np", "4", "-H", "a:2,b:2", "train.py", "--lr", "3"])
-        RunArgs(np=4, mpirun_flags=('-H', 'a:2,b:2'), script=('train.py', '--lr', '3'))
+        >>> parse(["-np", "2", "-H", "a:2", "python", "t.py", "-v"])
+        RunArgs(np=2, mpirun_flags=('--host', 'a:2'), script=('t.py', '-v'), python=None)
 
     Raises:
-        ValueError: no script, or no valid ``-np``.
+        ValueError: no script, no valid ``-np``, or more ranks than the ``-H`` slots.
     """
-    flags, script = _split_script(list(argv))
+    flags, python, script = _split_command(list(argv))
     np: int | None = None
     rest: list[str] = []
     i = 0
@@ -144,7 +160,9 @@ def parse(argv: Sequence[str]) -> RunArgs:
         i += 1
     if np is None:
         raise ValueError(f"-np N is required. Received: {' '.join(argv)}")
-    return RunArgs(np, tuple(rest), tuple(script))
+    rest, lists = _hosts(rest)
+    _check_slots(np, lists, rest)
+    return RunArgs(np, tuple(rest), tuple(script), python)
 
 
 def command(parsed: RunArgs) -> list[str]:
@@ -162,7 +180,7 @@ def command(parsed: RunArgs) -> list[str]:
     dropped |= {"--oversubscribe"} if parsed.hosts_given else set()
     launcher = [f for f in launcher if f not in dropped]
     export = ["-x", TF_CPP_MIN_LOG_LEVEL]
-    return [*launcher, *export, *parsed.mpirun_flags, python, *parsed.script]
+    return [*launcher, *export, *parsed.mpirun_flags, parsed.python or python, *parsed.script]
 
 
 def environment(base: Mapping[str, str]) -> dict[str, str]:
@@ -173,15 +191,76 @@ def environment(base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _split_script(argv: list[str]) -> tuple[list[str], list[str]]:
-    at = next((i for i, arg in enumerate(argv) if arg == "--" or arg.endswith(".py")), len(argv))
-    flags, script = argv[:at], argv[at + 1 :] if argv[at : at + 1] == ["--"] else argv[at:]
+def _split_command(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """``argv`` as mpirun's flags, the interpreter the user named (a path, or None) and
+    what Python runs: the command starts at ``--``, a ``.py`` file or a Python interpreter."""
+    at = next((i for i, arg in enumerate(argv) if _starts_command(arg)), len(argv))
+    flags, rest = argv[:at], argv[at:]
+    named = rest[0] if rest and _is_python(rest[0]) else None
+    script = rest[1:] if named or rest[:1] == ["--"] else rest
     if not script:
         raise ValueError(
-            "expected a script (the first argument ending in .py, or what follows --). "
-            f"Received: {' '.join(argv) or 'nothing'}"
+            "expected a script (the first argument ending in .py, or what follows -- or "
+            f"python). Received: {' '.join(argv) or 'nothing'}"
         )
-    return flags, script
+    return flags, named if named and os.sep in named else None, script
+
+
+def _starts_command(arg: str) -> bool:
+    return arg == "--" or arg.endswith(".py") or _is_python(arg)
+
+
+def _is_python(arg: str) -> bool:
+    """A bare ``python``/``python3``/``python3.11``, or a path to an executable named so."""
+    if not _PYTHON.fullmatch(os.path.basename(arg)):
+        return False
+    return os.sep not in arg or (os.path.isfile(arg) and os.access(arg, os.X_OK))
+
+
+def _hosts(flags: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """``flags`` with each ``-H``/``-host``/``--host`` list passed as ``--host LIST``, and
+    those lists as (the flag the user wrote, the list)."""
+    out: list[str] = []
+    lists: list[tuple[str, str]] = []
+    i = 0
+    while i < len(flags):
+        name, eq, value = flags[i].partition("=")
+        if name in _HOST_LISTS and (eq or i + 1 < len(flags)):
+            lists.append((name, value if eq else flags[i + 1]))
+            out += ["--host", lists[-1][1]]
+            i += 0 if eq else 1
+        else:
+            out.append(flags[i])
+        i += 1
+    return out, lists
+
+
+def _check_slots(np: int, lists: list[tuple[str, str]], flags: Sequence[str]) -> None:
+    """Refuses more ranks than the host lists give slots (``host:n`` is n, a bare host 1),
+    as horovodrun does, unless ``--oversubscribe`` asks for more."""
+    if not lists or {"-oversubscribe", "--oversubscribe"} & set(flags):
+        return
+    slots = sum(_slots(name, hosts) for name, hosts in lists)
+    if np > slots:
+        given = " ".join(f"{name} {hosts}" for name, hosts in lists)
+        raise ValueError(
+            "-np must not exceed the slots the hosts give (host:n gives n, a bare host 1; "
+            f"--oversubscribe allows more). Received: -np {np} exceeds the {slots} slots "
+            f"given by {given}"
+        )
+
+
+def _slots(name: str, hosts: str) -> int:
+    total = 0
+    for entry in hosts.split(","):
+        _, colon, count = entry.rpartition(":")
+        if not colon:
+            total += 1
+        elif count.isdigit() and int(count) > 0:
+            total += int(count)
+        else:
+            raise ValueError(f"{name} takes host:n[,host:n], n >= 1. Received: {name} {hosts}")
+    return total
 
 
 def _count(text: str) -> int:

@@ -13,14 +13,24 @@ import pytest
 
 from tfsift.cli import main, run
 from tfsift.cli.run import RunArgs, command, environment, parse
+from tfsift.parallel import launch
 
 ROOT = Path(__file__).resolve().parents[3]
+PY = sys.executable
+DEFAULTS = ["mpirun", "-np", "2", "--bind-to", "none", "-x", "TF_CPP_MIN_LOG_LEVEL"]
+
+
+@pytest.fixture
+def user_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user (not root) on 4 cores: mpirun_command adds neither root nor oversubscription."""
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 4)
 
 
 def test_flags_before_the_script_go_to_mpirun_in_order() -> None:
     argv = ["-np", "4", "-H", "a:2,b:2", "--mca", "btl", "tcp,self", "train.py", "--out", "x.py"]
     assert parse(argv) == RunArgs(
-        4, ("-H", "a:2,b:2", "--mca", "btl", "tcp,self"), ("train.py", "--out", "x.py")
+        4, ("--host", "a:2,b:2", "--mca", "btl", "tcp,self"), ("train.py", "--out", "x.py")
     )
 
 
@@ -39,8 +49,19 @@ def test_the_script_is_the_first_py_file_or_what_follows_the_double_dash(
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["-np", "2"], "expected a script (the first argument ending in .py, or what follows --). "
-                    "Received: -np 2"),
+    [(["-np", "2"], "expected a script (the first argument ending in .py, or what follows -- or "
+                    "python). Received: -np 2"),
+     (["-np", "2", "python"], "expected a script (the first argument ending in .py, or what "
+                              "follows -- or python). Received: -np 2 python"),
+     (["-np", "3", "-H", "localhost:2", "python", "t.py"],
+      "-np must not exceed the slots the hosts give (host:n gives n, a bare host 1; "
+      "--oversubscribe allows more). Received: -np 3 exceeds the 2 slots given by "
+      "-H localhost:2"),
+     (["-np", "4", "-H", "a,b:2", "t.py"],
+      "-np must not exceed the slots the hosts give (host:n gives n, a bare host 1; "
+      "--oversubscribe allows more). Received: -np 4 exceeds the 3 slots given by -H a,b:2"),
+     (["-np", "2", "--host=a:two", "t.py"], "--host takes host:n[,host:n], n >= 1. "
+                                             "Received: --host a:two"),
      (["-H", "a:2", "t.py"], "-np N is required. Received: -H a:2 t.py"),
      (["-np", "zero", "t.py"], "-np must be an integer >= 1. Received: -np zero")],
 )  # fmt: skip
@@ -48,6 +69,44 @@ def test_bad_command_lines_say_what_is_wrong(argv: list[str], message: str) -> N
     with pytest.raises(ValueError) as err:
         parse(argv)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "argv, tail",
+    [(["-np", "2", "python", "train.py", "--lr", "3"], [PY, "train.py", "--lr", "3"]),
+     (["-np", "2", "python3", "train.py"], [PY, "train.py"]),
+     (["-np", "2", "python3.11", "-u", "train.py"], [PY, "-u", "train.py"]),
+     (["-np", "2", "train.py"], [PY, "train.py"]),
+     (["-np", "2", "python", "-m", "pkg.train", "--lr", "3"], [PY, "-m", "pkg.train", "--lr", "3"]),
+     (["-np", "2", "-x", "A=1", "python", "t.py", "python"], ["-x", "A=1", PY, "t.py", "python"])],
+)  # fmt: skip
+def test_a_leading_python_means_tfsifts_own_interpreter(
+    argv: list[str], tail: list[str], user_machine: None
+) -> None:
+    assert command(parse(argv)) == [*DEFAULTS, *tail]
+
+
+def test_a_path_to_an_interpreter_is_used_as_given(tmp_path: Path, user_machine: None) -> None:
+    python = tmp_path / "bin" / "python3"
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    parsed = parse(["-np", "2", str(python), "train.py"])
+    assert parsed == RunArgs(2, (), ("train.py",), str(python))
+    assert command(parsed) == [*DEFAULTS, str(python), "train.py"]
+
+
+@pytest.mark.parametrize(
+    "argv, flags",
+    [(["-np", "2", "-H", "localhost:2", "python", "t.py"], ["--host", "localhost:2"]),
+     (["-np", "2", "--host=a:1,b", "t.py"], ["--host", "a:1,b"]),
+     (["-np", "2", "-host", "a:1", "-H", "b:1", "t.py"], ["--host", "a:1", "--host", "b:1"]),
+     (["-np", "2", "-H", "a:1", "--oversubscribe", "t.py"], ["--host", "a:1", "--oversubscribe"])],
+)  # fmt: skip
+def test_horovodrun_host_lists_go_to_mpirun_as_host(
+    argv: list[str], flags: list[str], user_machine: None
+) -> None:
+    assert command(parse(argv)) == [*DEFAULTS, *flags, PY, "t.py"]
 
 
 def test_command_puts_tfsift_defaults_then_the_users_flags_then_python() -> None:
@@ -131,6 +190,23 @@ def test_a_real_launch_passes_flags_arguments_and_the_quiet_level(tmp_path: Path
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == ["2", "yes", ["--flag", "value"]]
+
+
+@pytest.mark.mpi
+def test_a_real_launch_with_python_first_runs_the_script_on_every_rank(tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps([os.environ['OMPI_COMM_WORLD_RANK'], sys.executable, sys.argv[1:]]))\n"
+    )
+    done = subprocess.run(
+        [PY, "-m", "tfsift.cli", "run", "-np", "2", "-H", "localhost:2", "python", str(script),
+         "--flag"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ranks = sorted(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+    assert ranks == [["0", PY, ["--flag"]], ["1", PY, ["--flag"]]]
 
 
 def test_docstring_examples_run() -> None:
