@@ -9,6 +9,7 @@ One save, on every rank (N ranks, K stages, R replicas)::
 
 A failure anywhere (a full disk, a permission) removes the partial directory and raises
 on every rank; the checkpoints already published are never touched before the new one is.
+One job at a time saves into a directory (``tfsift.checkpoint.lock``, taken at the first save).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tfsift.checkpoint import codec, collective, files, random_state, weights
+from tfsift.checkpoint import codec, collective, files, lock, random_state, weights
 from tfsift.checkpoint import optimizer as optimizer_lib
 from tfsift.checkpoint.files import CheckpointError, FileEntry
 from tfsift.checkpoint.manifest import (
@@ -42,6 +43,9 @@ class CheckpointManager:
     """Saves and restores a partitioned run: weights, optimizer, sifting and random states.
 
     Every method is collective: call it on every rank, at the same point of the loop.
+    The first save makes this job the directory's owner until the process ends (or
+    ``close``): rank 0 writes a lock file there, and another job's manager for the same
+    directory fails at its creation (or its first save), naming this one.
 
     Example:
         >>> ckpt = tfsift.CheckpointManager(model, optimizer, "runs/exp1/ckpt", sift=train)
@@ -62,6 +66,8 @@ class CheckpointManager:
     Raises:
         TypeError: arguments of the wrong kind.
         ValueError: ``max_to_keep`` below 1.
+        CheckpointError: another job that still runs saves into the directory (named).
+        RuntimeError: ``tfsift.init`` was not called.
     """
 
     def __init__(
@@ -87,6 +93,13 @@ class CheckpointManager:
             )
         self.optimizer, self.directory = optimizer, Path(directory)
         self.max_to_keep, self.sifter = max_to_keep, sifter
+        collective.on_root(runtime.get().world, lambda: lock.check(self.directory))
+
+    def close(self) -> None:
+        """Gives the directory up to other jobs now rather than when the process ends (for
+        a process that goes on after its training); a later save is no longer guarded."""
+        if runtime.get().rank == 0:
+            lock.release(self.directory / lock.LOCK)
 
     def save(self, step: int) -> Path:
         """Writes ``ckpt-<step>`` atomically and returns its path (on every rank).
@@ -95,11 +108,14 @@ class CheckpointManager:
 
         Raises:
             CheckpointError: a file could not be written on some rank (the message names
-                the rank and the file); the earlier checkpoints are untouched.
+                the rank and the file), or another job saves into the directory; the
+                earlier checkpoints are untouched.
             ValueError: the model has not been partitioned yet (no step has run).
         """
         rt = runtime.get()
         part = weights.partitioned(self.model, None, "CheckpointManager.save")
+        # before the try: a refused save must not remove the owner's partial directory
+        collective.on_root(rt.world, lambda: lock.acquire(self.directory))
         final = self.directory / f"{PREFIX}{int(step)}"
         partial = self.directory / f".{final.name}.partial"
         try:

@@ -145,7 +145,7 @@ def test_only_the_newest_are_kept_and_leftovers_of_killed_saves_go(tmp_path: Pat
     run = Run(tmp_path, max_to_keep=2)
     (tmp_path / ".ckpt-9.partial").mkdir()  # a job killed while saving step 9
     run.fit(range(4), save_every=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-2", "ckpt-3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tfsift-lock", "ckpt-2", "ckpt-3"]
     assert run.ckpt.latest() == tmp_path / "ckpt-3"
     manifest = json.loads((tmp_path / "ckpt-3" / "manifest.json").read_text())
     assert manifest["step"] == 3 and manifest["partitions"] == 1
@@ -162,7 +162,7 @@ def test_saving_a_step_again_replaces_its_checkpoint(tmp_path: Path) -> None:
     run.ckpt.save(0)
     run.fit(range(1, 2))
     run.ckpt.save(0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tfsift-lock", "ckpt-0"]
     again = Run(tmp_path)
     again.ckpt.restore()
     assert_equal(again.state(), run.state())
@@ -209,7 +209,8 @@ def test_a_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["error"].startswith(f"checkpoint {tmp_path}/ckpt-1 was not saved")
     assert "File too large" in got["error"] and "weights-s0.npz" in got["error"]
-    assert got["left"] == ["ckpt-0"]  # no partial directory, the previous one intact
+    # no partial directory, the previous one intact (and the lock of the job, still running)
+    assert got["left"] == [".tfsift-lock", "ckpt-0"]
     assert got["restored"] == 1 and got["equal"]
 
 
