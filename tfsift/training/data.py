@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -12,23 +12,51 @@ from keras import tree
 
 from tfsift.parallel.shard import shard
 
+if TYPE_CHECKING:
+    from tfsift.model import DistributedModel
+
 DEFAULT_BATCH = 32  # Keras' default batch size
+# Transformations whose elements are all of their input's, every epoch: the batches seen
+# through them are the batching's own. tf.data has no public way to read how a dataset was
+# batched; Keras reads the same private ``_batch_size`` (keras.src.utils.dataset_utils).
+_SAME_ELEMENTS = frozenset(
+    {
+        "_MapDataset",
+        "_ParallelMapDataset",
+        "_PrefetchDataset",
+        "CacheDataset",
+        "_CacheDataset",
+        "_ShuffleDataset",
+        "_RepeatDataset",
+        "_OptionsDataset",
+        "_AssertCardinalityDataset",
+    }
+)
 
 
 def training_data(
-    x: Any, y: Any, sample_weight: Any, batch_size: int | None, M: int, what: str, shuffle: bool
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    batch_size: int | None,
+    M: int,
+    what: str,
+    shuffle: bool,
+    *,
+    ranks: Sequence[int] = (),
 ) -> tf.data.Dataset:
     """A dataset as it is (checked), or arrays made into this replica's shard of batches.
 
     Arrays are sharded over the replicas (``tfsift.shard``) and batched with
     ``drop_remainder=True``, so up to a batch per replica is left out of an epoch.
+    ``ranks`` are the model's ``input_ranks``, for ``checked``.
     """
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
             raise ValueError(
                 f"{what}: y and sample_weight come from the dataset. Received: y, x a dataset"
             )
-        return checked(x, M, what)
+        return checked(x, M, what, ranks)
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
@@ -38,11 +66,13 @@ def training_data(
     return checked(dataset.batch(batch, drop_remainder=True), M, what)
 
 
-def validation(data: Any, batch_size: int | None, M: int) -> tf.data.Dataset:
+def validation(
+    data: Any, batch_size: int | None, M: int, ranks: Sequence[int] = ()
+) -> tf.data.Dataset:
     """``validation_data``: a dataset, or a tuple ``(x, y)`` or ``(x, y, sample_weight)``
     of arrays, batched as the training arrays (Keras' default ``validation_batch_size``)."""
     if isinstance(data, tf.data.Dataset):
-        return checked(data, M, "fit's validation_data")
+        return checked(data, M, "fit's validation_data", ranks)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         x, y, weight = (*data, None)[:3]
         return training_data(x, y, weight, batch_size, M, "fit's validation_data", False)
@@ -52,14 +82,16 @@ def validation(data: Any, batch_size: int | None, M: int) -> tf.data.Dataset:
     )
 
 
-def prediction_data(x: Any, batch_size: int | None, M: int) -> tuple[tf.data.Dataset, int | None]:
+def prediction_data(
+    x: Any, batch_size: int | None, M: int, ranks: Sequence[int] = ()
+) -> tuple[tf.data.Dataset, int | None]:
     """``predict``'s batches and, for arrays, how many rows to keep of the predictions.
 
     Arrays are not sharded (every rank predicts all of them); the last rows are repeated up
     to a multiple of ``M`` so that the last batch splits, and their predictions dropped.
     """
     if isinstance(x, tf.data.Dataset):
-        return checked(x, M, "predict"), None
+        return checked(x, M, "predict", ranks), None
     batch = batch_size or DEFAULT_BATCH
     if batch % M:
         raise ValueError(
@@ -72,12 +104,19 @@ def prediction_data(x: Any, batch_size: int | None, M: int) -> tuple[tf.data.Dat
     return tf.data.Dataset.from_tensor_slices(padded).batch(batch), n
 
 
-def checked(dataset: Any, M: int, what: str) -> tf.data.Dataset:
+def checked(dataset: Any, M: int, what: str, ranks: Sequence[int] = ()) -> tf.data.Dataset:
     """``dataset`` if it is a batched ``tf.data.Dataset`` whose batches split into ``M``.
+
+    The one check of every dataset ``fit``, ``evaluate`` and ``predict`` take. Unbatched
+    shows as a tensor without dimensions, tensors disagreeing on the batch axis' size or,
+    once the model has been traced (``ranks``, from ``input_ranks``), inputs with one
+    dimension fewer than the model's. A batch size that is not static (``.batch(B)``
+    without ``drop_remainder``) passes if the dataset's size is known and every batch, the
+    last one too, splits into ``M``: refused here rather than at the epoch's last step.
 
     Raises:
         TypeError: not a ``tf.data.Dataset``.
-        ValueError: unbatched, or a batch size that is not static or not divisible by ``M``.
+        ValueError: unbatched, or batches that do not all split into ``M``.
     """
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(
@@ -85,20 +124,84 @@ def checked(dataset: Any, M: int, what: str) -> tf.data.Dataset:
             "(e.g. tfsift.shard(ds).batch(B, drop_remainder=True)). "
             f"Received: {type(dataset).__name__}"
         )
-    leaves = tree.flatten(dataset.element_spec)
-    if not leaves or any(len(spec.shape) == 0 for spec in leaves):
+    why = _unbatched(dataset.element_spec, ranks)
+    if why is not None:
         raise ValueError(
-            f"{what} needs a batched dataset (call .batch(B, drop_remainder=True)). "
+            f"{what} needs a batched dataset (call .batch(B, drop_remainder=True)){why}. "
             f"Received: element_spec={dataset.element_spec}"
         )
-    batch = leaves[0].shape[0]
-    if M > 1 and (batch is None or batch % M):
-        raise ValueError(
-            f"{what} needs every batch to split into microbatches={M} equal parts: batch "
-            f"the dataset with .batch(B, drop_remainder=True), B a multiple of {M}. "
-            f"Received: batch size {batch}"
-        )
+    if M > 1:
+        _check_splits(dataset, M, what)
     return dataset
+
+
+def input_ranks(model: DistributedModel) -> tuple[int, ...]:
+    """The dimensions of the model's traced inputs, batch axis included; () before the
+    model is partitioned (its first step, or a restore)."""
+    part = model.partitioned
+    if part is None:
+        return ()
+    return tuple(len(part.graph.tensors[t].shape) for t in part.graph.inputs)
+
+
+def batching(dataset: tf.data.Dataset) -> tuple[int, int] | None:
+    """``(B, n)`` for a dataset made by ``.batch(B)`` of ``n`` elements (n < 0: endless),
+    seen through transformations that keep every batch; None if that is not known."""
+    node: Any = dataset
+    while type(node).__name__ in _SAME_ELEMENTS:
+        node = node._input_dataset
+    size = getattr(node, "_batch_size", None)
+    source = getattr(node, "_input_dataset", None)
+    B = None if size is None else tf.get_static_value(size)
+    if B is None or source is None:
+        return None
+    n = int(source.cardinality())
+    return None if n == tf.data.UNKNOWN_CARDINALITY else (int(B), n)
+
+
+def _unbatched(spec: Any, ranks: Sequence[int]) -> str | None:
+    """Why elements of ``spec`` are single samples ("" if no more can be said), or None."""
+    leaves = tree.flatten(spec)
+    if not leaves or any(len(leaf.shape) == 0 for leaf in leaves):
+        return ""
+    if len({leaf.shape[0] for leaf in leaves if leaf.shape[0] is not None}) > 1:
+        return ": the tensors of a batch agree on its first axis, these do not"
+    x = [len(leaf.shape) for leaf in tree.flatten(keras.utils.unpack_x_y_sample_weight(spec)[0])]
+    if ranks and len(x) == len(ranks) and all(d == r - 1 for d, r in zip(x, ranks, strict=True)):
+        return (
+            f": the model's inputs have {_listed(ranks)} dimensions with the batch axis, "
+            f"these elements {_listed(x)}"
+        )
+    return None
+
+
+def _check_splits(dataset: tf.data.Dataset, M: int, what: str) -> None:
+    """Refuses batches that do not all split into ``M`` microbatches."""
+    batch = tree.flatten(dataset.element_spec)[0].shape[0]
+    sizes = batching(dataset) if batch is None else None
+    if sizes is None:
+        if batch is None or batch % M:
+            raise ValueError(
+                f"{what} needs every batch to split into microbatches={M} equal parts: batch "
+                f"the dataset with .batch(B, drop_remainder=True), B a multiple of {M}. "
+                f"Received: batch size {batch}"
+            )
+        return
+    B, n = sizes
+    last = (n % B or min(n, B)) if n >= 0 else B  # an endless source fills every batch
+    if B % M or last % M:
+        got = f"{n} samples in batches of {B} (last batch {last})" if n >= 0 else f"batches of {B}"
+        fix = f"{B}, drop_remainder=True)"
+        if B % M:
+            fix = f"B, drop_remainder=True), B a multiple of {M}"
+        raise ValueError(
+            f"{what} needs every batch, the last one too, to split into microbatches={M} "
+            f"equal parts. Received: {got}; use .batch({fix}"
+        )
+
+
+def _listed(dims: Sequence[int]) -> str:
+    return ", ".join(str(d) for d in dims)
 
 
 def batches(dataset: tf.data.Dataset, steps: int | None) -> Iterator[tuple[Any, Any, Any]]:

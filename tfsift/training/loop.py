@@ -48,9 +48,10 @@ def fit(
 ) -> keras.callbacks.History:
     """Keras' ``fit``, pipelined and data-parallel; see ``DistributedModel.fit``."""
     compiled, M = compiled_of(model), runtime.get().config.microbatches
-    train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle)
+    ranks = data.input_ranks(model)
+    train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
     if validation_data is not None:
-        validation_data = data.validation(validation_data, batch_size, M)
+        validation_data = data.validation(validation_data, batch_size, M, ranks)
     if sift is not None:
         train = train.apply(sift_transform(model, compiled.per_sample_loss, sift))
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
@@ -86,7 +87,9 @@ def evaluate(
     """Keras' ``evaluate``: the loss and metrics, averaged over the replicas."""
     compiled = compiled_of(model)
     M = runtime.get().config.microbatches
-    dataset = data.training_data(x, y, sample_weight, batch_size, M, "evaluate", False)
+    dataset = data.training_data(
+        x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model)
+    )
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
     logs = _test_loop(model, compiled, dataset, steps, cbs)
     if return_dict:
@@ -110,7 +113,8 @@ def predict(
     predicts its own batches; with arrays, every rank predicts all of them.
     """
     compiled = compiled_of(model)
-    dataset, keep = data.prediction_data(x, batch_size, runtime.get().config.microbatches)
+    M, ranks = runtime.get().config.microbatches, data.input_ranks(model)
+    dataset, keep = data.prediction_data(x, batch_size, M, ranks)
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
     cbs.on_predict_begin()
     outputs = []

@@ -22,11 +22,12 @@ def test_a_batched_dataset_divisible_by_microbatches_passes_as_it_is() -> None:
     [
         (X, TypeError, r"batched tf.data.Dataset .* Received: ndarray"),
         (tf.data.Dataset.range(10), ValueError, r"batched dataset \(call \.batch\(B, drop"),
-        (tf.data.Dataset.from_tensor_slices(X).batch(4), ValueError, "Received: batch size None"),
+        (tf.data.Dataset.from_tensor_slices(X).batch(4).take(2), ValueError,
+         "Received: batch size None"),
         (tf.data.Dataset.from_tensor_slices(X).batch(3, True), ValueError, "batch size 3"),
     ],
-    ids=["arrays", "unbatched", "not_static", "not_divisible"],
-)
+    ids=["arrays", "unbatched", "not_static_size_unknown", "not_divisible"],
+)  # fmt: skip
 def test_a_dataset_that_cannot_split_fails_with_the_received_value(
     dataset: object, error: type[Exception], match: str
 ) -> None:
@@ -40,3 +41,72 @@ def test_predict_arrays_are_padded_to_whole_microbatches_and_cut_back() -> None:
     assert keep == 10
     assert [len(b) for b in batches] == [4, 4, 4]  # 10 rows and 2 copies of the last
     np.testing.assert_array_equal(np.concatenate(batches)[:keep], X)
+
+
+def fit_refusal(dataset: tf.data.Dataset, M: int, ranks: tuple[int, ...] = ()) -> str:
+    with pytest.raises(ValueError) as err:
+        data.checked(dataset, M, "fit", ranks)
+    return str(err.value)
+
+
+def test_single_samples_are_refused_by_their_shapes() -> None:
+    onehot = tf.data.Dataset.from_tensor_slices((X, np.eye(3, dtype=np.float32)[[0] * 10]))
+    assert fit_refusal(onehot, 1) == (
+        "fit needs a batched dataset (call .batch(B, drop_remainder=True)): the tensors of a "
+        "batch agree on its first axis, these do not. Received: element_spec=("
+        "TensorSpec(shape=(2,), dtype=tf.float32, name=None), "
+        "TensorSpec(shape=(3,), dtype=tf.float32, name=None))"
+    )
+    features = tf.data.Dataset.from_tensor_slices(X)
+    assert data.checked(features, 2, "predict") is features  # nothing to tell it apart by
+    assert fit_refusal(features, 2, ranks=(2,)) == (
+        "fit needs a batched dataset (call .batch(B, drop_remainder=True)): the model's "
+        "inputs have 2 dimensions with the batch axis, these elements 1. "
+        "Received: element_spec=TensorSpec(shape=(2,), dtype=tf.float32, name=None)"
+    )
+    batched = features.batch(2, drop_remainder=True)
+    assert data.checked(batched, 2, "fit", ranks=(2,)) is batched
+
+
+def hundred(batch: int) -> tf.data.Dataset:
+    return tf.data.Dataset.range(100).map(lambda i: (tf.fill([3], i), i)).batch(batch)
+
+
+def test_a_partial_last_batch_is_refused_up_front_with_the_sizes() -> None:
+    assert fit_refusal(hundred(32), 8) == (
+        "fit needs every batch, the last one too, to split into microbatches=8 equal parts. "
+        "Received: 100 samples in batches of 32 (last batch 4); "
+        "use .batch(32, drop_remainder=True)"
+    )
+    assert fit_refusal(hundred(30).prefetch(2).shuffle(4), 4) == (
+        "fit needs every batch, the last one too, to split into microbatches=4 equal parts. "
+        "Received: 100 samples in batches of 30 (last batch 10); "
+        "use .batch(B, drop_remainder=True), B a multiple of 4"
+    )
+    endless = tf.data.Dataset.range(3).repeat().batch(6)
+    assert fit_refusal(endless, 4) == (
+        "fit needs every batch, the last one too, to split into microbatches=4 equal parts. "
+        "Received: batches of 6; use .batch(B, drop_remainder=True), B a multiple of 4"
+    )
+
+
+def test_batches_that_all_split_pass_without_drop_remainder() -> None:
+    for dataset, M in [(hundred(32), 4), (hundred(20).repeat(2).cache(), 4),
+                       (tf.data.Dataset.range(3).repeat().batch(6), 3)]:  # fmt: skip
+        assert data.checked(dataset, M, "fit") is dataset
+
+
+@pytest.mark.parametrize(
+    ("dataset", "sizes"),
+    [(tf.data.Dataset.range(10).batch(4), (4, 10)),
+     (tf.data.Dataset.range(10).padded_batch(4).map(lambda x: x).prefetch(1), (4, 10)),
+     (tf.data.Dataset.range(10).batch(4, num_parallel_calls=2).repeat(), (4, 10)),
+     (tf.data.Dataset.range(10).repeat().batch(4), (4, -1)),
+     (tf.data.Dataset.range(10).batch(4).take(2), None),
+     (tf.data.Dataset.range(10).filter(lambda x: x > 2).batch(4), None),
+     (tf.data.Dataset.range(10), None)],
+)  # fmt: skip
+def test_batching_is_read_through_transformations_that_keep_every_batch(
+    dataset: tf.data.Dataset, sizes: tuple[int, int] | None
+) -> None:
+    assert data.batching(dataset) == sizes

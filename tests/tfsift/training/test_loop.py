@@ -130,12 +130,43 @@ def test_fit_with_sift_trains_on_the_kept_samples() -> None:
 
 
 def test_a_batch_not_divisible_by_microbatches_fails_before_training() -> None:
-    model = compiled_model(microbatches=4)
-    with pytest.raises(ValueError, match=r"drop_remainder=True.*Received: batch size None"):
-        model.fit(dataset(drop_remainder=False), verbose=0)
-    with pytest.raises(ValueError, match=r"microbatches=4.*Received: batch size 6"):
-        model.fit(dataset(batch=6), verbose=0)
+    model = compiled_model(microbatches=3)
+    with pytest.raises(ValueError) as err:
+        model.fit(dataset(batch=6, drop_remainder=False), verbose=0)
+    assert str(err.value) == (
+        "fit needs every batch, the last one too, to split into microbatches=3 equal parts. "
+        "Received: 64 samples in batches of 6 (last batch 4); use .batch(6, drop_remainder=True)"
+    )
+    with pytest.raises(ValueError, match=r"microbatches=3.*Received: batch size 16"):
+        model.fit(dataset(), verbose=0)
     assert model.partitioned is None  # nothing ran
+
+
+def test_a_dataset_of_known_size_trains_without_drop_remainder_when_every_batch_splits() -> None:
+    model = compiled_model(microbatches=4)
+    history = model.fit(dataset(drop_remainder=False), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_evaluate_and_predict_refuse_single_samples_as_fit_does() -> None:
+    model = compiled_model()
+    model.fit(dataset(), epochs=1, verbose=0)  # traced: inputs of 2 dimensions
+    x, y = arrays()
+    spec = "TensorSpec(shape=(5,), dtype=tf.float32, name=None)"
+    why = "the model's inputs have 2 dimensions with the batch axis, these elements 1"
+    for what, call in [
+        ("predict", lambda: model.predict(tf.data.Dataset.from_tensor_slices(x), verbose=0)),
+        ("evaluate", lambda: model.evaluate(tf.data.Dataset.from_tensor_slices((x, x)))),
+    ]:
+        with pytest.raises(ValueError) as err:
+            call()
+        got = "(" + spec + ", " + spec + ")" if what == "evaluate" else spec
+        assert str(err.value) == (
+            f"{what} needs a batched dataset (call .batch(B, drop_remainder=True)): {why}. "
+            f"Received: element_spec={got}"
+        )
+    with pytest.raises(ValueError, match=r"^evaluate needs a batched dataset .* Received: elem"):
+        model.evaluate(tf.data.Dataset.from_tensor_slices((x, y)), verbose=0)
 
 
 def test_fit_before_compile_says_to_compile() -> None:
