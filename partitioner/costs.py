@@ -67,6 +67,9 @@ class PrefixSums:
     input_bytes: IntArray  # per microbatch
 
 
+_OPTIONS = ("batch_size", "optimizer_multiplier", "bandwidth", "latency", "action_overhead")
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Costs of a chain of layers, plus the machine constants the solvers need.
@@ -83,6 +86,10 @@ class CostModel:
             two Adam moments make 4).
         bandwidth: bytes per second between neighbouring stages.
         latency: seconds per message between neighbouring stages.
+        action_overhead: seconds the runtime adds to every forward and every backward
+            action of a stage, whatever its layers (a compiled call, the gradient tape,
+            Python): the simulator charges it; the solvers' cuts do not depend on it, since
+            every stage pays it alike.
 
     Raises:
         ValueError: on an empty chain, a negative, NaN or infinite cost, a duplicate
@@ -94,6 +101,7 @@ class CostModel:
     optimizer_multiplier: float = 4.0
     bandwidth: float = 1e9
     latency: float = 0.0
+    action_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -106,6 +114,7 @@ class CostModel:
                 f"bandwidth must be a number > 0. Received: bandwidth={self.bandwidth!r}"
             )
         _check_real(self.latency, "latency")
+        _check_real(self.action_overhead, "action_overhead")
         seen: dict[str, int] = {}
         for index, layer in enumerate(self.layers):
             _check_layer(index, layer)
@@ -160,6 +169,7 @@ class CostModel:
             "optimizer_multiplier": self.optimizer_multiplier,
             "bandwidth": self.bandwidth,
             "latency": self.latency,
+            "action_overhead": self.action_overhead,
             "layers": [asdict(layer) for layer in self.layers],
         }
 
@@ -168,7 +178,7 @@ class CostModel:
         """Builds a cost model from `to_dict` output, rejecting unknown or missing keys."""
         _check_keys(
             data,
-            {"format", "batch_size", "optimizer_multiplier", "bandwidth", "latency", "layers"},
+            {*_OPTIONS, "format", "layers"},
             {"layers"},
             "cost model",
         )
@@ -179,11 +189,7 @@ class CostModel:
         for index, entry in enumerate(_as_list(data["layers"], "layers")):
             _check_keys(entry, names, names, f"layers[{index}]")
             layers.append(LayerCost(**entry))
-        options = {
-            k: data[k]
-            for k in ("batch_size", "optimizer_multiplier", "bandwidth", "latency")
-            if k in data
-        }
+        options = {k: data[k] for k in _OPTIONS if k in data}
         return cls(tuple(layers), **options)
 
     def to_json(self) -> str:

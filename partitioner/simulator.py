@@ -56,11 +56,15 @@ class SimResult:
 
 
 def stage_times(costs: CostModel, partition: Partition) -> tuple[tuple[float, ...], ...]:
-    """(forward, backward) seconds of each stage for one microbatch."""
-    p = costs.prefix
+    """(forward, backward) seconds of each stage for one microbatch, the runtime's
+    ``action_overhead`` included."""
+    p, extra = costs.prefix, costs.action_overhead
     b = partition.validated(costs.num_layers).bounds
     return tuple(
-        (float(p.forward[hi] - p.forward[lo]), float(p.backward[hi] - p.backward[lo]))
+        (
+            float(p.forward[hi] - p.forward[lo]) + extra,
+            float(p.backward[hi] - p.backward[lo]) + extra,
+        )
         for lo, hi in itertools.pairwise(b)
     )
 

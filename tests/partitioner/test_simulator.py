@@ -181,3 +181,13 @@ def test_busy_seconds_counts_only_forwards_and_backwards_per_stage() -> None:
     assert busy == (5.0, 1.5)
     assert bubble_fraction(busy, 7.0) == pytest.approx(1 - 6.5 / 14)
     assert bubble_fraction((0.0, 0.0), 0.0) == 0.0
+
+
+def test_the_runtimes_cost_per_action_lengthens_every_forward_and_backward() -> None:
+    layers = tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(2))
+    plain = simulate(CostModel(layers), Partition((0, 1, 2)), build("interleaved", 2, 4))
+    costs = CostModel(layers, action_overhead=0.5)
+    charged = simulate(costs, Partition((0, 1, 2)), build("interleaved", 2, 4))
+    assert (plain.step_time, charged.step_time) == (15.0, 20.0)  # (M + K - 1) x (F + B)
+    assert stage_times(costs, Partition((0, 1, 2))) == ((1.5, 2.5), (1.5, 2.5))
+    assert CostModel.from_json(costs.to_json()) == costs

@@ -33,6 +33,7 @@ from tfsift.planning.graph import Graph
 from tfsift.planning.profiler import profile
 
 if TYPE_CHECKING:
+    from partitioner.costs import CostModel
     from partitioner.plan import Plan
     from partitioner.simulator import SimResult
 
@@ -134,6 +135,9 @@ def rank0_bounds(
         costs, plan.partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
     )
     log.info("%s", describe(plan, weights(graph, plan), result))
+    advice = no_gain(costs, cfg.microbatches, result.step_time)
+    if advice:
+        log.warning("%s", advice)
     if cfg.plan_file:
         plan.save(cfg.plan_file)
         log.info("wrote the plan to %s", cfg.plan_file)
@@ -197,6 +201,25 @@ def plan_differences(plan: Plan, graph: Graph, cfg: Config, scoring: float = 0.0
         )
     model = _model_difference([n for stage in plan.stage_layers for n in stage], graph)
     return found + ([model] if model else [])
+
+
+def no_gain(costs: CostModel, M: int, predicted: float) -> str:
+    """A warning when the pipeline is predicted slower than one process, else "".
+
+    One process is estimated as the layers' forward and backward for the M microbatches
+    and one action's runtime cost each way; on a larger batch it is faster still, so a
+    pipeline predicted slower than this will not pay.
+    """
+    alone = M * float(costs.prefix.compute[-1]) + 2 * costs.action_overhead
+    if predicted <= alone:
+        return ""
+    return (
+        f"pipelining does not pay for this model: predicted step {_seconds(predicted)} "
+        f"against about {_seconds(alone)} in one process (the layers' compute is "
+        f"{_seconds(alone - 2 * costs.action_overhead)} a step, and each of a stage's "
+        f"forwards and backwards costs the runtime about {_seconds(costs.action_overhead)}); "
+        "use fewer microbatches, a larger batch or partitions=1"
+    )
 
 
 def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None = None) -> str:

@@ -122,7 +122,9 @@ def _profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int) -> CostMo
                 output_bytes=graph.sample_bytes(graph.live(i + 1)),
             )
         )
-    return CostModel(tuple(layers), batch_size=int(example[0].shape[0]))
+    return CostModel(
+        tuple(layers), batch_size=int(example[0].shape[0]), action_overhead=action_overhead(repeats)
+    )
 
 
 def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:
@@ -175,6 +177,24 @@ def dispatch_overhead(repeats: int) -> float:
     expensive as a small matrix product.
     """
     return _median_time(tf.function(lambda: tf.constant(0.0)), max(repeats, 5))
+
+
+def action_overhead(repeats: int) -> float:
+    """What the runtime adds to one action of a stage whatever its layers, measured on a
+    stage that does nothing: the mean of a compiled forward call and of a backward through
+    the gradient tape around it (as every stage but the last runs its backward), plus the
+    Python of a call (``scripts/bench_calls.py`` times the executor's calls)."""
+    x = tf.zeros((1,))
+    forward = tf.function(lambda x: x * 1.0)
+
+    def backward() -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = forward(x)
+        return tape.gradient(y, x)
+
+    n = max(repeats, 5)
+    return (_median_time(lambda: forward(x), n) + _median_time(backward, n)) / 2
 
 
 def _median_time(fn: Callable[[], Any], repeats: int) -> float:

@@ -90,6 +90,14 @@ def config(tmp_path: Path, **changes: Any) -> Config:
     return Config.from_dict(values)
 
 
+@pytest.fixture(autouse=True)
+def pipelining_pays(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tiny chains never pay for a pipeline: the warning that says so is tested on
+    its own (test_rank0_warns_...), the other tests read the messages without it."""
+    if "warns" not in request.node.name:
+        monkeypatch.setattr("tfsift.planning.bounds.no_gain", lambda *args: "")
+
+
 def messages(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
     return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "tfsift"]
 
@@ -279,3 +287,30 @@ def test_a_memory_plan_ignores_room_for_scoring(
     with caplog.at_level(logging.WARNING, logger="tfsift"):
         rank0_bounds(graph, [tf.zeros((1, 3))], cfg)  # reused: nothing differs
     assert messages(caplog) == []
+
+
+def test_a_pipeline_predicted_slower_than_one_process_warns_with_the_numbers() -> None:
+    from partitioner.costs import CostModel, LayerCost
+    from tfsift.planning.bounds import no_gain
+
+    layers = tuple(LayerCost(f"l{i}", 1e-4, 2e-4, 0, 0, 0) for i in range(2))
+    costs = CostModel(layers, action_overhead=5e-4)
+    # one process: 4 microbatches x 0.6 ms of compute + 2 x 0.5 ms = 3.4 ms
+    assert no_gain(costs, 4, 3.4e-3) == ""
+    assert no_gain(costs, 4, 5e-3) == (
+        "pipelining does not pay for this model: predicted step 5 ms against about 3.4 ms "
+        "in one process (the layers' compute is 2.4 ms a step, and each of a stage's "
+        "forwards and backwards costs the runtime about 0.5 ms); use fewer microbatches, "
+        "a larger batch or partitions=1"
+    )
+
+
+def test_rank0_warns_when_the_pipeline_is_predicted_slower_than_one_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        rank0_bounds(traced(), [tf.zeros((1, 3))], config(tmp_path))
+    warned = [text for level, text in messages(caplog) if level == "WARNING"]
+    assert len(warned) == 1
+    assert warned[0].startswith("pipelining does not pay for this model: predicted step ")
+    assert warned[0].endswith("use fewer microbatches, a larger batch or partitions=1")
