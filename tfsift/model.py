@@ -96,15 +96,20 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     @property
     def trainable_variables(self) -> list[Any]:
+        """Once partitioned, the trainable variables of this rank's stage only (the
+        order ``tfsift.gradients`` returns their gradients in); before, Keras' list."""
         part = self.partitioned
         return list(part.stage.variables) if part else list(super().trainable_variables)
 
     @property
     def trainable_weights(self) -> list[Any]:
+        """The same list as ``trainable_variables``."""
         return self.trainable_variables
 
     @property
     def non_trainable_variables(self) -> list[Any]:
+        """Once partitioned, the other variables of this rank's stage (BatchNorm
+        statistics, random seed states); before, Keras' list."""
         part = self.partitioned
         if part is None:
             return list(super().non_trainable_variables)
@@ -112,15 +117,18 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     @property
     def non_trainable_weights(self) -> list[Any]:
+        """The same list as ``non_trainable_variables``."""
         return self.non_trainable_variables
 
     @property
     def variables(self) -> list[Any]:
+        """Once partitioned, every variable of this rank's stage; before, Keras' list."""
         part = self.partitioned
         return list(part.stage.graph.variables()) if part else list(super().variables)
 
     @property
     def weights(self) -> list[Any]:
+        """The same list as ``variables``."""
         return self.variables
 
     def partition_model(self, example: Sequence[tf.Tensor]) -> Partitioned:
