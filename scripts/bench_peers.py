@@ -7,7 +7,8 @@ global batch B=128), one compute thread per rank, each rank bound to its own cor
 - K=2, M=8: tfsift ``simple`` against ``torch.distributed.pipelining.ScheduleGPipe``, and
   tfsift ``interleaved`` against ``Schedule1F1B`` (the chain cut in two equal halves);
 - data parallel, 2 ranks x B/2: tfsift (Horovod) against tf.distribute's
-  ``MultiWorkerMirroredStrategy`` and PyTorch DDP (gloo).
+  ``MultiWorkerMirroredStrategy`` and PyTorch DDP (gloo); and tfsift with Open MPI
+  polling in its waits, as before ``import tfsift`` made it yield (``tfsift/env.py``).
 
 Every configuration runs in its own job, all of them in rotating order ``repeats`` times;
 a row shows the median of the jobs' median step times, and each framework's speed-up over
@@ -36,6 +37,8 @@ from bench.main import Benchmark, parser, run
 
 TORCH_WORKER = ROOT / "scripts" / "_bench_peers_torch_worker.py"
 TORCH_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+# tfsift as before it made Open MPI yield in its waits (tfsift/env.py): Horovod's thread polls
+POLLING = "tfsift, Open MPI polling"
 # (row, framework, ranks, worker mode); the framework's one-process row comes first
 CASES = (
     ("one process", "tfsift / Keras", 1, "reference"),
@@ -45,10 +48,11 @@ CASES = (
     ("K=2 pipeline, 1F1B", "tfsift", 2, "interleaved"),
     ("K=2 pipeline, 1F1B", "PyTorch", 2, "1f1b"),
     ("data parallel, 2 x B/2", "tfsift", 2, "dp"),
+    ("data parallel, 2 x B/2", POLLING, 2, "dp"),
     ("data parallel, 2 x B/2", "tf.distribute MWMS", 2, "mwms"),
     ("data parallel, 2 x B/2", "PyTorch", 2, "ddp"),
 )
-ONE_PROCESS = {"tfsift": "tfsift / Keras", "tf.distribute MWMS": "tfsift / Keras"}
+ONE_PROCESS = {fw: "tfsift / Keras" for fw in ("tfsift", POLLING, "tf.distribute MWMS")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +86,8 @@ def job(s: Settings, framework: str, ranks: int, mode: str) -> list[Result]:
         mode = "pipeline"
     extra["ports"] = [free_port() for _ in range(ranks)]
     args = [mode, json.dumps(c.worker_config(**extra))]
-    return harness.run_job(WORKER, args, ranks, timeout=600)
+    env = {"OMPI_MCA_mpi_yield_when_idle": "0"} if framework == POLLING else None
+    return harness.run_job(WORKER, args, ranks, timeout=600, env=env)
 
 
 def cases(s: Settings) -> list[tuple[str, str, int, str]]:

@@ -28,8 +28,8 @@ HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 #: Open MPI's choice between polling and yielding the core while a blocking MPI call waits,
 #: read when MPI starts. ``import tfsift`` sets it to ``1`` (yield) unless it is set: with
 #: a core per rank, Horovod's background thread polling MPI took a third of each rank's
-#: core from the training step (2 data-parallel ranks: 1.21 s a step polling, 0.72 s
-#: yielding, docs/benchmarks.md). Set ``0`` to poll. It must be set before MPI starts, i.e.
+#: core from the training step (``scripts/bench_peers.py`` times both, docs/benchmarks.md).
+#: Set ``0`` to poll. It must be set before MPI starts, i.e.
 #: before anything imports ``mpi4py.MPI`` or ``horovod.tensorflow``: import tfsift first.
 OMPI_MCA_MPI_YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
 

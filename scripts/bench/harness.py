@@ -67,6 +67,7 @@ def run_job(
     mpi: bool = True,
     bind: str = "core",
     python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> list[Result]:
     """Runs ``worker args`` on ``np`` ranks and returns each rank's JSON, by rank.
 
@@ -74,7 +75,8 @@ def run_job(
     Lines it prints indented are progress and shown as they come; the rest of its output
     only if it fails. Ranks are bound to a core each (``bind``, mpirun's ``--bind-to``).
     With ``mpi=False`` (``np`` must be 1) it runs without ``mpirun``. ``python`` runs
-    the worker: another environment's (a peer framework's) for a peer's worker.
+    the worker: another environment's (a peer framework's) for a peer's worker; ``env``
+    adds variables to the job's environment.
     A job still running after ``timeout`` seconds is terminated and reported as failed.
     """
     out = Path(tempfile.mkdtemp(prefix="tfsift-bench-"))
@@ -82,7 +84,7 @@ def run_job(
     if not mpi and np != 1:
         raise ValueError(f"a job without mpirun runs one process. Received: np={np}")
     cmd = launch_command(np, argv, bind, python) if mpi else [python, *argv]
-    tail = _run(cmd, environment({OUT_DIR: str(out)}), timeout)
+    tail = _run(cmd, environment({**(env or {}), OUT_DIR: str(out)}), timeout)
     files = sorted(out.glob("rank*.json"), key=lambda f: int(f.stem[4:]))
     if len(files) != np or tail[0] != 0:
         raise RuntimeError(
