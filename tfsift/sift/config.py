@@ -16,6 +16,7 @@ POLICIES = (
     "coreset_extremes",
     "coreset_mean",
     "adaptive",
+    "infobatch",
 )
 METHODS = (
     "uniform",
@@ -28,6 +29,7 @@ METHODS = (
 )
 RESCALES = ("normalized", "unbiased")
 SCORERS = ("full", "early_exit")
+SCORES = ("forward", "training")
 LEFTOVERS = ("score", "keep")
 LOSS_KINDS = ("auto", "softmax_crossentropy", "squared_error")
 
@@ -44,7 +46,9 @@ class SiftConfig:
     Fields:
         policy: the selection rule; ``"relative"`` is Selective-Backprop (keep sample i
             with probability P_i from its loss percentile), ``"adaptive"`` is
-            AdaSelection over ``methods``, every other name keeps the fraction ``keep``.
+            AdaSelection over ``methods``, ``"infobatch"`` is InfoBatch (prune part of the
+            samples below the mean score at each epoch's start; needs ``scores="training"``
+            and ``epochs``), every other name keeps the fraction ``keep``.
         beta: relative only; the exponent in P_i = max(min_prob, p_i ** beta).
             Larger keeps fewer: the long-run kept fraction is 1 / (1 + beta).
         history: relative only; how many recent losses the percentiles come from.
@@ -88,6 +92,15 @@ class SiftConfig:
             run's ``log_dir`` from ``tfsift.init``, if set; else not written).
         loss_kind: which closed form the grad_norm method uses for the gradient at the
             logits; ``"auto"`` picks from the labels (see ``tfsift.sift.scores``).
+        scores: where the losses the policy ranks come from: ``"forward"`` scores the
+            candidates with a forward pass (``scorer``); ``"training"`` runs none and uses
+            the loss each sample had when it was last trained, handed back by
+            ``SiftedDataset.record`` after each step (a sample never trained, or last
+            trained more than ``stale`` epochs ago, is kept unscored).
+        prune: infobatch only; r, the fraction of the samples below the mean score pruned
+            at each epoch's start (the kept ones among them weigh 1 / (1 - r)).
+        anneal: infobatch only; the last fraction of ``epochs`` trained without pruning.
+        epochs: infobatch only; the number of epochs the run trains.
     """
 
     policy: str = "relative"
@@ -112,6 +125,10 @@ class SiftConfig:
     seed: int = 0
     log_dir: str | None = None
     loss_kind: str = "auto"
+    scores: str = "forward"
+    prune: float = 0.5
+    anneal: float = 0.125
+    epochs: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("policy", self.policy, POLICIES)
@@ -131,6 +148,22 @@ class SiftConfig:
         _check_head(self.exit_head)
         _check_positive("exit_lr", self.exit_lr)
         _check_int("stale", self.stale, 0)
+        self._check_overlap()
+        _check_int("seed", self.seed, 0)
+        _check_optional_name("log_dir", self.log_dir)
+        _check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
+        _check_choice("scores", self.scores, SCORES)
+        _check_fraction("prune", self.prune)
+        _check_unit("anneal", self.anneal)
+        if self.epochs is not None:
+            _check_int("epochs", self.epochs, 1)
+        if self.scores == "training":
+            self._check_training()
+        if self.policy == "infobatch":
+            self._check_infobatch()
+
+    def _check_overlap(self) -> None:
+        """overlap needs the early exit; leftover needs overlap."""
         _check_bool("overlap", self.overlap)
         if self.overlap and self.scorer != "early_exit":
             raise ValueError(
@@ -143,9 +176,47 @@ class SiftConfig:
                 "leftover decides what overlap had no wait to score; it needs overlap=True. "
                 f"Received: leftover={self.leftover!r}, overlap=False"
             )
-        _check_int("seed", self.seed, 0)
-        _check_optional_name("log_dir", self.log_dir)
-        _check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
+
+    def _check_training(self) -> None:
+        """What ``scores="training"`` rules out: a scorer of its own, logits, stale=0."""
+        if self.scorer != "full":
+            raise ValueError(
+                "scores='training' runs no scoring pass, so it takes no scorer of its own; "
+                f"leave scorer='full'. Received: scores='training', scorer={self.scorer!r}"
+            )
+        if self.policy == "grad_norm" or (
+            self.policy == "adaptive" and "grad_norm" in self.methods
+        ):
+            raise ValueError(
+                "the grad_norm method needs the model's logits, which scores='training' does "
+                f"not keep. Received: scores='training', policy={self.policy!r}, "
+                f"methods={self.methods!r}"
+            )
+        if self.stale < 1:
+            raise ValueError(
+                "scores='training' uses the loss a sample had when it was last trained, an "
+                "epoch or more before it comes again; stale must be >= 1 (the epochs such a "
+                "loss stays usable). Received: scores='training', stale=0"
+            )
+
+    def _check_infobatch(self) -> None:
+        """InfoBatch prunes by training losses, over a run of known length, weighted."""
+        if self.scores != "training":
+            raise ValueError(
+                "policy='infobatch' prunes by the loss each sample had when it was last "
+                f"trained; it needs scores='training'. Received: scores={self.scores!r}"
+            )
+        if self.epochs is None:
+            raise ValueError(
+                "policy='infobatch' stops pruning for the last anneal fraction of the run; it "
+                "needs epochs (how many epochs you train). Received: epochs=None"
+            )
+        if self.rescale is None:
+            raise ValueError(
+                "policy='infobatch' weighs the kept samples below the mean score by "
+                "1 / (1 - prune), which the training step must apply; it needs "
+                "rescale='unbiased' (InfoBatch's weights) or 'normalized'. Received: rescale=None"
+            )
 
     def replace(self, **changes: Any) -> SiftConfig:
         """A copy with `changes` applied, validated again."""
@@ -155,13 +226,17 @@ class SiftConfig:
         """The long-run fraction of scored samples the policy keeps (delay aside).
 
         ``relative``: the mean of P = max(min_prob, p ** beta) over percentiles p uniform
-        in [0, 1], i.e. 1 / (1 + beta) when min_prob is 0; every other policy: ``keep``.
+        in [0, 1], i.e. 1 / (1 + beta) when min_prob is 0; ``infobatch``: 1 - prune / 2,
+        a rough figure (it prunes the fraction prune of the samples below the mean score,
+        taken here as half); every other policy: ``keep``.
         The planner uses it to size stage 0's scoring (``overlap``).
 
         Example:
             >>> SiftConfig(beta=3.0).expected_kept(), SiftConfig(policy="uniform").expected_kept()
             (0.25, 0.5)
         """
+        if self.policy == "infobatch":
+            return 1.0 - float(self.prune) / 2
         if self.policy != "relative":
             return float(self.keep)
         beta, floor = float(self.beta), float(self.min_prob)
@@ -184,6 +259,11 @@ def _check_positive(name: str, value: object) -> None:
 def _check_unit(name: str, value: object) -> None:
     if not 0 <= _check_number(name, value) <= 1:
         raise ValueError(f"{name} must be in [0, 1]. Received: {name}={value!r}")
+
+
+def _check_fraction(name: str, value: object) -> None:
+    if not 0 <= _check_number(name, value) < 1:
+        raise ValueError(f"{name} must be in [0, 1). Received: {name}={value!r}")
 
 
 def _check_keep(value: object) -> None:

@@ -11,7 +11,9 @@ activation message.
 Per source round the replicas exchange two things:
 
 - ``allgather``: every replica's scored losses, in replica order, so the loss
-  history (and so every percentile) is identical on every rank;
+  history (and so every percentile) is identical on every rank (with
+  ``scores="training"`` also the losses recorded from the training steps, so every
+  replica holds the same score table);
 - ``agree``: an elementwise MIN of small integer vectors, e.g. [batches ready, more
   data upstream], so every replica yields the same number of batches and all stop
   together when the shortest shard runs out.
@@ -45,7 +47,17 @@ REMAINDER = "the epoch end's remainder"
 HEAD_GRADIENTS = "the sifting round's exit head gradients"
 HEAD_WEIGHTS = "the exit head's first weights"
 DEFAULT_EXIT = "the default exit replica 0 chose"
-EXCHANGES = (LOSSES, COUNTS, FULL_BATCHES, REMAINDER, HEAD_GRADIENTS, HEAD_WEIGHTS, DEFAULT_EXIT)
+RECORDS = "the losses recorded from the training steps"
+EXCHANGES = (
+    LOSSES,
+    COUNTS,
+    FULL_BATCHES,
+    REMAINDER,
+    HEAD_GRADIENTS,
+    HEAD_WEIGHTS,
+    DEFAULT_EXIT,
+    RECORDS,
+)
 
 
 class ReplicaGroup:
@@ -59,20 +71,21 @@ class ReplicaGroup:
         # A collective over the world: every rank builds its group at the same point.
         self._comm: Any = rt.world.Split(color=rt.stage, key=rt.replica)
 
-    def allgather(self, values: np.ndarray) -> list[np.ndarray]:
-        """Every replica's losses ``values``, in replica order."""
+    def allgather(self, values: np.ndarray, what: str = LOSSES) -> list[np.ndarray]:
+        """Every replica's ``values`` (float64), in replica order; ``what`` they are, one
+        of ``EXCHANGES`` (the round's losses unless told)."""
         if self.replicas == 1:
             return [values]
         mine = np.ascontiguousarray(values, dtype=np.float64)
-        code = _code(LOSSES)
+        code = _code(what)
         sizes = np.empty(2 * self.replicas, np.int64)  # each replica's [size, code]
-        self._wait(self._comm.Iallgather(np.array([mine.size, code], np.int64), sizes), LOSSES)
+        self._wait(self._comm.Iallgather(np.array([mine.size, code], np.int64), sizes), what)
         counts, codes = sizes[0::2], sizes[1::2]
         if (codes != code).any():
-            self._out_of_step(LOSSES, set(codes.tolist()) - {code})
+            self._out_of_step(what, set(codes.tolist()) - {code})
         out = np.empty(int(counts.sum()), np.float64)
         request = self._comm.Iallgatherv(mine, [out, (counts, None), MPI.DOUBLE])
-        self._wait(request, LOSSES)
+        self._wait(request, what)
         return np.split(out, np.cumsum(counts)[:-1])
 
     def agree(self, values: list[int], what: str) -> list[int]:

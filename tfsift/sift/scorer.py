@@ -80,6 +80,16 @@ class Scorer:
         """Restores ``state()``."""
 
 
+class NoScorer(Scorer):
+    """``scores="training"``: the losses come from the training steps, never from here."""
+
+    def __call__(self, element: Element) -> Scores:
+        raise RuntimeError(
+            "scores='training' runs no scoring pass; a round asked for one (a bug in "
+            "tfsift: please report it with this message)"
+        )
+
+
 class FullScorer(Scorer):
     """Scores ``(x, y)`` elements with ``per_sample_loss(y, model(x, training=False))``."""
 

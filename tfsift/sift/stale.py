@@ -59,19 +59,26 @@ class ScoreCache:
         losses[fresh] = self._losses[at[fresh]]
         return fresh, losses
 
-    def store(self, keys: np.ndarray, losses: np.ndarray, epoch: int) -> None:
-        """Records the losses just computed for ``keys``."""
+    def store(self, keys: np.ndarray, losses: np.ndarray, epoch: int | np.ndarray) -> None:
+        """Records the losses just computed for ``keys`` in ``epoch`` (one for all, or one
+        per key); a key given twice keeps its first loss."""
+        epochs = np.broadcast_to(np.asarray(epoch, np.int64), np.shape(keys))
         keys, first = np.unique(keys, return_index=True)
-        losses = np.asarray(losses, np.float64)[first]
+        losses, epochs = np.asarray(losses, np.float64)[first], epochs[first]
         at, found = self._find(keys)
         self._losses[at[found]] = losses[found]
-        self._epochs[at[found]] = epoch
+        self._epochs[at[found]] = epochs[found]
         new = ~found
         merged = np.concatenate([self._keys, keys[new]])
         order = np.argsort(merged, kind="stable")
         self._keys = merged[order]
         self._losses = np.concatenate([self._losses, losses[new]])[order]
-        self._epochs = np.concatenate([self._epochs, np.full(new.sum(), epoch)])[order]
+        self._epochs = np.concatenate([self._epochs, epochs[new]])[order]
+
+    def table(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every key cached and its loss, NaN where it is not fresh in ``epoch``."""
+        fresh = epoch - self._epochs <= self.epochs
+        return self._keys.copy(), np.where(fresh, self._losses, np.nan)
 
     def state(self) -> dict[str, np.ndarray]:
         """The cached keys, losses and epochs."""

@@ -20,6 +20,11 @@ Replicas: every replica must yield the same number of batches, or the gradient
 allreduce of the one with more would wait forever. Each round starts with a MIN over
 the replicas of [full batches ready, more data upstream]: every replica yields that
 many, and all stop when the shortest shard ends.
+
+Scores from training (``scores="training"``): a round runs no forward; it looks up the
+loss each candidate had when it was last trained (``tfsift.sift.recorder``), which the
+loop hands back after each step with ``SiftedDataset.record``, and keeps the candidates
+without one (never trained, or more than ``stale`` epochs ago) unscored.
 """
 
 from __future__ import annotations
@@ -38,11 +43,13 @@ from tfsift.parallel import runtime
 from tfsift.sift.buffer import SampleBuffer
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.early_exit import EarlyExitScorer
+from tfsift.sift.infobatch import InfoBatchPolicy
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.reader import SourceReader
+from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import COUNTS, FULL_BATCHES, REMAINDER, ReplicaGroup
-from tfsift.sift.scorer import FullScorer, Scorer, Scores, StepScorer
+from tfsift.sift.scorer import FullScorer, NoScorer, Scorer, Scores, StepScorer
 from tfsift.sift.selection import Selection
 from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
@@ -52,7 +59,7 @@ Element = Any
 
 
 def sift(
-    model_or_step: Any,
+    model_or_step: Any = None,
     per_sample_loss: Callable[..., Any] | None = None,
     config: SiftConfig | None = None,
 ) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
@@ -65,10 +72,21 @@ def sift(
         >>> for x, y in train:                      # batches of 64 kept samples
         ...     grads, loss = forward_backward(x, y)
 
+        With ``scores="training"`` there is no scoring pass; the step returns its
+        per-sample losses and the loop hands them back:
+
+        >>> config = tfsift.SiftConfig(scores="training", stale=1, beta=1.0)
+        >>> train = tfsift.shard(dataset).batch(64, drop_remainder=True)
+        >>> train = train.apply(tfsift.sift(config=config))
+        >>> for x, y in train:
+        ...     grads, losses = forward_backward(x, y)   # losses: per sample
+        ...     train.record(losses)
+
     Args:
         model_or_step: the ``tfsift.DistributedModel`` being trained (elements must be
             ``(x, y)`` batches), or a forward-only ``@tfsift.step`` function that takes
-            an element's parts and returns one loss per sample (any element structure).
+            an element's parts and returns one loss per sample (any element structure);
+            not used, and may be left out, with ``scores="training"``.
         per_sample_loss: ``loss(y_true, y_pred)`` returning one loss per sample, e.g. a
             Keras loss with ``reduction=None``; only with a model.
         config: a ``tfsift.SiftConfig`` (default: ``SiftConfig()``).
@@ -80,14 +98,24 @@ def sift(
     Raises:
         TypeError: arguments of the wrong kind.
         ValueError: a config the scorer cannot serve, or (when the transform is applied)
-            a batch size not divisible by ``microbatches``.
+            a batch size not divisible by ``microbatches``, or an infinite dataset for
+            ``policy="infobatch"``.
     """
     config = SiftConfig() if config is None else config
     if not isinstance(config, SiftConfig):
         raise TypeError(f"config must be a tfsift.SiftConfig. Received: {type(config).__name__}")
-    scorer = _scorer(model_or_step, per_sample_loss, config)
+    if config.scores == "training":
+        scorer: Scorer = NoScorer()
+    else:
+        scorer = _scorer(model_or_step, per_sample_loss, config)
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        if config.policy == "infobatch" and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise ValueError(
+                "policy='infobatch' prunes at each epoch's start, so it needs a finite dataset "
+                "that the loop iterates once per epoch (no .repeat()). Received: a dataset of "
+                "infinite cardinality"
+            )
         return SiftedDataset(Sifter(dataset.element_spec, scorer, config), dataset)
 
     return apply
@@ -159,12 +187,16 @@ class Sifter:
         self.batch_size = _static_batch(element_spec)
         _check_divisible(self.batch_size, self.M)
         scorer.expect(element_spec)
-        self.policy: Policy = make_policy(config)
+        self.policy = _policy(config)
         self.metrics = SiftMetrics()
         self.rounds = 0  # source rounds over all epochs: seeds each round's draws
         self.batches_read = 0  # source batches over all epochs: counts the delay
         self._group: ReplicaGroup | None = None
         self.cache = ScoreCache(config.stale) if config.stale else None
+        # scores="training" (which needs stale >= 1): the losses the loop records
+        self.recorder: Recorder | None = None
+        if self.cache is not None and config.scores == "training":
+            self.recorder = Recorder(self.cache)
         # with stale: the last round's first leaf, its keys, which have a fresh loss, and
         # those losses (looked up once, for overlap's decision and for the round alike)
         self._looked: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -188,6 +220,7 @@ class Sifter:
             "metrics": dataclasses.asdict(self.metrics),
             "cache": None if self.cache is None else self.cache.state(),
             "scorer": self.scorer.state(),
+            "recorder": None if self.recorder is None else self.recorder.state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -199,6 +232,8 @@ class Sifter:
         if self.cache is not None and state["cache"] is not None:
             self.cache.load_state(state["cache"])
         self.scorer.load_state(state["scorer"])
+        if self.recorder is not None and state.get("recorder") is not None:
+            self.recorder.load_state(state["recorder"])
         self._resume = (int(state["epoch_read"]), SampleBuffer.from_state(state["buffer"]))
 
     def epoch(self, source: tf.data.Dataset) -> Iterator[Element]:
@@ -213,6 +248,7 @@ class Sifter:
         if resume is None:
             self.metrics.epochs += 1
             self.epoch_read, self.buffer = 0, SampleBuffer()
+            self._begin_epoch(group)
         else:
             self.epoch_read, self.buffer = resume
             source = source.skip(self.epoch_read)
@@ -241,6 +277,27 @@ class Sifter:
         if self._log is not None:  # the epoch's points, for whoever reads them now
             self._log.flush()
 
+    def record(self, losses: Any) -> None:
+        """Takes the per-sample losses of the batch yielded last (``scores="training"``)."""
+        if self.recorder is None:
+            raise ValueError(
+                "record hands the training step's losses back for scores='training'; this "
+                "sifted dataset scores with a forward pass. "
+                f"Received: scores={self.config.scores!r}"
+            )
+        self.recorder.record(losses, self.metrics.epochs)
+
+    def _begin_epoch(self, group: ReplicaGroup) -> None:
+        """With training scores: the records of the last epoch join the table, and
+        InfoBatch draws this epoch's plan from it."""
+        if self.recorder is None:
+            return
+        self.recorder.merge(group)
+        if isinstance(self.policy, InfoBatchPolicy):
+            epoch = self.metrics.epochs
+            self.policy.begin_epoch(epoch, *self.recorder.cache.table(epoch))
+            self.metrics.policy = self.policy.metrics()
+
     def _replicas(self) -> ReplicaGroup:
         if self._group is None:
             self._group = ReplicaGroup(runtime.get())
@@ -265,6 +322,9 @@ class Sifter:
 
     def _round(self, leaves: list[np.ndarray], buffer: SampleBuffer, group: ReplicaGroup) -> None:
         """Scores one group of source batches and buffers the samples the policy keeps."""
+        if self.recorder is not None:
+            self._recorded_round(leaves, buffer, group)
+            return
         n = int(leaves[0].shape[0])
         self.metrics.samples_seen += n
         if self.batches_read <= self.config.delay:
@@ -279,10 +339,11 @@ class Sifter:
         everyone = group.allgather(scores.losses)
         selected = time.perf_counter()
         self.metrics.time_scoring += selected - start
-        self.policy.observe(np.concatenate(everyone))
+        policy = self._round_policy()
+        policy.observe(np.concatenate(everyone))
         rng = np.random.default_rng([self.config.seed, self.replica, self.rounds])
         chosen = (
-            self.policy.select(scores.losses, rng, scores.logits, scores.labels)
+            policy.select(scores.losses, rng, scores.logits, scores.labels)
             if len(scores.losses)
             else Selection.empty()  # no wait had room: the whole round is kept unscored
         )
@@ -300,6 +361,53 @@ class Sifter:
         indices = np.concatenate([chosen.indices, unscored])
         probs = np.concatenate([chosen.probs, np.ones(len(unscored))])
         self._accumulate(buffer, leaves, indices, probs)
+
+    def _round_policy(self) -> Policy:
+        """The policy that selects within a round (not InfoBatch, which SiftConfig allows
+        only with scores="training" and which selects by the epoch's plan)."""
+        assert not isinstance(self.policy, InfoBatchPolicy)
+        return self.policy
+
+    def _recorded_round(
+        self, leaves: list[np.ndarray], buffer: SampleBuffer, group: ReplicaGroup
+    ) -> None:
+        """A round with training scores: selects by the recorded losses, no forward."""
+        assert self.recorder is not None and self.cache is not None
+        n, start = int(leaves[0].shape[0]), time.perf_counter()
+        self.metrics.samples_seen += n
+        keys = self.cache.fingerprints(leaves)
+        self.recorder.merge(group)  # the steps' records since the last round
+        if self.batches_read <= self.config.delay:
+            chosen = Selection(np.arange(n, dtype=np.int64), np.ones(n))
+        else:
+            fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
+            chosen = self._select_recorded(keys, fresh, losses, group)
+            self.rounds += 1
+            scored = np.flatnonzero(fresh)
+            self._note_nonfinite(losses[scored])
+            self.metrics.record(losses[scored], np.flatnonzero(np.isin(scored, chosen.indices)), 0)
+            self.metrics.samples_reused += len(scored)
+            self.metrics.samples_unscored += n - len(scored)
+            self.metrics.policy = self.policy.metrics()
+        self.metrics.samples_kept += len(chosen)
+        self.metrics.time_selecting += time.perf_counter() - start
+        self._accumulate(buffer, [*leaves, keys], chosen.indices, chosen.probs)
+
+    def _select_recorded(
+        self, keys: np.ndarray, fresh: np.ndarray, losses: np.ndarray, group: ReplicaGroup
+    ) -> Selection:
+        """The kept samples of a round with training scores: InfoBatch's epoch plan, or the
+        policy among the samples with a fresh loss plus every sample without one."""
+        if isinstance(self.policy, InfoBatchPolicy):
+            return self.policy.select_keys(keys)
+        scored, unscored = np.flatnonzero(fresh), np.flatnonzero(~fresh)
+        self.policy.observe(np.concatenate(group.allgather(losses[scored])))
+        rng = np.random.default_rng([self.config.seed, self.replica, self.rounds])
+        chosen = self.policy.select(losses[scored], rng) if len(scored) else Selection.empty()
+        return Selection.of(
+            np.concatenate([scored[chosen.indices], unscored]),
+            np.concatenate([chosen.probs, np.ones(len(unscored))]),
+        )
 
     def _scores(self, leaves: list[np.ndarray], n: int) -> tuple[Scores, np.ndarray]:
         """The group's losses, and which positions were scored now (the rest reused)."""
@@ -379,6 +487,8 @@ class Sifter:
     def _emit(self, buffer: SampleBuffer, n: int) -> Element:
         start = time.perf_counter()
         leaves, probs = buffer.take(n)
+        if self.recorder is not None:  # the keys ride along as a last leaf
+            self.recorder.yielded(leaves.pop())
         element = tree.pack_sequence_as(self.element_spec, leaves)
         self.metrics.time_accumulating += time.perf_counter() - start
         self.metrics.batches_yielded += 1
@@ -449,9 +559,34 @@ class SiftedDataset(tf.data.Dataset):  # type: ignore[misc]
         for element in self.sifter.epoch(self.source):
             yield tree.map_structure(tf.convert_to_tensor, element)
 
+    def record(self, losses: Any) -> None:
+        """Hands back the per-sample losses the training step computed for the batch this
+        dataset yielded last (``SiftConfig(scores="training")``): a ``StepOutput`` of
+        per-sample losses, a tensor or an array of shape (B,), unweighted, the same on
+        every rank of a pipeline. They become those samples' scores for the rounds that
+        follow; a batch not recorded leaves its samples unscored.
+
+        Example:
+            >>> for x, y in train:
+            ...     grads, losses = forward_backward(x, y)   # losses: a StepOutput (B,)
+            ...     train.record(losses)
+
+        Raises:
+            ValueError: with ``scores="forward"``, or not one loss per sample.
+            RuntimeError: if no batch was yielded since the last record.
+        """
+        self.sifter.record(losses)
+
     def prefetch(self, buffer_size: Any, name: str | None = None) -> SiftedDataset:
         """Prefetches the source batches; the sifting rounds stay in lock-step."""
         return SiftedDataset(self.sifter, self.source.prefetch(buffer_size, name=name))
+
+
+def _policy(config: SiftConfig) -> Policy | InfoBatchPolicy:
+    if config.policy == "infobatch":
+        assert config.epochs is not None  # SiftConfig checks it
+        return InfoBatchPolicy(config.prune, config.anneal, config.epochs, config.seed)
+    return make_policy(config)
 
 
 def _lock_step_options() -> tf.data.Options:

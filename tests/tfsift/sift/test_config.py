@@ -11,6 +11,7 @@ from tfsift.sift.config import (
     POLICIES,
     RESCALES,
     SCORERS,
+    SCORES,
     SiftConfig,
 )
 
@@ -38,6 +39,12 @@ def test_defaults_are_the_documented_ones() -> None:
     )
     assert (config.stale, config.seed, config.log_dir, config.loss_kind) == (0, 0, None, "auto")
     assert (config.overlap, config.leftover) == (False, "score")
+    assert (config.scores, config.prune, config.anneal, config.epochs) == (
+        "forward",
+        0.5,
+        0.125,
+        None,
+    )
 
 
 def test_choices_are_module_constants() -> None:
@@ -51,7 +58,9 @@ def test_choices_are_module_constants() -> None:
         "coreset_extremes",
         "coreset_mean",
         "adaptive",
+        "infobatch",
     )
+    assert SCORES == ("forward", "training")
     assert RESCALES == ("normalized", "unbiased")
     assert SCORERS == ("full", "early_exit")
     assert LEFTOVERS == ("score", "keep")
@@ -96,6 +105,33 @@ def test_choices_are_module_constants() -> None:
          "one of 'score', 'keep'. Received: leftover='drop'"),
         ({"leftover": "keep"}, "leftover decides what overlap had no wait to score; it "
          "needs overlap=True. Received: leftover='keep', overlap=False"),
+        ({"scores": "backward"}, "scores must be one of 'forward', 'training'. Received: "
+         "scores='backward'"),
+        ({"prune": 1.0}, "prune must be in [0, 1). Received: prune=1.0"),
+        ({"anneal": -0.1}, "anneal must be in [0, 1]. Received: anneal=-0.1"),
+        ({"epochs": 0}, "epochs must be an integer >= 1. Received: epochs=0"),
+        ({"scores": "training", "stale": 2, "scorer": "early_exit"}, "scores='training' runs "
+         "no scoring pass, so it takes no scorer of its own; leave scorer='full'. Received: "
+         "scores='training', scorer='early_exit'"),
+        ({"scores": "training", "stale": 2, "policy": "grad_norm"}, "the grad_norm method "
+         "needs the model's logits, which scores='training' does not keep. Received: "
+         "scores='training', policy='grad_norm', methods=" + repr(METHODS)),
+        ({"scores": "training", "stale": 2, "policy": "adaptive"}, "the grad_norm method "
+         "needs the model's logits, which scores='training' does not keep. Received: "
+         "scores='training', policy='adaptive', methods=" + repr(METHODS)),
+        ({"scores": "training"}, "scores='training' uses the loss a sample had when it was "
+         "last trained, an epoch or more before it comes again; stale must be >= 1 (the "
+         "epochs such a loss stays usable). Received: scores='training', stale=0"),
+        ({"policy": "infobatch", "epochs": 8, "stale": 8, "rescale": "unbiased"},
+         "policy='infobatch' prunes by the loss each sample had when it was last trained; "
+         "it needs scores='training'. Received: scores='forward'"),
+        ({"policy": "infobatch", "scores": "training", "stale": 8, "rescale": "unbiased"},
+         "policy='infobatch' stops pruning for the last anneal fraction of the run; it "
+         "needs epochs (how many epochs you train). Received: epochs=None"),
+        ({"policy": "infobatch", "scores": "training", "stale": 8, "epochs": 8},
+         "policy='infobatch' weighs the kept samples below the mean score by 1 / (1 - "
+         "prune), which the training step must apply; it needs rescale='unbiased' "
+         "(InfoBatch's weights) or 'normalized'. Received: rescale=None"),
     ],
 )  # fmt: skip
 def test_invalid_field_raises_with_constraint_and_value(
@@ -111,8 +147,22 @@ def test_unknown_policy_lists_every_choice() -> None:
         SiftConfig(policy="foo")
     assert str(caught.value) == (
         "policy must be one of 'relative', 'big_loss', 'small_loss', 'uniform', 'grad_norm', "
-        "'adaboost', 'coreset_extremes', 'coreset_mean', 'adaptive'. Received: policy='foo'"
+        "'adaboost', 'coreset_extremes', 'coreset_mean', 'adaptive', 'infobatch'. Received: "
+        "policy='foo'"
     )
+
+
+def test_training_scores_and_infobatch_are_accepted_with_what_they_need() -> None:
+    config = SiftConfig(
+        policy="infobatch", scores="training", stale=8, epochs=8, prune=0.7,
+        rescale="unbiased",
+    )  # fmt: skip
+    assert (config.prune, config.anneal, config.epochs) == (0.7, 0.125, 8)
+    assert config.expected_kept() == pytest.approx(0.65)
+    relative = SiftConfig(scores="training", stale=1, beta=3.0)
+    assert relative.expected_kept() == 0.25
+    adaptive = SiftConfig(policy="adaptive", scores="training", stale=1, methods=("big_loss",))
+    assert adaptive.methods == ("big_loss",)
 
 
 def test_unknown_method_lists_every_method() -> None:

@@ -27,6 +27,10 @@ for name in ("relative", "big_loss", "adaptive"):
     policy = make_policy(SiftConfig(policy=name, methods=("big_loss", "uniform")))
     policy.observe([1.0, 2.0, 3.0])
     policy.select([1.0, 2.0, 3.0], np.random.default_rng(0))
+from tfsift.sift.infobatch import InfoBatchPolicy, infobatch_keep
+
+infobatch_keep([1.0, 2.0, float("nan")], 0.5, np.random.default_rng(0))
+InfoBatchPolicy(0.5, 0.125, 8).begin_epoch(2, np.arange(3.0), np.array([1.0, 2.0, 6.0]))
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
 print("loaded:", loaded)
 """

@@ -300,3 +300,37 @@ def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
     assert plan["scoring"] == 4.0
     assert 0.0 < plan["scoring_call"] < 0.1  # seconds, measured (0 if it failed)
     assert all(r["steps"] >= 4 for r in reports.values())
+
+
+@pytest.mark.parametrize("policy", ["relative", "infobatch"])
+def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
+    policy: str,
+) -> None:
+    # 2 stages x 2 replicas, sifting by the losses the steps recorded; the data is
+    # shuffled before it is sharded, so a sample moves between replicas across epochs.
+    # One table and one policy state (relative's history, InfoBatch's epoch plan) on
+    # every rank make every rank decide alike
+    reports = mpi.reports(mpi.run(4, "sift_training_check.py", "2", policy, timeout=240))
+    ranks = list(reports.values())
+    assert sorted((r["stage"], r["replica"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for replica in (0, 1):
+        pipeline = [r for r in ranks if r["replica"] == replica]
+        assert pipeline[0]["batches"] == pipeline[1]["batches"]
+        assert pipeline[0]["recorded"] == pipeline[1]["recorded"]  # the same losses
+    counts = {tuple(len(epoch) for epoch in r["batches"]) for r in ranks}
+    assert len(counts) == 1
+    (per_epoch,) = counts
+    assert per_epoch[0] == 256 // 2 // 16 and per_epoch[1] < per_epoch[0]  # sifted
+    last: dict[str, list[float]] = {}
+    for r in ranks:
+        for i, loss, epoch in r["recorded"]:
+            if str(i) not in last or last[str(i)][1] < epoch:
+                last[str(i)] = [loss, epoch]
+    for r in ranks:  # one table everywhere: each sample's last training loss
+        assert r["table"] == last
+        assert r["policy"] == ranks[0]["policy"]
+        assert r["scorer_calls"] == 0 and r["metrics"]["samples_scored"] == 0
+    moved = {i for i, *_ in ranks[0]["recorded"]} & {
+        i for r in ranks if r["replica"] == 1 for i, *_ in r["recorded"]
+    }
+    assert moved  # samples trained on both replicas over the epochs

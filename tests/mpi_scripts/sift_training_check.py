@@ -1,0 +1,141 @@
+"""Every rank: sift by the losses of the training pass (scores="training"); report the table.
+
+usage: sift_training_check.py K POLICY
+  K stages; the other ranks are replicas. POLICY "relative" or "infobatch". Three epochs
+  of a dataset shuffled before it is sharded, so that a sample trained on one replica
+  comes to another the next epoch. Each rank reports the batches it yielded, the losses
+  it recorded, its score table by sample id, its policy's state, and how often a scorer
+  was called (never, with training scores).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfsift
+from mpi import report
+from tfsift.sift import scorer as scorer_module
+from tfsift.sift.stale import ScoreCache
+
+N, B, EPOCHS, SEED = 256, 16, 3, 5
+PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+class Net(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(16, activation="tanh")
+        self.drop = keras.layers.Dropout(0.3)  # training losses differ from forward ones
+        self.b = keras.layers.Dense(8, activation="tanh")
+        self.c = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.c(self.b(self.drop(self.a(x))))
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 4)).astype(np.float32)
+    x[:, 0] = np.arange(N) / 1000  # the sample id rides along in the features
+    return x, rng.integers(0, 3, N)
+
+
+def ids(x: Any) -> list[int]:
+    return [round(float(v) * 1000) for v in np.asarray(x)[:, 0]]
+
+
+def count_scorer_calls() -> list[int]:
+    """Counts the calls of every scorer (each would run a scoring forward)."""
+    calls = [0]
+    for cls in (scorer_module.FullScorer, scorer_module.StepScorer, scorer_module.NoScorer):
+        original = cls.__call__
+
+        def counted(self: Any, element: Any, original: Any = original) -> Any:
+            calls[0] += 1
+            return original(self, element)
+
+        cls.__call__ = counted  # type: ignore[method-assign]
+    return calls
+
+
+def table_by_id(cache: ScoreCache) -> dict[int, list[float]]:
+    """The score table as {sample id: [loss, epoch]}, from the samples' fingerprints."""
+    keys = ScoreCache(1).fingerprints(list(data()))  # the projection the sifter's uses
+    state = cache.state()
+    at = {float(k): i for i, k in enumerate(state["keys"])}
+    return {
+        i: [float(state["losses"][at[k]]), int(state["epochs"][at[k]])]
+        for i, k in enumerate(keys.tolist())
+        if k in at
+    }
+
+
+def main() -> None:
+    K, policy = int(sys.argv[1]), sys.argv[2]
+    tfsift.init({"partitions": K, "microbatches": 2, "profile_repeats": 1})
+    calls = count_scorer_calls()
+    keras.utils.set_random_seed(SEED)
+    model = Net()
+    shuffled = tf.data.Dataset.from_tensor_slices(data()).shuffle(N, seed=SEED)
+    source = tfsift.shard(shuffled).batch(B, drop_remainder=True)
+    fields: dict[str, Any] = {"policy": policy, "scores": "training", "stale": 1, "seed": SEED}
+    if policy == "infobatch":
+        fields.update(stale=EPOCHS, epochs=EPOCHS, anneal=0.0, rescale="unbiased")
+    else:
+        fields.update(beta=1.0, history=64)
+    train = source.apply(tfsift.sift(config=tfsift.SiftConfig(**fields)))
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tfsift.step
+    def step(xb: tf.Tensor, yb: tf.Tensor) -> Any:
+        losses = PER_SAMPLE(yb, model(xb, training=True))
+        grads = tfsift.gradients(tf.reduce_mean(losses), model.trainable_variables)
+        return grads, losses
+
+    batches: list[list[list[int]]] = []
+    recorded: list[tuple[int, float, int]] = []  # (id, loss, epoch)
+    for epoch in range(1, EPOCHS + 1):
+        batches.append([])
+        for xb, yb, *_ in train:
+            grads, losses = step(xb, yb)
+            grads = tfsift.allreduce(grads)
+            if grads:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            train.record(losses)
+            batches[-1].append(ids(xb))
+            values = losses.concat().numpy().tolist()
+            recorded += [(i, v, epoch) for i, v in zip(ids(xb), values, strict=True)]
+    sifter = train.sifter
+    assert sifter.cache is not None and sifter.recorder is not None
+    sifter.recorder.merge(sifter._replicas())  # the last epoch's records (collective)
+    policy_state = sifter.policy.state()
+    report(
+        rank=tfsift.rank(),
+        stage=tfsift.mp_rank(),
+        replica=tfsift.dp_rank(),
+        batches=batches,
+        recorded=recorded,
+        table=table_by_id(sifter.cache),
+        policy={k: np.asarray(v).tolist() for k, v in _flat(policy_state).items()},
+        scorer_calls=calls[0],
+        metrics={k: v for k, v in tfsift.sift_metrics().items() if isinstance(v, (int, float))},
+    )
+
+
+def _flat(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+if __name__ == "__main__":
+    main()

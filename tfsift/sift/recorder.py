@@ -1,0 +1,109 @@
+"""Scores from the training pass: the per-sample losses each step hands back, by sample key.
+
+With ``SiftConfig(scores="training")`` no scoring forward runs. The sifted dataset yields
+a batch; the training loop trains on it and hands its per-sample losses back with
+``train.record(losses)``; those become the samples' scores in the table that the next
+rounds select from (``tfsift.sift.stale.ScoreCache``, keyed by the samples' content
+fingerprints, so shuffling does not matter)::
+
+    round: keys of the g·B candidates ─► merge the records ─► look up ─► select ─► buffer
+    yield batch (its keys noted) ─► training step ─► record(losses): queued with the keys
+
+Records are queued on each rank and merged into the table at the next round (and at
+each epoch's start), after an allgather over the replicas in replica order, so every
+replica holds the same table (and, as every rank of a pipeline records the same
+losses, every rank does). Where one key was recorded twice, the later record wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tfsift.sift.replicas import RECORDS, ReplicaGroup
+from tfsift.sift.scorer import concat
+from tfsift.sift.selection import check_losses
+from tfsift.sift.stale import ScoreCache
+
+
+class Recorder:
+    """The losses recorded since the last merge, and the keys of the batch yielded last.
+
+    Example:
+        >>> cache = ScoreCache(epochs=1)
+        >>> recorder = Recorder(cache)
+        >>> recorder.yielded(np.array([7.0, 3.0]))
+        >>> recorder.record(np.array([0.25, 2.0]), epoch=1)
+        >>> recorder.merge(None)  # one replica: no exchange
+        >>> cache.lookup(np.array([3.0, 7.0, 5.0]), epoch=2)[1].tolist()
+        [2.0, 0.25, nan]
+    """
+
+    def __init__(self, cache: ScoreCache) -> None:
+        self.cache = cache
+        self._keys: list[np.ndarray] = []
+        self._losses: list[np.ndarray] = []
+        self._epochs: list[np.ndarray] = []
+        self._yielded: np.ndarray | None = None
+
+    def yielded(self, keys: np.ndarray) -> None:
+        """Notes the keys of the batch the sifted dataset has just yielded."""
+        self._yielded = np.asarray(keys, np.float64)
+
+    def record(self, losses: Any, epoch: int) -> None:
+        """Queues the per-sample ``losses`` (a ``StepOutput``, tensor or array) of the
+        batch yielded last, trained in ``epoch``.
+
+        Raises:
+            RuntimeError: if no batch was yielded since the last record.
+            ValueError: if ``losses`` is not one loss per sample of that batch.
+        """
+        keys = self._yielded
+        if keys is None:
+            raise RuntimeError(
+                "record takes the per-sample losses of the batch the sifted dataset yielded "
+                "last, once per batch; no batch was yielded since the last record (or since "
+                "the dataset was made or restored)"
+            )
+        values = check_losses(concat(losses), len(keys))
+        self._keys.append(keys)
+        self._losses.append(values)
+        self._epochs.append(np.full(len(keys), epoch, np.float64))
+        self._yielded = None
+
+    def merge(self, group: ReplicaGroup | None) -> None:
+        """Stores every replica's queued records in the table (collective over ``group``;
+        None: this replica's alone)."""
+        mine = np.concatenate([_joined(self._keys), _joined(self._losses), _joined(self._epochs)])
+        parts = [mine] if group is None else group.allgather(mine, RECORDS)
+        keys, losses, epochs = (np.concatenate(p) for p in zip(*map(_thirds, parts), strict=True))
+        self._keys, self._losses, self._epochs = [], [], []
+        if len(keys):  # reversed: where a key repeats, the table keeps its later loss
+            self.cache.store(keys[::-1], losses[::-1], epochs[::-1].astype(np.int64))
+
+    def state(self) -> dict[str, Any]:
+        """The queued records and the keys awaiting a record, for a checkpoint."""
+        return {
+            "keys": _joined(self._keys),
+            "losses": _joined(self._losses),
+            "epochs": _joined(self._epochs),
+            "yielded": self._yielded,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores ``state()``."""
+        self._keys = [np.asarray(state["keys"], np.float64)]
+        self._losses = [np.asarray(state["losses"], np.float64)]
+        self._epochs = [np.asarray(state["epochs"], np.float64)]
+        yielded = state["yielded"]
+        self._yielded = None if yielded is None else np.asarray(yielded, np.float64)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, np.float64)
+
+
+def _thirds(values: np.ndarray) -> list[np.ndarray]:
+    """A replica's [keys, losses, epochs] from their concatenation."""
+    return np.split(values, 3)
