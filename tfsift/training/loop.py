@@ -8,6 +8,7 @@ rank at the same epoch). Only rank 0 shows Keras' progress bar.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from tfsift.model import DistributedModel
 
 Logs = dict[str, float]
+
+
+# hands a step's labels and predictions back to a sifted dataset (scores="training")
+Record = Callable[[Any, Any], None]
 
 
 def fit(
@@ -52,8 +57,10 @@ def fit(
     train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
     if validation_data is not None:
         validation_data = data.validation(validation_data, batch_size, M, ranks)
+    record = None
     if sift is not None:
         train = train.apply(sift_transform(model, compiled.per_sample_loss, sift))
+        record = _recorder(compiled, train) if sift.scores == "training" else None
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
     cbs = _callbacks(model, callbacks, verbose, epochs=epochs, steps=steps)
     model.stop_training = False
@@ -61,7 +68,7 @@ def fit(
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
-        epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs)
+        epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs, record)
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             val = _test_loop(model, compiled, validation_data, validation_steps, cbs)
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
@@ -166,12 +173,13 @@ def _train_epoch(
     dataset: Any,
     steps: int | None,
     cbs: keras.callbacks.CallbackList,
+    record: Record | None = None,
 ) -> Logs:
     tracker = _reset(compiled)
     logs: Logs = {}
     for n, batch in enumerate(data.batches(dataset, steps)):
         cbs.on_train_batch_begin(n)
-        logs = _train_batch(model, compiled, tracker, batch)
+        logs = _train_batch(model, compiled, tracker, batch, record)
         cbs.on_train_batch_end(n, logs)
         if model.stop_training:
             break
@@ -179,15 +187,34 @@ def _train_epoch(
 
 
 def _train_batch(
-    model: DistributedModel, compiled: Compiled, tracker: keras.metrics.Mean, batch: Any
+    model: DistributedModel,
+    compiled: Compiled,
+    tracker: keras.metrics.Mean,
+    batch: Any,
+    record: Record | None = None,
 ) -> Logs:
-    """One optimizer step, as the README's ``@tfsift.step`` loop does it; returns the logs."""
+    """One optimizer step, as the README's ``@tfsift.step`` loop does it; returns the logs.
+    With ``record`` (``SiftConfig(scores="training")``) the batch's per-sample losses go
+    back to the sifted dataset."""
     x, y, weight = batch
     grads, loss, y_pred = compiled.train_step(x, y, *_weights(weight))
     grads = allreduce(grads)
     if grads:  # a stage may hold no trainable variables
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    if record is not None:
+        record(y, y_pred)
     return _update(compiled, tracker, loss, y_pred, y, weight)
+
+
+def _recorder(compiled: Compiled, train: Any) -> Record:
+    """Hands a step's per-sample losses (unweighted, from its predictions, which every rank
+    of the pipeline holds) back to the sifted dataset ``train``."""
+
+    def record(y: Any, y_pred: Any) -> None:
+        predictions = tree.map_structure(lambda o: o.concat(), y_pred)
+        train.record(compiled.per_sample_loss(y, predictions))
+
+    return record
 
 
 def _test_loop(

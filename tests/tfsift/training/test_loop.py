@@ -129,6 +129,16 @@ def test_fit_with_sift_trains_on_the_kept_samples() -> None:
     assert tfsift.sift_metrics()["kept_fraction"] == pytest.approx(0.5)
 
 
+def test_fit_with_training_scores_hands_each_steps_losses_back_and_scores_nothing() -> None:
+    model = compiled_model()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5, scores="training", stale=1)
+    model.fit(dataset(), epochs=3, verbose=0, sift=config)
+    metrics = tfsift.sift_metrics()
+    assert metrics["samples_scored"] == 0  # no scoring forward: the losses came from fit
+    assert metrics["samples_reused"] > 0  # epochs 2 and 3 selected on epoch 1's and 2's
+    assert metrics["kept_fraction"] < 1.0
+
+
 def test_a_batch_not_divisible_by_microbatches_fails_before_training() -> None:
     model = compiled_model(microbatches=3)
     with pytest.raises(ValueError) as err:
