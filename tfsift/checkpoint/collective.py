@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tfsift.checkpoint.files import CheckpointError
-from tfsift.parallel.comm import bcast_object
 
 T = TypeVar("T")
 Outcome = tuple[str, Any, str]  # ("ok", value, "") or ("error", kind, message)
@@ -28,7 +27,7 @@ def on_root(comm: Any, fn: Callable[[], T]) -> T:
     if comm.Get_rank() == 0:
         outcome, local = _attempt(fn, 0)
     if comm.Get_size() > 1:
-        outcome = bcast_object(comm, outcome)  # the others sleep while rank 0 writes
+        outcome = comm.bcast(outcome, root=0)
     assert outcome is not None
     return _unwrap([outcome], local)[0]  # type: ignore[no-any-return]
 
