@@ -199,10 +199,13 @@ def test_a_real_launch_with_python_first_runs_the_script_on_every_rank(tmp_path:
         "import json, os, sys\n"
         "print(json.dumps([os.environ['OMPI_COMM_WORLD_RANK'], sys.executable, sys.argv[1:]]))\n"
     )
+    # as launched from a shell: tests before this one made pytest's process an MPI
+    # singleton, whose PMIx variables make a child mpirun given --host exit 1 silently
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "OMPI_"))}
     done = subprocess.run(
         [PY, "-m", "tfsift.cli", "run", "-np", "2", "-H", "localhost:2", "python", str(script),
          "--flag"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     ranks = sorted(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
