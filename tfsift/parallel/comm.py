@@ -199,9 +199,9 @@ def bcast_from_stage(
 def bcast_object(comm: Any, value: Any, root: int = 0) -> Any:
     """``comm.bcast(value, root)`` (any picklable value) whose waiting ranks sleep.
 
-    MPI's blocking ``bcast`` polls: while rank 0 profiled the model or wrote a
-    checkpoint, every other rank kept a core busy waiting, and with more ranks than
-    cores (4 ranks on 2 here) rank 0 ran at half speed. Here the non-blocking broadcasts
+    MPI's blocking ``bcast`` polls: while rank 0 profiled the model, every other rank
+    kept a core busy waiting, and with more ranks than cores (4 ranks on 2 here) rank 0
+    ran at half speed. Here the non-blocking broadcasts
     are waited for by ``watchdog.wait``, which sleeps; like ``bcast`` it waits as long
     as the root takes (profiling a large model may take minutes).
 
