@@ -16,16 +16,17 @@ its own one-process step. The PyTorch rows need a benchmark-only environment wit
 PyTorch (never tfsift's dependency): ``--torch PYTHON``, by default ``.venv-peers``,
 which ``bash scripts/bench/peers-venv.sh`` makes; without it they are left out.
 
-usage: .venv/bin/python scripts/bench_peers.py [--quick] [--no-docs] [--json F] [--render F]
+usage: .venv/bin/python scripts/bench_peers.py [--torch PYTHON] [--quick] [--no-docs]
+       [--json F] [--render F]
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import socket
 import statistics
-import sys
 from pathlib import Path
 
 from bench_pipeline import WORKER
@@ -33,7 +34,7 @@ from bench_pipeline import Settings as ChainSettings
 
 from bench import harness, report
 from bench.harness import ROOT, Result, say
-from bench.main import Benchmark, parser, run
+from bench.main import Benchmark, run
 
 TORCH_WORKER = ROOT / "scripts" / "_bench_peers_torch_worker.py"
 TORCH_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
@@ -145,11 +146,11 @@ BENCH = Benchmark(
 
 
 def main() -> None:
-    extra = parser(BENCH)
-    extra.add_argument("--torch", default=str(TORCH_PYTHON), help="Python with PyTorch")
-    known = extra.parse_args()
-    base = QUICK if known.quick else Settings()
-    rest = [a for a in sys.argv[1:] if not a.startswith("--torch") and a != known.torch]
+    """Takes ``--torch PYTHON`` off the command line; the rest is the shared one's."""
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--torch", default=str(TORCH_PYTHON))
+    known, rest = own.parse_known_args()
+    base = QUICK if "--quick" in rest else Settings()
     run(BENCH, rest, dataclasses.replace(base, torch=known.torch))
 
 
