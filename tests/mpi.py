@@ -14,16 +14,19 @@ from tfsift.parallel.launch import mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+LEAN_SITE = Path(__file__).resolve().parent / "lean_site"  # see its sitecustomize.py
 REPORTS = "TFSIFT_TEST_REPORTS"
 
 
-def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+def environment(extra: dict[str, str] | None = None, *, lean: bool = False) -> dict[str, str]:
+    """The jobs' environment; ``lean`` adds ``LEAN_SITE`` for the test scripts' ranks."""
+    path = [str(ROOT), str(ROOT / "tests"), str(SCRIPTS)]
     env = dict(os.environ)
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(SCRIPTS)]),
+        PYTHONPATH=os.pathsep.join([str(LEAN_SITE), *path] if lean else path),
         OMP_NUM_THREADS="1",
         TF_NUM_INTEROP_THREADS="1",
         TF_NUM_INTRAOP_THREADS="1",
@@ -41,6 +44,7 @@ def run(
     launcher: str = "mpirun",
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``tests/mpi_scripts/<script>`` on ``np`` ranks; never hangs past ``timeout``."""
+    lean = not Path(script).is_absolute()  # a test script, not an example
     argv = [str(SCRIPTS / script), *args]
     reports_dir = tempfile.mkdtemp(prefix="tfsift-reports-")
     env = {**(env or {}), REPORTS: reports_dir}
@@ -57,7 +61,12 @@ def run(
     else:
         cmd = mpirun_command(np, argv)
     proc = subprocess.run(
-        cmd, env=environment(env), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        cmd,
+        env=environment(env, lean=lean),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
     proc.reports_dir = reports_dir  # type: ignore[attr-defined]
     return proc

@@ -54,7 +54,7 @@ def test_same_script_runs_as_one_plain_process_with_one_partition(tmp_path: Path
     script = str(mpi.SCRIPTS / "hybrid_check.py")
     proc = subprocess.run(
         [sys.executable, script, "1", "cluster", "2"],
-        env=mpi.environment({mpi.REPORTS: str(tmp_path)}),
+        env=mpi.environment({mpi.REPORTS: str(tmp_path)}, lean=True),
         capture_output=True,
         text=True,
         timeout=300,
