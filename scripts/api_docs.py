@@ -77,6 +77,8 @@ def public_object(name: str) -> Any:
     """
     if name == "__version__":
         return tfsift.__version__
+    if name == "callbacks":  # a sub-package of classes
+        return importlib.import_module("tfsift.callbacks")
     module = tfsift._EXPORTS[name]  # the module that defines the name
     return getattr(importlib.import_module(module), name)
 
@@ -315,6 +317,11 @@ def name_section(name: str) -> str:
             f"## {title}\n\n`str`: the version of this tfsift (`tfsift/version.py`); "
             "`tfsift --version` prints it."
         )
+    if inspect.ismodule(obj):
+        return "\n\n".join(
+            [f"## {title}", docstring_markdown(inspect.getdoc(obj) or "")]
+            + [_class_section(f"{name}.{inner}", getattr(obj, inner)) for inner in obj.__all__]
+        )
     doc = inspect.getdoc(obj) or ""
     skip = ("Fields",) if dataclasses.is_dataclass(obj) else ()
     parts = [f"## {title}", _code(signature(obj, f"tfsift.{name}")), docstring_markdown(doc, skip)]
@@ -325,6 +332,17 @@ def name_section(name: str) -> str:
     if inspect.isclass(obj):
         parts += [member_section(obj, member, value) for member, value in members(obj)]
     return "\n\n".join(part for part in parts if part)
+
+
+def _class_section(name: str, cls: type) -> str:
+    """A class of a public sub-package (``tfsift.callbacks.BackupAndRestore``)."""
+    title = f"tfsift.{name}"
+    parts = [
+        f"### `{title}`",
+        _code(signature(cls, title)),
+        docstring_markdown(inspect.getdoc(cls) or ""),
+    ]
+    return "\n\n".join(parts)
 
 
 def member_section(cls: type, name: str, value: Any) -> str:

@@ -75,6 +75,7 @@ __all__ = [
     "__version__",
     "allreduce",
     "broadcast_variables",
+    "callbacks",
     "dp_process_set",
     "dp_rank",
     "dp_size",
@@ -98,8 +99,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "sift":  # the callable sub-package (see tfsift/sift/__init__.py)
-        return importlib.import_module("tfsift.sift")
+    if name in ("sift", "callbacks"):  # sub-packages (sift is callable: tfsift/sift/__init__)
+        return importlib.import_module(f"tfsift.{name}")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'tfsift' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -173,28 +173,41 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)
         return part
 
-    # ---- Keras' save paths on a partitioned model (issue 14) --------------------------------
+    # ---- Keras' save paths on a partitioned model (issues 14, 33) -----------------------------
     # After partitioning a rank holds only its stage's weights (the others are freed), so
-    # Keras' own save paths cannot see the whole model: save and save_weights name the tfsift
-    # function to use; count_params and summary describe every stage from the traced graph.
+    # save, save_weights and load_weights become collectives that gather the stages
+    # (tfsift.training.saving): every rank calls them, as Keras callbacks do.
+    # count_params and summary describe every stage from the traced graph.
 
-    def save(self, filepath: Any, *args: Any, **kwargs: Any) -> Any:
-        """Keras' ``save``; a partitioned model raises, naming ``tfsift.save_model``."""
-        self._tfsift_refuse(
-            "save",
-            "tfsift.save_model(model, path), which writes one .keras file of the whole model",
-        )
-        return super().save(filepath, *args, **kwargs)
+    def save(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
+        """Keras' ``save``. Partitioned: collective (every rank calls it, as
+        ``ModelCheckpoint`` does), it writes one ordinary ``.keras`` file of the whole model
+        on rank 0 (``tfsift.save_model``)."""
+        if self.partitioned is None:
+            return super().save(filepath, overwrite=overwrite, **kwargs)
+        from tfsift import training
 
-    def save_weights(self, filepath: Any, *args: Any, **kwargs: Any) -> Any:
-        """Keras' ``save_weights``; a partitioned model raises, naming the tfsift functions."""
-        self._tfsift_refuse(
-            "save_weights",
-            "tfsift.CheckpointManager(model, optimizer, directory).save(step) for a "
-            "checkpoint (tfsift.load_weights(model, directory) loads it), or "
-            "tfsift.save_model(model, path) for one .keras file of the whole model",
-        )
-        return super().save_weights(filepath, *args, **kwargs)
+        training.save(self, filepath, overwrite)
+        return None
+
+    def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> Any:
+        """Keras' ``save_weights``. Partitioned: collective, it writes one ``.weights.h5``
+        file of the whole model's weights on rank 0; ``load_weights`` reads it back."""
+        if self.partitioned is None:
+            return super().save_weights(filepath, overwrite=overwrite, **kwargs)
+        from tfsift import training
+
+        training.save_weights(self, filepath, overwrite)
+        return None
+
+    def load_weights(self, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+        """Keras' ``load_weights``, collective: a ``.keras`` or ``.weights.h5`` file, or a
+        tfsift checkpoint directory, into a model that has run a step (``fit``,
+        ``predict`` or a ``@tfsift.step`` call); before that, ``tfsift.load_weights(model,
+        path, example=...)`` partitions it first."""
+        from tfsift import training
+
+        training.load_weights(self, filepath)
 
     def count_params(self) -> int:
         """The number of weights of the whole model, every stage's (as Keras counts them)."""
@@ -212,15 +225,6 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             return
         for line in self._tfsift_summary(part):
             (print_fn or print)(line)
-
-    def _tfsift_refuse(self, method: str, instead: str) -> None:
-        part = self.partitioned
-        if part is not None:
-            raise RuntimeError(
-                f"model.{method}() cannot save DistributedModel {self.name!r} once it is "
-                f"partitioned (partitions={len(part.bounds) - 1}; this rank holds only stage "
-                f"{part.stage.index}'s weights). Use {instead}."
-            )
 
     def _tfsift_first_uses(self) -> list[Any]:
         """The traced nodes that first call each operation (a shared layer counts once)."""
@@ -300,17 +304,21 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 divisible by ``microbatches``; or input arrays, sharded over the replicas
                 and batched (``batch_size``, default 32) with ``drop_remainder=True``.
             y: the targets, with input arrays.
-            **kwargs: ``batch_size``, ``shuffle`` and ``sample_weight`` (with arrays),
-                ``epochs``, ``verbose``, ``callbacks``, ``validation_data``,
-                ``initial_epoch``, ``steps_per_epoch``, ``validation_steps``,
-                ``validation_freq``, and ``sift`` (a ``tfsift.SiftConfig``: train on the
+            **kwargs: Keras' ``fit`` arguments, all of them: ``batch_size``, ``shuffle``,
+                ``sample_weight`` and ``validation_split`` (the last samples, with arrays),
+                ``class_weight``, ``epochs``, ``verbose``, ``callbacks`` (Keras' own work:
+                see ``tfsift.callbacks``), ``validation_data``, ``initial_epoch``,
+                ``steps_per_epoch``, ``validation_steps``, ``validation_batch_size``,
+                ``validation_freq``; and ``sift`` (a ``tfsift.SiftConfig``: train on the
                 batches ``tfsift.sift`` keeps, scored with the compiled loss per sample).
 
         Returns:
             A ``keras.callbacks.History``.
 
         Raises:
-            ValueError: a dataset whose batches do not split into ``microbatches``.
+            ValueError: a dataset whose batches do not split into ``microbatches``;
+                ``validation_split`` with a dataset; ``class_weight`` with ``sift``.
+            TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).
             RuntimeError: the model was not compiled.
         """
         from tfsift import training
@@ -326,10 +334,40 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     def predict(self, x: Any = None, **kwargs: Any) -> Any:
         """Keras' ``predict`` (``batch_size``, ``verbose``, ``steps``, ``callbacks``): NumPy
-        predictions, on every rank of the pipeline."""
+        predictions, on every rank of the pipeline. Needs no ``compile``."""
         from tfsift import training
 
         return training.predict(self, x, **kwargs)
+
+    def train_on_batch(
+        self,
+        x: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        class_weight: Any = None,
+        return_dict: bool = False,
+    ) -> Any:
+        """Keras' ``train_on_batch``: one optimizer step on this replica's batch (every
+        rank of a pipeline passes the same one). Returns the batch's loss and metrics,
+        averaged over the replicas; unlike Keras, the metrics restart at each call."""
+        from tfsift import training
+
+        return training.train_on_batch(self, x, y, sample_weight, class_weight, return_dict)
+
+    def test_on_batch(
+        self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False
+    ) -> Any:
+        """Keras' ``test_on_batch``: the batch's loss and metrics, averaged over the replicas."""
+        from tfsift import training
+
+        return training.test_on_batch(self, x, y, sample_weight, return_dict)
+
+    def predict_on_batch(self, x: Any) -> Any:
+        """Keras' ``predict_on_batch``: NumPy predictions of one batch (its size a multiple
+        of ``microbatches``). Needs no ``compile``."""
+        from tfsift import training
+
+        return training.predict_on_batch(self, x)
 
     # ---- end of Keras' training API -----------------------------------------------------------
 

@@ -1,11 +1,15 @@
-"""Every rank: model.fit against the README's @tfsift.step loop; report what each rank saw.
+"""Every rank: model.fit against the README's @tfsift.step loop, and Keras' callbacks
+(ModelCheckpoint, CSVLogger, EarlyStopping) and tfsift's BackupAndRestore; report what
+each rank saw.
 
 usage: fit_check.py K    (partitions; the world's other factor is data-parallel replicas)
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -13,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
-from mpi import report
+from mpi import REPORTS, report
 
 N, B, M, SEED, EPOCHS = 128, 16, 2, 11, 3
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -86,7 +90,7 @@ def early_stopped_epochs(K: int) -> int:
     keras.utils.set_random_seed(SEED)
     model = Net(K)
     model.compile(optimizer="adam", loss=LOSS)
-    stop = keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=100.0, patience=1)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=100.0, patience=1, verbose=1)
     history = model.fit(dataset(0), epochs=10, validation_data=dataset(1), callbacks=[stop])
     return len(history.history["loss"])
 
@@ -100,8 +104,68 @@ def sifted_history(K: int) -> dict[str, list[float]]:
     return history
 
 
+class Interrupt(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if epoch == 1:
+            raise KeyboardInterrupt("stopped after epoch 1")
+
+
+def adam_model(K: int) -> Net:
+    keras.utils.set_random_seed(SEED)
+    model = Net(K)
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss=LOSS)
+    return model
+
+
+def with_callbacks(K: int, out: Path) -> dict[str, Any]:
+    """ModelCheckpoint (best .keras, weights each epoch), CSVLogger, EarlyStopping's message
+    and tfsift's BackupAndRestore on every rank; what they left behind."""
+    rank = tfsift.rank()
+    model = adam_model(K)
+    best = keras.callbacks.ModelCheckpoint(out / "best.keras", "loss", save_best_only=True)
+    each = keras.callbacks.ModelCheckpoint(out / "w-{epoch}.weights.h5", save_weights_only=True)
+    csv = keras.callbacks.CSVLogger(str(out / f"log-rank{rank}.csv"))
+    stop = keras.callbacks.EarlyStopping("loss", min_delta=100.0, patience=1, verbose=1)
+    model.fit(dataset(1), epochs=EPOCHS, verbose=0, callbacks=[best, each, csv, stop])
+    x = np.concatenate([x for x, _ in dataset(1)])
+    want = model.predict(x, batch_size=B, verbose=0)
+    loaded = adam_model(K)
+    loaded.predict(x, batch_size=B, verbose=0)  # partitions it
+    loaded.load_weights(out / "w-2.weights.h5")  # collective, as the save was
+    found = {
+        "files": sorted(p.name for p in out.iterdir()),
+        "weights_file_error": float(np.max(np.abs(loaded.predict(x, verbose=0) - want))),
+    }
+    if rank == 0:  # a plain Keras model, anywhere
+        plain = keras.saving.load_model(out / "best.keras")
+        found["keras_file_error"] = float(np.max(np.abs(plain.predict(x, verbose=0) - want)))
+
+    whole = adam_model(K)
+    whole.fit(dataset(1), epochs=EPOCHS, verbose=0)
+    backup = out / "backup"
+    try:
+        adam_model(K).fit(
+            dataset(1), epochs=EPOCHS, verbose=0,
+            callbacks=[tfsift.callbacks.BackupAndRestore(backup), Interrupt()],
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        found["backed_up"] = sorted(p.name for p in backup.iterdir() if p.name.startswith("ckpt"))
+    resumed = adam_model(K)
+    history = resumed.fit(
+        dataset(1), epochs=EPOCHS, verbose=0,
+        callbacks=[tfsift.callbacks.BackupAndRestore(backup)],
+    )  # fmt: skip
+    pairs = zip(resumed.trainable_variables, whole.trainable_variables, strict=True)
+    found["resumed_epochs"] = len(history.history["loss"])
+    found["resumed_weight_diff"] = max(float(np.max(np.abs(a - b))) for a, b in pairs)
+    found["backup_left"] = backup.exists()
+    return found
+
+
 def main() -> None:
     K = int(sys.argv[1])
+    out = Path(os.environ[REPORTS]) / "callbacks"
+    out.mkdir(exist_ok=True)
     tfsift.init({"partitions": K, "microbatches": M, "auto_partition": False})
     fitted, history, evaluated, predicted = with_fit(K)
     looped = with_step_loop(K)
@@ -119,6 +183,7 @@ def main() -> None:
         early_stopped_epochs=early_stopped_epochs(K),
         sifted=sifted_history(K),
         kept_fraction=tfsift.sift_metrics()["kept_fraction"],
+        callbacks=with_callbacks(K, out),
     )
 
 

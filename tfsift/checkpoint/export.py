@@ -24,6 +24,8 @@ from tfsift.model import DistributedModel, Partitioned
 from tfsift.parallel import runtime
 from tfsift.planning.graph import Graph
 
+WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3's weights files
+
 
 def save_model(model: DistributedModel, filepath: str | Path) -> Path:
     """Gathers every stage's weights and writes one ordinary Keras 3 ``.keras`` file on rank 0.
@@ -52,18 +54,48 @@ def save_model(model: DistributedModel, filepath: str | Path) -> Path:
         raise ValueError(
             f"tfsift.save_model writes a .keras file. Received: filepath={str(path)!r}"
         )
+    _write_whole(model, "tfsift.save_model", path, keras.saving.save_model)
+    return path
+
+
+def save_weights(model: DistributedModel, filepath: str | Path) -> Path:
+    """Gathers every stage's weights and writes one Keras ``.weights.h5`` file on rank 0.
+
+    Collective: call it on every rank (``model.save_weights`` on a partitioned model, as
+    ``ModelCheckpoint(save_weights_only=True)`` does). The file holds the weights of the
+    functional model ``save_model`` writes; ``model.load_weights`` reads it back.
+
+    Raises:
+        ValueError: ``filepath`` does not end in ``.weights.h5``, or no step has run yet.
+        CheckpointError: the file could not be written.
+    """
+    model = weights.check_model(model, "save_weights")
+    path = Path(filepath)
+    if not path.name.endswith(WEIGHTS_SUFFIX):
+        raise ValueError(
+            f"save_weights writes a Keras weights file, whose name must end in "
+            f"{WEIGHTS_SUFFIX}. Received: filepath={str(filepath)!r}"
+        )
+    _write_whole(model, "save_weights", path, lambda clone, to: clone.save_weights(to))
+    return path
+
+
+def _write_whole(model: DistributedModel, caller: str, path: Path, write: Any) -> None:
+    """Gathers the stages' weights (replica 0's) on rank 0, which calls ``write(clone,
+    file)`` with the whole model's functional clone and a temporary name in ``path``'s
+    directory, then renames it to ``path`` (a reader never sees half a file)."""
     rt = runtime.get()
-    part = weights.partitioned(model, None, "tfsift.save_model")
+    part = weights.partitioned(model, None, caller)
     mine = collective.together(
         rt.world, lambda: weights.values(weights.keyed(model, part)) if rt.replica == 0 else {}
     )
     gathered = rt.world.gather(mine, root=0) if rt.world.Get_size() > 1 else [mine]
-    collective.on_root(rt.world, lambda: _export(model, part, gathered, path))
-    return path
+    collective.on_root(rt.world, lambda: _export(model, part, gathered, path, write))
 
 
 def load_weights(model: DistributedModel, path: str | Path, example: Any = None) -> int | None:
-    """Loads weights into a partitioned model from a ``.keras`` file or a checkpoint.
+    """Loads weights into a partitioned model from a ``.keras`` file, a ``.weights.h5``
+    file (``model.save_weights``) or a checkpoint.
 
     Collective: call it on every rank. A checkpoint is a ``ckpt-<step>`` directory or the
     directory of a ``CheckpointManager`` (its newest complete checkpoint); only the model's
@@ -73,7 +105,8 @@ def load_weights(model: DistributedModel, path: str | Path, example: Any = None)
     Args:
         model: the ``tfsift.DistributedModel``.
         path: a ``.keras`` file written by ``tfsift.save_model`` (or by Keras for a model of
-            the same structure), or a checkpoint directory.
+            the same structure), a ``.weights.h5`` file written by ``model.save_weights``,
+            or a checkpoint directory.
         example: a batch of model inputs (a tensor or a list), needed to partition a model
             that has not run a step, except for a checkpoint (whose manifest has them).
 
@@ -89,7 +122,7 @@ def load_weights(model: DistributedModel, path: str | Path, example: Any = None)
     rt = runtime.get()
     inputs = None if example is None else weights.example_inputs(example, rt.config.microbatches)
     path = Path(path)
-    if path.suffix == ".keras":
+    if path.suffix == ".keras" or path.name.endswith(WEIGHTS_SUFFIX):
         part = collective.together(
             rt.world, lambda: weights.partitioned(model, inputs, "tfsift.load_weights")
         )
@@ -123,7 +156,11 @@ def standalone(part: Partitioned, name: str) -> keras.Model:
 
 
 def _export(
-    model: DistributedModel, part: Partitioned, gathered: list[dict[str, Any]], path: Path
+    model: DistributedModel,
+    part: Partitioned,
+    gathered: list[dict[str, Any]],
+    path: Path,
+    write: Any,
 ) -> None:
     stored: dict[str, Any] = {}
     for values in gathered:
@@ -135,10 +172,10 @@ def _export(
         twin = twins[layer.name]
         pairs = list(zip(layer.variables, twin.variables, strict=True))
         weights.assign([(keys[id(v)], w) for v, w in pairs], stored, "the gathered stages")
-    partial = path.with_name(f".{path.stem}.partial.keras")
+    partial = path.with_name(f".partial-{path.name}")  # the same suffix: Keras checks it
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        keras.saving.save_model(clone, partial)
+        write(clone, partial)
         os.replace(partial, path)
     except OSError as err:
         partial.unlink(missing_ok=True)
@@ -146,7 +183,11 @@ def _export(
 
 
 def _load_keras_file(model: DistributedModel, part: Partitioned, path: Path) -> None:
-    loaded = keras.saving.load_model(path, compile=False)
+    if path.suffix == ".keras":
+        loaded = keras.saving.load_model(path, compile=False)
+    else:  # a weights file of the functional model save_weights writes
+        loaded = standalone(part, model.name)
+        loaded.load_weights(path)
     twins = align(part.graph, loaded, path)
     for layer in part.stage.graph.layers():
         if isinstance(layer, keras.layers.Layer) and layer.variables:

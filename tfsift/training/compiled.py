@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tfsift.model import DistributedModel
 
 _ATTRIBUTE = "_tfsift_compiled"
+_PREDICT = "_tfsift_predict_step"  # a never-compiled model's, made at its first predict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,19 @@ def compiled_of(model: DistributedModel) -> Compiled:
             "predict: call model.compile(optimizer=..., loss=..., metrics=[...])"
         )
     return compiled  # type: ignore[no-any-return]
+
+
+def predict_step_of(model: DistributedModel) -> Callable[..., Any]:
+    """The compiled model's predict step, or one made once for a model never compiled
+    (Keras predicts without ``compile``)."""
+    compiled = getattr(model, _ATTRIBUTE, None)
+    if compiled is not None:
+        return compiled.predict_step  # type: ignore[no-any-return]
+    made = getattr(model, _PREDICT, None)
+    if made is None:
+        made = _predict_step(model)
+        object.__setattr__(model, _PREDICT, made)
+    return made
 
 
 def _train_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..., Any]:

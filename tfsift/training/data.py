@@ -66,6 +66,72 @@ def training_data(
     return checked(dataset.batch(batch, drop_remainder=True), M, what)
 
 
+def split(x: Any, y: Any, sample_weight: Any, fraction: float) -> tuple[tuple[Any, ...], Any]:
+    """``validation_split``: the arrays' last ``fraction`` of samples, before any
+    shuffling, as Keras takes them; returns the training ``(x, y, sample_weight)`` and the
+    validation tuple.
+
+    Raises:
+        ValueError: ``fraction`` not in (0, 1), or ``x`` a dataset.
+    """
+    if isinstance(x, tf.data.Dataset):
+        raise ValueError(
+            "fit's validation_split needs array inputs (a dataset's size and order are "
+            "unknown): pass validation_data=<a batched dataset> instead. Received: "
+            f"validation_split={fraction}, x a tf.data.Dataset"
+        )
+    if not 0 < fraction < 1:
+        raise ValueError(
+            f"fit's validation_split must be between 0 and 1. Received: validation_split={fraction}"
+        )
+    n = len(tree.flatten(x)[0])
+    cut = int(n * (1 - fraction))
+    parts = (x, y, sample_weight)
+    head = tuple(None if p is None else tree.map_structure(lambda a: a[:cut], p) for p in parts)
+    tail = tuple(tree.map_structure(lambda a: a[cut:], p) for p in parts if p is not None)
+    return head, tail
+
+
+def with_class_weight(dataset: tf.data.Dataset, class_weight: dict[int, float]) -> tf.data.Dataset:
+    """``class_weight``: each sample's weight times its class's (by ``y``, or its argmax
+    when ``y`` is one-hot); classes not named weigh 1, as in Keras.
+
+    Raises:
+        ValueError: ``class_weight`` is not a dict of class indices to weights, or the
+            model has several outputs.
+    """
+    if not isinstance(class_weight, dict) or not all(
+        isinstance(k, (int, np.integer)) and k >= 0 for k in class_weight
+    ):
+        raise ValueError(
+            "class_weight must be a dict of class indices (ints >= 0) to weights. "
+            f"Received: class_weight={class_weight!r}"
+        )
+    size = max(class_weight, default=0) + 1
+    table = tf.constant([float(class_weight.get(c, 1.0)) for c in range(size)], tf.float32)
+
+    def weigh(*element: Any) -> Any:
+        x, y, weight = keras.utils.unpack_x_y_sample_weight(element)
+        if len(tree.flatten(y)) != 1:
+            raise ValueError(
+                "class_weight needs a single output's targets; weigh several outputs with "
+                f"sample_weight. Received: y={y}"
+            )
+        classes = _classes(y)
+        # a class beyond the dict's largest index weighs 1
+        w = tf.where(classes < size, tf.gather(table, tf.minimum(classes, size - 1)), 1.0)
+        return x, y, w if weight is None else w * tf.cast(weight, tf.float32)
+
+    return dataset.map(weigh)
+
+
+def _classes(y: Any) -> tf.Tensor:
+    y = tf.convert_to_tensor(y)
+    if y.shape.rank is not None and y.shape.rank >= 2 and y.shape[-1] != 1:
+        return tf.argmax(y, axis=-1, output_type=tf.int64)  # one-hot
+    return tf.cast(tf.round(tf.reshape(y, [-1])), tf.int64)
+
+
 def validation(
     data: Any, batch_size: int | None, M: int, ranks: Sequence[int] = ()
 ) -> tf.data.Dataset:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel import runtime
@@ -20,7 +21,8 @@ from tfsift.parallel.collectives import allreduce
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.transform import sift as sift_transform
 from tfsift.training import data
-from tfsift.training.compiled import Compiled, compiled_of
+from tfsift.training.callbacks import for_rank
+from tfsift.training.compiled import Compiled, compiled_of, predict_step_of
 from tfsift.training.logs import metric_results, replica_mean
 
 if TYPE_CHECKING:
@@ -42,21 +44,41 @@ def fit(
     epochs: int = 1,
     verbose: Any = "auto",
     callbacks: list[keras.callbacks.Callback] | None = None,
+    validation_split: float = 0.0,
     validation_data: Any = None,
+    shuffle: bool = True,
+    class_weight: dict[int, float] | None = None,
+    sample_weight: Any = None,
     initial_epoch: int = 0,
     steps_per_epoch: int | None = None,
     validation_steps: int | None = None,
+    validation_batch_size: int | None = None,
     validation_freq: int = 1,
-    shuffle: bool = True,
-    sample_weight: Any = None,
     sift: SiftConfig | None = None,
 ) -> keras.callbacks.History:
     """Keras' ``fit``, pipelined and data-parallel; see ``DistributedModel.fit``."""
     compiled, M = compiled_of(model), runtime.get().config.microbatches
     ranks = data.input_ranks(model)
+    if validation_split:
+        if validation_data is not None:
+            validation_split = 0.0  # Keras: validation_data takes precedence
+        else:
+            (x, y, sample_weight), validation_data = data.split(
+                x, y, sample_weight, validation_split
+            )
     train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
+    if class_weight is not None:
+        if sift is not None:
+            raise ValueError(
+                "fit cannot take class_weight with sift (the sifted batches carry their own "
+                "sample weights): weigh the classes in the loss instead. Received: "
+                f"class_weight={class_weight}, sift={sift}"
+            )
+        train = data.with_class_weight(train, class_weight)
     if validation_data is not None:
-        validation_data = data.validation(validation_data, batch_size, M, ranks)
+        validation_data = data.validation(
+            validation_data, validation_batch_size or batch_size, M, ranks
+        )
     record = None
     if sift is not None:
         train = train.apply(sift_transform(model, compiled.per_sample_loss, sift))
@@ -65,6 +87,9 @@ def fit(
     cbs = _callbacks(model, callbacks, verbose, epochs=epochs, steps=steps)
     model.stop_training = False
     cbs.on_train_begin()
+    # Keras' protocol for a callback that restored a run (BackupAndRestore): it sets the
+    # epoch to start from during on_train_begin; read once, so a later fit starts afresh.
+    initial_epoch, model._initial_epoch = model._initial_epoch or initial_epoch, None
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
@@ -119,7 +144,7 @@ def predict(
     Every rank of a pipeline returns the same predictions; with a dataset, each replica
     predicts its own batches; with arrays, every rank predicts all of them.
     """
-    compiled = compiled_of(model)
+    predict_step = predict_step_of(model)
     M, ranks = runtime.get().config.microbatches, data.input_ranks(model)
     dataset, keep = data.prediction_data(x, batch_size, M, ranks)
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
@@ -127,13 +152,70 @@ def predict(
     outputs = []
     for n, (inputs, _, _) in enumerate(data.batches(dataset, steps)):
         cbs.on_predict_batch_begin(n)
-        out = tree.map_structure(lambda o: o.concat().numpy(), compiled.predict_step(inputs))
+        out = tree.map_structure(lambda o: o.concat().numpy(), predict_step(inputs))
         outputs.append(out)
         cbs.on_predict_batch_end(n, {"outputs": out})
     cbs.on_predict_end()
     if not outputs:
         raise ValueError("predict read no batch from the dataset. Received: an empty dataset")
     return tree.map_structure(lambda *parts: np.concatenate(parts)[:keep], *outputs)
+
+
+def train_on_batch(
+    model: DistributedModel,
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    class_weight: dict[int, float] | None = None,
+    return_dict: bool = False,
+) -> Any:
+    """Keras' ``train_on_batch``: one step of ``fit`` on one batch; see the model's method."""
+    compiled = compiled_of(model)
+    batch = _one_batch(model, x, y, sample_weight, "train_on_batch")
+    if class_weight is not None:
+        batch = next(iter(data.with_class_weight(_as_dataset(batch), class_weight)))
+    logs = _train_batch(model, compiled, _reset(compiled), batch)
+    return _returned(logs, return_dict)
+
+
+def test_on_batch(
+    model: DistributedModel,
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    return_dict: bool = False,
+) -> Any:
+    """Keras' ``test_on_batch``: ``evaluate`` of one batch."""
+    compiled = compiled_of(model)
+    x, y, weight = _one_batch(model, x, y, sample_weight, "test_on_batch")
+    loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
+    return _returned(_update(compiled, _reset(compiled), loss, y_pred, y, weight), return_dict)
+
+
+def predict_on_batch(model: DistributedModel, x: Any) -> Any:
+    """Keras' ``predict_on_batch``: NumPy predictions of one batch."""
+    x, _, _ = _one_batch(model, x, None, None, "predict_on_batch")
+    return tree.map_structure(lambda o: o.concat().numpy(), predict_step_of(model)(x))
+
+
+def _one_batch(model: DistributedModel, x: Any, y: Any, weight: Any, what: str) -> Any:
+    """``(x, y, sample_weight)`` of one batch, checked as ``fit`` checks a dataset's."""
+    element = tuple(part for part in (x, y, weight) if part is not None)
+    dataset = tf.data.Dataset.from_tensors(element if len(element) > 1 else element[0])
+    M = runtime.get().config.microbatches
+    return next(data.batches(data.checked(dataset, M, what, data.input_ranks(model)), 1))
+
+
+def _as_dataset(batch: Any) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensors(tuple(part for part in batch if part is not None))
+
+
+def _returned(logs: Logs, return_dict: bool) -> Any:
+    """Keras' ``*_on_batch`` results: the logs, or the loss alone, or a list."""
+    if return_dict:
+        return logs
+    values = [float(v) for v in logs.values()]
+    return values[0] if len(values) == 1 else values
 
 
 def _callbacks(
@@ -152,19 +234,6 @@ def _callbacks(
         verbose=verbose,
         **params,
     )
-
-
-def for_rank(
-    callbacks: list[keras.callbacks.Callback], rank: int
-) -> list[keras.callbacks.Callback]:
-    """The callbacks this rank runs: ``TensorBoard`` only on rank 0.
-
-    Every rank sees the same logs, so one writer suffices; several ranks writing event
-    files into one ``log_dir`` would show every curve several times.
-    """
-    if rank == 0:
-        return callbacks
-    return [c for c in callbacks if not isinstance(c, keras.callbacks.TensorBoard)]
 
 
 def _train_epoch(

@@ -1,7 +1,9 @@
 """fit under real mpirun: 2 stages, and 2 replicas; the same History on every rank and the
-README loop's weights."""
+README loop's weights; Keras' callbacks and tfsift's BackupAndRestore across ranks."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,3 +43,19 @@ def test_fit_equals_the_step_loop_with_one_history_on_every_rank(K: int) -> None
     else:  # two replicas: each predicts its own half of the data
         assert len(reports[0]["predicted"]) == len(reports[1]["predicted"])
     assert "loss:" in proc.stdout and proc.stdout.count("Epoch 1/3") == 1  # rank 0 only
+    assert proc.stdout.count("Epoch 2: early stopping") == 2  # two fits, each on rank 0 only
+    check_callbacks(reports)
+
+
+def check_callbacks(reports: dict[int, dict[str, Any]]) -> None:
+    """Collective saves from Keras' ModelCheckpoint, one CSV log, an exact resume."""
+    for rep in reports.values():
+        got = rep["callbacks"]
+        # CSVLogger writes on rank 0 only; the checkpoints once, whole
+        assert got["files"] == ["best.keras", "log-rank0.csv", "w-1.weights.h5", "w-2.weights.h5"]
+        assert got["weights_file_error"] == 0.0  # save_weights then load_weights: every stage
+        assert got["backed_up"] == ["ckpt-1"]
+        assert got["resumed_epochs"] == 1
+        assert got["resumed_weight_diff"] == 0.0  # optimizer, dropout seeds: all restored
+        assert got["backup_left"] is False
+    assert reports[0]["callbacks"]["keras_file_error"] < 1e-5  # plain Keras loads best.keras

@@ -1,4 +1,7 @@
-"""One process: fit, evaluate, predict and callbacks on a DistributedModel (partitions=1)."""
+"""One process: fit, evaluate, predict and callbacks on a DistributedModel (partitions=1), and
+the Keras habits they keep (ModelCheckpoint, BackupAndRestore, validation_split,
+class_weight, predict without compile, *_on_batch); tests/mpi_scripts/fit_check.py runs the
+multi-rank side."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfsift
-from tfsift.training import loop
+from tfsift.training import callbacks
 
 N, B, SEED = 64, 16, 3
 
@@ -197,8 +200,8 @@ def test_tensorboard_writes_train_and_validation_events_on_rank_0_only(tmp_path:
     model.fit(dataset(), epochs=1, verbose=0, validation_data=dataset(), callbacks=[board])
     assert [len(list((tmp_path / d).glob("events.*"))) for d in ("train", "validation")] == [1, 1]
     stop = keras.callbacks.EarlyStopping()
-    assert loop.for_rank([board, stop], 0) == [board, stop]
-    assert loop.for_rank([board, stop], 1) == [stop]
+    assert callbacks.for_rank([board, stop], 0) == [board, stop]
+    assert callbacks.for_rank([board, stop], 1) == [stop]
 
 
 def arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -234,3 +237,177 @@ def test_predict_on_arrays_returns_one_row_per_sample_whatever_the_microbatches(
     )
     with pytest.raises(ValueError, match=r"microbatches=4\. Received: batch_size=6"):
         model.predict(x, batch_size=6, verbose=0)
+
+
+def weights_of(model: Any) -> list[np.ndarray]:
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def assert_same_weights(a: Any, b: Any) -> None:
+    for x, y in zip(weights_of(a), weights_of(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def adam_model() -> Mlp:
+    """Adam, so that a restore that lost the optimizer's moments would show."""
+    tfsift.init({"microbatches": 2})
+    keras.utils.set_random_seed(SEED)
+    model = Mlp()
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def test_model_checkpoint_saves_the_best_keras_file_and_weights_every_epoch(
+    tmp_path: Path,
+) -> None:
+    model = compiled_model()
+    best = keras.callbacks.ModelCheckpoint(tmp_path / "best.keras", "loss", save_best_only=True)
+    each = keras.callbacks.ModelCheckpoint(
+        tmp_path / "w-{epoch}.weights.h5", save_weights_only=True
+    )
+    history = model.fit(dataset(), epochs=3, verbose=0, callbacks=[best, each])
+    assert np.argmin(history.history["loss"]) == 2  # so the best file is the last epoch's
+    x = arrays()[0]
+    restored = keras.saving.load_model(tmp_path / "best.keras")  # plain Keras
+    np.testing.assert_allclose(
+        restored.predict(x, verbose=0), model.predict(x, batch_size=B, verbose=0), atol=1e-6
+    )
+    assert sorted(p.name for p in tmp_path.glob("w-*")) == [f"w-{e}.weights.h5" for e in (1, 2, 3)]
+    other = compiled_model()
+    other.predict(x, batch_size=B, verbose=0)  # partitions it
+    other.load_weights(tmp_path / "w-3.weights.h5")
+    assert_same_weights(other, model)
+
+
+def test_save_and_save_weights_name_the_files_they_write() -> None:
+    model = compiled_model()
+    model.fit(dataset(), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=r"writes a \.keras file\. Received: filepath='m\.h5'"):
+        model.save("m.h5")
+    with pytest.raises(ValueError, match=r"end in \.weights\.h5\. Received: filepath='w\.h5'"):
+        model.save_weights("w.h5")
+
+
+def test_load_weights_before_any_step_says_how_to_partition_first(tmp_path: Path) -> None:
+    model = compiled_model()
+    with pytest.raises(ValueError, match=r"call it after a step, or use tfsift\.load_weights"):
+        model.load_weights(tmp_path / "w.weights.h5")
+
+
+class Interrupt(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if epoch == 1:
+            raise KeyboardInterrupt("stopped after epoch 1")
+
+
+def test_backup_and_restore_resumes_after_the_last_epoch_saved(tmp_path: Path) -> None:
+    whole = adam_model()
+    whole.fit(dataset(), epochs=3, verbose=0)
+    backup = tmp_path / "backup"
+    stopped = adam_model()
+    with pytest.raises(KeyboardInterrupt):
+        stopped.fit(
+            dataset(), epochs=3, verbose=0,
+            callbacks=[tfsift.callbacks.BackupAndRestore(backup), Interrupt()],
+        )  # fmt: skip
+    assert [p.name for p in backup.glob("ckpt-*")] == ["ckpt-1"]  # epochs 0 and 1 done
+    resumed = adam_model()
+    history = resumed.fit(
+        dataset(), epochs=3, verbose=0, callbacks=[tfsift.callbacks.BackupAndRestore(backup)]
+    )
+    assert len(history.history["loss"]) == 1  # epoch 2 only
+    assert_same_weights(resumed, whole)
+    assert not backup.exists()  # delete_checkpoint: fit ended normally
+
+
+def test_callbacks_show_and_write_on_rank_0_only(tmp_path: Path) -> None:
+    csv = keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    stop = keras.callbacks.EarlyStopping(verbose=1)
+    save = keras.callbacks.ModelCheckpoint(tmp_path / "m.keras", verbose=1)
+    assert callbacks.for_rank([csv, board, stop, save], 0) == [csv, board, stop, save]
+    assert (stop.verbose, save.verbose) == (1, 1)
+    assert callbacks.for_rank([csv, board, stop, save], 1) == [stop, save]
+    assert (stop.verbose, save.verbose) == (0, 0)
+
+
+def test_keras_backup_and_restore_is_refused_naming_tfsifts() -> None:
+    model = compiled_model()
+    with pytest.raises(TypeError, match=r"Use tfsift\.callbacks\.BackupAndRestore\(backup_dir\)"):
+        model.fit(dataset(), epochs=1, verbose=0, callbacks=[keras.callbacks.BackupAndRestore("b")])
+    with pytest.raises(ValueError, match=r"Received: save_freq=10"):
+        tfsift.callbacks.BackupAndRestore("b", save_freq=10)  # type: ignore[arg-type]
+
+
+def test_validation_split_holds_out_the_last_samples_as_keras_does() -> None:
+    x, y = arrays()  # 64 samples: the last 16 validate
+    split = compiled_model().fit(
+        x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, validation_split=0.25
+    )
+    held = compiled_model().fit(
+        x[:48], y[:48], batch_size=B, epochs=2, shuffle=False, verbose=0,
+        validation_data=(x[48:], y[48:]),
+    )  # fmt: skip
+    assert split.history == held.history
+    with pytest.raises(ValueError, match=r"validation_split needs array inputs"):
+        compiled_model().fit(dataset(), validation_split=0.25, verbose=0)
+    with pytest.raises(ValueError, match=r"between 0 and 1\. Received: validation_split=1\.5"):
+        compiled_model().fit(x, y, validation_split=1.5, verbose=0)
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_class_weight_weighs_each_sample_by_its_class(one_hot: bool) -> None:
+    x, y = arrays()
+    weights = {0: 1.0, 1: 2.0, 2: 0.5}
+    targets = np.eye(3, dtype=np.float32)[y] if one_hot else y
+    loss = keras.losses.CategoricalCrossentropy(from_logits=True) if one_hot else None
+    args: dict[str, Any] = {"loss": loss} if one_hot else {}
+    by_class = compiled_model(**args)
+    by_class.fit(x, targets, batch_size=B, shuffle=False, verbose=0, class_weight=weights)
+    by_sample = compiled_model(**args)
+    per_sample = np.array([weights[int(c)] for c in y], np.float32)
+    by_sample.fit(x, targets, batch_size=B, shuffle=False, verbose=0, sample_weight=per_sample)
+    assert_same_weights(by_class, by_sample)
+
+
+def test_class_weight_applies_to_a_dataset_too() -> None:
+    x, y = arrays()
+    weights = {0: 0.0, 1: 3.0}  # class 2 is not named: weight 1, as in Keras
+    by_class = compiled_model()
+    by_class.fit(dataset(), verbose=0, class_weight=weights)
+    by_sample = compiled_model()
+    per_sample = np.array([weights.get(int(c), 1.0) for c in y], np.float32)
+    by_sample.fit(x, y, batch_size=B, shuffle=False, verbose=0, sample_weight=per_sample)
+    assert_same_weights(by_class, by_sample)
+
+
+def test_predict_runs_without_compile_as_in_keras() -> None:
+    x = arrays()[0]
+    tfsift.init({"microbatches": 2})
+    keras.utils.set_random_seed(SEED)
+    never_compiled = Mlp()
+    got = never_compiled.predict(x, batch_size=B, verbose=0)
+    want = compiled_model().predict(x, batch_size=B, verbose=0)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(never_compiled.predict_on_batch(x[:B]), want[:B])
+    with pytest.raises(RuntimeError, match=r"must be compiled before fit, evaluate"):
+        never_compiled.evaluate(x, np.zeros(len(x)), batch_size=B, verbose=0)
+
+
+def test_on_batch_methods_step_like_fit() -> None:
+    x, y = arrays()
+    stepped = compiled_model()
+    for i in range(0, len(x), B):
+        logs = stepped.train_on_batch(x[i : i + B], y[i : i + B], return_dict=True)
+    fitted = compiled_model()
+    fitted.fit(x, y, batch_size=B, shuffle=False, verbose=0)
+    assert_same_weights(stepped, fitted)
+    assert sorted(logs) == ["accuracy", "loss"]
+    loss, accuracy = stepped.test_on_batch(x[:B], y[:B])
+    assert [loss, accuracy] == fitted.evaluate(x[:B], y[:B], batch_size=B, verbose=0)
+    np.testing.assert_array_equal(
+        stepped.predict_on_batch(x[:B]), fitted.predict(x[:B], batch_size=B, verbose=0)
+    )
