@@ -8,6 +8,11 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mpi: launches real mpirun/horovodrun jobs (multi-process)")
     config.addinivalue_line("markers", "slow: takes more than ~20 seconds")
+    config.addinivalue_line(
+        "markers",
+        "alone: a multi-process test that asserts how long its job takes, or whose outcome "
+        "depends on how long ranks wait: scripts/test.sh runs it with no other job beside it",
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -167,6 +167,7 @@ STEP_LINE = re.compile(
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone
 def test_two_ranks_log_their_steps_and_tfsift_timeline_merges_them(tmp_path: Path) -> None:
     got = mpi.reports(mpi.run(2, "runlog_check.py", str(tmp_path), timeout=300))
     assert sorted(p.name for p in (tmp_path / "timeline").iterdir()) == [

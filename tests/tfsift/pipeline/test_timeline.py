@@ -120,6 +120,7 @@ def test_summary_puts_the_measured_bubble_next_to_the_simulated_one() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("pipeline", ["simple", "interleaved"])
 def test_two_stages_see_the_same_timeline_of_their_schedule(pipeline: str) -> None:
     got = mpi.reports(mpi.run(2, "timing_check.py", pipeline, timeout=300))

@@ -126,6 +126,7 @@ def test_early_exit_scores_on_stage_0_and_keeps_every_replica_head_equal() -> No
     assert pipeline[0]["step_losses"] == pipeline[1]["step_losses"]
 
 
+@pytest.mark.alone
 def test_overlap_scores_the_next_round_while_stage_0_waits_for_gradients() -> None:
     reports = run(2, "2", "cluster", "relative", "0", "1", "early_exit_overlap")
     check_lock_step(reports)
@@ -154,6 +155,7 @@ def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
     assert all(r["metrics"]["overlapped_fraction"] > 0 for r in reports.values())
 
 
+@pytest.mark.alone
 def test_overlap_that_keeps_what_no_wait_scored_keeps_the_pipeline_in_lock_step() -> None:
     # each replica's stage 0 decides how much of a round its waits scored: the stages of a
     # pipeline must keep the same samples, and the replicas gather losses of any length
@@ -213,6 +215,7 @@ def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_ro
     check_heads(reports)
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize(
     ("layout", "sleeper", "message"),
     [
@@ -247,6 +250,7 @@ def test_a_rank_that_stalls_while_sifting_ends_the_job_after_the_timeout(
     assert 2.0 <= ended - started < 3.0 + 15  # the waiter may start waiting a little earlier
 
 
+@pytest.mark.alone
 def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> None:
     # rank 1 averages exit-head gradients that rank 0 never sends; rank 0's next agreement
     # meets that mean. MPI's own report was "MPI_ERR_IN_STATUS" (CI at 705db39)
@@ -263,6 +267,7 @@ def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> N
     assert time.time() - start < 20  # at once, not after the script's 20 s timeout
 
 
+@pytest.mark.alone
 def test_replicas_whose_collectives_match_in_mpi_but_not_in_kind_end_the_job_saying_so() -> None:
     # at the epoch's end rank 0 agrees on its full batches, rank 1 on its remainder: one
     # value each, so MPI matches them and the minimum of unrelated numbers went unnoticed.
@@ -284,6 +289,7 @@ def test_replicas_whose_collectives_match_in_mpi_but_not_in_kind_end_the_job_say
     assert time.time() - start < 20  # at once, not after the script's 20 s timeout
 
 
+@pytest.mark.alone
 def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
     tmp_path: Path,
 ) -> None:
