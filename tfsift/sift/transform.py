@@ -55,6 +55,9 @@ from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
+# Rounds in a row that yield no batch before the one warning that sifting starves the loop:
+# a policy that keeps more than 1/20 of a batch a round (g = 1) yields within 20 rounds.
+STARVED_ROUNDS = 20
 Element = Any
 
 
@@ -204,6 +207,8 @@ class Sifter:
         self.buffer = SampleBuffer()
         self._resume: tuple[int, SampleBuffer] | None = None
         self._unsifted = 0
+        self._dry = 0  # rounds since a batch was last yielded (STARVED_ROUNDS)
+        self._starved_warned = False
         log_dir = config.log_dir or rt.config.log_dir  # the run's, unless sifting has its own
         self._log = ScalarLog(log_dir) if log_dir and rt.rank == 0 else None
 
@@ -271,6 +276,9 @@ class Sifter:
                 assert leaves is not None
                 self._round(leaves, buffer, group)
                 self._unsifted = 0
+                self._dry = 0 if n else self._dry + 1
+                if self._dry == STARVED_ROUNDS and not self._starved_warned:
+                    self._warn_starved(len(buffer))
         finally:  # also when the consumer stops early: the reader's thread ends
             reader.close()
         yield from self._drain(buffer, group)
@@ -509,6 +517,25 @@ class Sifter:
                 if left > 0:
                     yield self._emit(buffer, left)
         buffer.clear()
+
+    def _warn_starved(self, kept: int) -> None:
+        """Once: STARVED_ROUNDS rounds have yielded no batch (the training loop waits)."""
+        self._starved_warned = True
+        change = {
+            "relative": "a smaller beta (it keeps about 1/(1+beta))",
+            "infobatch": "a smaller prune",
+        }.get(self.config.policy, "a larger keep")
+        log.warning(
+            "tfsift.sift: %d rounds of source batches in a row have yielded no batch: the "
+            "policy kept %d samples since the last one, fewer than a batch of %d "
+            "(policy=%r). Training waits while sifting reads on; keep more with %s, or "
+            "check sift_metrics()",
+            STARVED_ROUNDS,
+            kept,
+            self.batch_size or 0,
+            self.config.policy,
+            change,
+        )
 
     def _note_nonfinite(self, losses: np.ndarray) -> None:
         bad = int((~np.isfinite(losses)).sum())

@@ -147,6 +147,23 @@ def test_nonfinite_losses_are_never_kept_and_are_counted_with_one_warning(
     assert len(warnings) == 1
 
 
+def test_a_policy_that_starves_the_loop_is_named_once_with_what_to_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = start()
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.01)  # 1 sample of 32 a round
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        batches = list(source(32 * 45, 32).apply(tfsift.sift(model, PER_SAMPLE, config)))
+    assert len(batches) == 1  # after 32 rounds
+    warnings = [r.getMessage() for r in caplog.records if "yielded no batch" in r.getMessage()]
+    assert warnings == [
+        "tfsift.sift: 20 rounds of source batches in a row have yielded no batch: the policy "
+        "kept 20 samples since the last one, fewer than a batch of 32 (policy='big_loss'). "
+        "Training waits while sifting reads on; keep more with a larger keep, or check "
+        "sift_metrics()"
+    ]
+
+
 @pytest.mark.parametrize("microbatches", [1, 2])
 def test_a_loss_that_returns_one_value_per_batch_is_refused_with_a_hint(microbatches: int) -> None:
     model = start(microbatches)
