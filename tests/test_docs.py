@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import importlib.util
 import inspect
@@ -17,7 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "api_docs.py"
 API_MD = ROOT / "docs" / "api.md"
-MIGRATING_MD = ROOT / "docs" / "migrating.md"
 REGENERATE = "run .venv/bin/python scripts/api_docs.py"
 
 
@@ -141,12 +141,55 @@ def test_a_long_signature_is_written_one_parameter_a_line(api_docs: ModuleType) 
     )
 
 
-def test_the_migration_guide_shows_python_that_parses_and_only_public_names(
-    api_docs: ModuleType,
-) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", MIGRATING_MD.read_text(encoding="utf-8"), re.S)
-    assert blocks
-    for block in blocks:
-        ast.parse(block)  # raises, showing the line, when a block is not Python
-    used = {name for block in blocks for name in re.findall(r"\btfsift\.(\w+)", block)}
-    assert used - set(api_docs.public_names()) == set()
+# Every page a user reads code from; api.md is generated from the docstrings (above).
+PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p != API_MD)]
+
+
+def code_blocks() -> list[tuple[str, str]]:
+    """``(page, block)`` for every Python block of the pages."""
+    return [
+        (page.name, block)
+        for page in PAGES
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    ]
+
+
+def calls_named(tree: ast.AST, name: str) -> list[ast.Call]:
+    """Calls of ``name(...)`` or ``<anything>.name(...)``."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) == name or getattr(node.func, "attr", None) == name)
+    ]
+
+
+def test_every_code_block_parses_and_uses_only_names_that_exist(api_docs: ModuleType) -> None:
+    """The README's and docs' Python blocks: valid Python (fragments with ``...`` too), only
+    public ``tfsift.<name>``s, and only keywords ``SiftConfig`` and ``tfsift.init`` take."""
+    import tfsift
+    from tfsift.config import Config
+    from tfsift.sift.config import SiftConfig
+
+    blocks = code_blocks()
+    assert {page for page, _ in blocks} >= {"README.md", "migrating.md", "sifting.md"}
+    fields = {f.name for f in dataclasses.fields(SiftConfig)}
+    keys = {f.name for f in dataclasses.fields(Config)}
+    public = set(api_docs.public_names())
+    for page, block in blocks:
+        try:
+            tree = ast.parse(block)
+        except SyntaxError as err:
+            raise AssertionError(f"{page}: a code block is not Python: {err}\n{block}") from err
+        used = set(re.findall(r"\btfsift\.(\w+)", block))
+        assert used - public == set(), f"{page} uses names tfsift does not export"
+        for sub in re.findall(r"\btfsift\.callbacks\.(\w+)", block):
+            assert sub in tfsift.callbacks.__all__, f"{page}: tfsift.callbacks.{sub}"
+        for call in calls_named(tree, "SiftConfig"):
+            unknown = {k.arg for k in call.keywords if k.arg} - fields
+            assert not unknown, f"{page}: SiftConfig has no field {unknown}"
+        for call in calls_named(tree, "init"):
+            for arg in call.args:
+                if isinstance(arg, ast.Dict):
+                    named = {k.value for k in arg.keys if isinstance(k, ast.Constant)}
+                    assert named <= keys, f"{page}: tfsift.init has no key {named - keys}"
