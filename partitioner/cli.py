@@ -161,8 +161,12 @@ def _simulate(args: argparse.Namespace) -> int:
         ]
     except (OSError, ValueError) as error:
         return _fail(error)
-    header = ["pipeline", "M", "step time", "bubble", "max peak memory"]
+    header = ["pipeline", "M", "step time", "per sample", "bubble", "max peak memory"]
     print(_table(header, [row for row, _ in rows]))
+    print(
+        f"Every row runs M microbatches of {costs.batch_size} samples (the profiled size), so "
+        "a step's batch and time grow with M: compare the time per sample across rows."
+    )
     drawn = [(f"{row[0]}, M={row[1]}", result) for row, result in rows if result is not None]
     if args.timeline and drawn:
         draw_timelines(drawn, args.timeline)
@@ -186,14 +190,15 @@ def _simulate_row(
         )
     except InfeasibleError as error:
         needs = f"over the cap, needs {format_bytes(error.smallest_cap)}"
-        return [pipeline, str(M), "-", "-", needs], None
+        return [pipeline, str(M), "-", "-", "-", needs], None
     result = simulate_plan(
         costs, partition, M, pipeline=pipeline, recompute=args.optimize == "memory"
     )
     row = [
         pipeline,
         str(M),
-        f"{result.step_time:.6g} s",
+        _seconds(result.step_time),
+        _seconds(result.step_time / (M * costs.batch_size)),
         f"{result.bubble_fraction:.1%}",
         format_bytes(max(result.peak_memory)),
     ]
@@ -231,7 +236,7 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
     header = ["stage", "layers", "count", "params", "compute", "transfers", "idle", "peak memory"]
     return (
         f"{_table(header, rows)}\n"
-        f"predicted step time {plan.predicted_step_time:.6g} s, bubble "
+        f"predicted step time {_seconds(plan.predicted_step_time)}, bubble "
         f"{plan.predicted_bubble:.1%} (M={plan.microbatches}, {plan.pipeline}, "
         f"optimize={plan.optimize}{', recompute' if plan.recompute else ''})"
     )
@@ -247,6 +252,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _seconds(value: float) -> str:
+    """A time with its unit: us below a millisecond, ms below a second, else s."""
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} us"
     return f"{value * 1e3:.3f} ms" if value < 1 else f"{value:.3f} s"
 
 

@@ -69,8 +69,24 @@ def draw_timelines(results: Sequence[tuple[str, SimResult]], path: str | Path) -
     _save(panels, longest, path)
 
 
+# Under a measured step's chart: what its bubble counts, and why a simulated one is lower.
+MEASURED_NOTE = (
+    "Measured bubble: the share of this step each stage spent outside forwards and backwards "
+    "(waiting for messages, sending them, the runtime's own work). The simulated bubble of "
+    "`tfsift plan` counts only the schedule's waits, so the measured one is higher, most on "
+    "small models."
+)
+
+
 def draw_events(
-    events: Sequence[Event], stages: int, step_time: float, path: str | Path, title: str
+    events: Sequence[Event],
+    stages: int,
+    step_time: float,
+    path: str | Path,
+    title: str,
+    *,
+    fused_last: bool = False,
+    note: str = "",
 ) -> None:
     """Writes a PNG Gantt chart of the forward and backward ``events`` of one step.
 
@@ -82,8 +98,11 @@ def draw_events(
         step_time: the x-axis extent in seconds.
         path: where to write the PNG.
         title: the chart title.
+        fused_last: the last stage runs each microbatch's forward and backward as one call
+            (a measured training step): the legend says its forward boxes are F+B.
+        note: a line of text under the chart.
     """
-    _save([(events, stages, title)], step_time, path)
+    _save([(events, stages, title)], step_time, path, fused_last=fused_last, note=note)
 
 
 def chrome_trace(
@@ -166,7 +185,14 @@ def _titled(title: str, summary: str) -> str:
 Panel = tuple[Sequence[Event], int, str]
 
 
-def _save(panels: Sequence[Panel], step_time: float, path: str | Path) -> None:
+def _save(
+    panels: Sequence[Panel],
+    step_time: float,
+    path: str | Path,
+    *,
+    fused_last: bool = False,
+    note: str = "",
+) -> None:
     # matplotlib is imported here, with the Agg canvas and no pyplot, so importing the
     # partitioner stays light and never touches the caller's plotting backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -174,15 +200,23 @@ def _save(panels: Sequence[Panel], step_time: float, path: str | Path) -> None:
     from matplotlib.patches import Patch
 
     rows = [1.0 + 0.5 * stages for _, stages, _ in panels]
-    figure = Figure(figsize=(11, 0.2 + sum(rows)), dpi=100)
+    figure = Figure(figsize=(11, 0.2 + sum(rows) + 0.5 * bool(note)), dpi=100)
     FigureCanvasAgg(figure)
     grid = figure.add_gridspec(len(panels), 1, height_ratios=rows)
     for i, (events, stages, title) in enumerate(panels):
         _draw_panel(figure.add_subplot(grid[i]), events, stages, step_time, title)
-    handles = [Patch(color=c, label=k.name.lower()) for k, c in COLOURS.items()]
+    handles = [Patch(color=c, label=_legend(k, fused_last)) for k, c in COLOURS.items()]
     figure.axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    figure.tight_layout()
+    if note:
+        figure.text(0.01, 0.01, note, fontsize=7, wrap=True, va="bottom")
+    figure.tight_layout(rect=(0, 0.08 if note else 0, 1, 1))
     figure.savefig(str(path), format="png")
+
+
+def _legend(kind: Kind, fused_last: bool) -> str:
+    if fused_last and kind is Kind.FORWARD:
+        return "forward (last stage:\nforward + backward,\none fused call)"
+    return kind.name.lower()
 
 
 def _draw_panel(

@@ -66,7 +66,7 @@ def test_plan_prints_the_stage_table_and_writes_the_plan(
     params = [sum(int(n[len("layer") :]) + 1 for n in names) for names in plan.stage_layers]
     assert [line.split()[5:7] for line in lines[1:4]] == [[f"{p}.00", "MiB"] for p in params]
     assert all(line.split()[11].endswith("%") for line in lines[1:4])
-    assert f"predicted step time {plan.predicted_step_time:.6g} s" in lines[4]
+    assert f"predicted step time {plan.predicted_step_time * 1e3:.3f} ms" in lines[4]
     assert f"bubble {plan.predicted_bubble:.1%} (M=4, interleaved, optimize=speed)" in lines[4]
     assert lines[5:] == [f"wrote {output}", f"wrote {timeline}"]
     assert timeline.read_bytes()[:4] == b"\x89PNG"
@@ -99,15 +99,22 @@ def test_simulate_prints_one_row_per_microbatch_count_and_pipeline(
                  "--pipeline", "simple,interleaved", "--optimize", "memory"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert lines[0].split() == ["pipeline", "M", "step", "time", "bubble", "max", "peak", "memory"]
-    assert [line.split()[:2] for line in lines[1:]] == [
+    assert lines[0].split() == [
+        "pipeline", "M", "step", "time", "per", "sample", "bubble", "max", "peak", "memory"
+    ]  # fmt: skip
+    assert [line.split()[:2] for line in lines[1:5]] == [
         ["simple", "1"],
         ["interleaved", "1"],
         ["simple", "4"],
         ["interleaved", "4"],
     ]
     # One microbatch on two stages: each idles while the other works, plus the transfers.
-    assert float(lines[1].split()[4].rstrip("%")) >= 50.0
+    assert float(lines[1].split()[6].rstrip("%")) >= 50.0
+    units = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+    row = lines[3].split()  # simple, M=4: the step time and the time per sample, with units
+    step, per_sample = (float(row[i]) * units[row[i + 1]] for i in (2, 4))
+    assert per_sample == pytest.approx(step / (4 * 8), rel=2e-3)  # 4 microbatches of 8
+    assert lines[5].startswith("Every row runs M microbatches of")
 
 
 def test_simulate_draws_every_row_into_one_timeline(
@@ -118,7 +125,7 @@ def test_simulate_draws_every_row_into_one_timeline(
                  "--timeline", str(timeline)])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert len(lines) == 1 + 4 + 1  # header, simple and interleaved for M=2 and M=4, wrote
+    assert len(lines) == 1 + 4 + 1 + 1  # header, simple and interleaved for M=2 and 4, note, wrote
     assert lines[-1] == f"wrote {timeline}"
     assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -10,10 +10,13 @@ import pytest
 
 from partitioner.costs import CostModel, LayerCost
 from partitioner.partition import Partition
-from partitioner.schedule import Action, build
+from partitioner.schedule import Action, Kind, build
 from partitioner.simulator import Event, simulate
 from partitioner.timeline import (
+    MEASURED_NOTE,
+    _legend,
     chrome_trace,
+    draw_events,
     draw_timeline,
     draw_timelines,
     format_bubble,
@@ -30,6 +33,22 @@ def test_draws_a_png(tmp_path: Path) -> None:
     path = tmp_path / "timeline.png"
     draw_timeline(result, path, title="K=3, M=4")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_measured_chart_labels_the_fused_last_stage_and_explains_its_bubble(
+    tmp_path: Path,
+) -> None:
+    costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(2)))
+    result = simulate(costs, Partition((0, 1, 2)), build("simple", 2, 2))
+    path = tmp_path / "measured.png"
+    draw_events(result.events, 2, result.step_time, path, "a step", fused_last=True,
+                note=MEASURED_NOTE)  # fmt: skip
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _legend(Kind.FORWARD, fused_last=True) == (
+        "forward (last stage:\nforward + backward,\none fused call)"
+    )
+    assert _legend(Kind.FORWARD, fused_last=False) == "forward"
+    assert _legend(Kind.BACKWARD, fused_last=True) == "backward"
 
 
 def test_draws_several_steps_into_one_png(tmp_path: Path) -> None:

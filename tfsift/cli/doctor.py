@@ -71,7 +71,9 @@ def add_subcommand(commands: Any) -> None:
 
 def run(args: argparse.Namespace | None = None) -> int:
     """Runs every check, prints the report; 1 if a required piece is missing, else 0."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines, as in run
+    from tfsift.cli.run import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # TensorFlow's start-up lines, filtered as tfsift run does
     checks = [probe() for probe in probes(getattr(args, "np", None))]
     print(format_report(checks))
     return 1 if any(c.required and not c.ok for c in checks) else 0

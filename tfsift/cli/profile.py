@@ -22,7 +22,15 @@ def add_subcommand(commands: Any) -> None:
         help="FILE.py:Name or package.module:Name; Name is a model class "
         "or a callable returning a model, called with no arguments",
     )
-    cmd.add_argument("--batch-size", type=int, required=True, help="samples per microbatch")
+    cmd.add_argument(
+        "--microbatch-size",
+        "--batch-size",  # its first name: a batch size B is the samples of all M microbatches
+        dest="microbatch_size",
+        type=int,
+        required=True,
+        metavar="b",
+        help="samples per microbatch, b = B / M (the plan scales it to your batch)",
+    )
     cmd.add_argument("--input-shape", required=True, help="per-sample input shape, e.g. 28,28,1")
     cmd.add_argument("--dtype", default="float32", choices=_DTYPES)
     cmd.add_argument("--repeats", type=int, default=5, help="timed runs per layer (median)")
@@ -32,17 +40,22 @@ def add_subcommand(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Builds the target model, profiles one random microbatch and writes the cost model."""
+    from tfsift.cli.run import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
     import tensorflow as tf
 
     from tfsift.planning.graph import trace
     from tfsift.planning.profiler import format_table, profile
 
-    if args.batch_size < 1:
-        raise SystemExit(f"tfsift profile: --batch-size must be >= 1. Received: {args.batch_size}")
+    if args.microbatch_size < 1:
+        raise SystemExit(
+            f"tfsift profile: --microbatch-size must be >= 1. Received: {args.microbatch_size}"
+        )
     shape = _parse_shape(args.input_shape)
     factory = load_target(args.target)
     model = factory()
-    example = tf.random.stateless_uniform((args.batch_size, *shape), seed=(0, 0), maxval=1)
+    example = tf.random.stateless_uniform((args.microbatch_size, *shape), seed=(0, 0), maxval=1)
     example = tf.cast(example * (10 if args.dtype.startswith("int") else 1), args.dtype)
     costs = profile(trace(model, [example]), [example], args.repeats)
     costs.save(args.output)

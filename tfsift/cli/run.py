@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,38 @@ STARTUP_NOISE = (
     ),
     re.compile(rb"I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\. .*\r?\n?"),
 )
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow in this process as ``tfsift run`` has its ranks do it: at
+    ``TF_CPP_MIN_LOG_LEVEL=2`` unless set, and at a level of 2 or more without the
+    ``STARTUP_NOISE`` lines absl writes to file descriptor 2 during the import (for the
+    commands that import TensorFlow themselves: ``doctor``, ``profile``). Anything else
+    written there is passed on unchanged."""
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault(TF_CPP_MIN_LOG_LEVEL, QUIET_TF)
+    if os.environ[TF_CPP_MIN_LOG_LEVEL] not in ("2", "3"):
+        import tensorflow
+
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:  # a file: a pipe could fill and block
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read()
+    for pattern in STARTUP_NOISE:
+        text = pattern.sub(b"", text)
+    if text:
+        os.write(2, text)
+
+
 _NP = ("-np", "-n", "--np", "-c")
 _HOSTS = ("-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile")
 _HOST_LISTS = ("-H", "-host", "--host")  # the flags that list hosts with their slots

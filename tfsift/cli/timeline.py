@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from partitioner.timeline import format_bubble
+from partitioner.timeline import MEASURED_NOTE, format_bubble
 from tfsift.pipeline.rundir import RecordedStep, Run, predicted_bubble
 from tfsift.pipeline.timeline import Timeline
 
@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if median is not None:
         print(f"{median[0]}: {format_bubble(median[1], simulated)}")
     print(source)
+    if simulated is not None:
+        print(MEASURED_NOTE)
     out = Path(args.out) if args.out else Path(args.run_dir) / "timeline.json"
     ranks = recorded.header.ranks
     names = [_name(step) for step in steps]

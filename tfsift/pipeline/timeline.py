@@ -20,6 +20,7 @@ from typing import Any
 from partitioner.schedule import Action
 from partitioner.simulator import Event, bubble_fraction, busy_seconds
 from partitioner.timeline import (
+    MEASURED_NOTE,
     chrome_trace,
     draw_events,
     format_bubble,
@@ -90,7 +91,8 @@ class StepTimeline:
         Timeline([self]).save_trace(path, simulated_bubble)
 
     def draw(self, path: str | Path, title: str = "") -> None:
-        """Writes a PNG Gantt chart of the forwards and backwards to ``path``."""
+        """Writes a PNG Gantt chart of the forwards and backwards to ``path``, with a note
+        on what the measured bubble counts (``MEASURED_NOTE``)."""
         summary = f"measured step {self.step_time:.4g} s, bubble {self.bubble_fraction:.1%}"
         draw_events(
             self.events,
@@ -98,6 +100,8 @@ class StepTimeline:
             self.step_time,
             path,
             f"{title}: {summary}" if title else summary,
+            fused_last=True,
+            note=MEASURED_NOTE,
         )
 
 

@@ -75,6 +75,10 @@ def test_prints_every_step_and_the_median_next_to_the_plan_and_writes_trace_and_
         "median of 3 training steps (first calls left out: they compile): measured bubble "
         "58.3% (simulated 25.0%)",
         f"simulated bubble from {tmp_path / 'plan.json'}",
+        "Measured bubble: the share of this step each stage spent outside forwards and "
+        "backwards (waiting for messages, sending them, the runtime's own work). The simulated "
+        "bubble of `tfsift plan` counts only the schedule's waits, so the measured one is "
+        "higher, most on small models.",
         f"wrote {tmp_path / 'timeline.json'}",
         f"wrote {tmp_path / 'timeline.png'}",
     ]
