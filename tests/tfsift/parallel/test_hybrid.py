@@ -12,9 +12,10 @@ import pytest
 
 import mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = pytest.mark.slow  # and mpi, on each test that launches mpirun or horovodrun
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     ("placement", "pipelines"),
     [("cluster", [[0, 1], [2, 3]]), ("spread", [[0, 2], [1, 3]])],
@@ -42,6 +43,7 @@ def test_two_stages_by_two_replicas_train_like_one_process(
     assert got[pipelines[0][0]]["losses"] != got[pipelines[1][0]]["losses"]  # different shards
 
 
+@pytest.mark.mpi
 def test_pure_data_parallel_two_ranks_train_like_one_process() -> None:
     got = mpi.reports(mpi.run(2, "hybrid_check.py", "1", "cluster", "4", timeout=300))
     for rank in (0, 1):
@@ -65,6 +67,7 @@ def test_same_script_runs_as_one_plain_process_with_one_partition(tmp_path: Path
     assert report["weight_error"] < 1e-5
 
 
+@pytest.mark.mpi
 def test_same_script_runs_under_horovodrun() -> None:
     got = mpi.reports(
         mpi.run(4, "hybrid_check.py", "2", "cluster", "2", timeout=600, launcher="horovodrun")
@@ -73,12 +76,14 @@ def test_same_script_runs_under_horovodrun() -> None:
     assert max(d["weight_error"] for d in got.values()) < 1e-5
 
 
+@pytest.mark.mpi
 @pytest.mark.alone
 def test_a_group_finishing_late_is_not_shut_down_by_an_early_one() -> None:
     got = mpi.reports(mpi.run(4, "finish_check.py", timeout=180))
     assert {rank: d["total"] for rank, d in got.items()} == {0: [0.5], 1: [0.5], 2: [2.5], 3: [2.5]}
 
 
+@pytest.mark.mpi
 @pytest.mark.alone
 def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error_once() -> None:
     start = time.monotonic()

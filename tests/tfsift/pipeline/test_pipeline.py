@@ -6,13 +6,19 @@ import pytest
 
 import mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = pytest.mark.slow
+# K=1 is one process (a one-rank mpirun): it runs with the one-process tests, on both cores
+ON_RANKS = [
+    pytest.param(1),
+    pytest.param(2, marks=pytest.mark.mpi),
+    pytest.param(4, marks=pytest.mark.mpi),
+]
 
 MODELS = "conv,skip,dropout,ops"
 VARIABLES = {"conv": 6, "skip": 8, "dropout": 6, "ops": 6}
 
 
-@pytest.mark.parametrize("K", [1, 2, 4])
+@pytest.mark.parametrize("K", ON_RANKS)
 def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
     got = mpi.reports(
         mpi.run(
@@ -45,6 +51,7 @@ def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
         assert sum(per_rank) == VARIABLES[first["model"]], first
 
 
+@pytest.mark.mpi
 def test_an_eager_head_matches_too() -> None:
     """@tfsift.step(compile=False): the last stage runs the step function without tf.function."""
     got = mpi.reports(
@@ -64,6 +71,7 @@ def test_an_eager_head_matches_too() -> None:
             assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["unseeded", "shard"])
 def test_stages_fed_different_batches_fail_with_the_reason(mode: str) -> None:
     proc = mpi.run(2, "mismatch_check.py", mode, timeout=120)
