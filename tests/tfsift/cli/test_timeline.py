@@ -15,6 +15,7 @@ from events import scalars
 
 import mpi
 from partitioner.plan import Plan
+from partitioner.timeline import MEASURED_NOTE
 from tfsift.cli.main import main
 from tfsift.pipeline import rundir
 from tfsift.pipeline.rundir import Header, StepRecord
@@ -200,6 +201,7 @@ def test_two_ranks_log_their_steps_and_tfsift_timeline_merges_them(tmp_path: Pat
     assert lines[5].startswith("median of 3 training steps (first calls left out: they compile)")
     assert lines[6:] == [
         f"simulated bubble from {tmp_path / 'plan.json'}",
+        MEASURED_NOTE,
         f"wrote {tmp_path / 'timeline.json'}",
         f"wrote {tmp_path / 'timeline.png'}",
     ]
