@@ -21,12 +21,10 @@ run() { python -m pytest "$@" || [ $? -eq 5 ]; }
 echo "== pytest: one-process tests, on both cores"
 run -m "not mpi" -n 2 "$@"
 echo "== pytest: multi-process tests (mpirun, horovodrun), two jobs at a time"
-# A job's ranks leave the cores idle part of the time (waits, bubbles, start-up, the fault
-# tests' timeouts), so two jobs at once fill them. Their results do not depend on how fast
-# they run; the fault tests' bounds (a stall ends its job within the timeout plus 15 s)
-# leave room for a neighbour.
+# A job's ranks leave the cores idle a third of the time (waits, bubbles, start-up), so two
+# jobs at once fill them; their results do not depend on how fast they run.
 run -m "mpi and not alone" -n 2 --durations=25 "$@"
-echo "== pytest: multi-process tests that compare times, one job at a time"
-# A wait holds the scoring calls that fit in it, two ranks' clocks agree within 2 ms, a
-# broadcast root goes on within 0.5 s: these assume that no other job competes.
+echo "== pytest: multi-process tests that time their jobs, one job at a time"
+# A stall ends its job within the timeout plus seconds, a wait holds what fits in it: these
+# assume that no other job competes for the cores.
 run -m "mpi and alone" --durations=15 "$@"

@@ -10,8 +10,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than ~20 seconds")
     config.addinivalue_line(
         "markers",
-        "alone: a multi-process test that compares sub-second times, or whose outcome depends "
-        "on how long ranks wait: scripts/test.sh runs it with no other job beside it",
+        "alone: a multi-process test that asserts how long its job takes, or whose outcome "
+        "depends on how long ranks wait: scripts/test.sh runs it with no other job beside it",
     )
 
 

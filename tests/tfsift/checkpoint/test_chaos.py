@@ -10,7 +10,7 @@ import pytest
 
 import mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 
 @pytest.mark.timeout(400)

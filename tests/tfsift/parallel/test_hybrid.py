@@ -77,12 +77,14 @@ def test_same_script_runs_under_horovodrun() -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.alone
 def test_a_group_finishing_late_is_not_shut_down_by_an_early_one() -> None:
     got = mpi.reports(mpi.run(4, "finish_check.py", timeout=180))
     assert {rank: d["total"] for rank, d in got.items()} == {0: [0.5], 1: [0.5], 2: [2.5], 3: [2.5]}
 
 
 @pytest.mark.mpi
+@pytest.mark.alone
 def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error_once() -> None:
     start = time.monotonic()
     proc = mpi.run(2, "failure_check.py", timeout=120)

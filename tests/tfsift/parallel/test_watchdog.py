@@ -142,6 +142,7 @@ def _stalled(sleeper: int, layout: str, timeout: float) -> tuple[Any, dict[str, 
 
 
 @pytest.mark.mpi
+@pytest.mark.alone
 @pytest.mark.parametrize(
     ("sleeper", "message"),
     [
@@ -161,6 +162,7 @@ def test_a_stalled_stage_ends_the_job_after_the_timeout(sleeper: int, message: s
 
 
 @pytest.mark.mpi
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_stalled_replica_ends_the_job_after_horovods_stall_check() -> None:
     proc, report, ended = _stalled(1, "dp", 3.0)
@@ -174,7 +176,7 @@ def test_a_stalled_replica_ends_the_job_after_horovods_stall_check() -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.alone  # compares sub-second times
+@pytest.mark.alone
 def test_a_stage_broadcast_root_goes_on_before_the_other_stages_receive() -> None:
     reports = mpi.reports(mpi.run(2, "stage_bcast_check.py", timeout=120))
     root, other = reports[0], reports[1]

@@ -215,6 +215,7 @@ def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_ro
     check_heads(reports)
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize(
     ("layout", "sleeper", "message"),
     [
@@ -249,6 +250,7 @@ def test_a_rank_that_stalls_while_sifting_ends_the_job_after_the_timeout(
     assert 2.0 <= ended - started < 3.0 + 15  # the waiter may start waiting a little earlier
 
 
+@pytest.mark.alone
 def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> None:
     # rank 1 averages exit-head gradients that rank 0 never sends; rank 0's next agreement
     # meets that mean. MPI's own report was "MPI_ERR_IN_STATUS" (CI at 705db39)
@@ -265,6 +267,7 @@ def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> N
     assert time.time() - start < 20  # at once, not after the script's 20 s timeout
 
 
+@pytest.mark.alone
 def test_replicas_whose_collectives_match_in_mpi_but_not_in_kind_end_the_job_saying_so() -> None:
     # at the epoch's end rank 0 agrees on its full batches, rank 1 on its remainder: one
     # value each, so MPI matches them and the minimum of unrelated numbers went unnoticed.
