@@ -7,6 +7,10 @@ held-out metric at each evaluation with the training seconds, optimizer steps an
 backpropagated so far, and ``tfsift.sift_metrics()`` at the end. The training clock stops
 while the model is evaluated. On a pipeline, rank 0's clock decides when to evaluate and
 stop, and tells the other ranks every step, so that every rank takes the same decisions.
+With ``scores="training"`` each step hands its per-sample losses (unweighted; on every
+rank of a pipeline) back to the sifted dataset with ``record``, on the clock; with
+``rescale`` (InfoBatch) the batches carry weights and the step's loss is the mean of
+weight x loss.
 """
 
 from __future__ import annotations
@@ -201,19 +205,25 @@ class Run:
         self.model = make_model(self.task, self.x)
         self.loss = per_sample_loss(self.task)
         self.optimizer = keras.optimizers.Adam(self.task["lr"])
+        self.recording = method.get("scores", "forward") == "training"
         self.train_step, self.predict = self._steps()
         self.apply = tf.function(self._apply)  # eager Adam costs more than a small model's step
+        self.sifted: Any = None  # the sifted dataset, which records (scores="training")
         self.clock = Clock()
         self.steps = self.samples = 0
         self.curve: list[list[float]] = []
 
     def _steps(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        model, loss = self.model, self.loss
+        model, loss, per_sample = self.model, self.loss, self.recording
 
         @tfsift.step
-        def train_step(x: tf.Tensor, y: tf.Tensor) -> Any:
-            mean = keras.ops.mean(loss(y, model(x, training=True)))
-            return tfsift.gradients(mean, model.trainable_variables), mean
+        def train_step(x: tf.Tensor, y: tf.Tensor, *weight: tf.Tensor) -> Any:
+            """Gradients of the mean loss (of weight x loss with ``rescale``); returns the
+            per-sample losses, unweighted, with training scores (else their mean)."""
+            losses = loss(y, model(x, training=True))
+            mean = keras.ops.mean(losses * weight[0] if weight else losses)
+            grads = tfsift.gradients(mean, model.trainable_variables)
+            return grads, losses if per_sample else mean
 
         @tfsift.step
         def predict(x: tf.Tensor) -> Any:
@@ -230,22 +240,29 @@ class Run:
         train = source.batch(self.task["batch"], drop_remainder=True).prefetch(2)
         if self.method["policy"] == "none":
             return train
-        return train.apply(tfsift.sift(self.model, self.loss, self.sift_config()))
+        self.sifted = train.apply(tfsift.sift(self.model, self.loss, self.sift_config()))
+        return self.sifted
 
     def sift_config(self) -> tfsift.SiftConfig:
-        m = self.method
+        m, epochs = self.method, self.task["epochs"]  # infobatch's run length: the task's
+        stale = epochs if m.get("stale") == "epochs" else int(m.get("stale", 0))
         return tfsift.SiftConfig(
             policy=m["policy"],
             beta=float(m.get("beta", 1.0)),
             keep=float(m.get("keep", 0.5)),
             scorer=m.get("scorer", "full"),
             exit_after=m.get("exit_after"),
-            stale=int(m.get("stale", 0)),
+            stale=stale,
             overlap=bool(m.get("overlap", False)),
             leftover=m.get("leftover", "score"),
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],
+            scores=m.get("scores", "forward"),
+            rescale=m.get("rescale"),
+            prune=float(m.get("prune", 0.5)),
+            anneal=float(m.get("anneal", 0.125)),
+            epochs=epochs if m["policy"] == "infobatch" else None,
         )
 
     def evaluate(self) -> float:
@@ -269,7 +286,8 @@ class Run:
     def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
         """Traces the training step and the update once, outside the clock; the update
         applies zero gradients, which moves Adam's weights by 0 (its step count by 1)."""
-        grads, _ = self.train_step(tf.constant(x), tf.constant(y))
+        weight = [tf.ones(len(x))] if self.method.get("rescale") else []
+        grads, _ = self.train_step(tf.constant(x), tf.constant(y), *weight)
         grads = tfsift.allreduce(grads)
         if grads:
             self.apply([tf.zeros_like(g) for g in grads])
@@ -285,8 +303,8 @@ class Run:
         done = False
         self.clock.start()
         while not done:
-            for x, y in self.batches(train):
-                self.step(x, y)
+            for batch in self.batches(train):
+                self.step(*batch)
                 if agreed(self.clock.now() >= next_eval):
                     self.clock.stop()
                     self.record()
@@ -302,11 +320,12 @@ class Run:
             self.record()
         return self.result(epochs)
 
-    def batches(self, train: tf.data.Dataset) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+    def batches(self, train: tf.data.Dataset) -> Iterator[tuple[tf.Tensor, ...]]:
         """``train``'s batches, with one-time work taken off the clock as ``warm_up`` does
         the training step's tracing: the run's first request (the shuffle buffer's first
         fill; early exit traces its scorer there, in the delay) and the request that ran
-        the first scoring round (tracing the scoring step). Their seconds are kept."""
+        the first scoring round (tracing the scoring step). Their seconds are kept.
+        Batches are ``(x, y)``, or ``(x, y, weight)`` with ``rescale``."""
         iterator = iter(train)
         while True:
             start = time.perf_counter()
@@ -323,8 +342,10 @@ class Run:
             return False
         return bool(tfsift.sift_metrics().get("samples_scored", 0))
 
-    def step(self, x: tf.Tensor, y: tf.Tensor) -> None:
-        grads, _ = self.train_step(x, y)
+    def step(self, x: tf.Tensor, y: tf.Tensor, *weight: tf.Tensor) -> None:
+        grads, losses = self.train_step(x, y, *weight)
+        if self.recording:  # the batch's per-sample losses (a StepOutput, on every rank)
+            self.sifted.record(losses)
         grads = tfsift.allreduce(grads)
         if grads:
             self.apply(grads)

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +77,13 @@ class Method:
     keep: float | str = 0.5
     scorer: str = "full"
     exit_after: str | None = None  # early exit: None is SiftConfig's default exit
-    stale: int = 0  # epochs a sample's loss is reused (Stale-SB)
+    stale: int | str = 0  # epochs a sample's loss is reused (Stale-SB); "epochs": the task's
     overlap: bool = False  # early exit on a pipeline: score in stage 0's waits
     leftover: str = "score"  # overlap: "keep" keeps unscored what no wait had room for
+    scores: str = "forward"  # "training": the loss each sample had when last trained
+    rescale: str | None = None  # the sample weights the training step applies
+    prune: float = 0.5  # infobatch (whose epochs are the task's)
+    anneal: float = 0.125  # infobatch
 
     def setting(self) -> str:
         if self.name == AGAIN:
@@ -87,6 +92,8 @@ class Method:
             return "no sifting"
         if self.policy == "relative":
             text = f"relative, beta={self.beta:g}"
+        elif self.policy == "infobatch":
+            text = f"infobatch, prune={self.prune:g}, anneal={self.anneal:g}"
         elif isinstance(self.keep, str):
             text = f"{self.policy}, keep = {self.keep.split(':', 1)[1]}'s kept fraction"
         else:
@@ -95,11 +102,18 @@ class Method:
             text += f", early exit after {self.exit_after}" if self.exit_after else ", early exit"
         text += ", overlap" if self.overlap else ""
         text += ", leftover kept" if self.leftover == "keep" else ""
+        text += ", training scores" if self.scores == "training" else ""
+        text += f", rescale={self.rescale}" if self.rescale else ""
         return text + (f", stale={self.stale}" if self.stale else "")
 
 
 AGAIN = "none-again"  # no sifting once more, last in each job: the baselines' own spread
 NONE = Method("none", "none")
+# scores="training" needs stale >= 1; infobatch also rescale, and stale = its epochs keeps
+# every score it ever recorded (the reference's table)
+TRAINING = Method("relative-1-training", "relative", beta=1.0, stale=1, scores="training")
+INFOBATCH = Method("infobatch", "infobatch", stale="epochs", scores="training",
+                   rescale="unbiased", prune=0.5, anneal=0.125)  # fmt: skip
 METHODS = (
     NONE,
     Method("relative-1", "relative", beta=1.0),
@@ -109,11 +123,15 @@ METHODS = (
     Method("adaptive", "adaptive", keep=0.5),
     Method("uniform", "uniform", keep="kept:relative-1"),
     Method("relative-1-stale", "relative", beta=1.0, stale=1),
+    TRAINING,
+    INFOBATCH,
     Method(AGAIN, "none"),
 )
 OVERLAP = Method("relative-1-exit-overlap", "relative", scorer="early_exit", overlap=True)
 OVERLAP_KEEP = dataclasses.replace(OVERLAP, name="relative-1-exit-overlap-keep", leftover="keep")
-PIPELINE_METHODS = (NONE, METHODS[1], METHODS[3], OVERLAP, OVERLAP_KEEP, METHODS[-1])
+PIPELINE_METHODS = (
+    NONE, METHODS[1], METHODS[3], OVERLAP, OVERLAP_KEEP, TRAINING, INFOBATCH, METHODS[-1]
+)  # fmt: skip
 SMALL_CNN = ("cnn", 32, 2, 128)
 # fmt: off
 TASKS = (
@@ -515,7 +533,11 @@ def how_text(settings: Settings) -> str:
         f"(here {len(settings.seeds)}). Sifting scores g={settings.score_batches} source "
         "batches per call (`score_batches`), with the task's `delay`, the run's seed and "
         "`SiftConfig`'s defaults otherwise; `uniform` keeps the fraction the same seed's "
-        "`relative-1` run kept; `stale=1` reuses a sample's loss every other epoch."
+        "`relative-1` run kept; `stale=1` reuses a sample's loss every other epoch. With "
+        '*training scores* (`scores="training"`) no scoring forward runs: a sample\'s score '
+        "is the per-sample loss (unweighted) its last training step handed back with "
+        "`record`; `infobatch` takes the task's epochs as `epochs` (and `stale`), and its "
+        "step applies the weights (mean of w x loss)."
     )
 
 
@@ -544,7 +566,7 @@ def render(raw: Result, meta: Result, settings: Settings) -> str:
             f"`mpirun -np {settings.partitions}`)",
             results_table(summary, pipeline=True),
             "Full scoring runs the candidates through every stage; early exit scores them on "
-            "stage 0 alone. Times are rank 0's.",
+            "stage 0 alone; training scores run no scoring pass. Times are rank 0's.",
         ]
     return "\n\n".join(
         [
@@ -632,9 +654,16 @@ def median_curve(
 
 
 def pipeline_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    names = [m.name for m in PIPELINE_METHODS if m.name not in (NONE.name, AGAIN)]
+    every = {m.name: m for m in (*METHODS, *PIPELINE_METHODS)}
+    names = [name for name in every if name not in (NONE.name, AGAIN)]
     p.add_argument("--pipeline-only", action="store_true", help="the 2-stage jobs alone, printed")
-    p.add_argument("--methods", nargs="+", choices=names, help="with --pipeline-only: these only")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=names,
+        help="these only (no sifting runs first and last anyway); without --pipeline-only "
+        "the docs keep the full table: add --no-docs (and --json)",
+    )
     p.add_argument("--seeds", type=int, help="with --pipeline-only: seeds 0..N-1")
     return p
 
@@ -647,11 +676,28 @@ def pipeline_settings(args: argparse.Namespace) -> Settings:
     return dataclasses.replace(base, one_process=False, pipeline_methods=methods, seeds=seeds)
 
 
+def method_settings(args: argparse.Namespace) -> Settings:
+    """``--methods`` for every job: those methods, with no sifting first and last."""
+    base = QUICK if args.quick else FULL
+    names = (NONE.name, AGAIN, *args.methods)
+    return dataclasses.replace(
+        base,
+        methods=tuple(m for m in METHODS if m.name in names),
+        pipeline_methods=tuple(m for m in PIPELINE_METHODS if m.name in names),
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     cli = pipeline_options(parser(BENCH))
     args = cli.parse_args(argv)
-    if (args.methods or args.seeds) and not args.pipeline_only:
-        cli.error("--methods and --seeds go with --pipeline-only")
+    if args.seeds and not args.pipeline_only:
+        cli.error("--seeds goes with --pipeline-only")
+    if args.methods and not args.pipeline_only:
+        if "--no-docs" not in (argv if argv is not None else sys.argv[1:]):
+            cli.error("--methods without --pipeline-only needs --no-docs")
+        rest = pipeline_options(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)[1]
+        run(BENCH, rest, settings=method_settings(args))
+        return
     if args.seeds is not None and args.seeds < 1:
         cli.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
     if not args.pipeline_only:
