@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import math
 import subprocess
@@ -168,9 +169,29 @@ def test_jobs_run_every_task_then_the_pipeline_for_each_seed(bench: ModuleType) 
         "relative-1-exit",
         "relative-1-exit-overlap",
         "relative-1-exit-overlap-keep",
+        "relative-1-training",
+        "infobatch",
         "none-again",
     ]
     assert bench.OVERLAP.setting() == "relative, beta=1, early exit, overlap"
+    assert bench.INFOBATCH.setting() == (
+        "infobatch, prune=0.5, anneal=0.125, training scores, rescale=unbiased, stale=epochs"
+    )
+
+
+def test_methods_choose_the_methods_of_every_job_between_the_two_no_sifting_runs(
+    bench: ModuleType,
+) -> None:
+    args = bench.pipeline_options(argparse.ArgumentParser()).parse_args(
+        ["--methods", "infobatch", "relative-1"]
+    )
+    args.quick = False
+    settings = bench.method_settings(args)
+    for job in settings.jobs():
+        names = [m["name"] for m in job["methods"]]
+        assert names == ["none", "relative-1", "infobatch", "none-again"]
+    with pytest.raises(SystemExit):  # without --no-docs it would overwrite the full table
+        bench.main(["--methods", "infobatch"])
     assert bench.OVERLAP_KEEP.setting() == "relative, beta=1, early exit, overlap, leftover kept"
 
 
