@@ -171,9 +171,7 @@ def train_on_batch(
 ) -> Any:
     """Keras' ``train_on_batch``: one step of ``fit`` on one batch; see the model's method."""
     compiled = compiled_of(model)
-    batch = _one_batch(model, x, y, sample_weight, "train_on_batch")
-    if class_weight is not None:
-        batch = next(iter(data.with_class_weight(_as_dataset(batch), class_weight)))
+    batch = _one_batch(model, x, y, sample_weight, "train_on_batch", class_weight)
     logs = _train_batch(model, compiled, _reset(compiled), batch)
     return _returned(logs, return_dict)
 
@@ -198,16 +196,23 @@ def predict_on_batch(model: DistributedModel, x: Any) -> Any:
     return tree.map_structure(lambda o: o.concat().numpy(), predict_step_of(model)(x))
 
 
-def _one_batch(model: DistributedModel, x: Any, y: Any, weight: Any, what: str) -> Any:
-    """``(x, y, sample_weight)`` of one batch, checked as ``fit`` checks a dataset's."""
+def _one_batch(
+    model: DistributedModel,
+    x: Any,
+    y: Any,
+    weight: Any,
+    what: str,
+    class_weight: dict[int, float] | None = None,
+) -> Any:
+    """``(x, y, sample_weight)`` of one batch, checked as ``fit`` checks a dataset's and
+    weighted by ``class_weight`` as ``fit`` weighs it."""
     element = tuple(part for part in (x, y, weight) if part is not None)
     dataset = tf.data.Dataset.from_tensors(element if len(element) > 1 else element[0])
     M = runtime.get().config.microbatches
-    return next(data.batches(data.checked(dataset, M, what, data.input_ranks(model)), 1))
-
-
-def _as_dataset(batch: Any) -> tf.data.Dataset:
-    return tf.data.Dataset.from_tensors(tuple(part for part in batch if part is not None))
+    dataset = data.checked(dataset, M, what, data.input_ranks(model))
+    if class_weight is not None:
+        dataset = data.with_class_weight(dataset, class_weight)
+    return next(data.batches(dataset, 1))
 
 
 def _returned(logs: Logs, return_dict: bool) -> Any:

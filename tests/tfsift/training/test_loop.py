@@ -411,3 +411,15 @@ def test_on_batch_methods_step_like_fit() -> None:
     np.testing.assert_array_equal(
         stepped.predict_on_batch(x[:B]), fitted.predict(x[:B], batch_size=B, verbose=0)
     )
+
+
+def test_train_on_batch_weighs_classes_as_fit_does() -> None:
+    x, y = arrays()
+    weights = {0: 0.5, 2: 3.0}
+    by_class, by_sample = compiled_model(), compiled_model()
+    for i in range(0, len(x), B):
+        xb, yb = x[i : i + B], y[i : i + B]
+        by_class.train_on_batch(xb, yb, class_weight=weights)
+        per_sample = np.array([weights.get(int(c), 1.0) for c in yb], np.float32)
+        by_sample.train_on_batch(xb, yb, sample_weight=per_sample)
+    assert_same_weights(by_class, by_sample)
