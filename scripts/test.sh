@@ -23,8 +23,13 @@ run -m "not mpi" -n 2 "$@"
 echo "== pytest: multi-process tests (mpirun, horovodrun), two jobs at a time"
 # A job's ranks leave the cores idle a third of the time (waits, bubbles, start-up), so two
 # jobs at once fill them; their results do not depend on how fast they run.
-run -m "mpi and not alone" -n 2 --durations=25 "$@"
+# Tests marked xdist_group read one shared job: loadgroup gives each group to one worker.
+run -m "mpi and not alone and not fault" -n 2 --dist loadgroup --durations=25 "$@"
+echo "== pytest: multi-process tests that end their jobs on purpose, two at a time"
+# Each job idles while a rank stalls or the others notice one left, and its test times the
+# end from that event with seconds of slack: two such jobs share the cores well.
+run -m "mpi and fault" -n 2 --durations=10 "$@"
 echo "== pytest: multi-process tests that time their jobs, one job at a time"
-# A stall ends its job within the timeout plus seconds, a wait holds what fits in it: these
-# assume that no other job competes for the cores.
-run -m "mpi and alone" --durations=15 "$@"
+# A wait holds what fits in it, a call returns within a fraction of a second: these assume
+# that no other job competes for the cores.
+run -m "mpi and alone" --durations=10 "$@"

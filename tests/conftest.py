@@ -13,6 +13,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "alone: a multi-process test that asserts how long its job takes, or whose outcome "
         "depends on how long ranks wait: scripts/test.sh runs it with no other job beside it",
     )
+    config.addinivalue_line(
+        "markers",
+        "fault: a multi-process test whose job ends on purpose (a rank exits, stalls or fails) "
+        "and that times the end from that event, with seconds of slack: scripts/test.sh runs "
+        "two of these at a time, and none beside the CPU-bound jobs",
+    )
 
 
 @pytest.fixture(autouse=True)

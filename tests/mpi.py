@@ -72,6 +72,28 @@ def run(
     return proc
 
 
+_SHARED: dict[tuple[Any, ...], Any] = {}
+
+
+def shared_reports(np: int, script: str, *args: str, timeout: float = 300) -> Any:
+    """``reports(run(np, script, *args))``, one job for every test that asks for the same.
+
+    Several tests read one job's reports (a job costs every rank seconds of start-up): mark
+    them ``@pytest.mark.xdist_group(NAME)`` so that one pytest worker runs them all. A failed
+    job fails each of them with its output, without running again.
+    """
+    key = (np, script, *args)
+    if key not in _SHARED:
+        try:
+            _SHARED[key] = reports(run(np, script, *args, timeout=timeout))
+        except (AssertionError, subprocess.TimeoutExpired) as err:
+            _SHARED[key] = err
+    got = _SHARED[key]
+    if isinstance(got, BaseException):
+        raise AssertionError(f"the shared job {key} failed") from got
+    return got
+
+
 def reports(proc: subprocess.CompletedProcess[str]) -> dict[int, dict[str, Any]]:
     """The JSON each rank reported, by rank; fails with the job's output if it failed."""
     if proc.returncode != 0:

@@ -1,6 +1,9 @@
 """Every rank: sift a dataset through a pipeline (and replicas); report what each rank saw.
 
-usage: sift_check.py K PLACEMENT POLICY UNEVEN TRAIN [SCORER]
+usage: sift_check.py K PLACEMENT CASE [CASE ...]
+  CASE: POLICY,UNEVEN,TRAIN[,SCORER]. The cases run one after another in this one job (they
+  share its rank layout; each builds its model anew from the same seed) and each reports
+  what the rank saw, in order: a job costs every rank seconds of start-up.
   UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
   TRAIN "1": train on the sifted batches (scoring and training interleave)
   SCORER "full" (default), "early_exit", "early_exit_overlap", "early_exit_overlap_keep"
@@ -72,10 +75,20 @@ def weight_sums(head: ExitHead) -> list[float]:
     return [float(np.sum(w.numpy())) for w in head.model.weights]
 
 
+WAIT_BATCHES = overlap_module.WaitModel.batches
+FINISH_REPLICAS = ExitHead._finish_replicas
+
+
 def main() -> None:
-    K, placement, policy = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    uneven, train = sys.argv[4] == "1", sys.argv[5] == "1"
-    scorer = sys.argv[6] if len(sys.argv) > 6 else "full"
+    K, placement = int(sys.argv[1]), sys.argv[2]
+    results = [run_case(K, placement, *case.split(",")) for case in sys.argv[3:]]
+    report(rank=tfsift.rank(), cases=results)
+
+
+def run_case(
+    K: int, placement: str, policy: str, uneven_arg: str, train_arg: str, scorer: str = "full"
+) -> dict[str, Any]:
+    uneven, train = uneven_arg == "1", train_arg == "1"
     overlap = scorer.startswith("early_exit_overlap")
     leftover = "keep" if scorer.startswith("early_exit_overlap_keep") else "score"
     starved = scorer.startswith("early_exit_overlap_keep_starved")
@@ -89,6 +102,9 @@ def main() -> None:
             "profile_repeats": 1,
         }
     )
+    # a case before this one may have replaced these two: start from the library's own
+    overlap_module.WaitModel.batches = WAIT_BATCHES  # type: ignore[method-assign]
+    ExitHead._finish_replicas = FINISH_REPLICAS  # type: ignore[method-assign]
     if overlap and tfsift.dp_size() > 1:
         # With replicas a wait has room for one source batch per unit once a wait for
         # its microbatch was measured, as with WaitModel's own rule (none on a starved
@@ -103,10 +119,9 @@ def main() -> None:
         overlap_module.WaitModel.batches = batches  # type: ignore[method-assign]
     # the head's weights after each round's mean of the replicas: the same on every replica
     rounds: list[list[float]] = []
-    finish = ExitHead._finish_replicas
 
     def finish_and_record(head: ExitHead) -> None:
-        finish(head)
+        FINISH_REPLICAS(head)
         rounds.append(weight_sums(head))
 
     ExitHead._finish_replicas = finish_and_record  # type: ignore[method-assign]
@@ -150,7 +165,7 @@ def main() -> None:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             step_losses.append(float(loss.reduce_mean()))
     head = getattr(sifted.sifter.scorer, "_head", None)  # early exit: on stage 0 only
-    report(
+    return dict(
         head=weight_sums(head) if head is not None else None,
         head_rounds=rounds,
         rank=tfsift.rank(),

@@ -1,7 +1,8 @@
 """Every rank: sift by the losses of the training pass (scores="training"); report the table.
 
-usage: sift_training_check.py K POLICY
-  K stages; the other ranks are replicas. POLICY "relative" or "infobatch". Three epochs
+usage: sift_training_check.py K POLICY [POLICY ...]
+  K stages; the other ranks are replicas. POLICY "relative" or "infobatch": each runs in
+  turn in this one job (a new model from the same seed), reported in order. Three epochs
   of a dataset shuffled before it is sharded, so that a sample trained on one replica
   comes to another the next epoch. Each rank reports the batches it yielded, the losses
   it recorded, its score table by sample id, its policy's state, and how often a scorer
@@ -76,9 +77,13 @@ def table_by_id(cache: ScoreCache) -> dict[int, list[float]]:
 
 
 def main() -> None:
-    K, policy = int(sys.argv[1]), sys.argv[2]
-    tfsift.init({"partitions": K, "microbatches": 2, "profile_repeats": 1})
+    tfsift.init({"partitions": int(sys.argv[1]), "microbatches": 2, "profile_repeats": 1})
     calls = count_scorer_calls()
+    report(rank=tfsift.rank(), cases=[run_case(policy, calls) for policy in sys.argv[2:]])
+
+
+def run_case(policy: str, calls: list[int]) -> dict[str, Any]:
+    calls[0] = 0
     keras.utils.set_random_seed(SEED)
     model = Net()
     shuffled = tf.data.Dataset.from_tensor_slices(data()).shuffle(N, seed=SEED)
@@ -114,7 +119,7 @@ def main() -> None:
     assert sifter.cache is not None and sifter.recorder is not None
     sifter.recorder.merge(sifter._replicas())  # the last epoch's records (collective)
     policy_state = sifter.policy.state()
-    report(
+    return dict(
         rank=tfsift.rank(),
         stage=tfsift.mp_rank(),
         replica=tfsift.dp_rank(),

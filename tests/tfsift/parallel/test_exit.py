@@ -12,7 +12,7 @@ import pytest
 
 import mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.alone]
+pytestmark = [pytest.mark.mpi, pytest.mark.fault]
 
 
 def _leave(

@@ -84,7 +84,7 @@ def test_a_group_finishing_late_is_not_shut_down_by_an_early_one() -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.alone
+@pytest.mark.fault
 def test_a_failing_rank_ends_the_whole_job_quickly_with_its_error_once() -> None:
     start = time.monotonic()
     proc = mpi.run(2, "failure_check.py", timeout=120)

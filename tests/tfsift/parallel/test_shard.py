@@ -39,7 +39,7 @@ def test_uneven_data_gives_every_replica_as_many_steps_and_the_loop_ends() -> No
 
 
 @pytest.mark.mpi
-@pytest.mark.alone
+@pytest.mark.fault
 def test_data_sharded_by_hand_unevenly_ends_the_job_when_a_replica_runs_out() -> None:
     proc = mpi.run(
         2, "uneven_check.py", "by_hand", "1", timeout=120, env={"TFSIFT_EXIT_GRACE": "3"}

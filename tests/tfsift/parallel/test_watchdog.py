@@ -142,7 +142,7 @@ def _stalled(sleeper: int, layout: str, timeout: float) -> tuple[Any, dict[str, 
 
 
 @pytest.mark.mpi
-@pytest.mark.alone
+@pytest.mark.fault
 @pytest.mark.parametrize(
     ("sleeper", "message"),
     [
@@ -162,7 +162,7 @@ def test_a_stalled_stage_ends_the_job_after_the_timeout(sleeper: int, message: s
 
 
 @pytest.mark.mpi
-@pytest.mark.alone
+@pytest.mark.fault
 @pytest.mark.slow
 def test_a_stalled_replica_ends_the_job_after_horovods_stall_check() -> None:
     proc, report, ended = _stalled(1, "dp", 3.0)

@@ -79,23 +79,48 @@ def check_heads(reports: dict[int, dict[str, Any]]) -> None:
     assert stage0[0]["head"] == stage0[1]["head"]
 
 
-def run(np_: int, *args: str) -> dict[int, dict[str, Any]]:
-    return mpi.reports(mpi.run(np_, "sift_check.py", *args, timeout=240))
+def run(np_: int, K: str, placement: str, case: str) -> dict[int, dict[str, Any]]:
+    """What each rank saw in one sift_check.py CASE, in a job of its own."""
+    got = mpi.reports(mpi.run(np_, "sift_check.py", K, placement, case, timeout=240))
+    return {rank: rep["cases"][0] for rank, rep in got.items()}
+
+
+# The 2 stages x 2 replicas (cluster) cases share one 4-rank job: sift_check.py runs them
+# one after another, each with a new model from the same seed.
+CLUSTER_2X2 = {
+    "relative": "relative,0,0",
+    "uneven": "big_loss,1,1",
+    "early_exit": "relative,0,1,early_exit",
+    "overlap": "relative,0,1,early_exit_overlap",
+    "starved": "relative,0,1,early_exit_overlap_keep_starved",
+    "stale": "relative,0,1,early_exit_overlap_keep_starved_stale",
+}
+in_cluster_2x2_job = pytest.mark.xdist_group("sift_check_2x2_cluster")
+
+
+def cluster_2x2(case: str) -> dict[int, dict[str, Any]]:
+    """What each rank saw in case ``case`` of the shared 2 x 2 job."""
+    got = mpi.shared_reports(4, "sift_check.py", "2", "cluster", *CLUSTER_2X2.values(), timeout=300)
+    index = list(CLUSTER_2X2).index(case)
+    return {rank: rep["cases"][index] for rank, rep in got.items()}
 
 
 def test_pipelined_scoring_keeps_what_one_process_would_on_the_same_losses() -> None:
-    reports = run(2, "2", "cluster", "relative", "0", "0")
+    reports = run(2, "2", "cluster", "relative,0,0")
     check_lock_step(reports)
     assert {r["stage"] for r in reports.values()} == {0, 1}
     assert reports[0]["batches"] == replay(reports, "relative")[0]
     assert len(reports[0]["batches"]) >= 4
 
 
-@pytest.mark.parametrize("placement", ["cluster", "spread"])
+@pytest.mark.parametrize("placement", [pytest.param("cluster", marks=in_cluster_2x2_job), "spread"])
 def test_two_stages_by_two_replicas_share_the_history_and_stay_in_lock_step(
     placement: str,
 ) -> None:
-    reports = run(4, "2", placement, "relative", "0", "0")
+    if placement == "cluster":
+        reports = cluster_2x2("relative")
+    else:
+        reports = run(4, "2", placement, CLUSTER_2X2["relative"])
     check_lock_step(reports)
     want = replay(reports, "relative")
     for rep in reports.values():
@@ -105,8 +130,9 @@ def test_two_stages_by_two_replicas_share_the_history_and_stay_in_lock_step(
     assert 0.3 < metrics["kept_fraction"] < 0.7  # beta 1 keeps about half
 
 
+@in_cluster_2x2_job
 def test_uneven_shards_end_together_while_training() -> None:
-    reports = run(4, "2", "cluster", "big_loss", "1", "1")
+    reports = cluster_2x2("uneven")
     check_lock_step(reports)
     # replica 0 has 10 source batches, replica 1 has 14: both stop after 10 rounds
     assert len(reports[0]["batches"]) == 10 * (B // 2) // B
@@ -115,8 +141,9 @@ def test_uneven_shards_end_together_while_training() -> None:
     assert all(np.isfinite(r["step_losses"]).all() for r in reports.values())
 
 
+@in_cluster_2x2_job
 def test_early_exit_scores_on_stage_0_and_keeps_every_replica_head_equal() -> None:
-    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit")
+    reports = cluster_2x2("early_exit")
     check_lock_step(reports)
     heads = [r["head"] for r in reports.values() if r["stage"] == 0]
     assert len(heads) == 2 and heads[0] == heads[1]  # averaged gradients, same start
@@ -128,7 +155,7 @@ def test_early_exit_scores_on_stage_0_and_keeps_every_replica_head_equal() -> No
 
 @pytest.mark.alone
 def test_overlap_scores_the_next_round_while_stage_0_waits_for_gradients() -> None:
-    reports = run(2, "2", "cluster", "relative", "0", "1", "early_exit_overlap")
+    reports = run(2, "2", "cluster", "relative,0,1,early_exit_overlap")
     check_lock_step(reports)
     metrics = reports[0]["metrics"]
     steps = len(reports[0]["step_losses"])
@@ -146,10 +173,11 @@ def test_overlap_scores_the_next_round_while_stage_0_waits_for_gradients() -> No
     assert 0.0 <= metrics["overlap_late_fraction"] <= 1.0
 
 
+@in_cluster_2x2_job
 def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
     # each replica's stage 0 scores its own units in its own waits, so the head's
     # gradients are summed over different calls; their mean over the replicas is the same
-    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap")
+    reports = cluster_2x2("overlap")
     check_lock_step(reports)
     check_heads(reports)
     assert all(r["metrics"]["overlapped_fraction"] > 0 for r in reports.values())
@@ -159,7 +187,7 @@ def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
 def test_overlap_that_keeps_what_no_wait_scored_keeps_the_pipeline_in_lock_step() -> None:
     # each replica's stage 0 decides how much of a round its waits scored: the stages of a
     # pipeline must keep the same samples, and the replicas gather losses of any length
-    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap_keep")
+    reports = run(4, "2", "cluster", "relative,0,1,early_exit_overlap_keep")
     check_lock_step(reports)
     for replica in (0, 1):
         stages = [r["metrics"] for r in reports.values() if r["replica"] == replica]
@@ -175,12 +203,13 @@ def test_overlap_that_keeps_what_no_wait_scored_keeps_the_pipeline_in_lock_step(
         assert metrics["samples_kept"] < metrics["samples_seen"]
 
 
+@in_cluster_2x2_job
 def test_a_replica_whose_waits_hold_no_call_joins_every_mean_of_the_exit_head() -> None:
     # leftover="keep", and replica 1's stage 0 never finds room in a wait: its calls learn
     # nothing while replica 0's learn. It must still join every round's mean of the head's
     # gradients (skipping it made the next round's agreement meet that mean: an MPI
     # truncation error in CI at 705db39), and apply every mean in order
-    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap_keep_starved")
+    reports = cluster_2x2("starved")
     check_lock_step(reports)
     stage0 = {r["replica"]: r for r in reports.values() if r["stage"] == 0}
     starved, fed = stage0[1]["metrics"], stage0[0]["metrics"]
@@ -190,13 +219,14 @@ def test_a_replica_whose_waits_hold_no_call_joins_every_mean_of_the_exit_head() 
     check_heads(reports)
 
 
+@in_cluster_2x2_job
 def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_round() -> None:
     # stale=1 for three epochs, replica 1 starved as above: epoch 1 scores in stage 0's
     # waits on replica 0, and keeps every prepared round unscored on replica 1. So in
     # epoch 2 replica 0 finds fresh losses for whole rounds and scores nothing there, while
     # replica 1, with none fresh, prepares them again: both must still end the head's
     # round together (a replica that scored nothing skipped the head's mean before)
-    reports = run(4, "2", "cluster", "relative", "0", "1", "early_exit_overlap_keep_starved_stale")
+    reports = cluster_2x2("stale")
     check_lock_step(reports)
     keys = ("samples_scored", "samples_reused", "samples_unscored", "overlapped_fraction")
     for replica in (0, 1):
@@ -215,7 +245,7 @@ def test_overlap_with_stale_scores_in_waits_and_every_replica_ends_each_heads_ro
     check_heads(reports)
 
 
-@pytest.mark.alone
+@pytest.mark.fault
 @pytest.mark.parametrize(
     ("layout", "sleeper", "message"),
     [
@@ -250,7 +280,7 @@ def test_a_rank_that_stalls_while_sifting_ends_the_job_after_the_timeout(
     assert 2.0 <= ended - started < 3.0 + 15  # the waiter may start waiting a little earlier
 
 
-@pytest.mark.alone
+@pytest.mark.fault
 def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> None:
     # rank 1 averages exit-head gradients that rank 0 never sends; rank 0's next agreement
     # meets that mean. MPI's own report was "MPI_ERR_IN_STATUS" (CI at 705db39)
@@ -267,7 +297,7 @@ def test_replicas_whose_collectives_are_out_of_step_end_the_job_saying_so() -> N
     assert time.time() - start < 20  # at once, not after the script's 20 s timeout
 
 
-@pytest.mark.alone
+@pytest.mark.fault
 def test_replicas_whose_collectives_match_in_mpi_but_not_in_kind_end_the_job_saying_so() -> None:
     # at the epoch's end rank 0 agrees on its full batches, rank 1 on its remainder: one
     # value each, so MPI matches them and the minimum of unrelated numbers went unnoticed.
@@ -308,6 +338,7 @@ def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
     assert all(r["steps"] >= 4 for r in reports.values())
 
 
+@pytest.mark.xdist_group("sift_training_check_2x2")
 @pytest.mark.parametrize("policy", ["relative", "infobatch"])
 def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
     policy: str,
@@ -316,8 +347,9 @@ def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
     # shuffled before it is sharded, so a sample moves between replicas across epochs.
     # One table and one policy state (relative's history, InfoBatch's epoch plan) on
     # every rank make every rank decide alike
-    reports = mpi.reports(mpi.run(4, "sift_training_check.py", "2", policy, timeout=240))
-    ranks = list(reports.values())
+    policies = ["relative", "infobatch"]  # one job runs both
+    got = mpi.shared_reports(4, "sift_training_check.py", "2", *policies, timeout=300)
+    ranks = [rep["cases"][policies.index(policy)] for rep in got.values()]
     assert sorted((r["stage"], r["replica"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for replica in (0, 1):
         pipeline = [r for r in ranks if r["replica"] == replica]
