@@ -15,6 +15,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "hosts: runs its job on simulated hosts (network namespaces, scripts/simhosts.sh); "
+        "skipped, with the reason, where the machine cannot make them",
+    )
+    config.addinivalue_line(
+        "markers",
         "fault: a multi-process test whose job ends on purpose (a rank exits, stalls or fails) "
         "and that times the end from that event, with seconds of slack: scripts/test.sh runs "
         "two of these at a time, and none beside the CPU-bound jobs",
@@ -31,3 +36,22 @@ def fresh_tfsift_state() -> object:
     yield
     state.reset()
     logs.reset()
+
+
+@pytest.fixture(scope="session")
+def two_hosts() -> object:
+    """Two simulated hosts (``scripts/simhosts.sh up 2``), removed at the end of the session.
+
+    Tests that use them are marked ``xdist_group("simhosts")``: one pytest worker makes
+    and removes them, and no two jobs use them at once.
+    """
+    import subprocess
+
+    import mpi
+
+    check = subprocess.run(["bash", str(mpi.SIMHOSTS), "check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        pytest.skip(f"no simulated hosts here: {(check.stdout + check.stderr).strip()}")
+    subprocess.run(["bash", str(mpi.SIMHOSTS), "up", "2"], check=True, capture_output=True)
+    yield 2
+    subprocess.run(["bash", str(mpi.SIMHOSTS), "down"], check=True, capture_output=True)

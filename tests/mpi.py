@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 LEAN_SITE = Path(__file__).resolve().parent / "lean_site"  # see its sitecustomize.py
 REPORTS = "TFSIFT_TEST_REPORTS"
+SIMHOSTS = ROOT / "scripts" / "simhosts.sh"  # simulated hosts: network namespaces
 
 
 def environment(extra: dict[str, str] | None = None, *, lean: bool = False) -> dict[str, str]:
@@ -42,24 +43,33 @@ def run(
     timeout: float = 300,
     env: dict[str, str] | None = None,
     launcher: str = "mpirun",
+    hosts: int = 0,
 ) -> subprocess.CompletedProcess[str]:
-    """Runs ``tests/mpi_scripts/<script>`` on ``np`` ranks; never hangs past ``timeout``."""
+    """Runs ``tests/mpi_scripts/<script>`` on ``np`` ranks; never hangs past ``timeout``.
+
+    ``hosts``: spread the ranks evenly over that many simulated hosts (``simhosts.sh up``
+    made them), ranks 0 .. np/hosts - 1 on the first, and so on.
+    """
     lean = not Path(script).is_absolute()  # a test script, not an example
     argv = [str(SCRIPTS / script), *args]
     reports_dir = tempfile.mkdtemp(prefix="tfsift-reports-")
     env = {**(env or {}), REPORTS: reports_dir}
+    places = (
+        ",".join(f"{address(k)}:{np // hosts}" for k in range(1, hosts + 1))
+        if hosts
+        else f"localhost:{np}"
+    )
     if launcher == "horovodrun":
-        cmd = [
-            str(Path(sys.executable).parent / "horovodrun"),
-            "-np",
-            str(np),
-            "-H",
-            f"localhost:{np}",
-            sys.executable,
-            *argv,
-        ]
+        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np), "-H", places]
+        if hosts:  # the simulated hosts' interface: spares horovodrun finding a common one
+            cmd += ["--network-interfaces", "tfsift0"]
+        cmd += [sys.executable, *argv]
     else:
         cmd = mpirun_command(np, argv)
+        if hosts:
+            cmd[3:3] = ["--host", places]
+    if hosts:
+        cmd = ["bash", str(SIMHOSTS), "exec", *cmd]
     proc = subprocess.run(
         cmd,
         env=environment(env, lean=lean),
@@ -70,6 +80,11 @@ def run(
     )
     proc.reports_dir = reports_dir  # type: ignore[attr-defined]
     return proc
+
+
+def address(host: int) -> str:
+    """The address of simulated host ``host`` (1-based)."""
+    return f"10.251.0.{host}"
 
 
 _SHARED: dict[tuple[Any, ...], Any] = {}

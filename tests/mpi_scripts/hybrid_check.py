@@ -5,6 +5,7 @@ usage: hybrid_check.py K PLACEMENT STEPS
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import keras
@@ -75,6 +76,7 @@ def main() -> None:
     ]
     report(
         rank=tfsift.rank(),
+        host=socket.gethostname(),  # a simulated host's name when run on them
         stage=tfsift.mp_rank(),
         replica=r,
         mp_size=tfsift.mp_size(),

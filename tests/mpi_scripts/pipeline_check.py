@@ -7,6 +7,7 @@ usage: pipeline_check.py K MODELS MICROBATCHES PIPELINES OPTIMIZES [COMPILE]
 from __future__ import annotations
 
 import itertools
+import socket
 import sys
 from typing import Any
 
@@ -94,7 +95,10 @@ def main() -> None:
     compile = (sys.argv[6] if len(sys.argv) > 6 else "true") == "true"
     results = [check(n, K, int(m), p, o, compile) for n, m, p, o in itertools.product(*lists)]
     report(
-        rank=tfsift.rank(), results=results, nvars=int(np.sum([r["num_grads"] for r in results]))
+        rank=tfsift.rank(),
+        host=socket.gethostname(),  # a simulated host's name when run on them
+        results=results,
+        nvars=int(np.sum([r["num_grads"] for r in results])),
     )
 
 

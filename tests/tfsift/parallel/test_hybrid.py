@@ -15,16 +15,29 @@ import mpi
 pytestmark = pytest.mark.slow  # and mpi, on each test that launches mpirun or horovodrun
 
 
+# On 2 simulated hosts x 2 ranks (ranks 0, 1 on the first): cluster puts each replica on a
+# host of its own, so the allreduce crosses them; spread puts each stage on one, so the
+# pipeline's sends cross them
+ON_HOSTS = [
+    pytest.param(0, id="one_host"),
+    pytest.param(2, id="two_hosts", marks=[pytest.mark.hosts, pytest.mark.xdist_group("simhosts")]),
+]
+
+
 @pytest.mark.mpi
+@pytest.mark.parametrize("hosts", ON_HOSTS)
 @pytest.mark.parametrize(
     ("placement", "pipelines"),
     [("cluster", [[0, 1], [2, 3]]), ("spread", [[0, 2], [1, 3]])],
 )
 def test_two_stages_by_two_replicas_train_like_one_process(
-    placement: str, pipelines: list[list[int]]
+    placement: str, pipelines: list[list[int]], hosts: int, request: pytest.FixtureRequest
 ) -> None:
-    got = mpi.reports(mpi.run(4, "hybrid_check.py", "2", placement, "4", timeout=600))
+    if hosts:
+        request.getfixturevalue("two_hosts")
+    got = mpi.reports(mpi.run(4, "hybrid_check.py", "2", placement, "4", timeout=600, hosts=hosts))
     assert sorted(got) == [0, 1, 2, 3]
+    check_hosts(got, hosts)
     for replica, ranks in enumerate(pipelines):
         for stage, rank in enumerate(ranks):
             data = got[rank]
@@ -41,6 +54,12 @@ def test_two_stages_by_two_replicas_train_like_one_process(
         assert got[ranks[0]]["shuffled"] == got[ranks[1]]["shuffled"]
         assert all(v % 2 == replica for v in got[ranks[0]]["shuffled"])
     assert got[pipelines[0][0]]["losses"] != got[pipelines[1][0]]["losses"]  # different shards
+
+
+def check_hosts(got: dict[int, dict[str, object]], hosts: int) -> None:
+    """Ranks 0, 1 ran on the first simulated host and 2, 3 on the second (if ``hosts``)."""
+    if hosts:
+        assert [got[rank]["host"] for rank in range(4)] == ["tfsift-h1"] * 2 + ["tfsift-h2"] * 2
 
 
 @pytest.mark.mpi
@@ -68,11 +87,20 @@ def test_same_script_runs_as_one_plain_process_with_one_partition(tmp_path: Path
 
 
 @pytest.mark.mpi
-def test_same_script_runs_under_horovodrun() -> None:
+@pytest.mark.parametrize("hosts", ON_HOSTS)
+def test_same_script_runs_under_horovodrun(hosts: int, request: pytest.FixtureRequest) -> None:
+    # across hosts horovodrun reaches the second through the stand-in ssh on PATH (that
+    # scripts/simhosts.sh exec puts first), as it would through ssh
+    if hosts:
+        request.getfixturevalue("two_hosts")
     got = mpi.reports(
-        mpi.run(4, "hybrid_check.py", "2", "cluster", "2", timeout=600, launcher="horovodrun")
-    )
+        mpi.run(
+            4, "hybrid_check.py", "2", "cluster", "2", timeout=600, launcher="horovodrun",
+            hosts=hosts,
+        )
+    )  # fmt: skip
     assert sorted(got) == [0, 1, 2, 3]
+    check_hosts(got, hosts)
     assert max(d["weight_error"] for d in got.values()) < 1e-5
 
 

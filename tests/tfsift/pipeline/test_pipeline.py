@@ -52,6 +52,31 @@ def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.hosts
+@pytest.mark.xdist_group("simhosts")
+def test_four_stages_on_two_hosts_match_with_the_middle_cut_between_them(two_hosts: int) -> None:
+    # ranks 0, 1 on one simulated host, 2, 3 on the other: the activations and gradients
+    # between stages 1 and 2 go over TCP between the hosts
+    got = mpi.reports(
+        mpi.run(4, "pipeline_check.py", "4", "conv,skip", "2,4", "simple,interleaved", "speed",
+                timeout=600, hosts=two_hosts)
+    )  # fmt: skip
+    assert [got[rank]["host"] for rank in range(4)] == ["tfsift-h1"] * 2 + ["tfsift-h2"] * 2
+    for rank, data in got.items():
+        assert len(data["results"]) == 2 * 2 * 2
+        for r in data["results"]:
+            label = f"rank {rank} {r['model']} M={r['M']} {r['pipeline']}"
+            assert r["grad_error"] < 1e-5, label
+            assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
+            assert r["stage"] == rank, label
+    for i, first in enumerate(got[0]["results"]):
+        assert (
+            sum(got[rank]["results"][i]["num_grads"] for rank in range(4))
+            == VARIABLES[first["model"]]
+        )
+
+
+@pytest.mark.mpi
 def test_an_eager_head_matches_too() -> None:
     """@tfsift.step(compile=False): the last stage runs the step function without tf.function."""
     got = mpi.reports(

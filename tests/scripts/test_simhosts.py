@@ -1,0 +1,58 @@
+"""scripts/simhosts.sh: simulated hosts made and removed inside their own namespaces only."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+import mpi
+
+pytestmark = [pytest.mark.hosts, pytest.mark.xdist_group("simhosts")]
+
+
+def simhosts(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(mpi.SIMHOSTS), *args], capture_output=True, text=True)
+
+
+def namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return sorted(line.split()[0] for line in out.stdout.splitlines() if line.strip())
+
+
+def outside() -> tuple[str, str]:
+    """This machine's own links and addresses (the namespace the tests run in)."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True)
+    return links.stdout, addrs.stdout
+
+
+def test_up_twice_down_twice_and_nothing_outside_changes() -> None:
+    check = simhosts("check")
+    if check.returncode != 0:
+        pytest.skip(f"no simulated hosts here: {check.stdout.strip()}")
+    others = [ns for ns in namespaces() if not ns.startswith("tfsift-")]
+    before = outside()
+    try:
+        for _ in range(2):  # idempotent: the second up replaces the first set
+            assert simhosts("up", "2").returncode == 0
+            assert namespaces() == sorted([*others, "tfsift-h1", "tfsift-h2", "tfsift-sw"])
+        assert outside() == before
+        ran = simhosts("exec", "sh", "-c", "hostname; ssh 10.251.0.2 hostname")
+        assert ran.stdout.split() == ["tfsift-h1", "tfsift-h2"], ran.stderr
+        addr = subprocess.run(
+            ["ip", "-n", "tfsift-h2", "-o", "-4", "addr", "show", "tfsift0"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert "10.251.0.2/24" in addr.stdout
+    finally:
+        assert simhosts("down").returncode == 0
+    assert namespaces() == others
+    assert simhosts("down").returncode == 0  # nothing to remove: still fine
+    assert outside() == before
+
+
+def test_bad_arguments_say_what_was_expected() -> None:
+    got = simhosts("up", "zero")
+    assert got.returncode == 2
+    assert "simhosts: up needs a number of hosts 1-99. Received: 'zero'" in got.stderr
