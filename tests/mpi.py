@@ -54,22 +54,19 @@ def run(
     argv = [str(SCRIPTS / script), *args]
     reports_dir = tempfile.mkdtemp(prefix="tfsift-reports-")
     env = {**(env or {}), REPORTS: reports_dir}
-    places = (
-        ",".join(f"{address(k)}:{np // hosts}" for k in range(1, hosts + 1))
-        if hosts
-        else f"localhost:{np}"
-    )
     if launcher == "horovodrun":
-        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np), "-H", places]
+        places = ",".join(f"{address(k)}:{np // hosts}" for k in range(1, hosts + 1))
+        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np)]
+        cmd += ["-H", places if hosts else f"localhost:{np}"]
         if hosts:  # the simulated hosts' interface: spares horovodrun finding a common one
             cmd += ["--network-interfaces", "tfsift0"]
         cmd += [sys.executable, *argv]
+        if hosts:
+            cmd = ["bash", str(SIMHOSTS), "exec", *cmd]
     else:
         cmd = mpirun_command(np, argv)
         if hosts:
-            cmd[3:3] = ["--host", places]
-    if hosts:
-        cmd = ["bash", str(SIMHOSTS), "exec", *cmd]
+            cmd = on_hosts(cmd, np, hosts)
     proc = subprocess.run(
         cmd,
         env=environment(env, lean=lean),
@@ -80,6 +77,12 @@ def run(
     )
     proc.reports_dir = reports_dir  # type: ignore[attr-defined]
     return proc
+
+
+def on_hosts(cmd: list[str], np: int, hosts: int) -> list[str]:
+    """``cmd`` (an mpirun command) run on ``hosts`` simulated hosts, ``np / hosts`` ranks each."""
+    places = ",".join(f"{address(k)}:{np // hosts}" for k in range(1, hosts + 1))
+    return ["bash", str(SIMHOSTS), "exec", *cmd[:3], "--host", places, *cmd[3:]]
 
 
 def address(host: int) -> str:

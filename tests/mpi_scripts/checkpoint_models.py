@@ -43,16 +43,20 @@ class CheckpointNet(tfsift.DistributedModel):
         return self.out(self.drop2(self.d3(self.norm(h))))
 
 
-def start(partitions: int, placement: str = "cluster") -> tuple[CheckpointNet, Any, Any]:
-    """``tfsift.init``, the seeded model, its optimizer and its training step."""
-    tfsift.init(
-        {
-            "partitions": partitions,
-            "microbatches": M,
-            "auto_partition": False,
-            "placement_strategy": placement,
-        }
-    )
+def start(
+    partitions: int, placement: str = "cluster", timeout: float | None = None
+) -> tuple[CheckpointNet, Any, Any]:
+    """``tfsift.init`` (``timeout``: its stall timeout, if given), the seeded model, its
+    optimizer and its training step."""
+    config: dict[str, Any] = {
+        "partitions": partitions,
+        "microbatches": M,
+        "auto_partition": False,
+        "placement_strategy": placement,
+    }
+    if timeout is not None:
+        config["timeout"] = timeout
+    tfsift.init(config)
     keras.utils.set_random_seed(SEED)
     model = CheckpointNet(partitions)
     optimizer = keras.optimizers.Adam(0.01)

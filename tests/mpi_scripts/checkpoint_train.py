@@ -1,15 +1,18 @@
 """Trains CheckpointNet with a CheckpointManager, resuming from the newest checkpoint in DIR.
 
 usage: checkpoint_train.py DIR K STEPS EVERY [--sift] [--export] [--progress PATH]
+                           [--timeout SECONDS] [--pace SECONDS]
   saves after every EVERY-th step and after the last one; --sift trains on a sifted shard;
   --export writes DIR/model.keras with tfsift.save_model and reports its inputs' predictions;
-  --progress writes PATH/rank<r> ("<pid> <step>") after every step, for scripts/chaos.sh.
+  --progress writes PATH/rank<r> ("<pid> <step>") after every step, for scripts/chaos.sh;
+  --timeout sets tfsift.init's stall timeout; --pace sleeps that long after every step.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,9 @@ def main() -> None:
     directory, K, steps, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     flags = sys.argv[5:]
     progress = Path(flags[flags.index("--progress") + 1]) if "--progress" in flags else None
-    model, optimizer, forward_backward = start(K)
+    timeout = float(flags[flags.index("--timeout") + 1]) if "--timeout" in flags else None
+    pace = float(flags[flags.index("--pace") + 1]) if "--pace" in flags else 0.0
+    model, optimizer, forward_backward = start(K, timeout=timeout)
     train = sifted(model) if "--sift" in flags else None
     ckpt = tfsift.CheckpointManager(model, optimizer, directory, max_to_keep=2, sift=train)
     first = ckpt.restore() or 0
@@ -38,6 +43,7 @@ def main() -> None:
             partial = progress / f".rank{tfsift.rank()}"
             partial.write_text(f"{os.getpid()} {step}\n")
             os.replace(partial, progress / f"rank{tfsift.rank()}")
+        time.sleep(pace)
     values: dict[str, Any] = {"rank": tfsift.rank(), "replica": tfsift.dp_rank()}
     values.update(first=first, losses=losses)
     if "--export" in flags:

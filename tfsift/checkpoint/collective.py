@@ -1,15 +1,19 @@
 """Ranks that decide together: one rank's result (or error) for all, or everyone's or nobody's.
 
 Every checkpoint operation is collective, and an error on one rank must become the same
-error on every rank, never a rank left waiting in the next collective.
+error on every rank, never a rank left waiting in the next collective. A rank that never
+comes (stalled, or on a host the network lost) ends the job after the config's ``timeout``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tfsift.checkpoint.files import CheckpointError
+from tfsift.parallel import runtime, watchdog
+from tfsift.state import STATE
 
 T = TypeVar("T")
 Outcome = tuple[str, Any, str]  # ("ok", value, "") or ("error", kind, message)
@@ -27,7 +31,8 @@ def on_root(comm: Any, fn: Callable[[], T]) -> T:
     if comm.Get_rank() == 0:
         outcome, local = _attempt(fn, 0)
     if comm.Get_size() > 1:
-        outcome = comm.bcast(outcome, root=0)
+        with bounded():
+            outcome = comm.bcast(outcome, root=0)
     assert outcome is not None
     return _unwrap([outcome], local)[0]  # type: ignore[no-any-return]
 
@@ -38,8 +43,30 @@ def together(comm: Any, fn: Callable[[], T]) -> T:
     mine, local = _attempt(fn, comm.Get_rank())
     value = mine[1]
     status = (mine[0], mine[1] if mine[0] == "error" else None, mine[2])
-    _unwrap(comm.allgather(status) if comm.Get_size() > 1 else [status], local)
+    if comm.Get_size() > 1:
+        with bounded():
+            statuses = comm.allgather(status)
+    else:
+        statuses = [status]
+    _unwrap(statuses, local)
     return value  # type: ignore[no-any-return]
+
+
+def bounded() -> Any:
+    """A guard for a blocking checkpoint collective: the job ends, naming this rank, if the
+    other ranks have not all joined it within the config's ``timeout`` (none without
+    ``tfsift.init``: a communicator the caller made)."""
+    rt: runtime.Runtime | None = STATE.runtime
+    if rt is None:
+        return contextlib.nullcontext()
+    timeout = rt.config.timeout
+    return watchdog.guard(
+        timeout,
+        lambda: (
+            f"rank {rt.rank} waited {timeout:g} s for the other ranks to join a checkpoint "
+            "operation (a rank stalled, or its host cannot be reached)"
+        ),
+    )
 
 
 def _attempt(fn: Callable[[], Any], rank: int) -> tuple[Outcome, Exception | None]:

@@ -89,7 +89,10 @@ def _write_whole(model: DistributedModel, caller: str, path: Path, write: Any) -
     mine = collective.together(
         rt.world, lambda: weights.values(weights.keyed(model, part)) if rt.replica == 0 else {}
     )
-    gathered = rt.world.gather(mine, root=0) if rt.world.Get_size() > 1 else [mine]
+    gathered = [mine]
+    if rt.world.Get_size() > 1:
+        with collective.bounded():
+            gathered = rt.world.gather(mine, root=0)
     collective.on_root(rt.world, lambda: _export(model, part, gathered, path, write))
 
 

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tfsift.checkpoint import codec, collective, files, lock, random_state, weights
+from tfsift.checkpoint import codec, collective, files, lock, random_state, shared, weights
 from tfsift.checkpoint import optimizer as optimizer_lib
 from tfsift.checkpoint.files import CheckpointError, FileEntry
 from tfsift.checkpoint.manifest import (
@@ -93,6 +93,7 @@ class CheckpointManager:
             )
         self.optimizer, self.directory = optimizer, Path(directory)
         self.max_to_keep, self.sifter = max_to_keep, sifter
+        self._shared = False  # whether every rank was seen to share the directory
         collective.on_root(runtime.get().world, lambda: lock.check(self.directory))
 
     def close(self) -> None:
@@ -108,20 +109,25 @@ class CheckpointManager:
 
         Raises:
             CheckpointError: a file could not be written on some rank (the message names
-                the rank and the file), or another job saves into the directory; the
-                earlier checkpoints are untouched.
+                the rank and the file), another job saves into the directory, or (first
+                save) some rank does not see the directory rank 0 writes, as on a path
+                local to each host; the earlier checkpoints are untouched.
             ValueError: the model has not been partitioned yet (no step has run).
         """
         rt = runtime.get()
         part = weights.partitioned(self.model, None, "CheckpointManager.save")
         # before the try: a refused save must not remove the owner's partial directory
         collective.on_root(rt.world, lambda: lock.acquire(self.directory))
+        self._check_shared(rt)
         final = self.directory / f"{PREFIX}{int(step)}"
         partial = self.directory / f".{final.name}.partial"
         try:
             collective.on_root(rt.world, lambda: _fresh(partial))
             entries = collective.together(rt.world, lambda: self._write(partial, rt, part))
-            everyone = rt.world.gather(entries, root=0) if rt.world.Get_size() > 1 else [entries]
+            everyone = [entries]
+            if rt.world.Get_size() > 1:
+                with collective.bounded():
+                    everyone = rt.world.gather(entries, root=0)
             collective.on_root(
                 rt.world,
                 lambda: self._publish(partial, final, _manifest(int(step), everyone, rt, part)),
@@ -149,13 +155,15 @@ class CheckpointManager:
         Raises:
             ValueError: the checkpoint does not fit this model (a layer path is missing
                 or has another shape).
-            CheckpointError: a file could not be read.
+            CheckpointError: a file could not be read, or some rank does not see the
+                directory rank 0 reads.
         """
         rt = runtime.get()
         found = collective.on_root(rt.world, lambda: _as_text(latest_valid(self.directory)))
         if found is None:
             log.info("tfsift: no checkpoint in %s; starting afresh", self.directory)
             return None
+        self._check_shared(rt)
         ckpt = collective.together(rt.world, lambda: Checkpoint(Path(found)))
         with ckpt:
             m = ckpt.manifest
@@ -165,6 +173,12 @@ class CheckpointManager:
             collective.together(rt.world, lambda: self._load(ckpt, rt, part))
         log.info("tfsift: restored checkpoint %s", found)
         return m.step + 1
+
+    def _check_shared(self, rt: runtime.Runtime) -> None:
+        """Once per manager: every rank must see the directory (``tfsift.checkpoint.shared``)."""
+        if not self._shared:
+            shared.check(rt.world, self.directory)
+            self._shared = True
 
     def latest(self) -> Path | None:
         """The newest checkpoint directory by name (not verified), or None."""

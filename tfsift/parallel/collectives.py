@@ -7,7 +7,22 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfsift.parallel import runtime
+from tfsift.parallel import runtime, watchdog
+
+
+def bounded(rt: runtime.Runtime, what: str) -> Any:
+    """A guard that ends the job if the replicas of the caller's stage have not all joined
+    the Horovod collective doing ``what`` within the config's ``timeout``."""
+    timeout = rt.config.timeout
+
+    def message() -> str:
+        ranks = ", ".join(str(r) for r in rt.topology.dp_group(rt.stage))
+        return (
+            f"rank {rt.rank} waited {timeout:g} s for the other replicas of stage {rt.stage} "
+            f"(ranks {ranks}) to {what} (a replica stalled, or its host cannot be reached)"
+        )
+
+    return watchdog.guard(timeout, message)
 
 
 def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
@@ -27,7 +42,8 @@ def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
         return tensors
     import horovod.tensorflow as hvd
 
-    return list(hvd.grouped_allreduce(tensors, op=hvd.Average, process_set=rt.dp_set))
+    with bounded(rt, "average the gradients"):
+        return list(hvd.grouped_allreduce(tensors, op=hvd.Average, process_set=rt.dp_set))
 
 
 def broadcast_variables(variables: Sequence[Any]) -> None:
@@ -42,5 +58,7 @@ def broadcast_variables(variables: Sequence[Any]) -> None:
     import horovod.tensorflow as hvd
 
     root = rt.topology.rank(rt.stage, 0)
-    for var in variables:
-        var.assign(hvd.broadcast(tf.convert_to_tensor(var.value), root, process_set=rt.dp_set))
+    with bounded(rt, "broadcast the variables"):
+        for var in variables:
+            value = hvd.broadcast(tf.convert_to_tensor(var.value), root, process_set=rt.dp_set)
+            var.assign(value)

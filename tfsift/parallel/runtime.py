@@ -170,15 +170,17 @@ def _start_horovod(topology: Topology, rank: int, timeout: float) -> tuple[Any, 
 
 
 def _limit_horovod_stalls(timeout: float) -> None:
-    """Makes a collective that some ranks never join fail everywhere after ``timeout`` s.
+    """Makes a collective that some ranks never join fail everywhere after ``2 * timeout`` s.
 
-    Horovod then names the missing ranks, shuts down, and the collective raises on every
-    rank that joined it (which the abort hook turns into the end of the job). Without a
-    shutdown time Horovod only warns, forever. The user's own settings win.
+    tfsift's own guard (``collectives.bounded``) ends the job after ``timeout`` s, naming
+    the stage whose replicas did not all join; this is the backstop for collectives outside
+    it. Horovod then names the missing ranks, shuts down, and the collective raises on
+    every rank that joined it (which the abort hook turns into the end of the job). Without
+    a shutdown time Horovod only warns, forever. The user's own settings win.
     """
     if not math.isfinite(timeout):
         return
-    seconds = max(1, math.ceil(timeout))  # Horovod reads whole seconds
+    seconds = max(1, math.ceil(2 * timeout))  # Horovod reads whole seconds
     env.set_default(env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, str(seconds))
     # Horovod ignores a shutdown time shorter than its warning time (default 60 s).
     env.set_default(env.HOROVOD_STALL_CHECK_TIME_SECONDS, str(min(60, seconds)))

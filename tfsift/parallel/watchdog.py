@@ -18,9 +18,12 @@ the caller ends the job with ``abort``, naming who waited for what.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from mpi4py import MPI
@@ -52,6 +55,28 @@ def wait(requests: Sequence[Any], timeout: float) -> bool:
         time.sleep(pause)
         pause = min(pause * GROWTH, SHORT_PAUSE if waited < LONG_WAIT else MAX_PAUSE)
     return True
+
+
+@contextlib.contextmanager
+def guard(timeout: float, message: Callable[[], str]) -> Iterator[None]:
+    """Ends the job with ``abort(message())`` if the block outlasts ``timeout`` seconds.
+
+    For blocking calls that cannot be polled: Horovod's tensor collectives hold the calling
+    thread until every rank joins. Horovod's own stall check does not bound them when a
+    peer's host drops off the network without a reset: its background thread then waits
+    inside MPI forever, and so does the collective. A timer thread ends the job instead;
+    ``math.inf`` never does.
+    """
+    if not math.isfinite(timeout):
+        yield
+        return
+    timer = threading.Timer(timeout, lambda: abort(message()))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def abort(message: str, code: int = 1) -> NoReturn:

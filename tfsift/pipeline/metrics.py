@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from tfsift.parallel import runtime
+from tfsift.parallel import collectives, runtime
 from tfsift.parallel.comm import bcast_from_stage
 from tfsift.planning import keras_internals
 
@@ -283,7 +283,8 @@ def replica_sum(rt: runtime.Runtime) -> Allreduce:
         import horovod.tensorflow as hvd
 
         tensors = [tf.constant(a) for a in arrays]
-        summed = hvd.grouped_allreduce(tensors, op=hvd.Sum, process_set=dp_set)
+        with collectives.bounded(rt, "sum the metrics' states"):
+            summed = hvd.grouped_allreduce(tensors, op=hvd.Sum, process_set=dp_set)
         return [np.asarray(t.numpy()) for t in summed]
 
     return allreduce

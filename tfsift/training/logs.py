@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfsift.parallel import runtime
+from tfsift.parallel import collectives, runtime
 
 
 def replica_mean(logs: dict[str, Any]) -> dict[str, float]:
@@ -25,7 +25,8 @@ def replica_mean(logs: dict[str, Any]) -> dict[str, float]:
     import horovod.tensorflow as hvd
 
     row = tf.constant([list(values.values())], tf.float64)
-    rows = hvd.allgather(row, process_set=rt.dp_set).numpy()
+    with collectives.bounded(rt, "gather the logs"):
+        rows = hvd.allgather(row, process_set=rt.dp_set).numpy()
     rows = rows[np.lexsort(rows.T[::-1])]
     mean = rows.sum(axis=0) / len(rows)
     return {k: float(v) for k, v in zip(values, mean, strict=True)}

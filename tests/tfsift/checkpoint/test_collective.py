@@ -51,3 +51,28 @@ def test_an_os_error_becomes_a_checkpoint_error_with_the_local_one_as_cause() ->
         together(TwoRanks(0, ("ok", None, "")), full_disk)
     assert isinstance(info.value.__cause__, OSError)
     assert isinstance(info.value, OSError)
+
+
+def test_a_directory_some_ranks_cannot_see_is_named_with_their_hosts() -> None:
+    from pathlib import Path
+
+    from tfsift.checkpoint import shared
+
+    everyone = [(True, "a"), (True, "a"), (False, "b"), (False, "c")]
+    assert shared._message(Path("/ckpt"), everyone, [2, 3]) == (
+        "checkpoint directory /ckpt is not shared by every rank: ranks 2, 3 (hosts b, c) "
+        "cannot see the file rank 0 (host a) wrote there, so each host would hold only a part "
+        "of every checkpoint and none could restore it. Use a directory that every host mounts "
+        "at the same path (NFS or a cluster filesystem); nothing was saved"
+    )
+
+
+def test_one_rank_has_nothing_to_check(tmp_path: Any) -> None:
+    from tfsift.checkpoint import shared
+
+    class One:
+        def Get_size(self) -> int:
+            return 1
+
+    shared.check(One(), tmp_path / "never-made")
+    assert not (tmp_path / "never-made").exists()

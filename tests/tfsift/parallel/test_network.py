@@ -1,0 +1,118 @@
+"""A host cut off mid-training (its link down, no reset sent): every rank ends within the
+stall ``timeout`` plus seconds, and rerunning the same command once the link is back
+resumes from the last complete checkpoint to the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.fault, pytest.mark.hosts]
+pytestmark.append(pytest.mark.xdist_group("simhosts"))
+STEPS, EVERY, TIMEOUT, CUT_AT = 60, 5, 3.0, 12
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def link(host: int, state: str) -> None:
+    subprocess.run(["ip", "-n", f"tfsift-h{host}", "link", "set", "tfsift0", state], check=True)
+
+
+def last_checkpoint(directory: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every array of the final checkpoint's files but each rank state's JSON tree (which
+    holds timings)."""
+    final = directory / f"ckpt-{STEPS - 1}"
+    out = {}
+    for path in sorted(final.glob("*.npz")):
+        with np.load(path) as npz:
+            out[path.name] = {k: npz[k] for k in npz.files if k != "__tree__"}
+    return out
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize(
+    ("K", "waiter"),
+    [
+        # 2 stages, one per host: rank 0 waits in a pipeline receive (polled)
+        (2, "rank 0 waited 3 s to receive"),
+        # 2 replicas, one per host: rank 0 waits in Horovod's allreduce, which blocks
+        (1, "rank 0 waited 3 s for the other replicas of stage 0 (ranks 0, 1)"),
+    ],
+    ids=["pipeline", "replicas"],
+)
+def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
+    two_hosts: int, tmp_path: Path, K: int, waiter: str
+) -> None:
+    # 1 rank on each host
+    args = [str(K), str(STEPS), str(EVERY), "--timeout", str(TIMEOUT), "--pace", "0.02"]
+    whole = tmp_path / "whole"
+    mpi.reports(mpi.run(2, "checkpoint_train.py", str(whole), *args, hosts=two_hosts))
+
+    cut, progress = tmp_path / "cut", tmp_path / "progress"
+    progress.mkdir()
+    job = subprocess.Popen(
+        mpi.on_hosts(
+            mpi.mpirun_command(2, [str(mpi.SCRIPTS / "checkpoint_train.py"), str(cut), *args,
+                                   "--progress", str(progress)]),
+            2, two_hosts,
+        ),
+        env=mpi.environment(lean=True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, cwd=mpi.ROOT,
+    )  # fmt: skip
+    try:
+        pids: dict[int, tuple[int, int]] = {}  # rank: (pid, last step done)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and job.poll() is None:
+            for rank in (0, 1):
+                text = (
+                    (progress / f"rank{rank}").read_text()
+                    if (progress / f"rank{rank}").exists()
+                    else ""
+                )
+                if text:
+                    pid, step = text.split()
+                    pids[rank] = (int(pid), int(step))
+            if len(pids) == 2 and min(step for _, step in pids.values()) >= CUT_AT:
+                break
+            time.sleep(0.05)
+        assert len(pids) == 2 and job.poll() is None, "the job did not get to step 12"
+        link(2, "down")  # no reset: the peers' TCP connections just go quiet
+        cut_at = time.monotonic()
+        while any(alive(pid) for pid, _ in pids.values()) and time.monotonic() < cut_at + 60:
+            time.sleep(0.1)
+        ended = time.monotonic() - cut_at
+        still = [rank for rank, (pid, _) in pids.items() if alive(pid)]
+        assert still == [], f"ranks {still} still run 60 s after the cut"
+        print(f"K={K}: every rank ended {ended:.1f} s after host 2's link went down")
+        assert ended < TIMEOUT + 10, ended
+    finally:
+        link(2, "up")
+        if job.poll() is None:  # mpirun waits for the cut-off host's daemon: end it
+            job.kill()
+        output = job.communicate()[0]
+    assert f"tfsift: {waiter}" in output, output[-3000:]
+    assert "aborting the job" in output
+
+    rerun = mpi.run(2, "checkpoint_train.py", str(cut), *args, hosts=two_hosts)
+    got = mpi.reports(rerun)
+    assert got[0]["first"] > 0  # resumed, not started afresh
+    want = last_checkpoint(whole)
+    have = last_checkpoint(cut)
+    assert sorted(have) == sorted(want)
+    for name, arrays in want.items():
+        assert sorted(have[name]) == sorted(arrays), name
+        differ = [k for k in arrays if not np.array_equal(arrays[k], have[name][k])]
+        assert differ == [], name
