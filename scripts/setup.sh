@@ -12,7 +12,8 @@ VENV="${TFSIFT_VENV:-$ROOT/.venv}"
 CACHE="${TFSIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfsift}"
 HOROVOD_VERSION=0.28.1
 TF_VERSION=2.21.0
-APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev cmake g++ make)
+# iproute2: the simulated hosts of the multi-host tests (scripts/simhosts.sh)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev cmake g++ make iproute2)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
