@@ -64,19 +64,62 @@ def guard(timeout: float, message: Callable[[], str]) -> Iterator[None]:
     For blocking calls that cannot be polled: Horovod's tensor collectives hold the calling
     thread until every rank joins. Horovod's own stall check does not bound them when a
     peer's host drops off the network without a reset: its background thread then waits
-    inside MPI forever, and so does the collective. A timer thread ends the job instead;
-    ``math.inf`` never does.
+    inside MPI forever, and so does the collective. One timer thread per process ends the
+    job instead (arming it costs a lock, not a thread per call); ``math.inf`` never does.
     """
     if not math.isfinite(timeout):
         yield
         return
-    timer = threading.Timer(timeout, lambda: abort(message()))
-    timer.daemon = True
-    timer.start()
+    outer = _TIMER.arm(time.monotonic() + timeout, message)
     try:
         yield
     finally:
-        timer.cancel()
+        _TIMER.restore(outer)
+
+
+Armed = tuple[float, Callable[[], str]]  # (deadline on time.monotonic, message)
+
+
+class _Timer:
+    """The thread behind ``guard``: sleeps until the armed deadline, then ends the job."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._armed: Armed | None = None
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: float, message: Callable[[], str]) -> Armed | None:
+        """Arms the timer; returns what was armed before (a guard around this one)."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tfsift-guard", daemon=True)
+                self._thread.start()
+            outer, self._armed = self._armed, (deadline, message)
+            self._cond.notify()
+            return outer
+
+    def restore(self, armed: Armed | None) -> None:
+        with self._cond:
+            self._armed = armed
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._armed is None:
+                        self._cond.wait()
+                        continue
+                    deadline, message = self._armed
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._armed = None
+                        break
+                    self._cond.wait(left)
+            abort(message())  # does not return, but in tests that replace it
+
+
+_TIMER = _Timer()
 
 
 def abort(message: str, code: int = 1) -> NoReturn:
