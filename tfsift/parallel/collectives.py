@@ -16,7 +16,8 @@ def bounded(rt: runtime.Runtime, what: str) -> Any:
     timeout = rt.config.timeout
 
     def message() -> str:
-        ranks = ", ".join(str(r) for r in rt.topology.dp_group(rt.stage))
+        group = rt.topology.dp_group(rt.stage)
+        ranks = ", ".join(f"{r} (host {rt.hosts[r]})" if rt.hosts else str(r) for r in group)
         return (
             f"rank {rt.rank} waited {timeout:g} s for the other replicas of stage {rt.stage} "
             f"(ranks {ranks}) to {what} (a replica stalled, or its host cannot be reached)"

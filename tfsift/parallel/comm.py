@@ -128,7 +128,7 @@ class PipeComm:
         return f"rank {MPI.COMM_WORLD.Get_rank()}"
 
     def _peer(self, stage: int) -> str:
-        return f"stage {stage} (rank {watchdog.world_rank(self.comm, stage)})"
+        return f"stage {stage} ({watchdog.rank_name(self.comm, stage)})"
 
 
 def _tag(direction: int, microbatch: int) -> int:
@@ -164,9 +164,9 @@ class StageBroadcast:
             self._sending = (requests, arrays)
         elif not watchdog.wait(requests, self.timeout):
             watchdog.abort(
-                f"stage {me} (rank {watchdog.world_rank(self.pipe, me)}) waited "
-                f"{self.timeout:g} s for stage {self.root} (rank "
-                f"{watchdog.world_rank(self.pipe, self.root)}) to broadcast the {self.what}"
+                f"stage {me} ({watchdog.rank_name(self.pipe, me)}) waited "
+                f"{self.timeout:g} s for stage {self.root} "
+                f"({watchdog.rank_name(self.pipe, self.root)}) to broadcast the {self.what}"
             )
 
     def finish(self) -> None:
@@ -175,7 +175,7 @@ class StageBroadcast:
         sending, self._sending = self._sending, None
         if sending is not None and not watchdog.wait(sending[0], self.timeout):
             watchdog.abort(
-                f"stage {self.root} (rank {watchdog.world_rank(self.pipe, self.root)}) waited "
+                f"stage {self.root} ({watchdog.rank_name(self.pipe, self.root)}) waited "
                 f"{self.timeout:g} s for the other stages to receive the {self.what}"
             )
 

@@ -6,6 +6,7 @@ import atexit
 import dataclasses
 import logging
 import math
+import socket
 import sys
 import threading
 import traceback
@@ -41,6 +42,8 @@ class Runtime:
     # counts), so they never match a plan broadcast or a user's message; None on one rank.
     control_comm: Any = None
     exit_grace: float = env.EXIT_GRACE  # seconds; see _exit_check
+    # every rank's host name when the job spans hosts (messages name a peer's host), else ()
+    hosts: tuple[str, ...] = ()
 
     @property
     def stage(self) -> int:
@@ -133,6 +136,8 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     control = world.Dup() if topology.size > 1 else None
     runtime = Runtime(cfg, topology, rank, local_rank, world, pipe_comm, use_hvd)
     runtime.control_comm, runtime.exit_grace = control, grace
+    names = world.allgather(socket.gethostname()) if topology.size > 1 else []
+    runtime.hosts = tuple(names) if len(set(names)) > 1 else ()
     if use_hvd:
         runtime.dp_set, runtime.mp_set = _start_horovod(topology, rank, cfg.timeout)
     return runtime

@@ -28,6 +28,8 @@ from typing import Any, NoReturn
 
 from mpi4py import MPI
 
+from tfsift.state import STATE
+
 FIRST_PAUSE = 50e-6  # seconds
 GROWTH = 1.2  # a wait of t that ends during a pause is seen at most (GROWTH - 1) * t late
 SHORT_PAUSE = 250e-6  # the longest pause during the first LONG_WAIT seconds
@@ -136,6 +138,18 @@ def abort(message: str, code: int = 1) -> NoReturn:
     time.sleep(0.5)
     MPI.COMM_WORLD.Abort(code)
     raise SystemExit(code)  # not reached: MPI_Abort ends the process
+
+
+def rank_name(comm: Any, rank: int) -> str:
+    """``rank R`` for rank ``rank`` of ``comm`` (R its ``COMM_WORLD`` rank), and its host
+    when the job spans hosts: ``rank R, host H``."""
+    return named(world_rank(comm, rank))
+
+
+def named(rank: int) -> str:
+    """``rank R`` (a ``COMM_WORLD`` rank), ``rank R, host H`` when the job spans hosts."""
+    hosts = getattr(STATE.runtime, "hosts", ())
+    return f"rank {rank}, host {hosts[rank]}" if hosts else f"rank {rank}"
 
 
 def world_rank(comm: Any, rank: int) -> int:

@@ -44,17 +44,17 @@ def last_checkpoint(directory: Path) -> dict[str, dict[str, np.ndarray]]:
 
 @pytest.mark.timeout(500)
 @pytest.mark.parametrize(
-    ("K", "waiter"),
+    ("K", "peer"),
     [
-        # 2 stages, one per host: rank 0 waits in a pipeline receive (polled)
-        (2, "rank 0 waited 3 s to receive"),
+        # 2 stages, one per host: rank 0 waits in a pipeline receive or send (polled)
+        (2, "stage 1 (rank 1, host tfsift-h2)"),
         # 2 replicas, one per host: rank 0 waits in Horovod's allreduce, which blocks
-        (1, "rank 0 waited 3 s for the other replicas of stage 0 (ranks 0, 1)"),
+        (1, "the other replicas of stage 0 (ranks 0 (host tfsift-h1), 1 (host tfsift-h2))"),
     ],
     ids=["pipeline", "replicas"],
 )
 def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
-    two_hosts: int, tmp_path: Path, K: int, waiter: str
+    two_hosts: int, tmp_path: Path, K: int, peer: str
 ) -> None:
     # 1 rank on each host
     args = [str(K), str(STEPS), str(EVERY), "--timeout", str(TIMEOUT), "--pace", "0.02"]
@@ -103,8 +103,11 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
         if job.poll() is None:  # mpirun waits for the cut-off host's daemon: end it
             job.kill()
         output = job.communicate()[0]
-    assert f"tfsift: {waiter}" in output, output[-3000:]
-    assert "aborting the job" in output
+    # rank 0 names the peer it waited for, on its host; or, cut during a checkpoint's
+    # collective, says so (the ranks on host 2 end too, but their output is lost with it)
+    assert "tfsift: rank 0 waited 3 s " in output, output[-3000:]
+    assert peer in output or "to join a checkpoint operation" in output, output[-3000:]
+    assert "(a replica stalled, or its host cannot be reached)" in output or K == 2
 
     rerun = mpi.run(2, "checkpoint_train.py", str(cut), *args, hosts=two_hosts)
     got = mpi.reports(rerun)

@@ -72,6 +72,20 @@ def test_a_guard_ends_the_job_with_its_message_only_when_the_block_outlasts_it(
     assert ended == ["rank 0 waited 0.2 s for the replicas"]
 
 
+def test_peers_are_named_with_their_hosts_only_when_the_job_spans_hosts() -> None:
+    from types import SimpleNamespace
+
+    from tfsift.state import STATE
+
+    try:
+        STATE.runtime = SimpleNamespace(hosts=())
+        assert watchdog.named(1) == "rank 1"
+        STATE.runtime = SimpleNamespace(hosts=("node1", "node2"))
+        assert watchdog.named(1) == "rank 1, host node2"
+    finally:
+        STATE.runtime = None
+
+
 def test_a_late_pipeline_message_names_the_waiter_the_peer_and_the_message(no_abort: None) -> None:
     pipe = PipeComm(MPI.COMM_SELF.Dup(), timeout=0.2)
     with pytest.raises(Aborted) as err:
