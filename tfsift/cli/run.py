@@ -21,21 +21,29 @@ yourself to choose another level). That hides TensorFlow's C++ INFO and WARNING 
 writes two more lines through absl before its level applies ("All log messages before
 absl::InitializeLog()" and oneDNN's notice, twice per rank); with the quiet default,
 ``tfsift run`` drops exactly those lines from the ranks' stderr as it forwards it, line by
-line (``STARTUP_NOISE``). Everything else passes through unchanged.
+line (``STARTUP_NOISE``). Everything else passes through unchanged. When a rank's line
+says tfsift is aborting the job and mpirun is still running ``TFSIFT_EXIT_GRACE`` seconds
+later (across hosts it waits for the daemon of a host the network lost), ``tfsift run``
+ends mpirun and its children, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from tfsift.env import TFSIFT_EXIT_GRACE, exit_grace
 from tfsift.parallel.launch import mpirun_command
 
 # TensorFlow's C++ log threshold: 2 hides INFO and WARNING (the start-up lines), keeps
@@ -143,16 +151,83 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(f"tfsift run: {err}") from None
     env = environment(os.environ)
-    if env[TF_CPP_MIN_LOG_LEVEL] != QUIET_TF or TF_CPP_MIN_LOG_LEVEL in os.environ:
-        return subprocess.call(command(parsed), env=env)  # the user chose a level: all of it
+    # the user chose a level: all of it
+    quiet = env[TF_CPP_MIN_LOG_LEVEL] == QUIET_TF and TF_CPP_MIN_LOG_LEVEL not in os.environ
     with subprocess.Popen(command(parsed), env=env, stderr=subprocess.PIPE) as proc:
         assert proc.stderr is not None
-        forward(proc.stderr, sys.stderr.buffer)
+        ender = LingerGuard(proc, exit_grace())
+        forward(proc.stderr, sys.stderr.buffer, quiet=quiet, seen=ender.seen)
+    ender.cancel()
     return proc.returncode
 
 
-def forward(source: Any, sink: Any) -> None:
-    r"""Copies ``source`` to ``sink`` line by line, without TensorFlow's start-up noise.
+# A rank's line when tfsift ends the job (the abort hook, the watchdog, the exit check)
+ABORTING = re.compile(rb"tfsift: .*aborting the job")
+
+
+class LingerGuard:
+    """Ends mpirun if it is still running ``grace`` seconds after a rank aborted the job.
+
+    ``MPI_Abort`` makes mpirun kill every rank and exit, but across hosts mpirun first
+    waits for each host's daemon to confirm: a daemon on a host the network lost never
+    does, and mpirun would wait for it (TCP gives up after many minutes) though every
+    rank has ended (each rank's own timeout ends it). ``tfsift run`` sees the abort line
+    and, ``grace`` seconds later, ends mpirun, saying so.
+    """
+
+    def __init__(self, proc: Any, grace: float) -> None:
+        self.proc, self.grace = proc, grace
+        self._timer: threading.Timer | None = None
+
+    def seen(self, line: bytes) -> None:
+        if self._timer is None and ABORTING.search(line):
+            self._timer = threading.Timer(self.grace, self._end)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _end(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        sys.stderr.write(
+            f"tfsift run: mpirun had not ended {self.grace:g} s after a rank aborted the job "
+            f"(a host may be unreachable: its daemon never confirms); ending mpirun "
+            f"({TFSIFT_EXIT_GRACE} sets the wait)\n"
+        )
+        sys.stderr.flush()
+        # its children first (the ssh to the lost host, local daemons): they hold the
+        # output pipes open, and nothing else would end them
+        for pid in descendants(self.proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.kill()
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, from Linux's /proc (none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def forward(
+    source: Any, sink: Any, *, quiet: bool = True, seen: Callable[[bytes], None] | None = None
+) -> None:
+    r"""Copies ``source`` to ``sink`` line by line, without TensorFlow's start-up noise
+    (with it if not ``quiet``), showing each line to ``seen`` first.
 
     Example:
         >>> import io
@@ -164,7 +239,9 @@ def forward(source: Any, sink: Any) -> None:
         b'Traceback\n'
     """
     for line in source:
-        if not any(pattern.fullmatch(line) for pattern in STARTUP_NOISE):
+        if seen is not None:
+            seen(line)
+        if not quiet or not any(pattern.fullmatch(line) for pattern in STARTUP_NOISE):
             sink.write(line)
             sink.flush()
 

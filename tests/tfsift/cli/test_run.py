@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,19 +132,59 @@ def test_the_ranks_get_quiet_tensorflow_unless_the_user_chose_a_level() -> None:
     assert environment({})["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
 
 
-def test_main_launches_the_split_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_launches_the_split_command(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     calls: list[tuple[list[str], dict[str, str]]] = []
+    popen = subprocess.Popen
 
-    def call(cmd: list[str], env: dict[str, str]) -> int:
+    def launch(cmd: list[str], env: dict[str, str], **kwargs: Any) -> Any:
         calls.append((cmd, env))
-        return 3
+        fake = [
+            sys.executable,
+            "-c",
+            "import sys; sys.stderr.write('I0000 port.cc:1] x\\n'); sys.exit(3)",
+        ]
+        return popen(fake, env=env, **kwargs)
 
-    monkeypatch.setattr(run.subprocess, "call", call)
+    monkeypatch.setattr(run.subprocess, "Popen", launch)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # a level of the user's: no filtering
     assert main(["run", "-np", "2", "-H", "a:1,b:1", "train.py", "--epochs", "1"]) == 3
     [(cmd, env)] = calls
     assert cmd == command(parse(["-np", "2", "-H", "a:1,b:1", "train.py", "--epochs", "1"]))
     assert env["TF_CPP_MIN_LOG_LEVEL"] == "1"
+    assert capfd.readouterr().err == "I0000 port.cc:1] x\n"
+
+
+def test_mpirun_still_running_after_a_rank_aborted_the_job_is_ended_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # as across hosts, when mpirun waits for the daemon of a host the network lost
+    stuck = "tfsift: rank 0 waited 3 s for stage 1 (rank 1, host b); aborting the job\n"
+    fake = [sys.executable, "-c", f"import sys, time; sys.stderr.write({stuck!r}); "
+            "sys.stderr.flush(); time.sleep(60)"]  # fmt: skip
+    monkeypatch.setattr(run, "command", lambda parsed: fake)
+    monkeypatch.setenv("TFSIFT_EXIT_GRACE", "0.5")
+    start = time.monotonic()
+    assert main(["run", "-np", "2", "train.py"]) != 0
+    assert time.monotonic() - start < 10
+    assert capfd.readouterr().err == stuck + (
+        "tfsift run: mpirun had not ended 0.5 s after a rank aborted the job (a host may be "
+        "unreachable: its daemon never confirms); ending mpirun (TFSIFT_EXIT_GRACE sets the "
+        "wait)\n"
+    )
+
+
+def test_mpirun_that_ends_after_an_abort_is_left_to_end(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    line = "tfsift: rank 1 failed, aborting the job:\n"
+    fake = [sys.executable, "-c", f"import sys; sys.stderr.write({line!r}); sys.exit(1)"]
+    monkeypatch.setattr(run, "command", lambda parsed: fake)
+    monkeypatch.setenv("TFSIFT_EXIT_GRACE", "0.3")
+    assert main(["run", "-np", "2", "train.py"]) == 1
+    time.sleep(0.5)  # past the grace: nothing more is said
+    assert capfd.readouterr().err == line
 
 
 NOISE = (
@@ -214,3 +256,19 @@ def test_a_real_launch_with_python_first_runs_the_script_on_every_rank(tmp_path:
 
 def test_docstring_examples_run() -> None:
     assert doctest.testmod(run).failed == 0
+
+
+def test_descendants_are_the_whole_tree_below_a_process() -> None:
+    parent = subprocess.Popen(["sh", "-c", "sh -c 'sleep 30' & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(run.descendants(parent.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        below = run.descendants(parent.pid)
+        names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in below)
+        assert names == ["sh", "sleep", "sleep"]  # a child's child too
+    finally:
+        for pid in run.descendants(parent.pid):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,14 +64,21 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
 
     cut, progress = tmp_path / "cut", tmp_path / "progress"
     progress.mkdir()
+    # launched by tfsift run, which ends mpirun when it outlives an aborted job: mpirun
+    # waits for the cut-off host's daemon, which never answers
+    places = ",".join(f"{mpi.address(k)}:1" for k in (1, 2))
+    script = [
+        str(mpi.SCRIPTS / "checkpoint_train.py"),
+        str(cut),
+        *args,
+        "--progress",
+        str(progress),
+    ]
     job = subprocess.Popen(
-        mpi.on_hosts(
-            mpi.mpirun_command(2, [str(mpi.SCRIPTS / "checkpoint_train.py"), str(cut), *args,
-                                   "--progress", str(progress)]),
-            2, two_hosts,
-        ),
-        env=mpi.environment(lean=True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, cwd=mpi.ROOT,
+        ["bash", str(mpi.SIMHOSTS), "exec", sys.executable, "-m", "tfsift.cli", "run",
+         "-np", "2", "-H", places, *script],
+        env=mpi.environment({"TFSIFT_EXIT_GRACE": "3"}, lean=True), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, cwd=mpi.ROOT,
     )  # fmt: skip
     try:
         pids: dict[int, tuple[int, int]] = {}  # rank: (pid, last step done)
@@ -98,11 +106,14 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
         assert still == [], f"ranks {still} still run 60 s after the cut"
         print(f"K={K}: every rank ended {ended:.1f} s after host 2's link went down")
         assert ended < TIMEOUT + 10, ended
+        output = job.communicate(timeout=30)[0]  # tfsift run ends mpirun 3 s after the abort
+        assert job.returncode != 0
     finally:
         link(2, "up")
-        if job.poll() is None:  # mpirun waits for the cut-off host's daemon: end it
+        if job.poll() is None:
             job.kill()
-        output = job.communicate()[0]
+            output = job.communicate()[0]
+    assert "tfsift run: mpirun had not ended 3 s after a rank aborted the job" in output
     # rank 0 names the peer it waited for, on its host; or, cut during a checkpoint's
     # collective, says so (the ranks on host 2 end too, but their output is lost with it)
     assert "tfsift: rank 0 waited 3 s " in output, output[-3000:]
