@@ -159,7 +159,33 @@ def with_callbacks(K: int, out: Path) -> dict[str, Any]:
     found["resumed_epochs"] = len(history.history["loss"])
     found["resumed_weight_diff"] = max(float(np.max(np.abs(a - b))) for a, b in pairs)
     found["backup_left"] = backup.exists()
+    found.update(sifted_backup(K, out / "sifted-backup"))
     return found
+
+
+def sifted_backup(K: int, backup: Path) -> dict[str, Any]:
+    """fit(sift=relative) stopped after epoch 1 and resumed with BackupAndRestore: the
+    loss history, the policy's draws and the optimizer go on as if never stopped."""
+    config = tfsift.SiftConfig(policy="relative", beta=1.0, history=64, seed=SEED)
+    whole = adam_model(K)
+    want = whole.fit(dataset(1), epochs=EPOCHS, verbose=0, sift=config).history["loss"]
+    try:
+        adam_model(K).fit(
+            dataset(1), epochs=EPOCHS, verbose=0, sift=config,
+            callbacks=[tfsift.callbacks.BackupAndRestore(backup), Interrupt()],
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        pass
+    resumed = adam_model(K)
+    got = resumed.fit(
+        dataset(1), epochs=EPOCHS, verbose=0, sift=config,
+        callbacks=[tfsift.callbacks.BackupAndRestore(backup)],
+    ).history["loss"]  # fmt: skip
+    pairs = zip(resumed.trainable_variables, whole.trainable_variables, strict=True)
+    return {
+        "sifted_resumed_losses": [got, want[len(want) - len(got) :]],
+        "sifted_resumed_weight_diff": max(float(np.max(np.abs(a - b))) for a, b in pairs),
+    }
 
 
 def main() -> None:

@@ -241,6 +241,12 @@ class Sifter:
             self.recorder.load_state(state["recorder"])
         self._resume = (int(state["epoch_read"]), SampleBuffer.from_state(state["buffer"]))
 
+    def start_next_epoch(self) -> None:
+        """After ``load_state`` of a state saved at an epoch's end (``fit``'s callbacks save
+        there, whether or not the epoch read all of its source): the next pass starts a new
+        epoch, as the uninterrupted run's did, instead of resuming the saved one."""
+        self._resume = None
+
     def epoch(self, source: tf.data.Dataset) -> Iterator[Element]:
         """One pass over ``source``: yields sifted batches as NumPy elements.
 

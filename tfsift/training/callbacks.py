@@ -57,9 +57,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]
     weights, the optimizer's state and the random states, written as one collective
     save) into ``backup_dir``; at the start of ``fit`` it restores the newest complete
     one and ``fit`` skips the epochs already done. ``backup_dir`` must be a directory
-    every rank sees (as for ``CheckpointManager``). A sifted ``fit`` resumes with a fresh
-    sifting state; use ``CheckpointManager(..., sift=...)`` in a custom loop for an exact
-    one.
+    every rank sees (as for ``CheckpointManager``). With ``fit(..., sift=...)`` the
+    sifting state (loss history, policy, score table) is saved too, and the resumed run
+    continues with the next epoch as the uninterrupted one did.
 
     Example:
         >>> model.fit(ds, epochs=10,
@@ -92,10 +92,15 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_begin(self, logs: Any = None) -> None:
         model = self.model
-        self._manager = CheckpointManager(model, model.optimizer, self.backup_dir, max_to_keep=1)
+        sifted = getattr(model, "_fit_sifted", None)  # fit(..., sift=...)'s dataset
+        self._manager = CheckpointManager(
+            model, model.optimizer, self.backup_dir, max_to_keep=1, sift=sifted
+        )
         resumed = self._manager.restore()  # the epoch to run next: the last saved one + 1
         if resumed is not None:
             model._initial_epoch = resumed  # Keras' own protocol: fit starts there
+            if sifted is not None:  # saved at an epoch's end: go on with the next one
+                sifted.sifter.start_next_epoch()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         assert self._manager is not None, "on_train_begin makes the manager"

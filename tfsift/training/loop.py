@@ -86,6 +86,9 @@ def fit(
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
     cbs = _callbacks(model, callbacks, verbose, epochs=epochs, steps=steps)
     model.stop_training = False
+    # the sifted dataset, for tfsift.callbacks.BackupAndRestore to save and restore its state
+    # (object's setattr: Keras would track a dataset among the model's dependencies)
+    object.__setattr__(model, "_fit_sifted", train if sift is not None else None)
     cbs.on_train_begin()
     # Keras' protocol for a callback that restored a run (BackupAndRestore): it sets the
     # epoch to start from during on_train_begin; read once, so a later fit starts afresh.
@@ -101,6 +104,7 @@ def fit(
         if model.stop_training:
             break
     cbs.on_train_end(logs=epoch_logs)
+    object.__setattr__(model, "_fit_sifted", None)
     return next(c for c in cbs.callbacks if isinstance(c, keras.callbacks.History))
 
 

@@ -58,4 +58,8 @@ def check_callbacks(reports: dict[int, dict[str, Any]]) -> None:
         assert got["resumed_epochs"] == 1
         assert got["resumed_weight_diff"] == 0.0  # optimizer, dropout seeds: all restored
         assert got["backup_left"] is False
+        # a sifted fit resumed: the history, draws and optimizer go on unchanged
+        resumed, uninterrupted = got["sifted_resumed_losses"]
+        assert len(resumed) == 1 and resumed == uninterrupted  # epoch 3 of 3
+        assert got["sifted_resumed_weight_diff"] == 0.0
     assert reports[0]["callbacks"]["keras_file_error"] < 1e-5  # plain Keras loads best.keras
