@@ -28,13 +28,16 @@ def save_weights(model: DistributedModel, filepath: Any, overwrite: bool = True)
 
 def load_weights(model: DistributedModel, filepath: Any) -> None:
     """``model.load_weights``: ``tfsift.load_weights`` (a ``.keras`` or ``.weights.h5``
-    file, or a checkpoint directory) into a model that has run a step."""
-    if model.partitioned is None:
+    file into a model that has run a step, or a checkpoint directory, whose manifest
+    holds the inputs to partition a model that has not)."""
+    path = Path(filepath)
+    is_file = path.suffix == ".keras" or path.name.endswith(export.WEIGHTS_SUFFIX)
+    if model.partitioned is None and is_file:
         raise ValueError(
-            f"model.load_weights needs DistributedModel {model.name!r} partitioned, which "
-            "happens at its first step (fit, predict or a @tfsift.step call): call it after "
-            "a step, or use tfsift.load_weights(model, path, example=<a batch of inputs>). "
-            f"Received: filepath={str(filepath)!r}"
+            f"model.load_weights of a file needs DistributedModel {model.name!r} partitioned, "
+            "which happens at its first step (fit, predict or a @tfsift.step call): call it "
+            "after a step, or use tfsift.load_weights(model, path, example=<a batch of "
+            f"inputs>). Received: filepath={str(filepath)!r}"
         )
     export.load_weights(model, filepath)
 

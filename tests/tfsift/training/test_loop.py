@@ -291,10 +291,22 @@ def test_save_and_save_weights_name_the_files_they_write() -> None:
         model.save_weights("w.h5")
 
 
-def test_load_weights_before_any_step_says_how_to_partition_first(tmp_path: Path) -> None:
+def test_load_weights_of_a_file_before_any_step_says_how_to_partition_first(
+    tmp_path: Path,
+) -> None:
     model = compiled_model()
     with pytest.raises(ValueError, match=r"call it after a step, or use tfsift\.load_weights"):
         model.load_weights(tmp_path / "w.weights.h5")
+
+
+def test_load_weights_of_a_checkpoint_partitions_from_its_manifest(tmp_path: Path) -> None:
+    model = compiled_model()
+    model.fit(dataset(), epochs=1, verbose=0)
+    tfsift.CheckpointManager(model, model.optimizer, tmp_path / "ckpt").save(0)
+    other = compiled_model()
+    assert other.partitioned is None
+    other.load_weights(tmp_path / "ckpt")  # the manifest has the inputs: no step first
+    assert_same_weights(other, model)
 
 
 class Interrupt(keras.callbacks.Callback):
