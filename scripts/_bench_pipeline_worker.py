@@ -224,6 +224,7 @@ def predictions(cfg: Config, model: Chain, x: tf.Tensor) -> list[dict[str, Any]]
                         "pipeline": pipeline,
                         "optimize": optimize,
                         "microbatch_compute_s": float(costs.prefix.compute[-1]),
+                        "action_overhead_s": float(costs.action_overhead),
                         "predicted_step_s": plan.predicted_step_time,
                         "predicted_bubble": plan.predicted_bubble,
                         "predicted_peak_bytes": list(plan.peak_memory),

@@ -1,0 +1,158 @@
+"""Does pipelining a small model pay, and does tfsift predict its step?
+
+An MLP as a user would try it (the issue's: Dense(256) x 4, relu, on 256 features, MSE,
+SGD, B=128; one compute thread per rank, ranks bound to cores), in one job each:
+
+- one process: a plain Keras step, ``@tfsift.step`` with M=1, the simulator's predicted
+  K=2 step (which charges the runtime's cost per action, measured by the profiler on a
+  stage that does nothing) for each M;
+- one process, ``@tfsift.step`` with M microbatches: what microbatching alone costs, and
+  from it the runtime's cost per action, ``(t_M - t_1) / (2 (M - 1))`` (the same compute
+  in M forwards and M backwards instead of one each);
+- K=2 stages, M microbatches: the measured step against the prediction, and its spread
+  (median, 90th and 99th percentiles, maximum) over many steps without forced garbage
+  collections, as a training loop runs.
+
+usage: .venv/bin/python scripts/bench_small.py [--quick] [--no-docs] [--json F] [--render F]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+
+import numpy as np
+from bench_pipeline import WORKER
+from bench_pipeline import Settings as ChainSettings
+
+from bench import harness, report
+from bench.harness import Result, say
+from bench.main import Benchmark, run
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    chain: ChainSettings = dataclasses.field(
+        default_factory=lambda: ChainSettings(
+            model="dense", layers=4, width=256, batch=128, microbatches=(4,),
+            pipelines=("simple", "interleaved"), optimizes=("speed",), warmup=20, steps=300,
+        )
+    )  # fmt: skip
+    M: int = 4
+    pipeline_steps: int = 1000
+
+
+QUICK = Settings(
+    chain=ChainSettings(
+        model="dense", layers=4, width=64, batch=32, microbatches=(4,),
+        pipelines=("interleaved",), optimizes=("speed",), warmup=3, steps=20, profile_repeats=2,
+    ),
+    pipeline_steps=50,
+)  # fmt: skip
+
+
+def measure(s: Settings) -> Result:
+    c = s.chain
+    say("one process: Keras, @tfsift.step M=1, the predictions")
+    single = harness.run_job(WORKER, ["single", json.dumps(c.worker_config())], 1, timeout=900)[0]
+    say(f"one process: @tfsift.step M={s.M}")
+    micro = harness.run_job(
+        WORKER, ["microbatched", json.dumps(c.worker_config(M=s.M))], 1, timeout=900
+    )[0]
+    pipelines = {}
+    for pipeline in c.pipelines:
+        say(f"K=2, M={s.M}, {pipeline}: {s.pipeline_steps} steps")
+        cfg = c.worker_config(
+            M=s.M, pipeline=pipeline, optimize="speed", steps=s.pipeline_steps, collect=False
+        )
+        ranks = harness.run_job(WORKER, ["pipeline", json.dumps(cfg)], 2, timeout=900)
+        pipelines[pipeline] = ranks[0]["times"]
+    return {
+        "keras": single["times"]["keras"],
+        "tfsift_m1": single["times"]["tfsift"],
+        "tfsift_m": micro["times"],
+        "predictions": single["predictions"],
+        "pipelines": pipelines,
+    }
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.2f}"
+
+
+def render(raw: Result, meta: Result, s: Settings) -> str:
+    c = s.chain
+    keras_s = statistics.median(raw["keras"])
+    m1, mm = statistics.median(raw["tfsift_m1"]), statistics.median(raw["tfsift_m"])
+    per_action = (mm - m1) / (2 * (s.M - 1))
+    predicted = {p["pipeline"]: p for p in raw["predictions"] if p["M"] == s.M}
+    rows = [
+        ["one process, Keras", _ms(keras_s), "", "", "", "", ""],
+        ["one process, @tfsift.step M=1", _ms(m1), "", "", "", "", ""],
+        [f"one process, @tfsift.step M={s.M}", _ms(mm), "", "", "", "", ""],
+    ]
+    lines = []
+    for pipeline, times in raw["pipelines"].items():
+        t = np.asarray(times)
+        med, p90, p99 = (float(np.percentile(t, q)) for q in (50, 90, 99))
+        pred = predicted[pipeline]["predicted_step_s"]
+        rows.append(
+            [
+                f"K=2, M={s.M}, {pipeline}",
+                _ms(med),
+                _ms(pred),
+                f"{med / pred:.2f}",
+                _ms(p90),
+                f"{_ms(p99)} ({p99 / med:.2f}x)",
+                _ms(float(t.max())),
+            ]
+        )
+        lines.append(
+            f"{pipeline}: measured {med / pred:.2f}x the prediction (target: within 25%), "
+            f"p99 {p99 / med:.2f}x the median (target <= 2x), against one process's Keras "
+            f"step {keras_s / med:.2f}x as fast"
+        )
+    overhead = next(iter(predicted.values()))["action_overhead_s"]
+    return "\n\n".join(
+        [
+            "## Small models: predicted and measured",
+            report.provenance(meta, BENCH.command),
+            f"Dense({c.width}) x {c.layers}, relu, on {c.width} features, MSE, SGD, B={c.batch}; "
+            "one compute thread per rank, ranks bound to cores. One-process rows: median of "
+            f"{c.steps} steps after {c.warmup} warm-up steps, each after a garbage collection; "
+            f"K=2 rows: {s.pipeline_steps} steps with no forced collection, the slowest rank's "
+            "time of steps started together. *predicted*: the simulator's step for the "
+            "profiled costs, the runtime's cost per action included.",
+            report.table(
+                [
+                    "configuration",
+                    "median ms",
+                    "predicted ms",
+                    "measured / predicted",
+                    "p90 ms",
+                    "p99 ms",
+                    "max ms",
+                ],
+                rows,
+            ),
+            f"The runtime's cost per action (a stage's forward or backward of one microbatch), "
+            f"from microbatching alone in one process: **{1e6 * per_action:.0f} us** (target: "
+            f"<= 150 us); the profiler's own estimate, which the prediction charges: "
+            f"{1e6 * overhead:.0f} us. " + "; ".join(lines) + ".",
+        ]
+    )
+
+
+BENCH = Benchmark(
+    name="small",
+    question=__doc__.splitlines()[0],
+    full=Settings(),
+    quick=QUICK,
+    measure=measure,
+    render=render,
+)
+
+
+if __name__ == "__main__":
+    run(BENCH)

@@ -1,0 +1,46 @@
+"""scripts/bench_small.py's reading of its measurements: cost per action, ratios, spread."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))  # the harness, ``bench``, as when the script runs
+    spec = importlib.util.spec_from_file_location("bench_small", SCRIPTS / "bench_small.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_small"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: ModuleType) -> None:
+    times = [0.010] * 98 + [0.030, 0.050]  # a 10 ms median with two slow steps
+    raw = {
+        "keras": [0.002, 0.002, 0.002],
+        "tfsift_m1": [0.003] * 3,
+        "tfsift_m": [0.0042] * 3,  # M=4: 1.2 ms more over 2 (M - 1) = 6 extra actions
+        "predictions": [
+            {"M": 4, "pipeline": "simple", "predicted_step_s": 0.008, "action_overhead_s": 1.5e-4}
+        ],
+        "pipelines": {"simple": times},
+    }
+    meta = {"date": "2026-11-26", "cores": 2, "commit": "abc", "load_start": 0.1,
+            "load_end": 0.2, "seconds": 60.0}  # fmt: skip
+    text = bench.render(raw, meta, bench.Settings())
+    assert "**200 us** (target: <= 150 us)" in text  # (4.2 - 3.0) ms / 6
+    assert "the profiler's own estimate, which the prediction charges: 150 us" in text
+    assert "simple: measured 1.25x the prediction (target: within 25%)" in text  # 10 / 8 ms
+    p99 = float(__import__("numpy").percentile(times, 99))
+    assert f"p99 {p99 / 0.010:.2f}x the median (target <= 2x)" in text
+    assert "| K=2, M=4, simple | 10.00 | 8.00 | 1.25 | 10.00 |" in text
