@@ -487,7 +487,8 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "`make_plan(costs, K, M, ...).predicted_step_time` for costs profiled at microbatch "
             "B/M; both profiles come from `tfsift.planning.profiler.profile` in one single-thread "
             "process. So *predicted* includes the lower efficiency of small matrix products "
-            "and the transfers, but none of the runtime's own work. *computing*: the time "
+            "and the transfers, and the runtime's cost per action as the profiler estimates "
+            "it (about half of what it is: see *Small models*). *computing*: the time "
             "each rank spends in forward and backward actions during one extra step (the "
             "rest of the step it waits for the other stage).",
             "![measured, ideal and predicted speed-up](pipeline_speedup.png)",
