@@ -41,6 +41,7 @@ import numpy as np
 from keras import tree
 
 from partitioner.schedule import Action
+from tfsift.parallel import watchdog
 from tfsift.parallel.runtime import Runtime
 from tfsift.pipeline import rundir
 from tfsift.pipeline.executor import Microbatch, microbatch_size
@@ -137,7 +138,16 @@ class RunLog:
     ) -> None:
         gathered = None
         if record is not None and self.runtime.replica == 0:
-            gathered = self._comm.gather(record, root=0)
+            rt, timeout = self.runtime, self.runtime.config.timeout
+
+            def late() -> str:
+                return (
+                    f"rank {rt.rank} waited {timeout:g} s for the other stages of its pipeline "
+                    "to gather the run log's step record"
+                )
+
+            with watchdog.guard(timeout, late):  # blocking: a lost host would never end it
+                gathered = self._comm.gather(record, root=0)
         if self.scalars is not None:
             self._scalars(self.scalars, gathered, entered, left, samples, outputs)
         self._previous = entered

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 import tensorflow as tf
 from keras import tree
+from mpi4py import MPI
 
 from partitioner import schedule
-from tfsift.parallel import runtime
+from tfsift.parallel import runtime, watchdog
 from tfsift.parallel.comm import PipeComm
 from tfsift.pipeline import context, metrics, runlog, timeline
 from tfsift.pipeline.executor import Executor, Microbatch, StepResult, Timed
@@ -325,7 +326,16 @@ def _gather(result: StepResult, plan: StepPlan) -> Any:
     results = result.results
     if plan.K > 1:
         mine = [_strip(r) for r in results] if results is not None else None
-        shared = plan.comm.comm.bcast(mine, root=plan.K - 1)
+        pipe, last = plan.comm, plan.K - 1
+
+        def late() -> str:
+            return (
+                f"rank {MPI.COMM_WORLD.Get_rank()} waited {pipe.timeout:g} s for stage {last} "
+                f"({watchdog.rank_name(pipe.comm, last)}) to broadcast the step's results"
+            )
+
+        with watchdog.guard(pipe.timeout, late):  # a blocking bcast: a lost host never ends it
+            shared = pipe.comm.bcast(mine, root=last)
         results = results if results is not None else shared
     assert results is not None
     grads = result.grad_sum or []
