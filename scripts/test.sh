@@ -14,21 +14,22 @@ echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
 if [ "$quick" = 1 ]; then
   echo "== pytest (quick: no multi-process tests)"
-  exec python -m pytest -m "not mpi" -n 2 "$@"
+  exec python -m pytest -m "not mpi" -n 2 --dist loadgroup "$@"
 fi
 # pytest exits 5 when arguments select no test of one kind: that part passes.
 run() { python -m pytest "$@" || [ $? -eq 5 ]; }
 echo "== pytest: one-process tests, on both cores"
-run -m "not mpi" -n 2 "$@"
+run -m "not mpi" -n 2 --dist loadgroup "$@"
 echo "== pytest: multi-process tests (mpirun, horovodrun), two jobs at a time"
 # A job's ranks leave the cores idle a third of the time (waits, bubbles, start-up), so two
 # jobs at once fill them; their results do not depend on how fast they run.
-# Tests marked xdist_group read one shared job: loadgroup gives each group to one worker.
+# Tests marked xdist_group share one job or the simulated hosts: loadgroup (in every stage)
+# gives each group to one worker.
 run -m "mpi and not alone and not fault" -n 2 --dist loadgroup --durations=25 "$@"
 echo "== pytest: multi-process tests that end their jobs on purpose, two at a time"
 # Each job idles while a rank stalls or the others notice one left, and its test times the
 # end from that event with seconds of slack: two such jobs share the cores well.
-run -m "mpi and fault" -n 2 --durations=10 "$@"
+run -m "mpi and fault" -n 2 --dist loadgroup --durations=10 "$@"
 echo "== pytest: multi-process tests that time their jobs, one job at a time"
 # A wait holds what fits in it, a call returns within a fraction of a second: these assume
 # that no other job competes for the cores.
