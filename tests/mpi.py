@@ -55,9 +55,8 @@ def run(
     reports_dir = tempfile.mkdtemp(prefix="tfsift-reports-")
     env = {**(env or {}), REPORTS: reports_dir}
     if launcher == "horovodrun":
-        places = ",".join(f"{address(k)}:{np // hosts}" for k in range(1, hosts + 1))
         cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np)]
-        cmd += ["-H", places if hosts else f"localhost:{np}"]
+        cmd += ["-H", places(np, hosts) if hosts else f"localhost:{np}"]
         if hosts:  # the simulated hosts' interface: spares horovodrun finding a common one
             cmd += ["--network-interfaces", "tfsift0"]
         cmd += [sys.executable, *argv]
@@ -81,8 +80,13 @@ def run(
 
 def on_hosts(cmd: list[str], np: int, hosts: int) -> list[str]:
     """``cmd`` (an mpirun command) run on ``hosts`` simulated hosts, ``np / hosts`` ranks each."""
-    places = ",".join(f"{address(k)}:{np // hosts}" for k in range(1, hosts + 1))
-    return ["bash", str(SIMHOSTS), "exec", *cmd[:3], "--host", places, *cmd[3:]]
+    return ["bash", str(SIMHOSTS), "exec", *cmd[:3], "--host", places(np, hosts), *cmd[3:]]
+
+
+def places(np: int, hosts: int) -> str:
+    """``np`` ranks spread evenly over ``hosts`` simulated hosts, as mpirun's ``--host`` and
+    horovodrun's ``-H`` take them: ``10.251.0.1:2,10.251.0.2:2``."""
+    return ",".join(f"{address(k)}:{np // hosts}" for k in range(1, hosts + 1))
 
 
 def address(host: int) -> str:

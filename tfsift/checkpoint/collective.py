@@ -7,13 +7,11 @@ comes (stalled, or on a host the network lost) ends the job after the config's `
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tfsift.checkpoint.files import CheckpointError
-from tfsift.parallel import runtime, watchdog
-from tfsift.state import STATE
+from tfsift.parallel import watchdog
 
 T = TypeVar("T")
 Outcome = tuple[str, Any, str]  # ("ok", value, "") or ("error", kind, message)
@@ -56,16 +54,11 @@ def bounded() -> Any:
     """A guard for a blocking checkpoint collective: the job ends, naming this rank, if the
     other ranks have not all joined it within the config's ``timeout`` (none without
     ``tfsift.init``: a communicator the caller made)."""
-    rt: runtime.Runtime | None = STATE.runtime
-    if rt is None:
-        return contextlib.nullcontext()
-    timeout = rt.config.timeout
-    return watchdog.guard(
-        timeout,
+    return watchdog.bounded(
         lambda: (
-            f"rank {rt.rank} waited {timeout:g} s for the other ranks to join a checkpoint "
-            "operation (a rank stalled, or its host cannot be reached)"
-        ),
+            "the other ranks to join a checkpoint operation (a rank stalled, or its host "
+            "cannot be reached)"
+        )
     )
 
 

@@ -10,6 +10,7 @@ it, every rank fails at once with the same message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -54,10 +55,8 @@ def _write_probe(directory: Path) -> str:
 def _sees(path: Path) -> bool:
     deadline = time.monotonic() + LOOK_SECONDS
     while True:
-        try:
+        with contextlib.suppress(OSError):
             os.listdir(path.parent)  # revalidates a network filesystem's cached listing
-        except OSError:
-            pass
         if path.is_file():
             return True
         if time.monotonic() >= deadline:

@@ -13,17 +13,16 @@ from tfsift.parallel import runtime, watchdog
 def bounded(rt: runtime.Runtime, what: str) -> Any:
     """A guard that ends the job if the replicas of the caller's stage have not all joined
     the Horovod collective doing ``what`` within the config's ``timeout``."""
-    timeout = rt.config.timeout
 
-    def message() -> str:
+    def waited_for() -> str:
         group = rt.topology.dp_group(rt.stage)
         ranks = ", ".join(f"{r} (host {rt.hosts[r]})" if rt.hosts else str(r) for r in group)
         return (
-            f"rank {rt.rank} waited {timeout:g} s for the other replicas of stage {rt.stage} "
-            f"(ranks {ranks}) to {what} (a replica stalled, or its host cannot be reached)"
+            f"the other replicas of stage {rt.stage} (ranks {ranks}) to {what} (a replica "
+            "stalled, or its host cannot be reached)"
         )
 
-    return watchdog.guard(timeout, message)
+    return watchdog.guard(rt.config.timeout, waited_for)
 
 
 def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:

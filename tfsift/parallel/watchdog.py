@@ -59,9 +59,19 @@ def wait(requests: Sequence[Any], timeout: float) -> bool:
     return True
 
 
+def bounded(waited_for: Callable[[], str]) -> contextlib.AbstractContextManager[None]:
+    """``guard`` with the ``timeout`` of the config ``tfsift.init`` was given; no guard
+    without ``tfsift.init`` (a communicator the caller made, in tests)."""
+    rt = STATE.runtime
+    if rt is None:
+        return contextlib.nullcontext()
+    return guard(rt.config.timeout, waited_for)
+
+
 @contextlib.contextmanager
-def guard(timeout: float, message: Callable[[], str]) -> Iterator[None]:
-    """Ends the job with ``abort(message())`` if the block outlasts ``timeout`` seconds.
+def guard(timeout: float, waited_for: Callable[[], str]) -> Iterator[None]:
+    """Ends the job, saying ``rank R waited T s for <waited_for()>``, if the block outlasts
+    ``timeout`` seconds.
 
     For blocking calls that cannot be polled: Horovod's tensor collectives hold the calling
     thread until every rank joins. Horovod's own stall check does not bound them when a
@@ -72,6 +82,10 @@ def guard(timeout: float, message: Callable[[], str]) -> Iterator[None]:
     if not math.isfinite(timeout):
         yield
         return
+
+    def message() -> str:
+        return f"rank {MPI.COMM_WORLD.Get_rank()} waited {timeout:g} s for {waited_for()}"
+
     outer = _TIMER.arm(time.monotonic() + timeout, message)
     try:
         yield

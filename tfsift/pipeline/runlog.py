@@ -138,15 +138,8 @@ class RunLog:
     ) -> None:
         gathered = None
         if record is not None and self.runtime.replica == 0:
-            rt, timeout = self.runtime, self.runtime.config.timeout
-
-            def late() -> str:
-                return (
-                    f"rank {rt.rank} waited {timeout:g} s for the other stages of its pipeline "
-                    "to gather the run log's step record"
-                )
-
-            with watchdog.guard(timeout, late):  # blocking: a lost host would never end it
+            late = "the other stages of its pipeline to gather the run log's step record"
+            with watchdog.guard(self.runtime.config.timeout, lambda: late):  # blocking MPI
                 gathered = self._comm.gather(record, root=0)
         if self.scalars is not None:
             self._scalars(self.scalars, gathered, entered, left, samples, outputs)

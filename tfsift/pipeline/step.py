@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 import tensorflow as tf
 from keras import tree
-from mpi4py import MPI
 
 from partitioner import schedule
 from tfsift.parallel import runtime, watchdog
@@ -329,12 +328,10 @@ def _gather(result: StepResult, plan: StepPlan) -> Any:
         pipe, last = plan.comm, plan.K - 1
 
         def late() -> str:
-            return (
-                f"rank {MPI.COMM_WORLD.Get_rank()} waited {pipe.timeout:g} s for stage {last} "
-                f"({watchdog.rank_name(pipe.comm, last)}) to broadcast the step's results"
-            )
+            peer = watchdog.rank_name(pipe.comm, last)
+            return f"stage {last} ({peer}) to broadcast the step's results"
 
-        with watchdog.guard(pipe.timeout, late):  # a blocking bcast: a lost host never ends it
+        with watchdog.guard(pipe.timeout, late):  # blocking: a lost host would never end it
             shared = pipe.comm.bcast(mine, root=last)
         results = results if results is not None else shared
     assert results is not None

@@ -66,7 +66,6 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
     progress.mkdir()
     # launched by tfsift run, which ends mpirun when it outlives an aborted job: mpirun
     # waits for the cut-off host's daemon, which never answers
-    places = ",".join(f"{mpi.address(k)}:1" for k in (1, 2))
     script = [
         str(mpi.SCRIPTS / "checkpoint_train.py"),
         str(cut),
@@ -76,7 +75,7 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
     ]
     job = subprocess.Popen(
         ["bash", str(mpi.SIMHOSTS), "exec", sys.executable, "-m", "tfsift.cli", "run",
-         "-np", "2", "-H", places, *script],
+         "-np", "2", "-H", mpi.places(2, two_hosts), *script],
         env=mpi.environment({"TFSIFT_EXIT_GRACE": "3"}, lean=True), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, cwd=mpi.ROOT,
     )  # fmt: skip
