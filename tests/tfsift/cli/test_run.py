@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -250,7 +251,9 @@ def test_a_real_launch_with_python_first_runs_the_script_on_every_rank(tmp_path:
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    ranks = sorted(json.loads(line) for line in done.stdout.splitlines() if line.startswith("["))
+    # mpirun forwards each rank's output in chunks: two ranks' lines may share one line
+    found = re.findall(r'\["\d+", "[^"]*", \[[^\]]*\]\]', done.stdout)
+    ranks = sorted(json.loads(record) for record in found)
     assert ranks == [["0", PY, ["--flag"]], ["1", PY, ["--flag"]]]
 
 
