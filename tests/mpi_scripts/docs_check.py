@@ -1,0 +1,242 @@
+"""Every rank: runs the README's and the docs' Python blocks as written, page by page.
+
+usage: docs_check.py DIR
+  Each page runs in a namespace and a working directory of its own (DIR/<page>), its
+  blocks in the page's order, on the 2 ranks of one job (a process takes one rank layout,
+  and every page's ``tfsift.init`` but one asks for 2 ranks). Between the blocks come the
+  reader's own parts, which a page leaves to the reader: data, a model where it says
+  ``MyModel()``, a ``weighted_step``. A block is never edited. The one block whose
+  ``tfsift.init`` asks for another layout (4 stages) has its config validated by
+  ``Config.from_dict``, the code ``tfsift.init`` runs first. Each rank reports, by page,
+  the blocks it ran and validated, and what the page's claims can be checked against.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import linecache
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from mpi import report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The reader's parts. Data is small and random: the blocks' claims are about running,
+# not about accuracy.
+IMAGES = """
+import numpy as np, tensorflow as tf
+rng = np.random.default_rng(0)
+dataset = tf.data.Dataset.from_tensor_slices(
+    (rng.normal(size=(100, 28, 28, 1)).astype("float32"), rng.integers(0, 10, 100))
+)
+"""
+FEATURES = """
+import numpy as np, tensorflow as tf
+rng = np.random.default_rng(0)
+dataset = tf.data.Dataset.from_tensor_slices(
+    (rng.normal(size=(N_SAMPLES, 8)).astype("float32"), rng.integers(0, 10, N_SAMPLES))
+)
+"""
+PER_SAMPLE = """
+per_sample_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+"""
+WEIGHTED_STEP = (
+    PER_SAMPLE
+    + """
+@tfsift.step
+def weighted_step(x, y, w):
+    losses = per_sample_loss(y, model(x, training=True))
+    grads = tfsift.gradients(tf.reduce_mean(w * losses), model.trainable_variables)
+    return grads, losses
+"""
+)
+DENSE_MODEL = """
+class MyModel(tfsift.DistributedModel):
+    def __init__(self):
+        super().__init__()
+        self.d1 = keras.layers.Dense(32, activation="relu")
+        self.drop1 = keras.layers.Dropout(0.1)
+        self.d2 = keras.layers.Dense(10)
+
+    def call(self, x):
+        return self.d2(self.drop1(self.d1(x)))
+"""
+
+# page -> steps: ("block", i) runs the page's i-th Python block, ("code", src) the reader's
+# part, ("validate", i) the config of block i's tfsift.init (another rank layout).
+SCENARIOS: dict[str, list[tuple[str, Any]]] = {
+    "README.md": [
+        ("code", IMAGES),
+        ("block", 0),  # the training loop on 2 stages
+        ("code", PER_SAMPLE + "train = tfsift.shard(dataset).batch(32, drop_remainder=True)"),
+        (
+            "code",
+            "train = train.apply(tfsift.sift(model, per_sample_loss, "
+            "tfsift.SiftConfig(policy='relative', beta=1.0)))",
+        ),
+        ("block", 1),  # checkpoints and export
+        ("code", WEIGHTED_STEP),
+        ("block", 2),  # infobatch on training scores
+        ("code", "test = tfsift.shard(dataset.take(64)).batch(32, drop_remainder=True)"),
+        ("block", 3),  # fit, evaluate
+    ],
+    "checkpoints.md": [
+        ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 2})"),
+        ("code", "N_SAMPLES = 7_000\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
+        (
+            "code",
+            """
+model = MyModel()
+optimizer = keras.optimizers.Adam(1e-3)
+
+@tfsift.step
+def forward_backward(x, y):
+    loss = tf.reduce_mean(per_sample_loss(y, model(x, training=True)))
+    return tfsift.gradients(loss, model.trainable_variables), loss
+
+# about 440 of 437 + 3 batches kept: enough to save at step 300
+config = tfsift.SiftConfig(policy="relative", beta=0.25)
+train = tfsift.shard(dataset).batch(16, drop_remainder=True)
+train = train.apply(tfsift.sift(model, per_sample_loss, config))
+""",
+        ),
+        ("block", 0),  # the loop with saves, save_model
+        ("block", 1),  # reading a checkpoint's files with NumPy
+        ("code", "x = rng.normal(size=(4, 8)).astype('float32')"),
+        ("block", 2),  # load_model without tfsift
+        ("block", 3),  # a custom layer registered
+    ],
+    "config.md": [
+        ("code", "import tfsift"),
+        ("block", 0),  # tfsift.init with memory_cap and plan_file
+        ("block", 1),  # three SiftConfigs
+    ],
+    "migrating.md": [
+        ("block", 0),  # init
+        ("code", "N_SAMPLES = 256\n" + FEATURES),
+        ("block", 1),  # tfsift.shard
+        ("code", DENSE_MODEL),
+        ("block", 2),  # the @tfsift.step loop
+        ("block", 3),  # compile, fit
+        ("block", 4),  # broadcast_variables
+        ("block", 5),  # checkpoints
+        ("block", 6),  # a loss printed on rank 0
+        ("validate", 7),  # 4 stages with memory_cap: another rank layout
+        ("block", 8),  # plan_file
+        ("code", "images, labels = next(iter(train))\ntemperature = tf.constant(2.0)"),
+        ("block", 9),  # non_split_inputs, merge
+        ("block", 10),  # manual placement
+        (
+            "code",
+            """
+two = TwoStages()
+optimizer = keras.optimizers.Adam(1e-3)
+
+@tfsift.step
+def two_step(x, y):
+    loss = loss_obj(y, two(x, training=True))
+    return tfsift.gradients(loss, two.trainable_variables), loss
+
+grads, loss = two_step(images, labels)
+held = {id(v) for v in two.trainable_variables}
+PLACED = [name for name in ("body", "head") if held & {id(v) for v in getattr(two, name).weights}]
+""",
+        ),
+    ],
+    "sifting.md": [
+        ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 4})"),
+        ("code", "N_SAMPLES = 256\nB = 32\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
+        (
+            "code",
+            """
+model = MyModel()
+optimizer = keras.optimizers.Adam(1e-3)
+
+@tfsift.step
+def forward_backward(x, y):
+    loss = tf.reduce_mean(per_sample_loss(y, model(x, training=True)))
+    return tfsift.gradients(loss, model.trainable_variables), loss
+""",
+        ),
+        ("block", 0),  # forward-scored relative
+        ("block", 1),  # relative on training scores
+        ("code", "N = 3\n" + WEIGHTED_STEP),
+        ("block", 2),  # infobatch
+        ("block", 3),  # importance weights in the loss
+    ],
+}
+
+# What a page's namespace holds at its end that the test checks, by page.
+FINDINGS: dict[str, str] = {
+    "README.md": "{'history': sorted(history.history), "
+    "'accuracy': float(accuracy), 'sifted': sorted(tfsift.sift_metrics())}",
+    "checkpoints.md": "{'files': sorted(os.listdir('runs/exp1/ckpt')), "
+    "'weights': list(weights.files), 'keras_file': os.path.exists('model.keras'), "
+    "'predictions': list(map(int, model.predict(x, verbose=0).shape))}",
+    "migrating.md": "{'placed': PLACED, 'merged': list(map(int, predictions.shape)), "
+    "'start': start}",
+    "sifting.md": "{'loss': float(loss.reduce_mean()), 'sifted': sorted(tfsift.sift_metrics())}",
+}
+
+
+def blocks(page: str) -> list[str]:
+    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
+
+
+def validate_init(block: str) -> None:
+    """The dict literal that ``block`` passes to ``tfsift.init``, through ``Config.from_dict``."""
+    from tfsift.config import Config
+
+    calls = [
+        node
+        for node in ast.walk(ast.parse(block))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "init"
+    ]
+    assert len(calls) == 1, f"expected one tfsift.init call. Received: {len(calls)}"
+    Config.from_dict(ast.literal_eval(calls[0].args[0]))
+
+
+def run_page(page: str, base: Path) -> dict[str, Any]:
+    work = base / page.removesuffix(".md")
+    work.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)
+    texts = blocks(page)
+    namespace: dict[str, Any] = {"__name__": "__docs__", "os": os}
+    ran: list[int] = []
+    validated: list[int] = []
+    for kind, what in SCENARIOS[page]:
+        if kind == "validate":
+            validate_init(texts[what])
+            validated.append(what)
+            continue
+        source, name = (
+            (texts[what], f"<{page} block {what}>")
+            if kind == "block"
+            else (what, f"<{page}: the reader's part>")
+        )
+        # AutoGraph reads a step's source: linecache holds it as a file would
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        exec(compile(source, name, "exec"), namespace)
+        if kind == "block":
+            ran.append(what)
+    findings = eval(FINDINGS[page], namespace) if page in FINDINGS else {}
+    return {"ran": ran, "validated": validated, "blocks": len(texts), "findings": findings}
+
+
+def main() -> None:
+    base = Path(sys.argv[1])
+    pages = {page: run_page(page, base) for page in SCENARIOS}
+    import tfsift
+
+    report(rank=tfsift.rank(), pages=pages)
+    print(json.dumps({"rank": tfsift.rank(), "done": True}))
+
+
+if __name__ == "__main__":
+    main()
