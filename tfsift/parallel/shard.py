@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -31,6 +33,12 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
     Call it on every rank, in the same order: with an unknown cardinality the counts
     are agreed between the ranks.
 
+    The dataset it returns checks its own ``.batch(B)`` against the config's
+    ``microbatches`` M: every batch a step takes splits into M equal microbatches, so a
+    ``B`` that M does not divide, or (without ``drop_remainder=True``) a last batch that it
+    does not, is refused there, when the shard's size is known, rather than at the
+    epoch's last step.
+
     Example:
         >>> for x, y in tfsift.shard(dataset).batch(32, drop_remainder=True):  # doctest: +SKIP
         ...     grads, loss = forward_backward(x, y)
@@ -51,7 +59,45 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
             out = out.take(count)
     if shuffle_buffer > 0:
         out = out.shuffle(shuffle_buffer, seed=seed + replica, reshuffle_each_iteration=True)
-    return out
+    return _checked_batching(out, rt.config.microbatches)
+
+
+def _checked_batching(dataset: tf.data.Dataset, M: int) -> tf.data.Dataset:
+    """``dataset``, whose ``.batch`` refuses batches that would not split into ``M``.
+
+    The step sees tensors, never the dataset they came from, so the shard is the last
+    place that knows its size: the README loop batches it directly.
+    """
+    n = int(dataset.cardinality())
+    if M == 1 or n < 0:  # unknown or endless: every batch is B, or nothing can be said
+        return dataset
+    plain = dataset.batch
+
+    @functools.wraps(plain)
+    def batch(batch_size: Any, drop_remainder: bool = False, *args: Any, **kwargs: Any) -> Any:
+        B = tf.get_static_value(batch_size)
+        if B is not None and int(B) > 0:
+            _check_batching(int(B), n, M, bool(drop_remainder))
+        return plain(batch_size, drop_remainder, *args, **kwargs)
+
+    dataset.batch = batch  # this instance only: what it returns is an ordinary dataset
+    return dataset
+
+
+def _check_batching(B: int, n: int, M: int, drop_remainder: bool) -> None:
+    """Refuses ``.batch(B)`` of ``n`` elements whose batches do not all split into ``M``."""
+    if B % M:
+        raise ValueError(
+            f"tfsift.shard(...).batch({B}): every batch a step takes splits into "
+            f"microbatches={M} equal parts, so B must be a multiple of {M}. Received: B={B}"
+        )
+    last = n % B
+    if last % M and not drop_remainder:
+        raise ValueError(
+            f"tfsift.shard(...).batch({B}): this shard's {n} elements end in a batch of "
+            f"{last}, which does not split into microbatches={M}, so the epoch's last step "
+            f"would fail. Use .batch({B}, drop_remainder=True). Received: {n} elements, B={B}"
+        )
 
 
 def _equal_count(

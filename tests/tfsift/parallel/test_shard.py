@@ -20,6 +20,37 @@ def test_one_replica_gets_the_whole_dataset_in_order() -> None:
     assert int(dataset.cardinality()) == 5
 
 
+def test_batch_of_a_shard_refuses_batches_that_do_not_split_into_the_microbatches() -> None:
+    tfsift.init({"microbatches": 4})
+    shard = tfsift.shard(tf.data.Dataset.range(102))
+    with pytest.raises(ValueError) as err:
+        shard.batch(30)
+    assert str(err.value) == (
+        "tfsift.shard(...).batch(30): every batch a step takes splits into microbatches=4 "
+        "equal parts, so B must be a multiple of 4. Received: B=30"
+    )
+    with pytest.raises(ValueError) as err:
+        shard.batch(32)
+    assert str(err.value) == (
+        "tfsift.shard(...).batch(32): this shard's 102 elements end in a batch of 6, which "
+        "does not split into microbatches=4, so the epoch's last step would fail. Use "
+        ".batch(32, drop_remainder=True). Received: 102 elements, B=32"
+    )
+    assert [len(b) for b in shard.batch(32, drop_remainder=True)] == [32, 32, 32]
+    # 100 = 3 x 32 + 4, and 4 splits into 4
+    assert [len(b) for b in tfsift.shard(tf.data.Dataset.range(100)).batch(32)] == [32] * 3 + [4]
+    # the check is on the shard's own batch: what it returns is an ordinary dataset
+    assert "batch" not in vars(shard.batch(32, drop_remainder=True))
+
+
+def test_a_shard_of_unknown_size_or_one_microbatch_is_batched_unchecked() -> None:
+    tfsift.init({"microbatches": 4})
+    unknown = tfsift.shard(tf.data.Dataset.range(10).filter(lambda v: v < 7))
+    assert [len(b) for b in unknown.batch(4)] == [4, 3]  # the step will say so
+    tfsift.init({"microbatches": 1})
+    assert [len(b) for b in tfsift.shard(tf.data.Dataset.range(10)).batch(3)] == [3, 3, 3, 1]
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_uneven_data_gives_every_replica_as_many_steps_and_the_loop_ends() -> None:
