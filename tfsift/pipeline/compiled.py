@@ -7,6 +7,13 @@ looks that up among its traces, which is a large part of a call's fixed cost
 functions by the arguments' structure, shapes, dtypes and Python values itself,
 and falls back to the ``tf.function`` for arguments it cannot key (an unhashable
 Python value, a ragged or sparse tensor).
+
+Calling the concrete function binds the arguments to its signature once more (about a
+fifth of a small stage's call, ``scripts/bench_small.py``). Where the tensors it would
+pass are exactly the arguments' tensors in ``tf.nest`` order, which is checked on a
+signature's first call against TensorFlow's own unpacking, later calls hand them over
+flat (``ConcreteFunction._call_flat``: TensorFlow 2.21's, pinned by constraints.txt;
+without it every call binds).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import function_type_utils
 
 log = logging.getLogger("tfsift")
 RETRACE_WARNING = 8  # traces of one function after which tfsift warns, once
@@ -33,17 +41,24 @@ class Compiled:
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.function = tf.function(fn, reduce_retracing=True)
         self._concrete: dict[Hashable, Any] = {}
+        self._flat: dict[Hashable, bool] = {}  # whether the signature's calls go flat
         self._warned = False
         self.name = name or getattr(fn, "__qualname__", repr(fn))
 
     def __call__(self, *args: Any) -> Any:
-        key = signature(args)
+        return self.call_keyed(signature(args), *args)
+
+    def call_keyed(self, key: Hashable | None, *args: Any) -> Any:
+        """``self(*args)`` where the caller already has ``signature(args)`` (or None)."""
         if key is None:
             return self.function(*args)
         concrete = self._concrete.get(key)
+        if concrete is not None and self._flat[key]:
+            return concrete._call_flat(flat_tensors(args), concrete.captured_inputs)
         if concrete is None:
             concrete = self.function.get_concrete_function(*args)
             self._concrete[key] = concrete
+            self._flat[key] = goes_flat(concrete, args)
             # Real traces, not signatures: with reduce_retracing a new shape mostly
             # reuses a trace of relaxed shapes (the early-exit scorer meets a new batch
             # size per leftover, and warned with 2 traces in all); a new Python value
@@ -92,3 +107,27 @@ def signature(value: Any) -> Hashable | None:
     except TypeError:
         return None
     return ("V", type(value), value)
+
+
+def flat_tensors(value: Any) -> list[tf.Tensor]:
+    """The tensors among ``value``'s leaves in ``tf.nest`` order (a dict's sorted keys)."""
+    if isinstance(value, tf.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in flat_tensors(v)]
+    if isinstance(value, dict):
+        return [t for k in sorted(value) for t in flat_tensors(value[k])]
+    return []
+
+
+def goes_flat(concrete: Any, args: tuple[Any, ...]) -> bool:
+    """Whether ``flat_tensors(args)`` is what binding ``args`` to ``concrete`` passes it."""
+    if not hasattr(concrete, "_call_flat"):
+        return False
+    try:
+        bound = function_type_utils.canonicalize_function_inputs(args, {}, concrete.function_type)
+        theirs = concrete.function_type.unpack_inputs(bound)
+    except Exception:  # any doubt: bind every call, as TensorFlow does
+        return False
+    mine = flat_tensors(args)
+    return len(theirs) == len(mine) and all(a is b for a, b in zip(theirs, mine, strict=True))

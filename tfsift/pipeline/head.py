@@ -87,9 +87,13 @@ class Head:
     ) -> HeadResult:
         """Runs one microbatch; ``inputs`` are the stage inputs (empty on stage 0)."""
         args, kwargs = microbatch
-        self._key = signature((list(inputs), args, kwargs, grad_sum))
+        call = (list(inputs), args, kwargs, grad_sum)
+        self._key = signature(call)
         try:
-            flat, grads, in_grads = self._call(list(inputs), args, kwargs, grad_sum)
+            if isinstance(self._call, Compiled):  # the key is its signature too
+                flat, grads, in_grads = self._call.call_keyed(self._key, *call)
+            else:
+                flat, grads, in_grads = self._call(*call)
         except context.StepFunctionError:
             raise
         except Exception as error:

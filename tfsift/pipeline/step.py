@@ -20,7 +20,7 @@ from tfsift.parallel.comm import PipeComm
 from tfsift.pipeline import context, metrics, runlog, timeline
 from tfsift.pipeline.executor import Executor, Microbatch, StepResult, Timed
 from tfsift.pipeline.head import GRADS_MARKER, Head
-from tfsift.pipeline.outputs import GradientOutput, StepOutput
+from tfsift.pipeline.outputs import StepGradients, StepOutput
 from tfsift.pipeline.plan import StepPlan, describe_arguments
 from tfsift.pipeline.roles import role_for
 from tfsift.planning import keras_internals
@@ -336,7 +336,7 @@ def _gather(result: StepResult, plan: StepPlan) -> Any:
         results = results if results is not None else shared
     assert results is not None
     grads = result.grad_sum or []
-    return _merge(results, [GradientOutput(g, plan.M) for g in grads])
+    return _merge(results, StepGradients(grads, plan.M).outputs)
 
 
 def _strip(value: Any) -> Any:
@@ -344,7 +344,7 @@ def _strip(value: Any) -> Any:
     return tree.map_structure(lambda v: v.numpy() if tf.is_tensor(v) else v, value)
 
 
-def _merge(results: list[Any], grads: list[StepOutput]) -> Any:
+def _merge(results: list[Any], grads: Sequence[StepOutput]) -> Any:
     first = results[0]
     if isinstance(first, str) and first == GRADS_MARKER:
         return grads

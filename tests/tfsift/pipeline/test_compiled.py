@@ -107,3 +107,56 @@ def test_new_shapes_that_share_a_relaxed_trace_do_not_warn(
     assert compiled.traces == 2 * RETRACE_WARNING - 1  # a signature per shape ...
     assert compiled.function.experimental_get_tracing_count() == 2  # ... two traces
     assert caplog.messages == []
+
+
+def test_later_calls_hand_the_tensors_over_flat_in_tf_nest_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a dict's keys out of order, None and a Python value among the tensors: the flat
+    # list must be TensorFlow's own (sorted keys, no None, no Python value)
+    def body(xs: Any, d: Any, none: Any, k: float) -> Any:
+        assert none is None
+        return xs[0] * d["z"] - xs[1] * d["a"] + k
+
+    total = Compiled(body)
+    args = ([tf.fill((2,), 3.0), tf.fill((2,), 5.0)], {"z": tf.fill((2,), 7.0), "a": tf.ones((2,))})
+    assert float(total(*args, None, 0.5)[0]) == 3 * 7 - 5 + 0.5
+    (key,) = total._flat
+    assert total._flat[key] is True
+    concrete = total._concrete[key]
+    flat_calls: list[int] = []
+    call_flat = type(concrete)._call_flat
+
+    def counted(self: Any, tensors: Any, captured: Any) -> Any:
+        flat_calls.append(len(tensors))
+        return call_flat(self, tensors, captured)
+
+    monkeypatch.setattr(type(concrete), "_call_flat", counted)
+    again = (
+        [tf.fill((2,), 2.0), tf.fill((2,), 1.0)],
+        {"z": tf.fill((2,), 4.0), "a": tf.ones((2,))},
+    )
+    assert float(total(*again, None, 0.5)[0]) == 2 * 4 - 1 + 0.5
+    assert flat_calls == [4]  # two list items and two dict values, nothing else
+
+
+def test_a_signature_whose_flat_tensors_differ_from_tensorflows_binds_every_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tfsift.pipeline import compiled
+
+    monkeypatch.setattr(compiled, "flat_tensors", lambda value: [])  # a flattening gone wrong
+    double = Compiled(lambda x: 2 * x)
+    assert float(double(tf.ones(()))) == 2.0
+    assert list(double._flat.values()) == [False]
+    assert float(double(tf.fill((), 3.0))) == 6.0  # through the concrete function's binding
+
+
+def test_gradients_flow_through_a_flat_call() -> None:
+    square = Compiled(lambda x: x * x)
+    square(tf.constant(1.0))  # the first call binds; the next goes flat
+    x = tf.constant(3.0)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = square(x)
+    assert float(tape.gradient(y, x)) == 6.0
