@@ -15,6 +15,7 @@ the same source, tag and communicator); the tag says direction and microbatch.
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ import tensorflow as tf
 from mpi4py import MPI
 
 from tfsift.parallel import runtime, watchdog
+from tfsift.state import STATE
 
 FORWARD, BACKWARD, CHECK = 0, 1, 2
 _TAG_LIMIT = 1 << 13  # x 3 directions stays under 32767, the least tag bound MPI promises
@@ -61,18 +63,28 @@ class PipeComm:
             ended; by default the ``timeout`` of the config given to ``tfsift.init``.
     """
 
-    def __init__(self, comm: Any, timeout: float | None = None) -> None:
+    def __init__(self, comm: Any, timeout: float | None = None, spin: float | None = None) -> None:
         self.comm = comm
-        self.timeout = runtime.get().config.timeout if timeout is None else timeout
+        rt = runtime.get() if timeout is None else STATE.runtime
+        self.timeout: float = rt.config.timeout if timeout is None else timeout
+        if spin is None:  # a pipeline's receives are on its critical path: see watchdog
+            spin = 0.0 if rt is None else watchdog.spin_for(rt.local_size, os.cpu_count())
+        self.spin = spin
         self._pending: list[_Sent] = []
 
     def send(
-        self, tensors: Sequence[tf.Tensor], dest: int, direction: int, microbatch: int
+        self,
+        tensors: Sequence[tf.Tensor | np.ndarray],
+        dest: int,
+        direction: int,
+        microbatch: int,
     ) -> None:
-        """Starts sending ``tensors`` to stage ``dest``; their buffers live until ``wait``."""
+        """Starts sending ``tensors`` (or arrays) to stage ``dest``; their buffers live
+        until ``wait``."""
         tag = _tag(direction, microbatch)
         for tensor in tensors:
-            data = np.ascontiguousarray(tensor.numpy()).reshape(-1).view(np.uint8)
+            array = tensor if isinstance(tensor, np.ndarray) else tensor.numpy()
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
             request = self.comm.Isend([data, MPI.BYTE], dest=dest, tag=tag)
             self._pending.append(_Sent(request, data, dest, direction, microbatch))
 
@@ -90,6 +102,18 @@ class PipeComm:
         arrived and it ran one, and is told when they arrived.
         Ends the job (``MPI_Abort``) if they have not all arrived after ``timeout`` s.
         """
+        arrays = self.recv_arrays(specs, source, direction, microbatch, idle)
+        return [tf.convert_to_tensor(a) for a in arrays]
+
+    def recv_arrays(
+        self,
+        specs: Sequence[tuple[tuple[int, ...], Any]],
+        source: int,
+        direction: int,
+        microbatch: int,
+        idle: IdleWork | None = None,
+    ) -> list[np.ndarray]:
+        """``recv``, as NumPy arrays (a small message read on the host: no tensor copy)."""
         tag = _tag(direction, microbatch)
         arrays = [np.empty(shape, tf.as_dtype(dtype).as_numpy_dtype) for shape, dtype in specs]
         requests = [
@@ -105,14 +129,14 @@ class PipeComm:
                 if not idle.run(microbatch, time.perf_counter() - start):
                     break
                 ran = True
-        if not watchdog.wait(requests, self.timeout):
+        if not watchdog.wait(requests, self.timeout, 0.0 if ran else self.spin):
             watchdog.abort(
                 f"{self._me()} waited {self.timeout:g} s to receive the {_CARGO[direction]} "
                 f"of microbatch {microbatch} from {self._peer(source)}"
             )
         if idle is not None:
             idle.arrived(microbatch, time.perf_counter() - start, exact)
-        return [tf.convert_to_tensor(a) for a in arrays]
+        return arrays
 
     def wait(self) -> None:
         """Completes every send started since the last ``wait`` (bounded by ``timeout``)."""

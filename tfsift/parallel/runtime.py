@@ -44,6 +44,7 @@ class Runtime:
     exit_grace: float = env.EXIT_GRACE  # seconds; see _exit_check
     # every rank's host name when the job spans hosts (messages name a peer's host), else ()
     hosts: tuple[str, ...] = ()
+    local_size: int = 1  # the ranks of this host
 
     @property
     def stage(self) -> int:
@@ -136,6 +137,7 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     control = world.Dup() if topology.size > 1 else None
     runtime = Runtime(cfg, topology, rank, local_rank, world, pipe_comm, use_hvd)
     runtime.control_comm, runtime.exit_grace = control, grace
+    runtime.local_size = local_size
     names = world.allgather(socket.gethostname()) if topology.size > 1 else []
     runtime.hosts = tuple(names) if len(set(names)) > 1 else ()
     if use_hvd:

@@ -6,8 +6,12 @@ sleeps between tests, each pause ``GROWTH`` times the last:
 
     test ─ 50 µs ─ test ─ 60 µs ─ test ─ ... ─ test ─ 250 µs ─ test ─ ... (1 s) ... 10 ms ─ ...
 
-A message already there costs one test. One that arrives after a wait of ``t`` is seen
-at most ``t / 5`` or 250 µs late (plus the kernel's timer slack): a pipeline's waits
+A message already there costs one test. With ``spin`` the first tests come without a
+pause, for up to that many seconds: a pause of 50 µs lasts 90 to 140 µs on this repository's
+machines (the kernel's timer slack and wake-up), which an MLP's pipeline step of ~6 ms paid
+a dozen times (``scripts/bench_small.py``); a pipeline spins where every rank of its host
+has a core of its own (``spin_for``). After that, one that arrives after a wait of ``t``
+is seen at most ``t / 5`` or 250 µs late (plus that slack): a pipeline's waits
 are on its critical path, and longer pauses lengthen the step (pauses of up to 10 ms
 made the pipeline benchmark's fastest step slower, in a comparison of polled and
 blocking receives in one job, since removed; docs/failures.md). Only after
@@ -35,28 +39,43 @@ GROWTH = 1.2  # a wait of t that ends during a pause is seen at most (GROWTH - 1
 SHORT_PAUSE = 250e-6  # the longest pause during the first LONG_WAIT seconds
 LONG_WAIT = 1.0
 MAX_PAUSE = 10e-3
+SPIN = 200e-6  # seconds of tests without a pause before the first pause (``spin_for``)
 
 
-def wait(requests: Sequence[Any], timeout: float) -> bool:
+def wait(requests: Sequence[Any], timeout: float, spin: float = 0.0) -> bool:
     """Waits until every request completes, or ``timeout`` seconds pass.
 
     Args:
         requests: mpi4py requests (``Irecv``, ``Isend``, ``Ibarrier``, ...).
         timeout: seconds; ``math.inf`` waits forever (still without spinning).
+        spin: seconds to test without pausing first (``spin_for``).
 
     Returns:
         True when every request completed; False when the time ran out first (the
         requests are then still pending).
     """
+    requests = list(requests)
     start = time.monotonic()
+    if spin > 0:
+        while not MPI.Request.Testall(requests):
+            if time.monotonic() - start >= min(spin, timeout):
+                break
+        else:
+            return True
     pause = FIRST_PAUSE
-    while not MPI.Request.Testall(list(requests)):
+    while not MPI.Request.Testall(requests):
         waited = time.monotonic() - start
         if waited >= timeout:
             return False
         time.sleep(pause)
         pause = min(pause * GROWTH, SHORT_PAUSE if waited < LONG_WAIT else MAX_PAUSE)
     return True
+
+
+def spin_for(local_ranks: int, cores: int | None) -> float:
+    """``SPIN`` where each of the host's ``local_ranks`` can have one of its ``cores``, else
+    0: a rank that spins on a shared core takes it from a rank that computes."""
+    return SPIN if cores is not None and local_ranks <= cores else 0.0
 
 
 def bounded(waited_for: Callable[[], str]) -> contextlib.AbstractContextManager[None]:

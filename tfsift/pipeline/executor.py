@@ -101,17 +101,16 @@ class Executor:
         self.plan.role.backward(self, m)
 
     def _send_forward(self, m: int) -> None:
-        check = tf.constant(self._fingerprint(m))
-        self.plan.comm.send([check], self.plan.s + 1, CHECK, m)
+        self.plan.comm.send([self._fingerprint(m)], self.plan.s + 1, CHECK, m)
         self.plan.comm.send(self.outputs[m], self.plan.s + 1, FORWARD, m)
         if self.plan.stage.recompute or not self.plan.backward:
             self.outputs.pop(m)
 
     def _recv_forward(self, m: int) -> None:
-        (theirs,) = self.plan.comm.recv([((3,), tf.float64)], self.plan.s - 1, CHECK, m)
+        (theirs,) = self.plan.comm.recv_arrays([((3,), tf.float64)], self.plan.s - 1, CHECK, m)
         mine = self._fingerprint(m)
-        if not np.array_equal(theirs.numpy(), mine):
-            raise RuntimeError(mismatch_message(self.plan.s, m, theirs.numpy(), mine))
+        if not np.array_equal(theirs, mine):
+            raise RuntimeError(mismatch_message(self.plan.s, m, theirs, mine))
         specs = self._shapes(self.plan.in_specs, m)
         self.inputs[m] = self.plan.comm.recv(specs, self.plan.s - 1, FORWARD, m)
 

@@ -16,6 +16,7 @@ from mpi4py import MPI
 import mpi
 from tfsift.parallel import watchdog
 from tfsift.parallel.comm import BACKWARD, FORWARD, PipeComm
+from tfsift.state import STATE
 
 
 class Aborted(Exception):
@@ -53,6 +54,31 @@ def test_wait_gives_up_after_the_timeout_without_spinning_a_core() -> None:
     # 0.12 s on a 2-core CI machine, so a bound of 0.1 s failed now and then: 0.3 s still
     # tells a sleeping wait from a spinning one.
     assert used < 0.3, used
+
+
+def test_a_spinning_wait_spins_only_its_spin_and_never_past_the_timeout() -> None:
+    comm = MPI.COMM_SELF.Dup()
+    request = comm.Irecv(np.zeros(1), source=0, tag=3)
+    start, cpu = time.monotonic(), time.process_time()
+    assert not watchdog.wait([request], 0.05, spin=10.0)  # a spin longer than the timeout
+    assert time.monotonic() - start < 0.5
+    start, cpu = time.monotonic(), time.process_time()
+    assert not watchdog.wait([request], 1.0, spin=0.2)
+    elapsed, used = time.monotonic() - start, time.process_time() - cpu
+    assert 1.0 <= elapsed < 1.5, elapsed
+    # 0.2 s spun, then pauses as without a spin (the test above: 0.08 to 0.12 s)
+    assert 0.15 <= used < 0.5, used
+
+
+def test_a_pipeline_spins_only_where_every_rank_of_its_host_has_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert watchdog.spin_for(2, 2) == watchdog.SPIN == 200e-6
+    assert watchdog.spin_for(4, 2) == 0.0  # oversubscribed: a spin takes a computing core
+    assert watchdog.spin_for(1, None) == 0.0  # os.cpu_count() does not know
+    monkeypatch.setattr(STATE, "runtime", None)
+    assert PipeComm(MPI.COMM_SELF.Dup(), timeout=1.0).spin == 0.0  # no tfsift.init: none
+    assert PipeComm(MPI.COMM_SELF.Dup(), timeout=1.0, spin=1e-4).spin == 1e-4
 
 
 def test_a_guard_ends_the_job_with_its_message_only_when_the_block_outlasts_it(

@@ -61,7 +61,7 @@ class FakePipe:
 
     def send(self, tensors: Sequence[tf.Tensor], dest: int, direction: int, m: int) -> None:
         self.calls.append(f"send{'FBC'[direction]}{m}->{dest}")
-        self._queue(self.stage, dest, direction, m).put([t.numpy() for t in tensors])
+        self._queue(self.stage, dest, direction, m).put([np.asarray(t) for t in tensors])
 
     def recv(
         self, specs: Sequence[Spec], source: int, direction: int, m: int, idle: Any = None
@@ -70,6 +70,11 @@ class FakePipe:
         arrays = self._queue(source, self.stage, direction, m).get(timeout=self.timeout)
         assert [tuple(a.shape) for a in arrays] == [tuple(s) for s, _ in specs]
         return [tf.convert_to_tensor(a) for a in arrays]
+
+    def recv_arrays(
+        self, specs: Sequence[Spec], source: int, direction: int, m: int, idle: Any = None
+    ) -> list[np.ndarray]:
+        return [t.numpy() for t in self.recv(specs, source, direction, m, idle)]
 
     def wait(self) -> None:
         self.calls.append("wait")
