@@ -115,6 +115,34 @@ def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
     return step
 
 
+def keras_microbatched_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, M: int) -> Step:
+    """The floor of microbatching in TensorFlow itself: the reference's work as a
+    hand-written loop would split it, one tf.function call per microbatch (forward,
+    backward, the running gradient sum), then the mean and the SGD update in one call."""
+    model = plain_chain(cfg)
+    optimizer = keras.optimizers.SGD(1e-3)
+    variables = model.trainable_variables
+    optimizer.build(variables)
+
+    @tf.function
+    def microbatch(x: tf.Tensor, y: tf.Tensor, total: list[tf.Tensor]) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        grads = tape.gradient(loss, variables)
+        return [t + g for t, g in zip(total, grads, strict=True)]
+
+    update = tf.function(lambda total: optimizer.apply([t / M for t in total], variables))
+    zeros = [tf.zeros_like(v) for v in variables]
+
+    def step() -> None:
+        total = zeros
+        for xm, ym in zip(tf.split(x, M), tf.split(y, M), strict=True):
+            total = microbatch(xm, ym, total)
+        update(total)
+
+    return step
+
+
 def tfsift_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False) -> tuple[Step, Any]:
     """A ``@tfsift.step`` train step (its first, partitioning call is made here)."""
     model = Chain(cfg)
@@ -352,9 +380,21 @@ def run_reference(cfg: Config) -> dict[str, Any]:
 
 
 def run_microbatched(cfg: Config) -> dict[str, Any]:
-    """One process: @tfsift.step with K=1 and cfg["M"] microbatches."""
+    """One process: @tfsift.step with K=1 and cfg["M"] microbatches; with ``floor``, the
+    same microbatching in TensorFlow alone and the whole-batch reference, timed in turn."""
     x, y = data(cfg)
-    return {"times": one_process_microbatched(cfg, cfg["M"], x, y)}
+    M = cfg["M"]
+    if not cfg.get("floor"):
+        return {"times": one_process_microbatched(cfg, M, x, y)}
+    tfsift.init({"partitions": 1, "microbatches": M})
+    train, _ = tfsift_step(cfg, x, y)
+    steps = {
+        "tfsift": train,
+        "keras": keras_step(cfg, x, y),
+        "keras_microbatched": keras_microbatched_step(cfg, x, y, M),
+    }
+    times = time_steps(steps, cfg)
+    return {"times": times.pop("tfsift")} | times
 
 
 MODES: dict[str, Callable[[Config], dict[str, Any]]] = {

@@ -30,6 +30,8 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
         "keras": [0.002, 0.002, 0.002],
         "tfsift_m1": [0.003] * 3,
         "tfsift_m": [0.0042] * 3,  # M=4: 1.2 ms more over 2 (M - 1) = 6 extra actions
+        "keras_again": [0.0021] * 3,
+        "keras_m": [0.0027] * 3,  # TensorFlow alone: 0.6 ms more over the same 6 actions
         "predictions": [
             {"M": 4, "pipeline": "simple", "predicted_step_s": 0.008, "action_overhead_s": 1.5e-4}
         ],
@@ -39,6 +41,8 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
             "load_end": 0.2, "seconds": 60.0}  # fmt: skip
     text = bench.render(raw, meta, bench.Settings())
     assert "**200 us** (target: <= 150 us)" in text  # (4.2 - 3.0) ms / 6
+    assert "its Keras step, in turn with the row above): 100 us, so tfsift adds 100 us" in text
+    assert "| one process, TensorFlow alone, M=4 (and its Keras step) | 2.70 (2.10) |" in text
     assert "the profiler's own estimate, which the prediction charges: 150 us" in text
     assert "simple: measured 1.25x the prediction (target: within 25%)" in text  # 10 / 8 ms
     p99 = float(__import__("numpy").percentile(times, 99))
