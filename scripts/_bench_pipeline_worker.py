@@ -116,9 +116,9 @@ def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
 
 
 def keras_microbatched_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, M: int) -> Step:
-    """The floor of microbatching in TensorFlow itself: the reference's work as a
-    hand-written loop would split it, one tf.function call per microbatch (forward,
-    backward, the running gradient sum), then the mean and the SGD update in one call."""
+    """Microbatching written by hand in TensorFlow: the reference's work split into M
+    tf.function calls (forward, backward, the running gradient sum), then the mean and the
+    SGD update in one call."""
     model = plain_chain(cfg)
     optimizer = keras.optimizers.SGD(1e-3)
     variables = model.trainable_variables

@@ -41,8 +41,11 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
             "load_end": 0.2, "seconds": 60.0}  # fmt: skip
     text = bench.render(raw, meta, bench.Settings())
     assert "**200 us** (target: <= 150 us)" in text  # (4.2 - 3.0) ms / 6
-    assert "its Keras step, in turn with the row above): 100 us, so tfsift adds 100 us" in text
-    assert "| one process, TensorFlow alone, M=4 (and its Keras step) | 2.70 (2.10) |" in text
+    assert "against its Keras step, timed in turn with the row above): 100 us;" in text
+    assert (
+        "| one process, a hand-written TensorFlow loop, M=4 (and its Keras step) | 2.70 (2.10) |"
+        in text
+    )
     assert "the profiler's own estimate, which the prediction charges: 150 us" in text
     assert "simple: measured 1.25x the prediction (target: within 25%)" in text  # 10 / 8 ms
     p99 = float(__import__("numpy").percentile(times, 99))
