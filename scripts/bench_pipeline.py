@@ -488,7 +488,7 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             "B/M; both profiles come from `tfsift.planning.profiler.profile` in one single-thread "
             "process. So *predicted* includes the lower efficiency of small matrix products "
             "and the transfers, and the runtime's cost per action as the profiler estimates "
-            "it (about half of what it is: see *Small models*). *computing*: the time "
+            "it (below what it is: see *Small models*). *computing*: the time "
             "each rank spends in forward and backward actions during one extra step (the "
             "rest of the step it waits for the other stage).",
             "![measured, ideal and predicted speed-up](pipeline_speedup.png)",
