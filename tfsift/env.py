@@ -18,6 +18,12 @@ TFSIFT_PIN_GPU = "TFSIFT_PIN_GPU"
 #: CUDA's own list of the GPUs a process may see; set to one device, tfsift leaves it be.
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
+#: Microseconds a pipeline's receive tests without pausing before it first sleeps, where
+#: every rank of the host has a core of its own (``tfsift.parallel.watchdog``); default
+#: ``SPIN_US``, ``0`` never spins (several jobs sharing the cores, as the tests' pools do).
+TFSIFT_SPIN_US = "TFSIFT_SPIN_US"
+SPIN_US = 200.0
+
 #: Horovod's own watchdog (read by ``hvd.init``): seconds before it warns about, and before
 #: it shuts down on, a collective that some ranks never join. ``tfsift.init`` sets both from
 #: the config's ``timeout`` unless they are set already.
@@ -74,3 +80,23 @@ def pin_gpu() -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{TFSIFT_PIN_GPU} must be 0 or 1. Received: {get(TFSIFT_PIN_GPU)!r}")
+
+
+def spin_us() -> float:
+    """``TFSIFT_SPIN_US`` (``SPIN_US`` when unset).
+
+    Raises:
+        ValueError: the value is not a number >= 0.
+    """
+    raw = get(TFSIFT_SPIN_US).strip()
+    if not raw:
+        return SPIN_US
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise ValueError(
+            f"{TFSIFT_SPIN_US} must be a number of microseconds >= 0. Received: {raw!r}"
+        )
+    return value

@@ -10,8 +10,9 @@ A message already there costs one test. With ``spin`` the first tests come witho
 pause, for up to that many seconds: a pause of 50 µs lasts 90 to 140 µs on this repository's
 machines (the kernel's timer slack and wake-up), which an MLP's pipeline step of ~6 ms paid
 a dozen times (``scripts/bench_small.py``); a pipeline spins where every rank of its host
-has a core of its own (``spin_for``). After that, one that arrives after a wait of ``t``
-is seen at most ``t / 5`` or 250 µs late (plus that slack): a pipeline's waits
+has a core of its own (``spin_for``; ``TFSIFT_SPIN_US``). After that, one that arrives
+after a wait of ``t`` is seen at most ``t / 5`` or 250 µs late (plus that slack): a
+pipeline's waits
 are on its critical path, and longer pauses lengthen the step (pauses of up to 10 ms
 made the pipeline benchmark's fastest step slower, in a comparison of polled and
 blocking receives in one job, since removed; docs/failures.md). Only after
@@ -32,6 +33,7 @@ from typing import Any, NoReturn
 
 from mpi4py import MPI
 
+from tfsift import env
 from tfsift.state import STATE
 
 FIRST_PAUSE = 50e-6  # seconds
@@ -39,7 +41,6 @@ GROWTH = 1.2  # a wait of t that ends during a pause is seen at most (GROWTH - 1
 SHORT_PAUSE = 250e-6  # the longest pause during the first LONG_WAIT seconds
 LONG_WAIT = 1.0
 MAX_PAUSE = 10e-3
-SPIN = 200e-6  # seconds of tests without a pause before the first pause (``spin_for``)
 
 
 def wait(requests: Sequence[Any], timeout: float, spin: float = 0.0) -> bool:
@@ -73,9 +74,10 @@ def wait(requests: Sequence[Any], timeout: float, spin: float = 0.0) -> bool:
 
 
 def spin_for(local_ranks: int, cores: int | None) -> float:
-    """``SPIN`` where each of the host's ``local_ranks`` can have one of its ``cores``, else
-    0: a rank that spins on a shared core takes it from a rank that computes."""
-    return SPIN if cores is not None and local_ranks <= cores else 0.0
+    """Seconds to spin (``TFSIFT_SPIN_US``) where each of the host's ``local_ranks`` can
+    have one of its ``cores``, else 0: a rank that spins on a shared core takes it from a
+    rank that computes."""
+    return env.spin_us() / 1e6 if cores is not None and local_ranks <= cores else 0.0
 
 
 def bounded(waited_for: Callable[[], str]) -> contextlib.AbstractContextManager[None]:

@@ -73,9 +73,18 @@ def test_a_spinning_wait_spins_only_its_spin_and_never_past_the_timeout() -> Non
 def test_a_pipeline_spins_only_where_every_rank_of_its_host_has_a_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert watchdog.spin_for(2, 2) == watchdog.SPIN == 200e-6
+    monkeypatch.delenv("TFSIFT_SPIN_US", raising=False)
+    assert watchdog.spin_for(2, 2) == 200e-6
     assert watchdog.spin_for(4, 2) == 0.0  # oversubscribed: a spin takes a computing core
     assert watchdog.spin_for(1, None) == 0.0  # os.cpu_count() does not know
+    monkeypatch.setenv("TFSIFT_SPIN_US", "50")
+    assert watchdog.spin_for(2, 2) == 50e-6
+    monkeypatch.setenv("TFSIFT_SPIN_US", "0")  # jobs that share the cores: no spin
+    assert watchdog.spin_for(2, 2) == 0.0
+    monkeypatch.setenv("TFSIFT_SPIN_US", "-1")
+    with pytest.raises(ValueError) as err:
+        watchdog.spin_for(2, 2)
+    assert str(err.value) == "TFSIFT_SPIN_US must be a number of microseconds >= 0. Received: '-1'"
     monkeypatch.setattr(STATE, "runtime", None)
     assert PipeComm(MPI.COMM_SELF.Dup(), timeout=1.0).spin == 0.0  # no tfsift.init: none
     assert PipeComm(MPI.COMM_SELF.Dup(), timeout=1.0, spin=1e-4).spin == 1e-4
