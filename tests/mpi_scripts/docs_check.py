@@ -32,7 +32,7 @@ IMAGES = """
 import numpy as np, tensorflow as tf
 rng = np.random.default_rng(0)
 dataset = tf.data.Dataset.from_tensor_slices(
-    (rng.normal(size=(100, 28, 28, 1)).astype("float32"), rng.integers(0, 10, 100))
+    (rng.normal(size=(64, 28, 28, 1)).astype("float32"), rng.integers(0, 10, 64))
 )
 """
 FEATURES = """
@@ -82,11 +82,12 @@ SCENARIOS: dict[str, list[tuple[str, Any]]] = {
         ("block", 1),  # checkpoints and export
         ("code", WEIGHTED_STEP),
         ("block", 2),  # infobatch on training scores
-        ("code", "test = tfsift.shard(dataset.take(64)).batch(32, drop_remainder=True)"),
+        ("code", "test = tfsift.shard(dataset.take(32)).batch(32, drop_remainder=True)"),
         ("block", 3),  # fit, evaluate
     ],
     "checkpoints.md": [
-        ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 2})"),
+        # one microbatch a step: the page needs 300 steps, not their pipelining
+        ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 1})"),
         ("code", "N_SAMPLES = 7_000\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
         (
             "code",
@@ -118,7 +119,7 @@ train = train.apply(tfsift.sift(model, per_sample_loss, config))
     ],
     "migrating.md": [
         ("block", 0),  # init
-        ("code", "N_SAMPLES = 256\n" + FEATURES),
+        ("code", "N_SAMPLES = 128\n" + FEATURES),
         ("block", 1),  # tfsift.shard
         ("code", DENSE_MODEL),
         ("block", 2),  # the @tfsift.step loop
@@ -150,7 +151,7 @@ PLACED = [name for name in ("body", "head") if held & {id(v) for v in getattr(tw
     ],
     "sifting.md": [
         ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 4})"),
-        ("code", "N_SAMPLES = 256\nB = 32\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
+        ("code", "N_SAMPLES = 128\nB = 32\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
         (
             "code",
             """
