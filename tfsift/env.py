@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 #: JSON string, or path to a JSON file, read by ``tfsift.init()`` when no config is passed.
 TFSIFT_CONFIG = "TFSIFT_CONFIG"
@@ -56,16 +57,7 @@ def exit_grace() -> float:
     Raises:
         ValueError: the value is not a number > 0.
     """
-    raw = get(TFSIFT_EXIT_GRACE).strip()
-    if not raw:
-        return EXIT_GRACE
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{TFSIFT_EXIT_GRACE} must be a number of seconds > 0. Received: {raw!r}")
-    return value
+    return _number(TFSIFT_EXIT_GRACE, EXIT_GRACE, "seconds > 0", lambda v: v > 0)
 
 
 def pin_gpu() -> bool:
@@ -88,15 +80,19 @@ def spin_us() -> float:
     Raises:
         ValueError: the value is not a number >= 0.
     """
-    raw = get(TFSIFT_SPIN_US).strip()
+    return _number(TFSIFT_SPIN_US, SPIN_US, "microseconds >= 0", lambda v: v >= 0)
+
+
+def _number(name: str, default: float, what: str, valid: Callable[[float], bool]) -> float:
+    """Environment variable ``name`` as a float (``default`` when unset); ``what`` says
+    what ``valid`` accepts, in the error."""
+    raw = get(name).strip()
     if not raw:
-        return SPIN_US
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value >= 0:
-        raise ValueError(
-            f"{TFSIFT_SPIN_US} must be a number of microseconds >= 0. Received: {raw!r}"
-        )
+    if not valid(value):  # nan fails every comparison
+        raise ValueError(f"{name} must be a number of {what}. Received: {raw!r}")
     return value

@@ -55,6 +55,15 @@ def weighted_step(x, y, w):
     return grads, losses
 """
 )
+TRAIN_STEP = """
+model = MyModel()
+optimizer = keras.optimizers.Adam(1e-3)
+
+@tfsift.step
+def forward_backward(x, y):
+    loss = tf.reduce_mean(per_sample_loss(y, model(x, training=True)))
+    return tfsift.gradients(loss, model.trainable_variables), loss
+"""
 DENSE_MODEL = """
 class MyModel(tfsift.DistributedModel):
     def __init__(self):
@@ -91,15 +100,8 @@ SCENARIOS: dict[str, list[tuple[str, Any]]] = {
         ("code", "N_SAMPLES = 7_000\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
         (
             "code",
-            """
-model = MyModel()
-optimizer = keras.optimizers.Adam(1e-3)
-
-@tfsift.step
-def forward_backward(x, y):
-    loss = tf.reduce_mean(per_sample_loss(y, model(x, training=True)))
-    return tfsift.gradients(loss, model.trainable_variables), loss
-
+            TRAIN_STEP
+            + """
 # about 440 of 437 + 3 batches kept: enough to save at step 300
 config = tfsift.SiftConfig(policy="relative", beta=0.25)
 train = tfsift.shard(dataset).batch(16, drop_remainder=True)
@@ -152,18 +154,7 @@ PLACED = [name for name in ("body", "head") if held & {id(v) for v in getattr(tw
     "sifting.md": [
         ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 4})"),
         ("code", "N_SAMPLES = 128\nB = 32\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
-        (
-            "code",
-            """
-model = MyModel()
-optimizer = keras.optimizers.Adam(1e-3)
-
-@tfsift.step
-def forward_backward(x, y):
-    loss = tf.reduce_mean(per_sample_loss(y, model(x, training=True)))
-    return tfsift.gradients(loss, model.trainable_variables), loss
-""",
-        ),
+        ("code", TRAIN_STEP),
         ("block", 0),  # forward-scored relative
         ("block", 1),  # relative on training scores
         ("code", "N = 3\n" + WEIGHTED_STEP),
