@@ -7,15 +7,14 @@ sleeps between tests, each pause ``GROWTH`` times the last:
     test ─ 50 µs ─ test ─ 60 µs ─ test ─ ... ─ test ─ 250 µs ─ test ─ ... (1 s) ... 10 ms ─ ...
 
 A message already there costs one test. With ``spin`` the first tests come without a
-pause, for up to that many seconds: a pause of 50 µs lasts 90 to 140 µs on this repository's
-machines (the kernel's timer slack and wake-up), which an MLP's pipeline step of ~6 ms paid
-a dozen times (``scripts/bench_small.py``); a pipeline spins where every rank of its host
-has a core of its own (``spin_for``; ``TFSIFT_SPIN_US``). After that, one that arrives
-after a wait of ``t`` is seen at most ``t / 5`` or 250 µs late (plus that slack): a
-pipeline's waits
-are on its critical path, and longer pauses lengthen the step (pauses of up to 10 ms
-made the pipeline benchmark's fastest step slower, in a comparison of polled and
-blocking receives in one job, since removed; docs/failures.md). Only after
+pause, for up to that many seconds: a pause of 50 µs lasts 90 to 140 µs on this
+repository's machines (the kernel's timer slack and wake-up), which an MLP's pipeline step
+of ~6 ms paid a dozen times (``scripts/bench_small.py``); a pipeline spins where every
+rank of its host has a core of its own (``spin_for``; ``TFSIFT_SPIN_US``). After that, one
+that arrives after a wait of ``t`` is seen at most ``t / 5`` or 250 µs late (plus that
+slack): a pipeline's waits are on its critical path, and longer pauses lengthen the step
+(pauses of up to 10 ms made the pipeline benchmark's fastest step slower, in a comparison
+of polled and blocking receives in one job, since removed; docs/failures.md). Only after
 ``LONG_WAIT`` (a peer that is not just computing) does the pause grow to ``MAX_PAUSE``:
 ~100 wake-ups a second instead of a busy core. When ``timeout`` seconds pass first,
 the caller ends the job with ``abort``, naming who waited for what.

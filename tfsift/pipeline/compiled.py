@@ -40,8 +40,8 @@ class Compiled:
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.function = tf.function(fn, reduce_retracing=True)
-        self._concrete: dict[Hashable, Any] = {}
-        self._flat: dict[Hashable, bool] = {}  # whether the signature's calls go flat
+        # per signature: its concrete function, and whether its calls go flat
+        self._concrete: dict[Hashable, tuple[Any, bool]] = {}
         self._warned = False
         self.name = name or getattr(fn, "__qualname__", repr(fn))
 
@@ -52,13 +52,14 @@ class Compiled:
         """``self(*args)`` where the caller already has ``signature(args)`` (or None)."""
         if key is None:
             return self.function(*args)
-        concrete = self._concrete.get(key)
-        if concrete is not None and self._flat[key]:
-            return concrete._call_flat(flat_tensors(args), concrete.captured_inputs)
-        if concrete is None:
+        known = self._concrete.get(key)
+        if known is not None:
+            concrete, flat = known
+            if flat:
+                return concrete._call_flat(flat_tensors(args), concrete.captured_inputs)
+        else:
             concrete = self.function.get_concrete_function(*args)
-            self._concrete[key] = concrete
-            self._flat[key] = goes_flat(concrete, args)
+            self._concrete[key] = concrete, goes_flat(concrete, args)
             # Real traces, not signatures: with reduce_retracing a new shape mostly
             # reuses a trace of relaxed shapes (the early-exit scorer meets a new batch
             # size per leftover, and warned with 2 traces in all); a new Python value

@@ -100,7 +100,7 @@ class Head:
             if self._tried:
                 raise
             self._fall_back(error)
-            flat, grads, in_grads = self._call(list(inputs), args, kwargs, grad_sum)
+            flat, grads, in_grads = self._call(*call)
         self._tried = True
         return HeadResult(
             self._rebuild(flat), list(grads) if self.backward else None, list(in_grads)

@@ -121,9 +121,8 @@ def test_later_calls_hand_the_tensors_over_flat_in_tf_nest_order(
     total = Compiled(body)
     args = ([tf.fill((2,), 3.0), tf.fill((2,), 5.0)], {"z": tf.fill((2,), 7.0), "a": tf.ones((2,))})
     assert float(total(*args, None, 0.5)[0]) == 3 * 7 - 5 + 0.5
-    (key,) = total._flat
-    assert total._flat[key] is True
-    concrete = total._concrete[key]
+    ((concrete, flat),) = total._concrete.values()
+    assert flat is True
     flat_calls: list[int] = []
     call_flat = type(concrete)._call_flat
 
@@ -148,7 +147,7 @@ def test_a_signature_whose_flat_tensors_differ_from_tensorflows_binds_every_call
     monkeypatch.setattr(compiled, "flat_tensors", lambda value: [])  # a flattening gone wrong
     double = Compiled(lambda x: 2 * x)
     assert float(double(tf.ones(()))) == 2.0
-    assert list(double._flat.values()) == [False]
+    assert [flat for _, flat in double._concrete.values()] == [False]
     assert float(double(tf.fill((), 3.0))) == 6.0  # through the concrete function's binding
 
 
