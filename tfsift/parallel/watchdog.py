@@ -7,9 +7,9 @@ sleeps between tests, each pause ``GROWTH`` times the last:
     test ─ 50 µs ─ test ─ 60 µs ─ test ─ ... ─ test ─ 250 µs ─ test ─ ... (1 s) ... 10 ms ─ ...
 
 A message already there costs one test. With ``spin`` the first tests come without a
-pause, for up to that many seconds: a pause of 50 µs lasts 90 to 140 µs on this
-repository's machines (the kernel's timer slack and wake-up), which an MLP's pipeline step
-of ~6 ms paid a dozen times (``scripts/bench_small.py``); a pipeline spins where every
+pause, for up to that many seconds: a pause of 50 µs lasts longer by the kernel's timer
+slack (50 µs by default on Linux) and the wake-up, which an MLP's pipeline step of a few
+ms paid a dozen times (``scripts/bench_small.py``); a pipeline spins where every
 rank of its host has a core of its own (``spin_for``; ``TFSIFT_SPIN_US``). After that, one
 that arrives after a wait of ``t`` is seen at most ``t / 5`` or 250 µs late (plus that
 slack): a pipeline's waits are on its critical path, and longer pauses lengthen the step
