@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import keras
@@ -145,3 +146,17 @@ def gradient_map(src: keras.Model, dst: keras.Model) -> list[int]:
 
 def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12))
+
+
+def grid(lists: list[list[str]], cover: str = "all") -> list[tuple[str, ...]]:
+    """Every combination of one value from each list, or with ``cover="pairs"`` those whose
+    value indices sum to an even number: about half, and still every pair of values from two
+    lists, where a third list has two values or more (its value's parity completes the sum).
+    A config's traces are most of its seconds in a job; the pairs are where a model, a
+    schedule, M and an optimize mode interact."""
+    combos = itertools.product(*(enumerate(values) for values in lists))
+    return [
+        tuple(v for _, v in combo)
+        for combo in combos
+        if cover == "all" or sum(i for i, _ in combo) % 2 == 0
+    ]

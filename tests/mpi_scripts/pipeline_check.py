@@ -1,12 +1,12 @@
 """Every rank: pipeline gradients and loss for many configs against a one-process reference.
 
-usage: pipeline_check.py K MODELS MICROBATCHES PIPELINES OPTIMIZES [COMPILE]
-       (comma-separated lists; COMPILE "true" (default) or "false": @tfsift.step(compile=...))
+usage: pipeline_check.py K MODELS MICROBATCHES PIPELINES OPTIMIZES [COMPILE] [COVER]
+       (comma-separated lists; COMPILE "true" (default) or "false": @tfsift.step(compile=...);
+       COVER "all" (default) or "pairs": see ``models.grid``)
 """
 
 from __future__ import annotations
 
-import itertools
 import socket
 import sys
 from typing import Any
@@ -21,6 +21,7 @@ from models import (
     copy_stage_weights,
     data,
     gradient_map,
+    grid,
     layer_attrs,
     reference,
     rel_error,
@@ -93,7 +94,8 @@ def main() -> None:
     K = int(sys.argv[1])
     lists = [arg.split(",") for arg in sys.argv[2:6]]
     compile = (sys.argv[6] if len(sys.argv) > 6 else "true") == "true"
-    results = [check(n, K, int(m), p, o, compile) for n, m, p, o in itertools.product(*lists)]
+    cover = sys.argv[7] if len(sys.argv) > 7 else "all"
+    results = [check(n, K, int(m), p, o, compile) for n, m, p, o in grid(lists, cover)]
     report(
         rank=tfsift.rank(),
         host=socket.gethostname(),  # a simulated host's name when run on them

@@ -1,6 +1,7 @@
 """Every rank: realistic models pipelined, against the full model run per microbatch.
 
-usage: zoo_check.py K MODELS PIPELINES OPTIMIZES   (comma-separated lists; M = 2)
+usage: zoo_check.py K MODELS PIPELINES OPTIMIZES [COVER]
+       (comma-separated lists; M = 2; COVER "all" (default) or "pairs": see ``models.grid``)
 
 The reference runs before partitioning, on the whole model, one microbatch after the
 other (as the pipeline does), so BatchNormalization statistics and dropout masks
@@ -11,7 +12,6 @@ loss, and non-trainable state (BatchNorm moving statistics).
 
 from __future__ import annotations
 
-import itertools
 import sys
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
+from models import grid
 from mpi import report
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -230,7 +231,8 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
 def main() -> None:
     K = int(sys.argv[1])
     lists = [arg.split(",") for arg in sys.argv[2:5]]
-    results = [check(n, K, p, o) for n, p, o in itertools.product(*lists)]
+    cover = sys.argv[5] if len(sys.argv) > 5 else "all"
+    results = [check(n, K, p, o) for n, p, o in grid(lists, cover)]
     report(rank=tfsift.rank(), results=results)
 
 

@@ -10,7 +10,8 @@ import pytest
 
 import mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
+# the kill follows the job's steps, and the end has 60 s of slack: a fault test
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.fault]
 
 
 @pytest.mark.timeout(400)

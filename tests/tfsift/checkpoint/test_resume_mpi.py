@@ -16,7 +16,8 @@ import mpi
 from tfsift.checkpoint import codec, weights
 from tfsift.checkpoint import optimizer as optimizer_lib
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+# one pytest worker runs both tests, so the module's fixture trains its run once
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.xdist_group("resume_2x2")]
 STEPS, EVERY = 10, 5  # checkpoints after steps 4 and 9
 LAST = f"ckpt-{STEPS - 1}"
 
