@@ -196,10 +196,11 @@ def check(name: str, K: int, pipeline: str, optimize: str) -> dict[str, Any]:
         loss = LOSS(labels, model(images, training=True))
         return tfsift.gradients(loss, model.trainable_variables), loss
 
+    config = f"K={K} {pipeline} {optimize}"
     try:
         grads, loss = train(x, y)
     except ValueError as err:
-        return {"model": name, "error": str(err)}
+        return {"model": name, "config": config, "error": str(err)}
     grad_errors = [
         rel_error(g.accumulate().numpy(), want[v.path])
         for g, v in zip(grads, model.trainable_variables, strict=True)
@@ -211,7 +212,7 @@ def check(name: str, K: int, pipeline: str, optimize: str) -> dict[str, Any]:
     ]
     return {
         "model": name,
-        "config": f"K={K} {pipeline} {optimize}",
+        "config": config,
         "grad_error": max(grad_errors, default=0.0),
         "state_error": max(state_errors, default=0.0),
         "states": len(state_errors),
