@@ -44,7 +44,11 @@ make_venv() {
   [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return 0
   pip_q install --upgrade pip
   log "installing the pinned stack (constraints.txt)"
-  pip_q install -r "$ROOT/requirements.in" -c "$ROOT/constraints.txt"
+  # pip byte-compiles its 10,000 files on one core; compileall does it on all of them
+  # (19 s against 13 s on 2 cores). The .pyc files must exist: with PYTHONDONTWRITEBYTECODE
+  # set, every rank would compile TensorFlow again at import.
+  pip_q install --no-compile -r "$ROOT/requirements.in" -c "$ROOT/constraints.txt"
+  "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null
   echo "$want" > "$stamp"
 }
 

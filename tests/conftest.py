@@ -10,7 +10,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than ~20 seconds")
     config.addinivalue_line(
         "markers",
-        "alone: a multi-process test that asserts how long its job takes, or whose outcome "
+        "alone: a test that asserts how long its job (or a wait) takes, or whose outcome "
         "depends on how long ranks wait: scripts/test.sh runs it with no other job beside it",
     )
     config.addinivalue_line(

@@ -10,8 +10,7 @@ import pytest
 
 import mpi
 
-# the kill follows the job's steps, and the end has 60 s of slack: a fault test
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.fault]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 
 @pytest.mark.timeout(400)

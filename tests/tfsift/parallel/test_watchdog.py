@@ -56,6 +56,7 @@ def test_wait_gives_up_after_the_timeout_without_spinning_a_core() -> None:
     assert used < 0.3, used
 
 
+@pytest.mark.alone  # the spin's CPU seconds: a busy neighbour takes the core from it
 def test_a_spinning_wait_spins_only_its_spin_and_never_past_the_timeout() -> None:
     comm = MPI.COMM_SELF.Dup()
     request = comm.Irecv(np.zeros(1), source=0, tag=3)
