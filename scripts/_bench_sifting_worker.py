@@ -429,7 +429,9 @@ def main() -> None:
     for method in job["methods"]:
         method = resolve(method, results)
         baseline = method["policy"] == "none"  # trains for the task's epochs, every time
-        result = run_method(job, method, data, None if baseline else budget)
+        # fixed_epochs: every method trains for the task's epochs (InfoBatch's own view)
+        by_epochs = baseline or job.get("fixed_epochs", False)
+        result = run_method(job, method, data, None if by_epochs else budget)
         results.append(result)
         if baseline and budget is None:
             budget = job["budget_factor"] * result["curve"][-1][0]
