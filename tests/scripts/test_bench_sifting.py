@@ -234,3 +234,59 @@ def test_the_benchmark_imports_without_tensorflow() -> None:
     code = "import bench_sifting, sys; print('tensorflow' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], cwd=SCRIPTS, capture_output=True, text=True)
     assert (run.returncode, run.stdout.strip()) == (0, "False"), run.stderr
+
+
+def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts(
+    bench: ModuleType,
+) -> None:
+    settings = bench.EPOCHS_FULL
+    jobs = settings.jobs()
+    tasks = [t.name for t in bench.TASKS]
+    per_seed = [(name, 1) for name in tasks] + [(name, 2) for name in tasks]
+    order = [(j["seed"], j["task"]["name"], j["partitions"]) for j in jobs]
+    assert order == [(s, name, k) for s in (0, 1, 2) for name, k in per_seed]
+    for j in jobs:
+        assert j["fixed_epochs"] is True
+        assert [m["name"] for m in j["methods"]] == ["none", "infobatch", "none-again"]
+    epochs = {t.name: t.epochs for t in settings.tasks}
+    assert epochs == {t.name: 2 * t.epochs for t in bench.TASKS}
+    assert bench.FULL.job(bench.TASKS[0], 0, bench.METHODS, 1, 1)["fixed_epochs"] is False
+
+
+def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType) -> None:
+    curves = {
+        "none": curve((1, 0.5), (5, 0.9), (10, 0.9)),  # target 0.895, reached at 5 s
+        "infobatch": curve((1, 0.5), (4, 0.9), (7.7, 0.897)),
+        "none-again": curve((1, 0.5), (6, 0.9), (12, 0.89)),
+    }
+    rows = bench.epoch_seed_rows(job(list(curves), curves)["ranks"], regression=False)
+    # against the mean of no sifting's two runs: 11 s to the end, 5.5 s to the target
+    assert rows["infobatch"]["saved"] == pytest.approx(0.3)
+    assert rows["infobatch"]["speedup"] == pytest.approx(5.5 / 4)
+    assert rows["infobatch"]["delta"] == pytest.approx(-0.003)
+    assert rows["infobatch"]["end_samples"] == pytest.approx(640 * 7.7)
+    assert rows["none-again"]["saved"] == pytest.approx(1 - 12 / 10)  # against the first run
+    assert rows["none-again"]["delta"] == pytest.approx(-0.01)
+    mse = {k: [[*p[:3], 1 - p[3]] for p in c] for k, c in curves.items()}  # 0.1 at the end
+    rows = bench.epoch_seed_rows(job(list(mse), mse, "mse")["ranks"], regression=True)
+    assert rows["infobatch"]["delta"] == pytest.approx(0.103 / 0.1 - 1)  # relative
+
+
+def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_the_slack(
+    bench: ModuleType,
+) -> None:
+    def row(speedup: float, delta: float, regression: bool = False) -> dict[str, Any]:
+        return {"method": "infobatch", "speedup": speedup, "delta": delta,
+                "regression": regression}  # fmt: skip
+
+    summary = {
+        "a": [row(1.3, 0.0)], "b": [row(1.25, -0.005)], "c": [row(1.4, 0.001)],
+        "d": [row(0.95, 0.0)], "e": [row(1.0, 0.02, regression=True)],
+        "a@K2": [row(1.3, 0.0)], "b@K2": [row(0.94, 0.0)], "c@K2": [row(2.0, -0.006)],
+    }  # fmt: skip
+    one = bench.epoch_verdict(summary, pipeline=False)
+    assert one == {"tasks": 5, "fast": ["a", "b", "c"], "slow": [], "lossy": [], "met": True}
+    two = bench.epoch_verdict(summary, pipeline=True)
+    assert (two["fast"], two["slow"], two["lossy"], two["met"]) == (["a", "c"], ["b"], ["c"], False)
+    summary["e"] = [row(1.0, 0.021, regression=True)]  # MSE 2.1% worse
+    assert bench.epoch_verdict(summary, pipeline=False)["lossy"] == ["e"]
