@@ -26,6 +26,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The multi-process tests first, the slow ones first among them, otherwise in
+    collection order: pytest-xdist hands tests out in this order, so the long jobs start
+    early and the one-process tests fill the cores to the end of the stage, instead of a
+    long job started last keeping one worker busy alone."""
+
+    def rank(item: pytest.Item) -> int:
+        mpi, slow = item.get_closest_marker("mpi"), item.get_closest_marker("slow")
+        return 0 if mpi and slow else 1 if mpi else 2
+
+    items.sort(key=rank)  # stable
+
+
 @pytest.fixture(autouse=True)
 def fresh_tfsift_state() -> object:
     """Every test starts without a runtime, open timelines or partition blocks."""

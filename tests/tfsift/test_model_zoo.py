@@ -55,12 +55,15 @@ def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() ->
 
 
 def test_the_models_that_split_into_four_stages_match_too() -> None:
+    # each model in one mode, each mode on two models (both modes of each: the test above)
     job = mpi.run(4, "zoo_check.py", "4", "resnet_bn,encoder,custom,recurrent", "interleaved",
-                  "speed,memory", timeout=600)  # fmt: skip
+                  "speed,memory", "pairs", timeout=600)  # fmt: skip
     reports = mpi.reports(job)
     assert len(reports) == 4
     for rank, rep in reports.items():
-        assert len(rep["results"]) == 4 * 2
+        configs = sorted((r["model"], r["config"]) for r in rep["results"])
+        assert [m for m, _ in configs] == ["custom", "encoder", "recurrent", "resnet_bn"]
+        assert sorted(c.split()[-1] for _, c in configs) == ["memory", "memory", "speed", "speed"]
         for result in rep["results"]:
             assert "error" not in result, (rank, result)
             assert result["grad_error"] < 1e-5, (rank, result)
