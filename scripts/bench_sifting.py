@@ -22,6 +22,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -454,11 +455,21 @@ RESULT_HEADER = (
 
 
 def results_table(summary: dict[str, list[Result]], pipeline: bool) -> str:
+    return layout_table(summary, pipeline, RESULT_HEADER, result_rows)
+
+
+def layout_table(
+    summary: dict[str, list[Result]],
+    pipeline: bool,
+    header: list[str],
+    rows_of: Callable[[str, list[Result]], list[list[str]]],
+) -> str:
+    """One table of the tasks run on one layout (``task@K2``: the pipeline's)."""
     rows = []
-    for task, task_rows in summary.items():
-        if ("@" in task) == pipeline:
-            rows += result_rows(task.split("@")[0], task_rows)
-    return report.table(RESULT_HEADER, rows)
+    for key, task_rows in summary.items():
+        if ("@" in key) == pipeline:
+            rows += rows_of(key.split("@")[0], task_rows)
+    return report.table(header, rows)
 
 
 def cost_table(summary: dict[str, list[Result]]) -> str:
@@ -806,11 +817,7 @@ EPOCH_HEADER = (
 
 
 def epoch_table(summary: dict[str, list[Result]], pipeline: bool) -> str:
-    rows = []
-    for key, task_rows in summary.items():
-        if ("@" in key) == pipeline:
-            rows += epoch_rows(key.split("@")[0], task_rows)
-    return report.table(EPOCH_HEADER, rows)
+    return layout_table(summary, pipeline, EPOCH_HEADER, epoch_rows)
 
 
 def epoch_how_text(settings: Settings) -> str:
