@@ -315,10 +315,15 @@ def median(values: list[float]) -> float:
 
 def summarise(raw: list[Result]) -> dict[str, list[Result]]:
     """Per ``task`` (``task@K2`` for the pipeline): one row per method, medians over seeds."""
+    return {key: method_rows(entries) for key, entries in by_task(raw).items()}
+
+
+def by_task(raw: list[Result]) -> dict[str, list[Result]]:
+    """The jobs (one a seed) of each ``task`` (``task@K2`` for the pipeline)."""
     groups: dict[str, list[Result]] = {}
     for entry in raw:
         groups.setdefault(job_key(entry["job"]), []).append(entry)
-    return {key: method_rows(entries) for key, entries in groups.items()}
+    return groups
 
 
 def job_key(job: Result) -> str:
@@ -464,12 +469,16 @@ def layout_table(
     header: list[str],
     rows_of: Callable[[str, list[Result]], list[list[str]]],
 ) -> str:
-    """One table of the tasks run on one layout (``task@K2``: the pipeline's)."""
+    """One table of the tasks run on one layout."""
     rows = []
-    for key, task_rows in summary.items():
-        if ("@" in key) == pipeline:
-            rows += rows_of(key.split("@")[0], task_rows)
+    for task, task_rows in on_layout(summary, pipeline):
+        rows += rows_of(task, task_rows)
     return report.table(header, rows)
+
+
+def on_layout(summary: dict[str, list[Result]], pipeline: bool) -> list[tuple[str, list[Result]]]:
+    """``(task, rows)`` of the tasks run on one layout (keyed ``task@K2`` on the pipeline)."""
+    return [(key.split("@")[0], rows) for key, rows in summary.items() if ("@" in key) == pipeline]
 
 
 def cost_table(summary: dict[str, list[Result]]) -> str:
@@ -720,11 +729,8 @@ def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
 
 def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
     """Per ``task`` (``task@K2`` on the pipeline), per method: medians over seeds."""
-    groups: dict[str, list[Result]] = {}
-    for entry in raw:
-        groups.setdefault(job_key(entry["job"]), []).append(entry)
     out: dict[str, list[Result]] = {}
-    for key, entries in groups.items():
+    for key, entries in by_task(raw).items():
         regression = entries[0]["job"]["task"]["loss"] == "mse"
         per_seed = [epoch_seed_rows(e["ranks"], regression) for e in entries]
         out[key] = []
@@ -736,7 +742,7 @@ def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
             sift = [s["sift"] for s in seeds if s["sift"]]
             out[key].append({
                 "method": method["name"], "definition": method, "regression": regression,
-                "seeds": len(seeds), "saved": median([s["saved"] for s in seeds]),
+                "saved": median([s["saved"] for s in seeds]),
                 "saved_each": [s["saved"] for s in seeds],
                 "speedup": median([s["speedup"] for s in seeds]),
                 "speedups": [s["speedup"] for s in seeds],
@@ -759,9 +765,8 @@ def epoch_verdict(summary: dict[str, list[Result]], pipeline: bool) -> Result:
     """The issue's bar for the recommended method on one layout: >= 1.25x to target on >= 3
     tasks, >= 0.95x on every task, and every final metric within the target's slack."""
     rows = [
-        r | {"task": key.split("@")[0]}
-        for key, task_rows in summary.items()
-        if ("@" in key) == pipeline
+        r | {"task": task}
+        for task, task_rows in on_layout(summary, pipeline)
         for r in task_rows
         if r["method"] == RECOMMENDED and "speedup" in r
     ]
