@@ -4,6 +4,8 @@ schedule and optimize mode."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,13 @@ ON_RANKS = [
 
 MODELS = "conv,skip,dropout,ops"
 VARIABLES = {"conv": 6, "skip": 8, "dropout": 6, "ops": 6}
+
+
+def assert_every_pair(configs: Collection[tuple[Any, ...]], *values: list[Any]) -> None:
+    """Each pair of columns of ``configs`` holds every pair of those columns' ``values``."""
+    for a, b in itertools.combinations(range(len(values)), 2):
+        pairs = {(c[a], c[b]) for c in configs}
+        assert pairs == set(itertools.product(values[a], values[b])), (a, b, sorted(configs))
 
 
 @pytest.mark.parametrize("K", ON_RANKS)
@@ -43,13 +52,10 @@ def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
         # triple on two models
         configs = [(r["model"], r["M"], r["pipeline"], r["optimize"]) for r in data["results"]]
         assert len(configs) == len(set(configs)) == 4 * 3 * 2 * 2 // 2
+        values = ([1, 2, 4], ["simple", "interleaved"], ["speed", "memory"])
         for model in MODELS.split(","):
-            mine = [c[1:] for c in configs if c[0] == model]
-            for a, b in itertools.combinations(range(3), 2):
-                assert len({(c[a], c[b]) for c in mine}) == (3 * 2, 3 * 2, 2 * 2)[a + b - 1]
-        assert {c[1:] for c in configs} == set(
-            itertools.product([1, 2, 4], ["simple", "interleaved"], ["speed", "memory"])
-        )
+            assert_every_pair([c[1:] for c in configs if c[0] == model], *values)
+        assert {c[1:] for c in configs} == set(itertools.product(*values))
         for r in data["results"]:
             label = f"rank {rank} {r['model']} K={K} M={r['M']} {r['pipeline']} {r['optimize']}"
             assert r["grad_error"] < 1e-5, label
@@ -81,8 +87,7 @@ def test_four_stages_on_two_hosts_match_with_the_middle_cut_between_them(two_hos
         # each pair of model, M and schedule values once
         configs = {(r["model"], r["M"], r["pipeline"]) for r in data["results"]}
         assert len(configs) == len(data["results"]) == 2 * 2 * 2 // 2
-        for a, b in itertools.combinations(range(3), 2):
-            assert len({(c[a], c[b]) for c in configs}) == 2 * 2
+        assert_every_pair(configs, ["conv", "skip"], [2, 4], ["simple", "interleaved"])
         for r in data["results"]:
             label = f"rank {rank} {r['model']} M={r['M']} {r['pipeline']}"
             assert r["grad_error"] < 1e-5, label
@@ -108,8 +113,8 @@ def test_an_eager_head_matches_too() -> None:
         # each pair of model, schedule and mode values once
         configs = {(r["model"], r["pipeline"], r["optimize"]) for r in data["results"]}
         assert len(configs) == len(data["results"]) == 2 * 2 * 2 // 2
-        for a, b in itertools.combinations(range(3), 2):
-            assert len({(c[a], c[b]) for c in configs}) == 2 * 2
+        assert_every_pair(configs, ["skip", "dropout"], ["simple", "interleaved"],
+                          ["speed", "memory"])  # fmt: skip
         for r in data["results"]:
             label = f"rank {rank} {r['model']} {r['pipeline']} {r['optimize']}"
             assert r["compile"] is False, label
