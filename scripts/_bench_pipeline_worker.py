@@ -35,6 +35,7 @@ from mpi4py import MPI  # noqa: E402
 
 from bench.harness import write_rank  # noqa: E402
 from partitioner.plan import make_plan  # noqa: E402
+from tfsift.pipeline.stage import microbatch_seconds  # noqa: E402
 from tfsift.planning.profiler import profile  # noqa: E402
 
 Config = dict[str, Any]
@@ -266,7 +267,7 @@ def profile_at(model: Chain, x: tf.Tensor, M: int, cfg: Config) -> Any:
     """The cost model of the traced chain for microbatches of B/M samples."""
     part = model.partitioned
     assert part is not None, "the model is partitioned by its first step"
-    return profile(part.graph, [x[: cfg["batch"] // M]], cfg["profile_repeats"])
+    return profile(part.graph, [x[: cfg["batch"] // M]], cfg["profile_repeats"], microbatch_seconds)
 
 
 def run_single(cfg: Config) -> dict[str, Any]:

@@ -4,8 +4,9 @@ An MLP as a user would try it (the issue's: Dense(256) x 4, relu, on 256 feature
 SGD, B=128; one compute thread per rank, ranks bound to cores), in one job each:
 
 - one process: a plain Keras step, ``@tfsift.step`` with M=1, the simulator's predicted
-  K=2 step (which charges the runtime's cost per action, measured by the profiler on a
-  stage that does nothing) for each M;
+  K=2 step (which charges the runtime's cost per action, measured by the profiler as the
+  time of a microbatch through the runtime's stage code beyond its layers' times) for
+  each M;
 - one process, ``@tfsift.step`` with M microbatches: what microbatching alone costs, and
   from it the runtime's cost per action, ``(t_M - t_1) / (2 (M - 1))`` (the same compute
   in M forwards and M backwards instead of one each); in turn with it, the same

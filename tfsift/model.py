@@ -15,7 +15,7 @@ from tfsift.config import Config
 from tfsift.parallel import runtime
 from tfsift.parallel.collectives import broadcast_variables
 from tfsift.pipeline import context
-from tfsift.pipeline.stage import Stage
+from tfsift.pipeline.stage import Stage, microbatch_seconds
 from tfsift.planning import keras_internals, placement
 from tfsift.planning.bounds import plan_bounds
 from tfsift.planning.graph import Graph, check_unshared, trace
@@ -152,6 +152,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             rt,
             scoring=scoring,
             scoring_call=self._tfsift.scoring_call,
+            stage_call=microbatch_seconds,
         )
         check_unshared(graph, bounds)
         s = rt.stage

@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     import tensorflow as tf
 
+    from tfsift.pipeline.stage import microbatch_seconds
     from tfsift.planning.graph import trace
     from tfsift.planning.profiler import format_table, profile
 
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     model = factory()
     example = tf.random.stateless_uniform((args.microbatch_size, *shape), seed=(0, 0), maxval=1)
     example = tf.cast(example * (10 if args.dtype.startswith("int") else 1), args.dtype)
-    costs = profile(trace(model, [example]), [example], args.repeats)
+    costs = profile(trace(model, [example]), [example], args.repeats, microbatch_seconds)
     costs.save(args.output)
     print(format_table(costs))
     print(f"wrote {args.output}")

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.autodiff import floats, gradients
-from tfsift.planning.graph import StageGraph
+from tfsift.planning.graph import Graph, StageGraph
+from tfsift.planning.profiler import median_time
 
 
 @dataclasses.dataclass
@@ -119,3 +120,26 @@ def _compiled_forward(graph: StageGraph, training: bool, index: int) -> Compiled
 def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """Elementwise sums of two equally long tensor lists (gradient accumulation)."""
     return [x + y for x, y in zip(a, b, strict=True)]
+
+
+def microbatch_seconds(graph: Graph, example: Sequence[tf.Tensor], repeats: int) -> float:
+    """The median seconds of one microbatch through this module's stage code on the whole
+    ``graph``, as a stage before the last runs it: the compiled forward under a tape, the
+    backward from output gradients of ones, and the gradient sum. The profiler charges
+    what this takes beyond the layers' own times as the runtime's cost per action
+    (``tfsift.planning.profiler.profile``'s ``stage_call``); it runs in training mode,
+    and the profiler puts the variables back afterwards."""
+    stage = Stage(graph.stage(0, len(graph)), 0, recompute=False)
+    inputs = [tf.convert_to_tensor(x) for x in example]
+    total = [tf.zeros_like(v) for v in stage.variables]
+    # made once, as the runtime receives them: no op of their own in the timed call
+    ones = [tf.ones_like(y) for y in floats(stage.forward(inputs, training=True, keep=False)[0])]
+
+    def microbatch() -> list[tf.Tensor]:
+        _, saved = stage.forward(inputs, training=True, keep=True)
+        assert saved is not None
+        grads, _ = stage.backward(saved, ones)
+        # one tensor fetched to end the timing: the sum is one compiled call
+        return stage.accumulate(total, grads)[:1]
+
+    return median_time(microbatch, max(repeats, 5))

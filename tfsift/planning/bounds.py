@@ -30,7 +30,7 @@ from tfsift.config import Config
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import bcast_object
 from tfsift.planning.graph import Graph
-from tfsift.planning.profiler import profile
+from tfsift.planning.profiler import StageCall, profile
 
 if TYPE_CHECKING:
     from partitioner.costs import CostModel
@@ -48,6 +48,7 @@ def plan_bounds(
     *,
     scoring: float = 0.0,
     scoring_call: Callable[[Graph, int], float] | None = None,
+    stage_call: StageCall | None = None,
 ) -> tuple[int, ...]:
     """The K+1 stage bounds of ``graph``, the same on every rank (a collective).
 
@@ -57,6 +58,8 @@ def plan_bounds(
     early exit and overlap), which the solver leaves room for (``solve_speed``);
     ``scoring_call(graph, rows)`` measures a scoring call's fixed seconds on a source
     batch of ``rows`` (M microbatches of the example's size), on rank 0 when it solves.
+    ``stage_call`` times a microbatch through the runtime's stage code, for the cost per
+    action the plan charges (``profile``).
     """
     cfg, L = rt.config, len(graph)
     if cfg.partitions > L:
@@ -73,7 +76,7 @@ def plan_bounds(
     outcome: tuple[str, Any] | None = None
     if rt.rank == 0:
         try:
-            outcome = ("ok", rank0_bounds(graph, example, cfg, scoring, scoring_call))
+            outcome = ("ok", rank0_bounds(graph, example, cfg, scoring, scoring_call, stage_call))
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
     status, payload = bcast_object(rt.world, outcome)  # the others sleep while rank 0 profiles
@@ -88,6 +91,7 @@ def rank0_bounds(
     cfg: Config,
     scoring: float = 0.0,
     scoring_call: Callable[[Graph, int], float] | None = None,
+    stage_call: StageCall | None = None,
 ) -> tuple[int, ...]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
@@ -113,7 +117,7 @@ def rank0_bounds(
         cfg.profile_repeats,
         cfg.partitions,
     )
-    costs = profile(graph, example, cfg.profile_repeats)
+    costs = profile(graph, example, cfg.profile_repeats, stage_call)
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
     call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
     plan = make_plan(

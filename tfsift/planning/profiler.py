@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -19,8 +20,24 @@ from tfsift.planning.autodiff import gradients, is_float
 from tfsift.planning.graph import Graph, GraphNode
 from tfsift.state import STATE
 
+log = logging.getLogger("tfsift")
+# A microbatch whose layers compute for less than this many times a bare action's cost is
+# timed once more through the runtime's own stage code (``stage_call``): its fixed cost
+# is then at least 1% of an action, and timing the whole model costs about what
+# profiling it did. Above, the fixed cost is noise and the whole model is not run again.
+CALIBRATE_BELOW = 100
+# The seconds a microbatch takes through the runtime's stage (forward, backward and the
+# gradient sum, as a stage before the last runs them), given the graph, a microbatch
+# and the repeats; ``tfsift.pipeline.stage.microbatch_seconds``.
+StageCall = Callable[[Graph, Sequence[tf.Tensor], int], float]
 
-def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> CostModel:
+
+def profile(
+    graph: Graph,
+    example: Sequence[tf.Tensor],
+    repeats: int = 5,
+    stage_call: StageCall | None = None,
+) -> CostModel:
     """Times every node on ``example`` (one microbatch) and sizes its tensors.
 
     Forward time is the median over ``repeats`` runs after a warm-up, less the fixed cost
@@ -29,10 +46,18 @@ def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> Cos
     without its input gradient: the first stage stops gradients at the model input, so
     TensorFlow never computes it (such nodes open the chain, so they sit in stage 0).
 
+    The runtime's fixed cost per action (``CostModel.action_overhead``) is measured on a
+    stage that does nothing; with ``stage_call``, a model whose microbatch computes for
+    little (``CALIBRATE_BELOW``) is also run whole through the runtime's stage code, and
+    what that takes beyond the layers' times, per forward and per backward, is charged
+    instead when it is more: the runtime's calls cost more with more variables, and
+    small models are where that decides the step.
+
     Args:
         graph: the traced model.
         example: concrete model inputs, one microbatch.
         repeats: timed runs per node after one warm-up; the median is kept.
+        stage_call: times a microbatch through the runtime's stage (``StageCall``).
 
     Returns:
         A ``CostModel`` with ``batch_size`` set to the example's batch size.
@@ -42,14 +67,17 @@ def profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int = 5) -> Cos
     time is tracing every node twice, and a model built again with the same layers then
     gets the same cut instead of one that follows the machine's noise.
     """
-    key = signature(graph, example, repeats)
+    key = signature(graph, example, repeats) + ("+stage" if stage_call else "")
     cached = STATE.profiles.get(key)
     if cached is None:
         # Timing runs every layer in training mode, which moves BatchNorm statistics and
         # seed generators on this rank only; put every variable back afterwards.
         saved = [(v, v.numpy()) for v in _variables(graph)]
         try:
-            cached = STATE.profiles[key] = _profile(graph, example, repeats)
+            cached = _profile(graph, example, repeats)
+            if stage_call is not None:
+                cached = _calibrated(cached, graph, example, repeats, stage_call)
+            STATE.profiles[key] = cached
         finally:
             for var, value in saved:
                 var.assign(value)
@@ -109,9 +137,9 @@ def _profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int) -> CostMo
     wrt_inputs = needs_input_gradients(graph)
     for i, gn in enumerate(graph.nodes):
         forward, both = _node_functions(gn, values, wrt_inputs[i])
-        f_raw = _median_time(forward, repeats)
+        f_raw = median_time(forward, repeats)
         f_time = max(f_raw - overhead, 0.0)
-        b_time = max(_median_time(both, repeats) - f_raw, 0.0) if both is not None else 0.0
+        b_time = max(median_time(both, repeats) - f_raw, 0.0) if both is not None else 0.0
         layers.append(
             LayerCost(
                 name=gn.name,
@@ -125,6 +153,34 @@ def _profile(graph: Graph, example: Sequence[tf.Tensor], repeats: int) -> CostMo
     return CostModel(
         tuple(layers), batch_size=int(example[0].shape[0]), action_overhead=action_overhead(repeats)
     )
+
+
+def _calibrated(
+    costs: CostModel,
+    graph: Graph,
+    example: Sequence[tf.Tensor],
+    repeats: int,
+    stage_call: StageCall,
+) -> CostModel:
+    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times,
+    when that is more than the bare stage's cost and the model is small enough to time."""
+    compute = float(costs.prefix.compute[-1])
+    if compute >= CALIBRATE_BELOW * costs.action_overhead:
+        return costs
+    try:
+        whole = float(stage_call(graph, example, repeats))
+    except Exception as err:  # an estimate that fails must not end the run
+        log.warning(
+            "could not time a microbatch through the runtime's stage (%s: %s); the plan "
+            "charges the bare stage's cost per action",
+            type(err).__name__,
+            err,
+        )
+        return costs
+    per_action = (whole - compute) / 2
+    if per_action <= costs.action_overhead:
+        return costs
+    return dataclasses.replace(costs, action_overhead=per_action)
 
 
 def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:
@@ -176,7 +232,7 @@ def dispatch_overhead(repeats: int) -> float:
     fused with the others; subtracting this fixed cost keeps a reshape from looking as
     expensive as a small matrix product.
     """
-    return _median_time(tf.function(lambda: tf.constant(0.0)), max(repeats, 5))
+    return median_time(tf.function(lambda: tf.constant(0.0)), max(repeats, 5))
 
 
 def action_overhead(repeats: int) -> float:
@@ -194,10 +250,12 @@ def action_overhead(repeats: int) -> float:
         return tape.gradient(y, x)
 
     n = max(repeats, 5)
-    return (_median_time(lambda: forward(x), n) + _median_time(backward, n)) / 2
+    return (median_time(lambda: forward(x), n) + median_time(backward, n)) / 2
 
 
-def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    """The median seconds of ``fn()``, its tensors fetched, over ``repeats`` calls after
+    one (tracing and warming up)."""
     fn()  # trace and warm up
     times = []
     for _ in range(repeats):

@@ -185,3 +185,35 @@ def test_accumulate_starts_with_the_first_gradients_then_adds() -> None:
     assert stage.accumulate(None, first) is first
     total = stage.accumulate(first, [tf.constant([10.0, 20.0]), tf.constant(30.0)])
     assert_all_close(total, [[11.0, 22.0], 33.0])
+
+
+def test_microbatch_seconds_times_a_stages_forward_backward_and_sum(monkeypatch: Any) -> None:
+    from tfsift.pipeline import stage as stage_module
+
+    calls: list[str] = []
+    for name in ("forward", "backward", "accumulate"):
+        method = getattr(Stage, name)
+        monkeypatch.setattr(
+            Stage,
+            name,
+            lambda self, *a, _m=method, _n=name, **k: calls.append(_n) or _m(self, *a, **k),
+        )
+    x = tf.constant(np.random.default_rng(0).normal(size=(4, 4)), tf.float32)
+    seconds = stage_module.microbatch_seconds(trace(Net(0.0), [x]), [x], repeats=2)
+    assert seconds > 0
+    # one forward for the output gradients' shapes, then a warm-up and 5 timed microbatches
+    assert calls == ["forward"] + ["forward", "backward", "accumulate"] * 6
+
+
+def test_profiling_through_the_stage_leaves_every_variable_as_it_was() -> None:
+    from tfsift.pipeline.stage import microbatch_seconds
+    from tfsift.planning.profiler import profile
+
+    model = Net(0.5)
+    x = tf.constant(np.random.default_rng(1).normal(3.0, 2.0, (8, 4)), tf.float32)
+    graph = trace(model, [x])
+    before = {v.path: v.numpy() for v in model.variables}
+    costs = profile(graph, [x], repeats=2, stage_call=microbatch_seconds)
+    for v in model.variables:  # BatchNorm's moving statistics, the dropout seed, weights
+        np.testing.assert_array_equal(v.numpy(), before[v.path])
+    assert costs.action_overhead > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import pytest
 import tensorflow as tf
 
 from tfsift.planning.graph import trace
@@ -93,3 +94,56 @@ def test_a_model_of_the_same_layers_gets_the_profile_again_under_its_own_names(
     profile(graph, [tf.ones((4, 3, 2))], repeats=2)
     profile(trace(Wider(), [tf.zeros((2, 3, 2))]), [tf.ones((4, 3, 2))], repeats=3)
     assert runs == [1, 1, 1]
+
+
+def _whole(costs: Any) -> float:
+    return float(costs.prefix.compute[-1])
+
+
+def test_a_small_model_is_charged_what_the_runtimes_stage_takes_beyond_its_layers(
+    monkeypatch: Any,
+) -> None:
+    from tfsift.planning import profiler
+
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    bare = profile(graph, [tf.ones((4, 3, 2))], repeats=3)
+    monkeypatch.setattr(profiler, "_profile", lambda *args: bare)  # the same layer times
+    calls: list[int] = []
+
+    def stage(g: Any, example: Any, repeats: int) -> float:
+        calls.append(repeats)
+        return _whole(bare) + 2 * (bare.action_overhead + 1e-3)  # 1 ms more per action
+
+    costs = profile(graph, [tf.ones((4, 3, 2))], repeats=3, stage_call=stage)
+    assert calls == [3]
+    assert costs.action_overhead == pytest.approx(bare.action_overhead + 1e-3)
+    assert costs.layers == bare.layers
+
+
+def test_the_bare_stages_cost_stays_when_the_runtimes_is_less_or_cannot_be_timed(
+    caplog: Any,
+) -> None:
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    cheaper = profile(graph, [tf.ones((4, 3, 2))], repeats=2, stage_call=lambda *a: 0.0)
+    assert cheaper.action_overhead > 0  # the bare stage's, not a negative difference
+
+    def broken(*args: Any) -> float:
+        raise RuntimeError("no stage here")
+
+    with caplog.at_level("WARNING", logger="tfsift"):
+        failed = profile(graph, [tf.ones((5, 3, 2))], repeats=2, stage_call=broken)
+    assert failed.action_overhead > 0
+    assert (
+        "could not time a microbatch through the runtime's stage (RuntimeError: no stage here)"
+        in (caplog.text)
+    )
+
+
+def test_a_model_that_computes_long_is_not_run_again(monkeypatch: Any) -> None:
+    from tfsift.planning import profiler
+
+    monkeypatch.setattr(profiler, "CALIBRATE_BELOW", 0)  # every model counts as long
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    calls: list[int] = []
+    profile(graph, [tf.ones((6, 3, 2))], repeats=2, stage_call=lambda *a: calls.append(1) or 1.0)
+    assert calls == []
