@@ -22,6 +22,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -34,7 +35,7 @@ import psutil  # type: ignore[import-untyped]  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from bench.harness import write_rank  # noqa: E402
-from partitioner.plan import make_plan  # noqa: E402
+from partitioner.plan import Plan, make_plan  # noqa: E402
 from tfsift.pipeline.stage import microbatch_seconds  # noqa: E402
 from tfsift.planning.profiler import profile  # noqa: E402
 
@@ -298,7 +299,9 @@ def one_process_microbatched(cfg: Config, M: int, x: tf.Tensor, y: tf.Tensor) ->
 
 
 def run_pipeline(cfg: Config) -> dict[str, Any]:
-    """K ranks, one stage each: times the pipelined train step."""
+    """K ranks, one stage each: times the pipelined train step. Rank 0 also reports the
+    step its start-up plan line predicted (read back from a fresh plan file)."""
+    plan_file = Path(tempfile.mkdtemp(prefix="tfsift-bench-plan-")) / "plan.json"
     tfsift.init(
         {
             "partitions": cfg["K"],
@@ -306,6 +309,7 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
             "pipeline": cfg["pipeline"],
             "optimize": cfg["optimize"],
             "profile_repeats": cfg["profile_repeats"],
+            "plan_file": str(plan_file),
         }
     )
     x, y = data(cfg)
@@ -322,6 +326,9 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
         "events": events,
         "first_step_s": first,
         "bounds": list(model.partitioned.bounds),
+        "startup_predicted_s": Plan.load(plan_file).predicted_step_time
+        if plan_file.exists()
+        else None,
         "maxrss_before_mib": before,
         "maxrss_whole_mib": whole,
         "maxrss_timed_mib": maxrss_mib(),

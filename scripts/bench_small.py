@@ -4,16 +4,17 @@ An MLP as a user would try it (the issue's: Dense(256) x 4, relu, on 256 feature
 SGD, B=128; one compute thread per rank, ranks bound to cores), in one job each:
 
 - one process: a plain Keras step, ``@tfsift.step`` with M=1, the simulator's predicted
-  K=2 step (which charges the runtime's cost per action, measured by the profiler as the
-  time of a microbatch through the runtime's stage code beyond its layers' times) for
-  each M;
+  K=2 step for each M, and the runtime's cost per action the profiler charges (the time
+  of a microbatch through the runtime's stage code beyond its layers' times);
 - one process, ``@tfsift.step`` with M microbatches: what microbatching alone costs, and
   from it the runtime's cost per action, ``(t_M - t_1) / (2 (M - 1))`` (the same compute
   in M forwards and M backwards instead of one each); in turn with it, the same
   microbatching written by hand in TensorFlow (one tf.function call a microbatch) against
   the whole-batch Keras step: what the same formula gives without tfsift, since smaller
   matrix products and a call per microbatch cost TensorFlow itself;
-- K=2 stages, M microbatches: the measured step against the prediction, and its spread
+- K=2 stages, M microbatches: the measured step against the prediction of the plan line
+  printed at start-up (which also charges the latency of a message between the stages,
+  timed by the two stages there), and its spread
   (median, 90th and 99th percentiles, maximum) over many steps without forced garbage
   collections, as a training loop runs.
 
@@ -67,7 +68,7 @@ def measure(s: Settings) -> Result:
         1,
         timeout=900,
     )[0]
-    pipelines = {}
+    pipelines, startup = {}, {}
     for pipeline in c.pipelines:
         say(f"K=2, M={s.M}, {pipeline}: {s.pipeline_steps} steps")
         cfg = c.worker_config(
@@ -75,6 +76,7 @@ def measure(s: Settings) -> Result:
         )
         ranks = harness.run_job(WORKER, ["pipeline", json.dumps(cfg)], 2, timeout=900)
         pipelines[pipeline] = ranks[0]["times"]
+        startup[pipeline] = ranks[0]["startup_predicted_s"]
     return {
         "keras": single["times"]["keras"],
         "tfsift_m1": single["times"]["tfsift"],
@@ -83,6 +85,7 @@ def measure(s: Settings) -> Result:
         "keras_m": micro["keras_microbatched"],
         "predictions": single["predictions"],
         "pipelines": pipelines,
+        "startup_predicted": startup,
     }
 
 
@@ -109,7 +112,11 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
     for pipeline, times in raw["pipelines"].items():
         t = np.asarray(times)
         med, p90, p99 = (float(np.percentile(t, q)) for q in (50, 90, 99))
-        pred = predicted[pipeline]["predicted_step_s"]
+        # the start-up plan line's step (earlier runs saved the one-process profile's only)
+        pred = (
+            raw.get("startup_predicted", {}).get(pipeline)
+            or predicted[pipeline]["predicted_step_s"]
+        )
         rows.append(
             [
                 f"K=2, M={s.M}, {pipeline}",
@@ -135,8 +142,10 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             "one compute thread per rank, ranks bound to cores. One-process rows: median of "
             f"{c.steps} steps after {c.warmup} warm-up steps, each after a garbage collection; "
             f"K=2 rows: {s.pipeline_steps} steps with no forced collection, the slowest rank's "
-            "time of steps started together. *predicted*: the simulator's step for the "
-            "profiled costs, the runtime's cost per action included.",
+            "time of steps started together. *predicted*: the step the plan line printed "
+            "at the K=2 run's start predicts: rank 0 profiled the model and charged the "
+            "runtime's cost per action and a message's latency between the stages, timed "
+            "there.",
             report.table(
                 [
                     "configuration",

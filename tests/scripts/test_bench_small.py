@@ -24,9 +24,8 @@ def bench() -> ModuleType:
     return module
 
 
-def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: ModuleType) -> None:
-    times = [0.010] * 98 + [0.030, 0.050]  # a 10 ms median with two slow steps
-    raw = {
+def measured(times: list[float]) -> dict[str, object]:
+    return {
         "keras": [0.002, 0.002, 0.002],
         "tfsift_m1": [0.003] * 3,
         "tfsift_m": [0.0042] * 3,  # M=4: 1.2 ms more over 2 (M - 1) = 6 extra actions
@@ -37,9 +36,15 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
         ],
         "pipelines": {"simple": times},
     }
-    meta = {"date": "2026-11-26", "cores": 2, "commit": "abc", "load_start": 0.1,
-            "load_end": 0.2, "seconds": 60.0}  # fmt: skip
-    text = bench.render(raw, meta, bench.Settings())
+
+
+META = {"date": "2026-11-26", "cores": 2, "commit": "abc", "load_start": 0.1,
+        "load_end": 0.2, "seconds": 60.0}  # fmt: skip
+
+
+def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: ModuleType) -> None:
+    times = [0.010] * 98 + [0.030, 0.050]  # a 10 ms median with two slow steps
+    text = bench.render(measured(times), META, bench.Settings())
     assert "**200 us** (target: <= 150 us)" in text  # (4.2 - 3.0) ms / 6
     assert "against its Keras step, timed in turn with the row above): 100 us;" in text
     assert (
@@ -51,3 +56,10 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
     p99 = float(__import__("numpy").percentile(times, 99))
     assert f"p99 {p99 / 0.010:.2f}x the median (target <= 2x)" in text
     assert "| K=2, M=4, simple | 10.00 | 8.00 | 1.25 | 10.00 |" in text
+
+
+def test_the_ratio_is_to_the_step_the_start_up_plan_line_predicted(bench: ModuleType) -> None:
+    raw = measured([0.010] * 100) | {"startup_predicted": {"simple": 0.009}}
+    text = bench.render(raw, META, bench.Settings())
+    assert "| K=2, M=4, simple | 10.00 | 9.00 | 1.11 |" in text  # not the one process's 8 ms
+    assert "simple: measured 1.11x the prediction" in text

@@ -15,6 +15,7 @@ order); otherwise rank 0 warns what differs, solves again and overwrites the fil
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -28,7 +29,7 @@ import tensorflow as tf
 from partitioner.costs import format_bytes
 from tfsift.config import Config
 from tfsift.parallel import runtime
-from tfsift.parallel.comm import bcast_object
+from tfsift.parallel.comm import PipeComm, bcast_object, message_latency
 from tfsift.planning.graph import Graph
 from tfsift.planning.profiler import StageCall, profile
 
@@ -73,10 +74,17 @@ def plan_bounds(
     # Only rank 0 touches the plan file, and every rank takes the bounds (or the error)
     # from its broadcast: a rank that saw the file rank 0 had just written would skip the
     # broadcast and leave the others waiting in it.
+    # Rank 0's pipeline times a message between its stages 0 and 1 for the plan
+    latency = 0.0
+    if rt.replica == rt.topology.replica(0):
+        latency = message_latency(PipeComm(rt.pipe_comm), rt.stage)
     outcome: tuple[str, Any] | None = None
     if rt.rank == 0:
         try:
-            outcome = ("ok", rank0_bounds(graph, example, cfg, scoring, scoring_call, stage_call))
+            outcome = (
+                "ok",
+                rank0_bounds(graph, example, cfg, scoring, scoring_call, stage_call, latency),
+            )
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
     status, payload = bcast_object(rt.world, outcome)  # the others sleep while rank 0 profiles
@@ -92,9 +100,13 @@ def rank0_bounds(
     scoring: float = 0.0,
     scoring_call: Callable[[Graph, int], float] | None = None,
     stage_call: StageCall | None = None,
+    latency: float = 0.0,
 ) -> tuple[int, ...]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
+
+    ``latency``: the seconds a message between stages takes (``message_latency``), which
+    the simulator charges at every crossing of a stage boundary.
 
     Raises:
         ValueError: the plan file is not a plan, or no partition fits ``memory_cap``.
@@ -111,13 +123,16 @@ def rank0_bounds(
         _keep_for_run_log(plan, cfg)
         return plan.bounds
     log.info(
-        "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; "
+        "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; %s"
         "the other ranks wait",
         len(graph),
         cfg.profile_repeats,
         cfg.partitions,
+        f"a message between stages takes {_seconds(latency)}; " if latency > 0 else "",
     )
-    costs = profile(graph, example, cfg.profile_repeats, stage_call)
+    costs = dataclasses.replace(
+        profile(graph, example, cfg.profile_repeats, stage_call), latency=latency
+    )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
     call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
     plan = make_plan(

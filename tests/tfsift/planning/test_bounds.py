@@ -125,6 +125,24 @@ def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
     assert wrote == ("INFO", f"wrote the plan to {cfg.plan_file}")
 
 
+def test_rank0_charges_the_message_latency_at_every_stage_crossing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    graph, example = traced(), [tf.zeros((1, 3))]
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+    rank0_bounds(graph, example, config(tmp_path / "a"))  # the profile, cached for the next
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        rank0_bounds(graph, example, config(tmp_path / "b"), latency=0.002)
+    assert messages(caplog)[0] == ("INFO", "profiling 4 nodes on rank 0 (1 timed runs each) to "
+                                   "cut them into 2 stages; a message between stages takes 2 ms; "
+                                   "the other ranks wait")  # fmt: skip
+    plain, charged = (Plan.load(tmp_path / run / "plan.json") for run in ("a", "b"))
+    assert charged.bounds == plain.bounds
+    # the critical path crosses the boundary twice: activations forward, gradients back
+    assert charged.predicted_step_time == pytest.approx(plain.predicted_step_time + 2 * 0.002)
+
+
 def test_describe_counts_each_stages_weights() -> None:
     graph = traced()
     names = (("first",), ("middle", graph.nodes[2].name, "last"))
