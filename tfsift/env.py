@@ -23,7 +23,7 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: every rank of the host has a core of its own (``tfsift.parallel.watchdog``); default
 #: ``SPIN_US``, ``0`` never spins (several jobs sharing the cores, as the tests' pools do).
 TFSIFT_SPIN_US = "TFSIFT_SPIN_US"
-SPIN_US = 200.0
+SPIN_US = 1000.0
 
 #: Horovod's own watchdog (read by ``hvd.init``): seconds before it warns about, and before
 #: it shuts down on, a collective that some ranks never join. ``tfsift.init`` sets both from

@@ -75,7 +75,7 @@ def test_a_pipeline_spins_only_where_every_rank_of_its_host_has_a_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("TFSIFT_SPIN_US", raising=False)
-    assert watchdog.spin_for(2, 2) == 200e-6
+    assert watchdog.spin_for(2, 2) == 1000e-6
     assert watchdog.spin_for(4, 2) == 0.0  # oversubscribed: a spin takes a computing core
     assert watchdog.spin_for(1, None) == 0.0  # os.cpu_count() does not know
     monkeypatch.setenv("TFSIFT_SPIN_US", "50")
