@@ -12,8 +12,8 @@ slack (50 µs by default on Linux) and the wake-up, which an MLP's pipeline step
 ms paid a dozen times (``scripts/bench_small.py``); a pipeline spins where every
 rank of its host has a core of its own (``spin_for``; ``TFSIFT_SPIN_US``), for up to 1 ms:
 1F1B waits on its neighbour at every microbatch, for about an action of a small model,
-and with a spin of 200 µs those waits ended in a pause (that MLP's 1F1B step 7.3 ms
-against 6.4 ms with 1 ms or 5 ms, GPipe's 6.1 ms either way). After that, one
+and with a spin of 200 µs those waits ended in a pause (that MLP's 1F1B step 7.0 ms
+against 6.4 ms with 1 ms, GPipe's 6.1 and 6.0 ms; docs/failures.md). After that, one
 that arrives after a wait of ``t`` is seen at most ``t / 5`` or 250 µs late (plus that
 slack): a pipeline's waits are on its critical path, and longer pauses lengthen the step
 (pauses of up to 10 ms made the pipeline benchmark's fastest step slower, in a comparison
