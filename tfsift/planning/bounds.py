@@ -71,13 +71,15 @@ def plan_bounds(
         return (0, L)
     if not cfg.auto_partition:
         return manual_bounds(graph, placements, cfg.partitions, cfg.default_partition)
-    # Only rank 0 touches the plan file, and every rank takes the bounds (or the error)
-    # from its broadcast: a rank that saw the file rank 0 had just written would skip the
-    # broadcast and leave the others waiting in it.
-    # Rank 0's pipeline times a message between its stages 0 and 1 for the plan
+    # Rank 0's pipeline times a message between its stages 0 and 1 for the plan (about
+    # 10 ms), before rank 0 profiles: stage 1 cannot know whether rank 0 reuses a plan
+    # file, and after profiling it would wait in a receive bounded by the timeout.
     latency = 0.0
     if rt.replica == rt.topology.replica(0):
         latency = message_latency(PipeComm(rt.pipe_comm), rt.stage)
+    # Only rank 0 touches the plan file, and every rank takes the bounds (or the error)
+    # from its broadcast: a rank that saw the file rank 0 had just written would skip the
+    # broadcast and leave the others waiting in it.
     outcome: tuple[str, Any] | None = None
     if rt.rank == 0:
         try:
