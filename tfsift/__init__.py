@@ -18,6 +18,7 @@ _env.set_default(_env.OMPI_MCA_MPI_YIELD_WHEN_IDLE, "1")
 if TYPE_CHECKING:
     from tfsift.checkpoint import CheckpointManager, load_weights, save_model
     from tfsift.model import DistributedModel
+    from tfsift.parallel.arrays import from_arrays
     from tfsift.parallel.collectives import allreduce, broadcast_variables
     from tfsift.parallel.ranks import (
         dp_process_set,
@@ -50,6 +51,7 @@ _EXPORTS = {
     "dp_process_set": "tfsift.parallel.ranks",
     "dp_rank": "tfsift.parallel.ranks",
     "dp_size": "tfsift.parallel.ranks",
+    "from_arrays": "tfsift.parallel.arrays",
     "gradients": "tfsift.pipeline.context",
     "init": "tfsift.parallel.ranks",
     "load_weights": "tfsift.checkpoint",
@@ -79,6 +81,7 @@ __all__ = [
     "dp_process_set",
     "dp_rank",
     "dp_size",
+    "from_arrays",
     "gradients",
     "init",
     "load_weights",

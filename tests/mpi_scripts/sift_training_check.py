@@ -1,7 +1,8 @@
 """Every rank: sift by the losses of the training pass (scores="training"); report the table.
 
 usage: sift_training_check.py K POLICY [POLICY ...]
-  K stages; the other ranks are replicas. POLICY "relative" or "infobatch": each runs in
+  K stages; the other ranks are replicas. POLICY "relative", "infobatch" or
+  "infobatch_rows" (InfoBatch on tfsift.from_arrays, planned by row): each runs in
   turn in this one job (a new model from the same seed), reported in order. Three epochs
   of a dataset shuffled before it is sharded, so that a sample trained on one replica
   comes to another the next epoch. Each rank reports the batches it yielded, the losses
@@ -64,9 +65,12 @@ def count_scorer_calls() -> list[int]:
     return calls
 
 
-def table_by_id(cache: ScoreCache) -> dict[int, list[float]]:
-    """The score table as {sample id: [loss, epoch]}, from the samples' fingerprints."""
-    keys = ScoreCache(1).fingerprints(list(data()))  # the projection the sifter's uses
+def table_by_id(cache: ScoreCache, by_row: bool) -> dict[int, list[float]]:
+    """The score table as {sample id: [loss, epoch]}, from the samples' fingerprints (or
+    rows, which are the ids)."""
+    keys = np.arange(N, dtype=np.float64)
+    if not by_row:
+        keys = ScoreCache(1).fingerprints(list(data()))  # the projection the sifter's uses
     state = cache.state()
     at = {float(k): i for i, k in enumerate(state["keys"])}
     return {
@@ -86,8 +90,16 @@ def run_case(policy: str, calls: list[int]) -> dict[str, Any]:
     calls[0] = 0
     keras.utils.set_random_seed(SEED)
     model = Net()
-    shuffled = tf.data.Dataset.from_tensor_slices(data()).shuffle(N, seed=SEED)
-    source = tfsift.shard(shuffled).batch(B, drop_remainder=True)
+    gathered: list[int] = []  # the rows a from_arrays source read
+    by_row = policy == "infobatch_rows"
+    if by_row:
+        source = tfsift.from_arrays(data(), B, seed=SEED)
+        gather = source.gather
+        source.gather = lambda rows: (gathered.extend(rows.tolist()), gather(rows))[1]
+        policy = "infobatch"
+    else:
+        shuffled = tf.data.Dataset.from_tensor_slices(data()).shuffle(N, seed=SEED)
+        source = tfsift.shard(shuffled).batch(B, drop_remainder=True)
     fields: dict[str, Any] = {"policy": policy, "scores": "training", "stale": 1, "seed": SEED}
     if policy == "infobatch":
         fields.update(stale=EPOCHS, epochs=EPOCHS, anneal=0.0, rescale="unbiased")
@@ -116,8 +128,8 @@ def run_case(policy: str, calls: list[int]) -> dict[str, Any]:
             values = losses.concat().numpy().tolist()
             recorded += [(i, v, epoch) for i, v in zip(ids(xb), values, strict=True)]
     sifter = train.sifter
-    assert sifter.cache is not None and sifter.recorder is not None
-    sifter.recorder.merge(sifter._replicas())  # the last epoch's records (collective)
+    assert sifter.recorder is not None
+    sifter.recorder.merge(sifter._group)  # the last epoch's records (collective)
     policy_state = sifter.policy.state()
     return dict(
         rank=tfsift.rank(),
@@ -125,7 +137,8 @@ def run_case(policy: str, calls: list[int]) -> dict[str, Any]:
         replica=tfsift.dp_rank(),
         batches=batches,
         recorded=recorded,
-        table=table_by_id(sifter.cache),
+        table=table_by_id(sifter.recorder.cache, by_row),
+        gathered=gathered,
         policy={k: np.asarray(v).tolist() for k, v in _flat(policy_state).items()},
         scorer_calls=calls[0],
         metrics={k: v for k, v in tfsift.sift_metrics().items() if isinstance(v, (int, float))},

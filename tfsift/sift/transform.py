@@ -40,9 +40,12 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel import runtime
+from tfsift.parallel.arrays import ArrayDataset
 from tfsift.sift.buffer import SampleBuffer
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.early_exit import EarlyExitScorer
+from tfsift.sift.elements import sifted_spec, with_weights
+from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
 from tfsift.sift.infobatch import InfoBatchPolicy
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
@@ -119,6 +122,8 @@ def sift(
                 "that the loop iterates once per epoch (no .repeat()). Received: a dataset of "
                 "infinite cardinality"
             )
+        if isinstance(dataset, ArrayDataset) and config.policy == "infobatch":
+            return IndexedSiftedDataset(IndexedSifter(dataset, config))  # pruned rows unread
         return SiftedDataset(Sifter(dataset.element_spec, scorer, config), dataset)
 
     return apply
@@ -229,7 +234,17 @@ class Sifter:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restores ``state()``; the next epoch resumes the saved one where it stopped."""
+        """Restores ``state()``; the next epoch resumes the saved one where it stopped.
+
+        Raises:
+            ValueError: the state of a dataset sifted by row (``tfsift.from_arrays``).
+        """
+        if state.get("kind") == ROWS:
+            raise ValueError(
+                "this sifting state was saved by another kind of sifted dataset: restore it "
+                "into one made as it was (tfsift.from_arrays, with policy='infobatch'). "
+                "Received: the state of a dataset sifted by row"
+            )
         self.policy.load_state(state["policy"])
         self.rounds, self.batches_read = int(state["rounds"]), int(state["batches_read"])
         self.batch_size = state["batch_size"]
@@ -508,7 +523,7 @@ class Sifter:
         self.metrics.batches_yielded += 1
         if self._log is not None:
             self._log.write(self.metrics)
-        return _with_weights(element, probs, self.config.rescale)
+        return with_weights(element, probs, self.config.rescale)
 
     def _drain(self, buffer: SampleBuffer, group: ReplicaGroup) -> Iterator[Element]:
         """The end of an epoch: the full batches every replica has, then the remainder."""
@@ -556,17 +571,7 @@ class Sifter:
 
     def output_signature(self) -> Any:
         """The sifted elements' spec: the source's with an unknown batch size (+ weight)."""
-        spec = tree.map_structure(
-            lambda s: tf.TensorSpec((None, *s.shape[1:]), s.dtype), self.element_spec
-        )
-        weight = tf.TensorSpec((None,), tf.float32)
-        if self.config.rescale is None:
-            return spec
-        if isinstance(spec, tuple):
-            return (*spec, weight)
-        if isinstance(spec, dict):
-            return {**spec, "sample_weight": weight}
-        return (spec, weight)
+        return sifted_spec(self.element_spec, self.config.rescale)
 
 
 class SiftedDataset(tf.data.Dataset):  # type: ignore[misc]
@@ -672,16 +677,3 @@ def _positions_in(scored: np.ndarray, kept: np.ndarray, n: int) -> np.ndarray:
     rows: np.ndarray = where[kept]
     kept_rows: np.ndarray = rows[rows >= 0]
     return kept_rows
-
-
-def _with_weights(element: Element, probs: np.ndarray, rescale: str | None) -> Element:
-    if rescale is None:
-        return element
-    weights = (1.0 / probs).astype(np.float32)
-    if rescale == "normalized":
-        weights = weights / weights.mean()
-    if isinstance(element, tuple):
-        return (*element, weights)
-    if isinstance(element, dict):
-        return {**element, "sample_weight": weights}
-    return (element, weights)

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
+from tfsift.parallel.arrays import from_arrays
 from tfsift.parallel.shard import shard
 
 if TYPE_CHECKING:
@@ -44,12 +45,15 @@ def training_data(
     shuffle: bool,
     *,
     ranks: Sequence[int] = (),
+    by_row: bool = False,
 ) -> tf.data.Dataset:
     """A dataset as it is (checked), or arrays made into this replica's shard of batches.
 
     Arrays are sharded over the replicas (``tfsift.shard``) and batched with
     ``drop_remainder=True``, so up to a batch per replica is left out of an epoch.
-    ``ranks`` are the model's ``input_ranks``, for ``checked``.
+    ``ranks`` are the model's ``input_ranks``, for ``checked``. ``by_row``: arrays become
+    ``tfsift.from_arrays`` (batches gathered by row, so InfoBatch never reads a pruned
+    sample).
     """
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
@@ -60,9 +64,11 @@ def training_data(
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
+    batch = batch_size or DEFAULT_BATCH
+    if by_row:
+        return checked(from_arrays(elements, batch, shuffle=shuffle), M, what)
     n = len(tree.flatten(x)[0])
     dataset = shard(tf.data.Dataset.from_tensor_slices(elements), n if shuffle else 0)
-    batch = batch_size or DEFAULT_BATCH
     return checked(dataset.batch(batch, drop_remainder=True), M, what)
 
 

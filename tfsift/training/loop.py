@@ -66,7 +66,10 @@ def fit(
             (x, y, sample_weight), validation_data = data.split(
                 x, y, sample_weight, validation_split
             )
-    train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
+    by_row = sift is not None and sift.policy == "infobatch"  # pruned rows are never read
+    train = data.training_data(
+        x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks, by_row=by_row
+    )
     if class_weight is not None:
         if sift is not None:
             raise ValueError(

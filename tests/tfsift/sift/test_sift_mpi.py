@@ -339,15 +339,16 @@ def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
 
 
 @pytest.mark.xdist_group("sift_training_check_2x2")
-@pytest.mark.parametrize("policy", ["relative", "infobatch"])
+@pytest.mark.parametrize("policy", ["relative", "infobatch", "infobatch_rows"])
 def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
     policy: str,
 ) -> None:
     # 2 stages x 2 replicas, sifting by the losses the steps recorded; the data is
     # shuffled before it is sharded, so a sample moves between replicas across epochs.
     # One table and one policy state (relative's history, InfoBatch's epoch plan) on
-    # every rank make every rank decide alike
-    policies = ["relative", "infobatch"]  # one job runs both
+    # every rank make every rank decide alike. infobatch_rows: InfoBatch planned by row
+    # on tfsift.from_arrays, which never reads a pruned sample
+    policies = ["relative", "infobatch", "infobatch_rows"]  # one job runs all three
     got = mpi.shared_reports(4, "sift_training_check.py", "2", *policies, timeout=300)
     ranks = [rep["cases"][policies.index(policy)] for rep in got.values()]
     assert sorted((r["stage"], r["replica"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -372,3 +373,10 @@ def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
         i for r in ranks if r["replica"] == 1 for i, *_ in r["recorded"]
     }
     assert moved  # samples trained on both replicas over the epochs
+    if policy == "infobatch_rows":
+        pruned = {round(k) for k in ranks[0]["policy"]["pruned"]}  # the last epoch's plan
+        for r in ranks:  # every row read was yielded: a pruned one is never read
+            assert r["gathered"] == [i for epoch in r["batches"] for b in epoch for i in b]
+            assert not pruned & {i for b in r["batches"][-1] for i in b}
+        last_epoch = [{i for b in r["batches"][-1] for i in b} for r in ranks if r["stage"] == 0]
+        assert not last_epoch[0] & last_epoch[1] and pruned  # replicas: disjoint rows

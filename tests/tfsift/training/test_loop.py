@@ -142,6 +142,30 @@ def test_fit_with_training_scores_hands_each_steps_losses_back_and_scores_nothin
     assert metrics["kept_fraction"] < 1.0
 
 
+def test_fit_with_infobatch_on_arrays_plans_by_row_and_never_reads_a_pruned_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tfsift.parallel.arrays import ArrayDataset
+
+    read: list[int] = []
+    gather = ArrayDataset.gather
+    monkeypatch.setattr(
+        ArrayDataset,
+        "gather",
+        lambda self, rows: (read.extend(rows.tolist()), gather(self, rows))[1],
+    )
+    model = compiled_model()
+    config = tfsift.SiftConfig(
+        policy="infobatch", scores="training", stale=3, epochs=3, anneal=0.0, rescale="unbiased"
+    )
+    x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
+    model.fit(x, y, batch_size=B, epochs=3, verbose=0, sift=config)
+    metrics = tfsift.sift_metrics()
+    assert metrics["samples_scored"] == 0 and metrics["samples_reused"] == 2 * N
+    assert metrics["policy/pruned"] > 0 and metrics["samples_kept"] < 3 * N
+    assert len(read) == metrics["samples_kept"]  # the rows read are the rows trained
+
+
 def test_a_batch_not_divisible_by_microbatches_fails_before_training() -> None:
     model = compiled_model(microbatches=3)
     with pytest.raises(ValueError) as err:

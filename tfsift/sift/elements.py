@@ -1,0 +1,38 @@
+"""Sifted elements: the source's structure, with the importance weights ``rescale`` adds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from keras import tree
+
+
+def with_weights(element: Any, probs: np.ndarray, rescale: str | None) -> Any:
+    """``element`` with the importance weights 1 / ``probs`` added (``rescale``): a third
+    tuple element, a ``"sample_weight"`` key, or a pair; unchanged without ``rescale``."""
+    if rescale is None:
+        return element
+    weights = (1.0 / probs).astype(np.float32)
+    if rescale == "normalized":
+        weights = weights / weights.mean()
+    if isinstance(element, tuple):
+        return (*element, weights)
+    if isinstance(element, dict):
+        return {**element, "sample_weight": weights}
+    return (element, weights)
+
+
+def sifted_spec(spec: Any, rescale: str | None) -> Any:
+    """The spec of sifted elements of ``spec``: an unknown batch size (a partial last
+    batch is possible), and with ``rescale`` the weights ``with_weights`` adds."""
+    spec = tree.map_structure(lambda s: tf.TensorSpec((None, *s.shape[1:]), s.dtype), spec)
+    weight = tf.TensorSpec((None,), tf.float32)
+    if rescale is None:
+        return spec
+    if isinstance(spec, tuple):
+        return (*spec, weight)
+    if isinstance(spec, dict):
+        return {**spec, "sample_weight": weight}
+    return (spec, weight)

@@ -1,0 +1,203 @@
+"""InfoBatch by row: a pruned sample is left out of the epoch's order and never read.
+
+``tfsift.sift`` of a ``tfsift.from_arrays`` dataset with ``policy="infobatch"``. The
+streaming transform (``tfsift.sift.transform``) sees samples after the input pipeline's
+shuffle and batch, so each pruned sample is still read, fingerprinted and dropped: on a
+small model that reading costs about as much as the training it saves. InfoBatch
+decides once per epoch, so here the epoch is planned whole, by row, as the reference
+implementation's sampler does (``IBSampler``)::
+
+    epoch start: merge the records (allgather) ─► plan from the score table (InfoBatch)
+                 ─► the kept rows, permuted and dealt to the replicas ─► batches of B
+    each batch:  gather its rows (NumPy) ─► yield ─► training step ─► record(losses)
+
+The plan, the permutation and the deal are the same on every rank (one seed, one table),
+so every replica yields ``kept // R // B`` batches with no agreement per batch, and a
+pipeline's ranks yield the same batches. The score table is the streaming path's
+(``ScoreCache`` and ``Recorder``), keyed by row instead of by content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from keras import tree
+
+from tfsift.parallel import runtime
+from tfsift.parallel.arrays import ArrayDataset
+from tfsift.sift.config import SiftConfig
+from tfsift.sift.elements import sifted_spec, with_weights
+from tfsift.sift.infobatch import InfoBatchPolicy
+from tfsift.sift.metrics import ScalarLog, SiftMetrics
+from tfsift.sift.recorder import Recorder
+from tfsift.sift.replicas import ReplicaGroup
+from tfsift.sift.stale import ScoreCache
+from tfsift.state import STATE
+
+ROWS = "rows"  # marks a saved state as this sifter's, not the streaming one's
+
+
+class IndexedSifter:
+    """The state of an InfoBatch-sifted ``from_arrays`` dataset: score table, plan, epoch."""
+
+    def __init__(self, source: ArrayDataset, config: SiftConfig) -> None:
+        assert config.epochs is not None and config.policy == "infobatch"  # SiftConfig checks
+        rt = runtime.get()
+        self.source, self.config, self.M = source, config, rt.config.microbatches
+        self.batch_size = source.batch_size
+        self.policy = InfoBatchPolicy(config.prune, config.anneal, config.epochs, config.seed)
+        self.recorder = Recorder(ScoreCache(config.stale))
+        self.metrics = SiftMetrics()
+        self.rows = np.arange(source.rows, dtype=np.float64)  # every sample's key: its row
+        self.batches_read = 0  # over all epochs: counts the delay
+        self.position = 0  # batches yielded in the current epoch
+        self._resume: int | None = None
+        self._group: ReplicaGroup | None = None
+        log_dir = config.log_dir or rt.config.log_dir
+        self._log = ScalarLog(log_dir) if log_dir and rt.rank == 0 else None
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly from the last batch yielded."""
+        return {
+            "kind": ROWS,
+            "policy": self.policy.state(),
+            "batches_read": self.batches_read,
+            "position": self.position,
+            "rows": self.source.rows,
+            "batch_size": self.batch_size,
+            "metrics": dataclasses.asdict(self.metrics),
+            "cache": self.recorder.cache.state(),
+            "recorder": self.recorder.state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores ``state()``; the next epoch resumes the saved one where it stopped.
+
+        Raises:
+            ValueError: a state of a streaming sifted dataset, or of other arrays.
+        """
+        if state.get("kind") != ROWS or int(state["rows"]) != self.source.rows:
+            received = (
+                "a dataset sifted as it streams"
+                if state.get("kind") != ROWS
+                else f"arrays of {int(state['rows'])} rows"
+            )
+            raise ValueError(
+                "this sifting state was saved by another kind of sifted dataset: restore it "
+                f"into one made as it was (from_arrays of {self.source.rows} rows, with "
+                f"policy='infobatch'). Received: the state of {received}"
+            )
+        self.policy.load_state(state["policy"])
+        self.batches_read = int(state["batches_read"])
+        self.metrics = SiftMetrics(**state["metrics"])
+        self.recorder.cache.load_state(state["cache"])
+        self.recorder.load_state(state["recorder"])
+        self._resume = int(state["position"])
+
+    def start_next_epoch(self) -> None:
+        """After ``load_state`` of a state saved at an epoch's end: the next pass starts
+        a new epoch instead of resuming the saved one."""
+        self._resume = None
+
+    def epoch(self) -> Iterator[Any]:
+        """One epoch: this replica's batches of the kept rows, as NumPy elements (with
+        the weights); after ``load_state``, the rest of the saved epoch."""
+        STATE.sift_metrics = self.metrics
+        resume, self._resume = self._resume, None
+        if resume is None:
+            self.metrics.epochs += 1
+            self._begin_epoch()
+        rows, probs = self._order()
+        bounds = self._bounds(len(rows))
+        self.position = resume or 0
+        while self.position < len(bounds) - 1:
+            lo, hi = bounds[self.position], bounds[self.position + 1]
+            self.position += 1
+            yield self._emit(rows[lo:hi], probs[lo:hi])
+        if self._log is not None:
+            self._log.flush()
+
+    def record(self, losses: Any) -> None:
+        """Takes the per-sample losses of the batch yielded last."""
+        self.recorder.record(losses, self.metrics.epochs)
+
+    def _begin_epoch(self) -> None:
+        """Merges the last epoch's records over the replicas and draws this epoch's plan;
+        no epoch prunes before ``delay`` batches have been trained."""
+        if self._group is None:
+            self._group = ReplicaGroup(runtime.get())
+        self.recorder.merge(self._group)
+        epoch = self.metrics.epochs
+        keys, scores = self.recorder.cache.table(epoch)
+        delayed = self.batches_read < self.config.delay
+        self.policy.begin_epoch(1 if delayed else epoch, keys, scores)  # epoch 1 never prunes
+        # this replica's share of the epoch's candidates (the plan is over all of them)
+        R, scored = self.source.replicas, int(np.isfinite(scores).sum())
+        self.metrics.samples_seen += self.source.share
+        self.metrics.samples_reused += scored // R
+        self.metrics.samples_unscored += (self.source.rows - scored) // R
+        self.metrics.policy = self.policy.metrics()
+
+    def _order(self) -> tuple[np.ndarray, np.ndarray]:
+        """This replica's kept rows of the epoch in order, and their keep probabilities."""
+        kept = self.policy.select_keys(self.rows)
+        probs = np.ones(self.source.rows)
+        probs[kept.indices] = kept.probs
+        rows = self.source.order(self.metrics.epochs, kept.indices)
+        return rows, probs[rows]
+
+    def _bounds(self, n: int) -> list[int]:
+        """Where the epoch's batches of ``n`` rows start and end: full batches of B, then
+        (``drop_remainder=False``) what is left, cut to whole microbatches."""
+        B = self.batch_size
+        bounds = list(range(0, n - n % B + 1, B))
+        left = n % B - n % B % self.M
+        if not self.config.drop_remainder and left > 0:
+            bounds.append(bounds[-1] + left)
+        return bounds
+
+    def _emit(self, rows: np.ndarray, probs: np.ndarray) -> Any:
+        self.recorder.yielded(rows.astype(np.float64))
+        self.batches_read += 1
+        self.metrics.batches_yielded += 1
+        self.metrics.samples_kept += len(rows)
+        if self._log is not None:
+            self._log.write(self.metrics)
+        return with_weights(self.source.gather(rows), probs, self.config.rescale)
+
+
+class IndexedSiftedDataset(tf.data.Dataset):  # type: ignore[misc]
+    """The dataset ``tfsift.sift`` returns for a ``from_arrays`` source with InfoBatch:
+    iterated in Python it gathers each batch's rows with NumPy; tf.data, ``fit`` and
+    ``tf.function`` read the same batches through ``from_generator``."""
+
+    def __init__(self, sifter: IndexedSifter) -> None:
+        self.sifter = sifter
+        spec = sifted_spec(sifter.source.element_spec, sifter.config.rescale)
+        graph = tf.data.Dataset.from_generator(sifter.epoch, output_signature=spec)
+        self._tfsift_graph = graph
+        super().__init__(tf.data.experimental.to_variant(graph))
+
+    def _inputs(self) -> list[tf.data.Dataset]:
+        return []
+
+    @property
+    def element_spec(self) -> Any:
+        return self._tfsift_graph.element_spec
+
+    def __iter__(self) -> Iterator[Any]:
+        for element in self.sifter.epoch():
+            yield tree.map_structure(tf.convert_to_tensor, element)
+
+    def record(self, losses: Any) -> None:
+        """Hands back the per-sample losses of the batch this dataset yielded last
+        (see ``SiftedDataset.record``)."""
+        self.sifter.record(losses)
+
+    def prefetch(self, buffer_size: Any, name: str | None = None) -> IndexedSiftedDataset:
+        """The dataset itself: its batches are gathered when asked for, from memory."""
+        return self
