@@ -235,9 +235,14 @@ class Run:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
 
     def dataset(self) -> tf.data.Dataset:
-        source = tf.data.Dataset.from_tensor_slices((self.x, self.y))
-        source = tfsift.shard(source, len(self.x), self.job["seed"])
-        train = source.batch(self.task["batch"], drop_remainder=True).prefetch(2)
+        B, seed = self.task["batch"], self.job["seed"]
+        if self.method.get("source") == "arrays":  # batches gathered by row
+            train = tfsift.from_arrays((self.x, self.y), B, seed=seed)
+        else:
+            source = tfsift.shard(
+                tf.data.Dataset.from_tensor_slices((self.x, self.y)), len(self.x), seed
+            )
+            train = source.batch(B, drop_remainder=True).prefetch(2)
         if self.method["policy"] == "none":
             return train
         self.sifted = train.apply(tfsift.sift(self.model, self.loss, self.sift_config()))

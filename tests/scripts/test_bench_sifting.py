@@ -247,10 +247,18 @@ def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts
     assert order == [(s, name, k) for s in (0, 1, 2) for name, k in per_seed]
     for j in jobs:
         assert j["fixed_epochs"] is True
-        assert [m["name"] for m in j["methods"]] == ["none", "infobatch", "none-again"]
+        names = [m["name"] for m in j["methods"]]
+        assert names == ["none", "infobatch", "none-tf.data", "none-again"]
+        # every run on from_arrays, but one no-sifting run on the tf.data input
+        assert [m["source"] for m in j["methods"]] == ["arrays", "arrays", "tf.data", "arrays"]
     epochs = {t.name: t.epochs for t in settings.tasks}
     assert epochs == {t.name: 2 * t.epochs for t in bench.TASKS}
     assert bench.FULL.job(bench.TASKS[0], 0, bench.METHODS, 1, 1)["fixed_epochs"] is False
+    settings_of = [bench.Method(**m).setting() for m in jobs[0]["methods"]]
+    assert settings_of[2:] == [
+        "no sifting, tf.data input (shard, shuffle, batch)",
+        "no sifting, again after the others, from_arrays",
+    ]
 
 
 def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType) -> None:
