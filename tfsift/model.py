@@ -302,8 +302,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
         Args:
             x: a dataset of ``(x, y)`` or ``(x, y, sample_weight)`` batches, each
-                divisible by ``microbatches``; or input arrays, sharded over the replicas
-                and batched (``batch_size``, default 32) with ``drop_remainder=True``.
+                divisible by ``microbatches``; or input arrays, read as
+                ``tfsift.from_arrays`` does (permuted each epoch unless ``shuffle=False``,
+                dealt to the replicas, batches of ``batch_size``, default 32, gathered by
+                row; the last partial batch is left out).
             y: the targets, with input arrays.
             **kwargs: Keras' ``fit`` arguments, all of them: ``batch_size``, ``shuffle``,
                 ``sample_weight`` and ``validation_split`` (the last samples, with arrays),

@@ -64,6 +64,15 @@ def forward_backward(x, y):
     loss = tf.reduce_mean(per_sample_loss(y, model(x, training=True)))
     return tfsift.gradients(loss, model.trainable_variables), loss
 """
+# the from_arrays block's "same loop": its epochs, the third pruned by row
+FROM_ARRAYS_EPOCHS = """
+for epoch in range(N):
+    for x, y, w in train:
+        grads, losses = weighted_step(x, y, w)
+        train.record(losses)
+        optimizer.apply_gradients(zip(tfsift.allreduce(grads), model.trainable_variables))
+by_row = type(train).__name__, tfsift.sift_metrics()["policy/pruned"]
+"""
 DENSE_MODEL = """
 class MyModel(tfsift.DistributedModel):
     def __init__(self):
@@ -159,7 +168,10 @@ PLACED = [name for name in ("body", "head") if held & {id(v) for v in getattr(tw
         ("block", 1),  # relative on training scores
         ("code", "N = 3\n" + WEIGHTED_STEP),
         ("block", 2),  # infobatch
-        ("block", 3),  # importance weights in the loss
+        ("code", "x_train, y_train = (np.stack([t.numpy() for t in a]) for a in zip(*dataset))"),
+        ("block", 3),  # infobatch on tfsift.from_arrays
+        ("code", FROM_ARRAYS_EPOCHS),
+        ("block", 4),  # importance weights in the loss
     ],
 }
 
@@ -172,7 +184,8 @@ FINDINGS: dict[str, str] = {
     "'predictions': list(map(int, model.predict(x, verbose=0).shape))}",
     "migrating.md": "{'placed': PLACED, 'merged': list(map(int, predictions.shape)), "
     "'start': start}",
-    "sifting.md": "{'loss': float(loss.reduce_mean()), 'sifted': sorted(tfsift.sift_metrics())}",
+    "sifting.md": "{'loss': float(loss.reduce_mean()), 'sifted': sorted(tfsift.sift_metrics()), "
+    "'by_row': by_row}",
 }
 
 

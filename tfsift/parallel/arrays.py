@@ -35,15 +35,17 @@ class ArrayDataset(tf.data.Dataset):  # type: ignore[misc]
     ds``) it gathers batches with NumPy; any tf.data transformation of it, ``fit`` or
     ``tf.function`` reads the same batches through ``from_generator``."""
 
-    def __init__(self, data: Any, batch_size: int, shuffle: bool, seed: int) -> None:
+    def __init__(
+        self, data: Any, batch_size: int, shuffle: bool, seed: int, what: str = "from_arrays"
+    ) -> None:
         rt = runtime.get()
         self.data = tree.map_structure(np.asarray, data)
         self.leaves: list[np.ndarray] = tree.flatten(self.data)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.replicas, self.replica = rt.topology.replicas, rt.replica
-        self.rows = _rows(self.leaves)
+        self.rows = _rows(self.leaves, what)
         self.share = self.rows // self.replicas  # rows per replica and epoch
-        _check_batching(batch_size, self.share, rt.config.microbatches, self.replicas)
+        _check_batching(batch_size, self.share, rt.config.microbatches, self.replicas, what)
         self.epochs = 0  # epochs begun
         spec = tree.map_structure(
             lambda a: tf.TensorSpec((batch_size, *a.shape[1:]), tf.as_dtype(a.dtype)), self.data
@@ -120,24 +122,24 @@ def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int =
     return ArrayDataset(data, int(batch_size), bool(shuffle), int(seed))
 
 
-def _rows(leaves: list[np.ndarray]) -> int:
+def _rows(leaves: list[np.ndarray], what: str) -> int:
     lengths = [len(leaf) if leaf.ndim else None for leaf in leaves]
     if not leaves or None in lengths or len(set(lengths)) != 1:
         raise ValueError(
-            "from_arrays needs arrays with one sample per row, all with the same number of "
+            f"{what} needs arrays with one sample per row, all with the same number of "
             f"rows. Received: {'no arrays' if not leaves else f'row counts {lengths}'}"
         )
     return int(lengths[0] or 0)
 
 
-def _check_batching(B: int, share: int, M: int, replicas: int) -> None:
+def _check_batching(B: int, share: int, M: int, replicas: int, what: str) -> None:
     if B < 1 or B % M:
         raise ValueError(
-            f"from_arrays: batch_size must be a positive multiple of microbatches={M}, since "
+            f"{what}: batch_size must be a positive multiple of microbatches={M}, since "
             f"every batch splits into {M} microbatches. Received: batch_size={B}"
         )
     if share < B:
         raise ValueError(
-            f"from_arrays: each of the {replicas} replica(s) gets {share} rows per epoch, "
+            f"{what}: each of the {replicas} replica(s) gets {share} rows per epoch, "
             f"fewer than one batch. Received: batch_size={B}"
         )

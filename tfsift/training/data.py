@@ -10,8 +10,7 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
-from tfsift.parallel.arrays import from_arrays
-from tfsift.parallel.shard import shard
+from tfsift.parallel.arrays import ArrayDataset
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
@@ -45,15 +44,15 @@ def training_data(
     shuffle: bool,
     *,
     ranks: Sequence[int] = (),
-    by_row: bool = False,
 ) -> tf.data.Dataset:
     """A dataset as it is (checked), or arrays made into this replica's shard of batches.
 
-    Arrays are sharded over the replicas (``tfsift.shard``) and batched with
-    ``drop_remainder=True``, so up to a batch per replica is left out of an epoch.
-    ``ranks`` are the model's ``input_ranks``, for ``checked``. ``by_row``: arrays become
-    ``tfsift.from_arrays`` (batches gathered by row, so InfoBatch never reads a pruned
-    sample).
+    Arrays become ``tfsift.from_arrays``: each batch one NumPy gather per array (through
+    tf.data's shuffle and batch, sample by sample, the input cost a small model as much
+    as a third of its step: ``scripts/bench_sifting.py --epochs``), and InfoBatch never
+    reads a pruned row. Batches are whole (``drop_remainder``), so up to a batch per
+    replica is left out of an epoch. ``ranks`` are the model's ``input_ranks``, for
+    ``checked``.
     """
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
@@ -64,12 +63,7 @@ def training_data(
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
-    batch = batch_size or DEFAULT_BATCH
-    if by_row:
-        return checked(from_arrays(elements, batch, shuffle=shuffle), M, what)
-    n = len(tree.flatten(x)[0])
-    dataset = shard(tf.data.Dataset.from_tensor_slices(elements), n if shuffle else 0)
-    return checked(dataset.batch(batch, drop_remainder=True), M, what)
+    return checked(ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what), M, what)
 
 
 def split(x: Any, y: Any, sample_weight: Any, fraction: float) -> tuple[tuple[Any, ...], Any]:

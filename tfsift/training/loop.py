@@ -66,10 +66,7 @@ def fit(
             (x, y, sample_weight), validation_data = data.split(
                 x, y, sample_weight, validation_split
             )
-    by_row = sift is not None and sift.policy == "infobatch"  # pruned rows are never read
-    train = data.training_data(
-        x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks, by_row=by_row
-    )
+    train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
     if class_weight is not None:
         if sift is not None:
             raise ValueError(

@@ -110,3 +110,25 @@ def test_batching_is_read_through_transformations_that_keep_every_batch(
     dataset: tf.data.Dataset, sizes: tuple[int, int] | None
 ) -> None:
     assert data.batching(dataset) == sizes
+
+
+def test_fit_reads_arrays_by_row_and_names_itself_in_their_errors() -> None:
+    import tfsift
+    from tfsift.parallel.arrays import ArrayDataset
+
+    tfsift.init({"microbatches": 2})
+    train = data.training_data(X, X[:, 0], None, 4, 2, "fit", shuffle=False)
+    assert isinstance(train, ArrayDataset)
+    assert [x.numpy()[:, 0].tolist() for x, _ in train] == [[0, 2, 4, 6], [8, 10, 12, 14]]
+    with pytest.raises(ValueError) as err:
+        data.training_data(X, X[:9], None, 4, 2, "fit", shuffle=True)
+    assert str(err.value) == (
+        "fit needs arrays with one sample per row, all with the same number of rows. "
+        "Received: row counts [10, 9]"
+    )
+    with pytest.raises(ValueError) as err:
+        data.training_data(X, X, None, 3, 2, "fit", shuffle=True)
+    assert str(err.value) == (
+        "fit: batch_size must be a positive multiple of microbatches=2, since every batch "
+        "splits into 2 microbatches. Received: batch_size=3"
+    )
