@@ -135,6 +135,43 @@ def test_a_sifted_run_resumes_from_the_last_batch_it_yielded(tmp_path: Path, sco
     assert_equal(resumed.state(), whole.state())
 
 
+def test_an_infobatch_run_on_from_arrays_resumes_mid_epoch_with_its_plan(tmp_path: Path) -> None:
+    config = tfsift.SiftConfig(
+        policy="infobatch", scores="training", stale=3, epochs=3, anneal=0.0, seed=5,
+        rescale="unbiased",
+    )  # fmt: skip
+
+    def run(directory: Path) -> Run:
+        r = Run(directory)
+        r.train = tfsift.from_arrays(samples(), B, seed=2).apply(tfsift.sift(config=config))
+        r.ckpt = tfsift.CheckpointManager(r.model, r.optimizer, directory, sift=r.train)
+        return r
+
+    def fit(r: Run, steps: int) -> list[list[int]]:
+        def epochs() -> Any:
+            while True:
+                yield from r.train
+
+        seen = []
+        for _, (x, y, _) in zip(range(steps), epochs(), strict=False):
+            r.fit_one(x, y)
+            seen.append([round(float(v) * 1000) for v in np.asarray(x)[:, 0]])
+            r.train.record(np.array([(i * 37) % 101 / 10 for i in seen[-1]]))
+        return seen
+
+    whole = run(tmp_path / "whole")
+    want = fit(whole, 20)  # the 12 batches of epoch 1, then 8 of the pruned epoch 2
+    first = run(tmp_path / "ckpt")
+    got = fit(first, 15)
+    first.ckpt.save(14)
+    resumed = run(tmp_path / "ckpt")
+    assert resumed.ckpt.restore() == 15
+    got += fit(resumed, 5)
+    assert got == want
+    assert resumed.train.sifter.policy.metrics()["pruned"] > 0  # restored inside epoch 2's plan
+    assert_equal(resumed.state(), whole.state())
+
+
 def test_no_checkpoint_restores_nothing(tmp_path: Path) -> None:
     run = Run(tmp_path / "none")
     assert run.ckpt.restore() is None and run.ckpt.latest() is None
