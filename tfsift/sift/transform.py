@@ -190,6 +190,7 @@ class Sifter:
     def __init__(self, element_spec: Any, scorer: Scorer, config: SiftConfig) -> None:
         rt = runtime.get()
         self.config, self.scorer = config, scorer
+        self.g = int(config.score_batches or 1)  # SiftConfig resolves None
         self.element_spec = element_spec
         self.M, self.replica = rt.config.microbatches, rt.replica
         self.batch_size = _static_batch(element_spec)
@@ -279,7 +280,7 @@ class Sifter:
             self.epoch_read, self.buffer = resume
             source = source.skip(self.epoch_read)
         buffer = self.buffer
-        reader = SourceReader(source, self.batch_size, self.config.score_batches)
+        reader = SourceReader(source, self.batch_size, self.g)
         try:
             while True:
                 leaves = self._read(reader)
@@ -335,7 +336,7 @@ class Sifter:
 
     def _read(self, reader: SourceReader) -> list[np.ndarray] | None:
         """The next g source batches (1 during the delay) as one element's leaves."""
-        g = 1 if self.batches_read < self.config.delay else self.config.score_batches
+        g = 1 if self.batches_read < self.config.delay else self.g
         read = reader.read(g)
         if read is None:
             return None
@@ -451,7 +452,7 @@ class Sifter:
             # padded with copies of its first sample to g batches: every scoring call then
             # has one shape, so nothing is traced again mid-training (a trace of a pipeline
             # stage costs seconds); the copies' losses are dropped.
-            full = (self.batch_size or n) * self.config.score_batches
+            full = (self.batch_size or n) * self.g
             return self._score_rows(leaves, np.arange(n), full), np.arange(n)
         keys, fresh, losses = self._lookup(leaves)
         need = np.flatnonzero(~fresh)
@@ -470,7 +471,7 @@ class Sifter:
         its arrays: any other is scored from copies (padded, or the rows not fresh), and
         a prepared one would be scored in stage 0's waits for nothing."""
         n = int(leaves[0].shape[0])
-        if n < (self.batch_size or n) * self.config.score_batches:
+        if n < (self.batch_size or n) * self.g:
             return False
         return self.cache is None or not self._lookup(leaves)[1].any()
 

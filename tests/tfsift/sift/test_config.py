@@ -31,6 +31,9 @@ def test_defaults_are_the_documented_ones() -> None:
         "coreset_mean",
     )
     assert (config.rescale, config.score_batches, config.drop_remainder) == (None, 1, True)
+    # with training scores a round computes nothing: 8 source batches pay its fixed cost once
+    assert SiftConfig(scores="training", stale=1).score_batches == 8
+    assert SiftConfig(scores="training", stale=1, score_batches=1).score_batches == 1
     assert (config.scorer, config.exit_after, config.exit_head, config.exit_lr) == (
         "full",
         None,

@@ -92,7 +92,9 @@ def flat(batches: list[list[int]]) -> list[int]:
 
 
 def relative_config(**changes: Any) -> tfsift.SiftConfig:
+    # rounds of one source batch, as replay_relative replays them (training scores read 8)
     fields = {"policy": "relative", "beta": 1.0, "history": 50, "seed": 7, "stale": 1}
+    fields["score_batches"] = 1
     return tfsift.SiftConfig(scores="training", **{**fields, **changes})
 
 
