@@ -1,6 +1,6 @@
-"""What does one call of the runtime cost? Fixed costs per action, and early exit's calls.
+"""What does one call of the runtime cost? Fixed costs per action, early exit's calls, input.
 
-Two tables, one process, one compute thread:
+Three tables, one process, one compute thread:
 
 - *dispatch*: the calls the pipeline executor makes once per microbatch and action, on a
   model so small (4 x Conv2D(8, 3x3) on one 4x4x8 sample) that a call's time is almost
@@ -10,8 +10,12 @@ Two tables, one process, one compute thread:
   them, on bench_overlap's 4-convolution model (exit after the first convolution, B=128,
   g=8): the costs ``tfsift/sift/overlap.py``'s ``WaitModel`` estimates and the comments
   in ``tfsift/sift/early_exit.py`` cite.
+- *input*: what the training loop's ``next()`` costs per batch on MNIST-1D-sized data in
+  memory (24,000 x 40 floats, B=64), read through tf.data or ``tfsift.from_arrays``, plain
+  and sifted by InfoBatch from recorded losses: what a small model pays per step for its
+  input, and what sifting adds to it.
 
-Each time is the median of ``rounds`` rounds of ``calls`` calls.
+Each time is the median of ``rounds`` rounds of ``calls`` calls (input: of epochs).
 
 usage: .venv/bin/python scripts/bench_calls.py [--quick] [--no-docs] [--json F] [--render F]
 """
@@ -30,6 +34,7 @@ from bench.main import Benchmark, run
 
 LAYERS, CHANNELS, SIDE = 4, 8, 4  # the dispatch model
 B, G, CONVS = 128, 8, 4  # the early-exit model
+ROWS, FEATURES, INPUT_B = 24000, 40, 64  # the input model: MNIST-1D's training set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +243,60 @@ def first_call_ms(head: Any, x: Any, y: Any) -> float:
     return statistics.median(firsts) * 1e3
 
 
+def input_cases(rounds: int) -> dict[str, float]:
+    """Microseconds per batch the loop reads, by table row: the median over ``rounds``
+    epochs, after one untimed epoch (InfoBatch's first, which prunes nothing); sifted
+    batches are recorded with a fixed loss per sample, as a training step would hand
+    them back, so that every timed epoch prunes."""
+    tf = single_thread()
+    import numpy as np
+
+    import tfsift
+
+    tfsift.init({})
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
+    y = rng.integers(0, 10, ROWS)
+    losses = rng.exponential(size=ROWS)  # a sample's recorded loss, found by its label row
+    x[:, 0] = np.arange(ROWS)
+
+    def streamed() -> Any:
+        source = tf.data.Dataset.from_tensor_slices((x, y))
+        return tfsift.shard(source, ROWS, 0).batch(INPUT_B, drop_remainder=True).prefetch(2)
+
+    def infobatch(dataset: Any, g: int | None) -> Any:
+        config = tfsift.SiftConfig(
+            policy="infobatch", scores="training", stale=rounds + 1, epochs=rounds + 1,
+            anneal=0.0, rescale="unbiased", score_batches=g,
+        )  # fmt: skip
+        return dataset.apply(tfsift.sift(config=config))
+
+    def per_batch_us(dataset: Any, record: bool) -> float:
+        times = []
+        for epoch in range(rounds + 1):
+            start, n = time.perf_counter(), 0
+            for element in dataset:
+                n += 1
+                if record:
+                    dataset.record(losses[np.asarray(element[0])[:, 0].astype(np.int64)])
+            if epoch:
+                times.append(1e6 * (time.perf_counter() - start) / max(n, 1))
+        return statistics.median(times)
+
+    arrays = lambda: tfsift.from_arrays((x, y), INPUT_B)  # noqa: E731
+    return {
+        "tf.data: `tfsift.shard` (full shuffle), `.batch`, `.prefetch(2)`": per_batch_us(
+            streamed(), False
+        ),
+        "`tfsift.from_arrays`": per_batch_us(arrays(), False),
+        "InfoBatch on tf.data, `score_batches=1`": per_batch_us(infobatch(streamed(), 1), True),
+        "InfoBatch on tf.data, the default (8 with training scores)": per_batch_us(
+            infobatch(streamed(), None), True
+        ),
+        "InfoBatch on `tfsift.from_arrays` (by row)": per_batch_us(infobatch(arrays(), None), True),
+    }
+
+
 def _once(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -248,7 +307,8 @@ def measure(s: Settings) -> Result:
     dispatch = {
         k: 1e6 * per_call_s(f, s.dispatch_calls, s.rounds) for k, f in dispatch_cases().items()
     }
-    return {"dispatch": dispatch, "exit": exit_cases(s.exit_calls, s.rounds)}
+    exits = exit_cases(s.exit_calls, s.rounds)
+    return {"dispatch": dispatch, "exit": exits, "input": input_cases(s.rounds)}
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
@@ -257,6 +317,7 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         [name, f"{v:.0f}" if name.startswith("traces") else f"{v:.2f}"]
         for name, v in raw["exit"].items()
     ]
+    inputs = [[name, f"{us:.0f}"] for name, us in raw.get("input", {}).items()]
     return "\n\n".join(
         [
             "## Fixed cost per call",
@@ -280,6 +341,18 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             "(last two rows). Row 10 times row 2's unit right after a training forward and "
             "backward of one microbatch (row 9), as stage 0 makes it between its own actions; "
             "row 11 is the same call through `ExitHead.score`.",
+            "### Input per batch",
+            f"{ROWS} x {FEATURES} float32 features and int labels in memory (MNIST-1D's "
+            f"training set), B={INPUT_B}; microseconds per batch the loop reads, each the "
+            f"median of {s.rounds} epochs after an untimed first one. Sifted batches are "
+            "recorded (`train.record`) with a fixed loss per sample; InfoBatch prunes about a "
+            "quarter of each epoch.",
+            report.table(["input", "microseconds per batch"], inputs),
+            "Through tf.data every sample passes its shuffle and batch one at a time; "
+            "`from_arrays` gathers a batch with one NumPy index per array. A sifting round "
+            "has a fixed cost (fingerprints, the table's lookup and merge, the buffer), so "
+            "rounds of one source batch cost most per batch; on `from_arrays` InfoBatch plans "
+            "the epoch once and never reads a pruned sample.",
         ]
     )
 
