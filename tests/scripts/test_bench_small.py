@@ -63,3 +63,16 @@ def test_the_ratio_is_to_the_step_the_start_up_plan_line_predicted(bench: Module
     text = bench.render(raw, META, bench.Settings())
     assert "| K=2, M=4, simple | 10.00 | 9.00 | 1.11 |" in text  # not the one process's 8 ms
     assert "simple: measured 1.11x the prediction" in text
+
+
+def test_the_recomputing_runs_get_rows_of_their_own_against_their_own_prediction(
+    bench: ModuleType,
+) -> None:
+    raw = measured([0.010] * 100)
+    raw["pipelines"]["simple, optimize=memory"] = [0.008] * 100
+    raw["startup_predicted"] = {"simple": 0.009, "simple, optimize=memory": 0.0064}
+    text = bench.render(raw, META, bench.Settings())
+    assert "| K=2, M=4, simple | 10.00 | 9.00 | 1.11 |" in text
+    assert "| K=2, M=4, simple, optimize=memory | 8.00 | 6.40 | 1.25 |" in text
+    assert "simple, optimize=memory: measured 1.25x the prediction" in text
+    assert bench.Settings().optimizes == ("speed", "memory")
