@@ -127,7 +127,8 @@ def simulate(
         costs: the cost model.
         partition: stage boundaries; must cover every layer of `costs`.
         schedule: one row of actions per stage; validated first.
-        recompute: each B reruns the stage forward first and F keeps only its input.
+        recompute: each B reruns the stage forward's layers first (in the same call: no
+            second ``action_overhead``) and F keeps only its input.
 
     Returns:
         Step time, per-stage busy and idle time, bubble fraction, peak memory and events.
@@ -194,7 +195,10 @@ def _run(
                 if ready is None:
                     break
                 forward, backward = times[s]
-                duration = forward if a.kind is Kind.FORWARD else backward + forward * recompute
+                # a recomputing backward reruns the forward's layers inside its own call:
+                # their compute, not a second action's overhead
+                again = (forward - costs.action_overhead) * recompute
+                duration = forward if a.kind is Kind.FORWARD else backward + again
                 start = max(free[s], ready)
                 free[s] = end[a] = start + duration
                 events.append(Event(s, a, start, free[s]))

@@ -191,3 +191,11 @@ def test_the_runtimes_cost_per_action_lengthens_every_forward_and_backward() -> 
     assert (plain.step_time, charged.step_time) == (15.0, 20.0)  # (M + K - 1) x (F + B)
     assert stage_times(costs, Partition((0, 1, 2))) == ((1.5, 2.5), (1.5, 2.5))
     assert CostModel.from_json(costs.to_json()) == costs
+
+
+def test_a_recomputing_backward_pays_the_forwards_compute_but_not_its_overhead() -> None:
+    # the recomputed forward runs inside the backward's call: one action's overhead, not two
+    layers = tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(2))
+    costs = CostModel(layers, action_overhead=0.5)
+    recomputed = simulate(costs, Partition((0, 1, 2)), build("interleaved", 2, 4), recompute=True)
+    assert recomputed.step_time == 25.0  # (M + K - 1) x (F 1.5 + B 2.5 + the forward's 1.0)

@@ -122,14 +122,17 @@ def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return [x + y for x, y in zip(a, b, strict=True)]
 
 
-def microbatch_seconds(graph: Graph, example: Sequence[tf.Tensor], repeats: int) -> float:
+def microbatch_seconds(
+    graph: Graph, example: Sequence[tf.Tensor], repeats: int, recompute: bool = False
+) -> float:
     """The median seconds of one microbatch through this module's stage code on the whole
     ``graph``, as a stage before the last runs it: the compiled forward under a tape, the
     backward from output gradients of ones, and the gradient sum. The profiler charges
     what this takes beyond the layers' own times as the runtime's cost per action
     (``tfsift.planning.profiler.profile``'s ``stage_call``); it runs in training mode,
-    and the profiler puts the variables back afterwards."""
-    stage = Stage(graph.stage(0, len(graph)), 0, recompute=False)
+    and the profiler puts the variables back afterwards. ``recompute``: as a stage of
+    ``optimize="memory"`` runs it, the backward recomputing the forward in one call."""
+    stage = Stage(graph.stage(0, len(graph)), 0, recompute=recompute)
     inputs = [tf.convert_to_tensor(x) for x in example]
     total = [tf.zeros_like(v) for v in stage.variables]
     # made once, as the runtime receives them: no op of their own in the timed call

@@ -133,7 +133,10 @@ def rank0_bounds(
         f"a message between stages takes {_seconds(latency)}; " if latency > 0 else "",
     )
     costs = dataclasses.replace(
-        profile(graph, example, cfg.profile_repeats, stage_call), latency=latency
+        profile(
+            graph, example, cfg.profile_repeats, stage_call, recompute=cfg.optimize == "memory"
+        ),
+        latency=latency,
     )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
     call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0

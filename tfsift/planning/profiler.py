@@ -29,7 +29,7 @@ CALIBRATE_BELOW = 100
 # The seconds a microbatch takes through the runtime's stage (forward, backward and the
 # gradient sum, as a stage before the last runs them), given the graph, a microbatch
 # and the repeats; ``tfsift.pipeline.stage.microbatch_seconds``.
-StageCall = Callable[[Graph, Sequence[tf.Tensor], int], float]
+StageCall = Callable[[Graph, Sequence[tf.Tensor], int, bool], float]
 
 
 def profile(
@@ -37,6 +37,7 @@ def profile(
     example: Sequence[tf.Tensor],
     repeats: int = 5,
     stage_call: StageCall | None = None,
+    recompute: bool = False,
 ) -> CostModel:
     """Times every node on ``example`` (one microbatch) and sizes its tensors.
 
@@ -58,6 +59,8 @@ def profile(
         example: concrete model inputs, one microbatch.
         repeats: timed runs per node after one warm-up; the median is kept.
         stage_call: times a microbatch through the runtime's stage (``StageCall``).
+        recompute: the stages recompute their forward in the backward (optimize="memory"):
+            ``stage_call`` times that path, whose microbatch computes the forward twice.
 
     Returns:
         A ``CostModel`` with ``batch_size`` set to the example's batch size.
@@ -67,7 +70,8 @@ def profile(
     time is tracing every node twice, and a model built again with the same layers then
     gets the same cut instead of one that follows the machine's noise.
     """
-    key = signature(graph, example, repeats) + ("+stage" if stage_call else "")
+    calibration = ("+stage" + ("+recompute" if recompute else "")) if stage_call else ""
+    key = signature(graph, example, repeats) + calibration
     cached = STATE.profiles.get(key)
     if cached is None:
         # Timing runs every layer in training mode, which moves BatchNorm statistics and
@@ -76,7 +80,7 @@ def profile(
         try:
             cached = _profile(graph, example, repeats)
             if stage_call is not None:
-                cached = _calibrated(cached, graph, example, repeats, stage_call)
+                cached = _calibrated(cached, graph, example, repeats, stage_call, recompute)
             STATE.profiles[key] = cached
         finally:
             for var, value in saved:
@@ -161,14 +165,16 @@ def _calibrated(
     example: Sequence[tf.Tensor],
     repeats: int,
     stage_call: StageCall,
+    recompute: bool,
 ) -> CostModel:
-    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times,
-    when that is more than the bare stage's cost and the model is small enough to time."""
+    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times
+    (with ``recompute``, the forward's twice), when that is more than the bare stage's cost
+    and the model is small enough to time."""
     compute = float(costs.prefix.compute[-1])
     if compute >= CALIBRATE_BELOW * costs.action_overhead:
         return costs
     try:
-        whole = float(stage_call(graph, example, repeats))
+        whole = float(stage_call(graph, example, repeats, recompute))
     except Exception as err:  # an estimate that fails must not end the run
         log.warning(
             "could not time a microbatch through the runtime's stage (%s: %s); the plan "
@@ -177,7 +183,7 @@ def _calibrated(
             err,
         )
         return costs
-    per_action = (whole - compute) / 2
+    per_action = (whole - compute - recompute * float(costs.prefix.forward[-1])) / 2
     if per_action <= costs.action_overhead:
         return costs
     return dataclasses.replace(costs, action_overhead=per_action)

@@ -110,14 +110,19 @@ def test_a_small_model_is_charged_what_the_runtimes_stage_takes_beyond_its_layer
     monkeypatch.setattr(profiler, "_profile", lambda *args: bare)  # the same layer times
     calls: list[int] = []
 
-    def stage(g: Any, example: Any, repeats: int) -> float:
+    def stage(g: Any, example: Any, repeats: int, recompute: bool) -> float:
         calls.append(repeats)
-        return _whole(bare) + 2 * (bare.action_overhead + 1e-3)  # 1 ms more per action
+        again = float(bare.prefix.forward[-1]) if recompute else 0.0  # the forward twice
+        return _whole(bare) + again + 2 * (bare.action_overhead + 1e-3)  # 1 ms more per action
 
     costs = profile(graph, [tf.ones((4, 3, 2))], repeats=3, stage_call=stage)
     assert calls == [3]
     assert costs.action_overhead == pytest.approx(bare.action_overhead + 1e-3)
     assert costs.layers == bare.layers
+    # optimize="memory": the stage's path recomputes, and the charge leaves that forward out
+    recomputing = profile(graph, [tf.ones((4, 3, 2))], repeats=4, stage_call=stage, recompute=True)
+    assert calls == [3, 4]
+    assert recomputing.action_overhead == pytest.approx(bare.action_overhead + 1e-3)
 
 
 def test_the_bare_stages_cost_stays_when_the_runtimes_is_less_or_cannot_be_timed(
