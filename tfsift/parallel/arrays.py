@@ -28,9 +28,10 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel import runtime
+from tfsift.parallel.pydataset import PythonDataset
 
 
-class ArrayDataset(tf.data.Dataset):  # type: ignore[misc]
+class ArrayDataset(PythonDataset):
     """The dataset ``tfsift.from_arrays`` returns. Iterated in Python (``for x, y in
     ds``) it gathers batches with NumPy; any tf.data transformation of it, ``fit`` or
     ``tf.function`` reads the same batches through ``from_generator``."""
@@ -50,21 +51,7 @@ class ArrayDataset(tf.data.Dataset):  # type: ignore[misc]
         spec = tree.map_structure(
             lambda a: tf.TensorSpec((batch_size, *a.shape[1:]), tf.as_dtype(a.dtype)), self.data
         )
-        graph = tf.data.Dataset.from_generator(self._batches, output_signature=spec)
-        graph = graph.apply(tf.data.experimental.assert_cardinality(self.share // batch_size))
-        self._tfsift_graph = graph
-        super().__init__(tf.data.experimental.to_variant(graph))
-
-    def _inputs(self) -> list[tf.data.Dataset]:
-        return []
-
-    @property
-    def element_spec(self) -> Any:
-        return self._tfsift_graph.element_spec
-
-    def __iter__(self) -> Iterator[Any]:
-        for element in self._batches():
-            yield tree.map_structure(tf.convert_to_tensor, element)
+        super().__init__(spec, cardinality=self.share // batch_size)
 
     def order(self, epoch: int, rows: np.ndarray | None = None) -> np.ndarray:
         """This replica's rows of epoch ``epoch``: ``rows`` (default: all), permuted with
@@ -81,7 +68,7 @@ class ArrayDataset(tf.data.Dataset):  # type: ignore[misc]
         """The samples at ``rows``, as the data's structure of NumPy arrays."""
         return tree.pack_sequence_as(self.data, [leaf[rows] for leaf in self.leaves])
 
-    def _batches(self) -> Iterator[Any]:
+    def _elements(self) -> Iterator[Any]:
         self.epochs += 1
         rows, B = self.order(self.epochs), self.batch_size
         for start in range(0, len(rows) - B + 1, B):

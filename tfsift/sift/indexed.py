@@ -24,11 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
-from keras import tree
 
 from tfsift.parallel import runtime
 from tfsift.parallel.arrays import ArrayDataset
+from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.infobatch import InfoBatchPolicy
@@ -170,28 +169,18 @@ class IndexedSifter:
         return with_weights(self.source.gather(rows), probs, self.config.rescale)
 
 
-class IndexedSiftedDataset(tf.data.Dataset):  # type: ignore[misc]
+class IndexedSiftedDataset(PythonDataset):
     """The dataset ``tfsift.sift`` returns for a ``from_arrays`` source with InfoBatch:
     iterated in Python it gathers each batch's rows with NumPy; tf.data, ``fit`` and
-    ``tf.function`` read the same batches through ``from_generator``."""
+    ``tf.function`` read the same batches through ``from_generator``, never ahead."""
 
     def __init__(self, sifter: IndexedSifter) -> None:
         self.sifter = sifter
         spec = sifted_spec(sifter.source.element_spec, sifter.config.rescale)
-        graph = tf.data.Dataset.from_generator(sifter.epoch, output_signature=spec)
-        self._tfsift_graph = graph
-        super().__init__(tf.data.experimental.to_variant(graph))
+        super().__init__(spec, options=in_step_options())
 
-    def _inputs(self) -> list[tf.data.Dataset]:
-        return []
-
-    @property
-    def element_spec(self) -> Any:
-        return self._tfsift_graph.element_spec
-
-    def __iter__(self) -> Iterator[Any]:
-        for element in self.sifter.epoch():
-            yield tree.map_structure(tf.convert_to_tensor, element)
+    def _elements(self) -> Iterator[Any]:
+        return self.sifter.epoch()
 
     def record(self, losses: Any) -> None:
         """Hands back the per-sample losses of the batch this dataset yielded last

@@ -41,6 +41,7 @@ from keras import tree
 
 from tfsift.parallel import runtime
 from tfsift.parallel.arrays import ArrayDataset
+from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.buffer import SampleBuffer
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.early_exit import EarlyExitScorer
@@ -575,28 +576,16 @@ class Sifter:
         return sifted_spec(self.element_spec, self.config.rescale)
 
 
-class SiftedDataset(tf.data.Dataset):  # type: ignore[misc]
+class SiftedDataset(PythonDataset):
     """The dataset ``tfsift.sift`` returns: a ``tf.data.Dataset`` whose Python iteration
     runs the sifting rounds on the consumer's thread (see the module docstring)."""
 
     def __init__(self, sifter: Sifter, source: tf.data.Dataset) -> None:
         self.sifter, self.source = sifter, source
-        graph = tf.data.Dataset.from_generator(
-            lambda: sifter.epoch(source), output_signature=sifter.output_signature()
-        ).with_options(_lock_step_options())
-        self._tfsift_graph = graph
-        super().__init__(tf.data.experimental.to_variant(graph))
+        super().__init__(sifter.output_signature(), options=in_step_options())
 
-    def _inputs(self) -> list[tf.data.Dataset]:
-        return []
-
-    @property
-    def element_spec(self) -> Any:
-        return self._tfsift_graph.element_spec
-
-    def __iter__(self) -> Iterator[Any]:
-        for element in self.sifter.epoch(self.source):
-            yield tree.map_structure(tf.convert_to_tensor, element)
+    def _elements(self) -> Iterator[Any]:
+        return self.sifter.epoch(self.source)
 
     def record(self, losses: Any) -> None:
         """Hands back the per-sample losses the training step computed for the batch this
@@ -626,15 +615,6 @@ def _policy(config: SiftConfig) -> Policy | InfoBatchPolicy:
         assert config.epochs is not None  # SiftConfig checks it
         return InfoBatchPolicy(config.prune, config.anneal, config.epochs, config.seed)
     return make_policy(config)
-
-
-def _lock_step_options() -> tf.data.Options:
-    options = tf.data.Options()
-    # A prefetch tf.data adds by itself, or an autotuned buffer, would run the generator
-    # (and so the scoring) ahead of the training step that has not updated the weights yet.
-    options.experimental_optimization.inject_prefetch = False
-    options.autotune.enabled = False
-    return options
 
 
 def _static_batch(spec: Any) -> int | None:
