@@ -4,6 +4,7 @@ tf.data transformations, ``fit`` and ``tf.function`` read the same elements thro
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,8 +27,9 @@ class PythonDataset(tf.data.Dataset):  # type: ignore[misc]
         self._tfsift_graph = graph
         super().__init__(tf.data.experimental.to_variant(graph))
 
+    @abc.abstractmethod
     def _elements(self) -> Iterator[Any]:
-        raise NotImplementedError
+        """One pass of NumPy elements."""
 
     def _inputs(self) -> list[tf.data.Dataset]:
         return []

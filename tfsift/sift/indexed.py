@@ -47,11 +47,10 @@ class IndexedSifter:
         assert config.epochs is not None and config.policy == "infobatch"  # SiftConfig checks
         rt = runtime.get()
         self.source, self.config, self.M = source, config, rt.config.microbatches
-        self.batch_size = source.batch_size
         self.policy = InfoBatchPolicy(config.prune, config.anneal, config.epochs, config.seed)
         self.recorder = Recorder(ScoreCache(config.stale))
         self.metrics = SiftMetrics()
-        self.rows = np.arange(source.rows, dtype=np.float64)  # every sample's key: its row
+        self.keys = np.arange(source.rows, dtype=np.float64)  # every sample's key: its row
         self.batches_read = 0  # over all epochs: counts the delay
         self.position = 0  # batches yielded in the current epoch
         self._resume: int | None = None
@@ -67,7 +66,6 @@ class IndexedSifter:
             "batches_read": self.batches_read,
             "position": self.position,
             "rows": self.source.rows,
-            "batch_size": self.batch_size,
             "metrics": dataclasses.asdict(self.metrics),
             "cache": self.recorder.cache.state(),
             "recorder": self.recorder.state(),
@@ -143,7 +141,7 @@ class IndexedSifter:
 
     def _order(self) -> tuple[np.ndarray, np.ndarray]:
         """This replica's kept rows of the epoch in order, and their keep probabilities."""
-        kept = self.policy.select_keys(self.rows)
+        kept = self.policy.select_keys(self.keys)
         probs = np.ones(self.source.rows)
         probs[kept.indices] = kept.probs
         rows = self.source.order(self.metrics.epochs, kept.indices)
@@ -152,7 +150,7 @@ class IndexedSifter:
     def _bounds(self, n: int) -> list[int]:
         """Where the epoch's batches of ``n`` rows start and end: full batches of B, then
         (``drop_remainder=False``) what is left, cut to whole microbatches."""
-        B = self.batch_size
+        B = self.source.batch_size
         bounds = list(range(0, n - n % B + 1, B))
         left = n % B - n % B % self.M
         if not self.config.drop_remainder and left > 0:

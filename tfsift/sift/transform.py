@@ -191,7 +191,8 @@ class Sifter:
     def __init__(self, element_spec: Any, scorer: Scorer, config: SiftConfig) -> None:
         rt = runtime.get()
         self.config, self.scorer = config, scorer
-        self.g = int(config.score_batches or 1)  # SiftConfig resolves None
+        assert config.score_batches is not None  # SiftConfig resolves None
+        self.g = config.score_batches  # source batches per round
         self.element_spec = element_spec
         self.M, self.replica = rt.config.microbatches, rt.replica
         self.batch_size = _static_batch(element_spec)
