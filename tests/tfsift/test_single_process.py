@@ -221,3 +221,34 @@ def test_a_python_number_that_changes_every_call_warns_once(
         "'test_a_python_number_that_changes_every_call_warns_once.<locals>.train' has been "
         "traced for 8 different argument signatures"
     )
+
+
+def test_python_control_flow_on_tensors_in_a_step_function_is_converted_by_autograph(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # tfsift keeps AutoGraph off its own modules; the user's step function is still rewritten
+    from tensorflow.python.autograph.impl import conversion
+
+    from tfsift.pipeline import head, stage
+
+    model, x, _ = start(2)
+
+    @tfsift.step
+    def scaled(images: tf.Tensor, factor: tf.Tensor) -> Any:
+        logits = model(images, training=False)
+        if tf.reduce_sum(factor) > 0:  # a tensor condition: tf.cond once converted
+            logits = logits * 2.0
+        else:
+            logits = logits * 3.0
+        return logits
+
+    with caplog.at_level("WARNING", logger="tfsift"):
+        positive = scaled(x, tf.ones((8,))).concat().numpy()
+        negative = scaled(x, -tf.ones((8,))).concat().numpy()
+    assert not caplog.records  # compiled, not fallen back to eager
+    plain = model.b(model.a(x)).numpy()
+    np.testing.assert_allclose(positive, 2.0 * plain, rtol=1e-5)
+    np.testing.assert_allclose(negative, 3.0 * plain, rtol=1e-5)
+    assert conversion.is_allowlisted(stage.Stage.forward)
+    assert conversion.is_allowlisted(head.Head._run)
+    assert not conversion.is_allowlisted(scaled.__wrapped__)

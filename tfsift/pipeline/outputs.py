@@ -119,4 +119,4 @@ def _divide(totals: list[tf.Tensor], count: tf.Tensor) -> list[tf.Tensor]:
     return [t / tf.cast(count, t.dtype) for t in totals]
 
 
-_DIVIDE = Compiled(_divide, "the gradients' mean over microbatches")
+_DIVIDE = Compiled(_divide, "the gradients' mean over microbatches", autograph=False)

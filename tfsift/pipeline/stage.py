@@ -36,9 +36,9 @@ class Stage:
         self.state_variables = [v for v in graph.variables() if id(v) not in trainable]
         self._forward = {flag: _compiled_forward(graph, flag, index) for flag in (True, False)}
         self._recompute_backward = Compiled(
-            self._backward_by_recompute, f"stage {index}'s recomputing backward"
+            self._backward_by_recompute, f"stage {index}'s recomputing backward", autograph=False
         )
-        self._add = Compiled(add, f"stage {index}'s gradient sum")
+        self._add = Compiled(add, f"stage {index}'s gradient sum", autograph=False)
 
     def accumulate(self, total: list[tf.Tensor] | None, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """``total + grads`` elementwise in one compiled call (``grads`` if no total yet)."""
@@ -114,7 +114,7 @@ def _compiled_forward(graph: StageGraph, training: bool, index: int) -> Compiled
             inputs = tuple(tf.stop_gradient(x) for x in inputs)
         return graph.run(inputs, training)
 
-    return Compiled(forward, f"stage {index}'s forward")
+    return Compiled(forward, f"stage {index}'s forward", autograph=False)
 
 
 def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:
