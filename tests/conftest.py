@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
+
+# pytest's own processes import Keras too: the jobs' lean start-up (see its sitecustomize.py)
+_LEAN = Path(__file__).resolve().parent / "lean_site" / "sitecustomize.py"
+_spec = importlib.util.spec_from_file_location("tfsift_tests_lean_site", _LEAN)
+assert _spec is not None and _spec.loader is not None
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "fault: a multi-process test whose job ends on purpose (a rank exits, stalls or fails) "
         "and that times the end from that event, with seconds of slack: scripts/test.sh runs "
-        "two of these at a time, and none beside the CPU-bound jobs",
+        "three of these at a time, and none beside the CPU-bound jobs",
     )
 
 

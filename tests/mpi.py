@@ -19,15 +19,15 @@ REPORTS = "TFSIFT_TEST_REPORTS"
 SIMHOSTS = ROOT / "scripts" / "simhosts.sh"  # simulated hosts: network namespaces
 
 
-def environment(extra: dict[str, str] | None = None, *, lean: bool = False) -> dict[str, str]:
-    """The jobs' environment; ``lean`` adds ``LEAN_SITE`` for the test scripts' ranks."""
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The jobs' environment, ``LEAN_SITE`` first on the path."""
     path = [str(ROOT), str(ROOT / "tests"), str(SCRIPTS)]
     env = dict(os.environ)
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=os.pathsep.join([str(LEAN_SITE), *path] if lean else path),
+        PYTHONPATH=os.pathsep.join([str(LEAN_SITE), *path]),
         OMP_NUM_THREADS="1",
         TF_NUM_INTEROP_THREADS="1",
         TF_NUM_INTRAOP_THREADS="1",
@@ -50,7 +50,6 @@ def run(
     ``hosts``: spread the ranks evenly over that many simulated hosts (``simhosts.sh up``
     made them), ranks 0 .. np/hosts - 1 on the first, and so on.
     """
-    lean = not Path(script).is_absolute()  # a test script, not an example
     argv = [str(SCRIPTS / script), *args]
     reports_dir = tempfile.mkdtemp(prefix="tfsift-reports-")
     env = {**(env or {}), REPORTS: reports_dir}
@@ -68,7 +67,7 @@ def run(
             cmd = on_hosts(cmd, np, hosts)
     proc = subprocess.run(
         cmd,
-        env=environment(env, lean=lean),
+        env=environment(env),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -237,7 +237,7 @@ def test_a_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(
 ) -> None:
     proc = subprocess.run(
         [sys.executable, str(mpi.SCRIPTS / "checkpoint_disk_full.py"), str(tmp_path)],
-        env=mpi.environment(lean=True),
+        env=mpi.environment(),
         capture_output=True,
         text=True,
         timeout=120,

@@ -75,7 +75,7 @@ def test_same_script_runs_as_one_plain_process_with_one_partition(tmp_path: Path
     script = str(mpi.SCRIPTS / "hybrid_check.py")
     proc = subprocess.run(
         [sys.executable, script, "1", "cluster", "2"],
-        env=mpi.environment({mpi.REPORTS: str(tmp_path)}, lean=True),
+        env=mpi.environment({mpi.REPORTS: str(tmp_path)}),
         capture_output=True,
         text=True,
         timeout=300,

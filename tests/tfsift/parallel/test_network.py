@@ -76,7 +76,7 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
     job = subprocess.Popen(
         ["bash", str(mpi.SIMHOSTS), "exec", sys.executable, "-m", "tfsift.cli", "run",
          "-np", "2", "-H", mpi.places(2, two_hosts), *script],
-        env=mpi.environment({"TFSIFT_EXIT_GRACE": "3"}, lean=True), stdout=subprocess.PIPE,
+        env=mpi.environment({"TFSIFT_EXIT_GRACE": "3"}), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, cwd=mpi.ROOT,
     )  # fmt: skip
     try:
