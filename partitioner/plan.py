@@ -14,6 +14,10 @@ from partitioner.schedule import PIPELINES
 from partitioner.simulator import simulate_plan
 from partitioner.solver import OPTIMIZE, solve
 
+# optimize="speed" recomputes when that is predicted this much faster than keeping a tape:
+# a tie (both paths timed alike) keeps the tape, the path of every larger model.
+RECOMPUTE_GAIN = 0.02
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -41,6 +45,10 @@ class Plan:
         scoring_call: the fixed seconds of a scoring call it was planned with (measured
             when it was planned, like the costs; `partitioner.scoring`). Plan files
             without it mean 0.
+        recompute: whether each stage recomputes its forward inside its backward instead of
+            keeping a tape: always with optimize="memory"; with "speed" where that was
+            predicted faster (`make_plan`'s ``recompute_costs``). Plan files without it
+            mean optimize == "memory".
     """
 
     bounds: tuple[int, ...]
@@ -54,6 +62,7 @@ class Plan:
     cost_fingerprint: str
     scoring: float = 0.0
     scoring_call: float = 0.0
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bounds", tuple(self.bounds))
@@ -70,6 +79,10 @@ class Plan:
                 f"optimize must be in {list(OPTIMIZE)} and pipeline in {list(PIPELINES)}. "
                 f"Received: optimize={self.optimize!r}, pipeline={self.pipeline!r}"
             )
+        if self.optimize == "memory" and not self.recompute:
+            raise ValueError(
+                'optimize="memory" always recomputes. Received: optimize="memory", recompute=False'
+            )
         if len(self.peak_memory) != len(sizes) or self.microbatches < 1:
             raise ValueError(
                 f"peak_memory needs one entry per stage ({len(sizes)}) and microbatches >= 1. "
@@ -80,11 +93,6 @@ class Plan:
     def partition(self) -> Partition:
         """The stage boundaries as a `Partition`."""
         return Partition(self.bounds)
-
-    @property
-    def recompute(self) -> bool:
-        """Whether the stages recompute activations in the backward (optimize="memory")."""
-        return self.optimize == "memory"
 
     def check(self, costs: CostModel) -> None:
         """Raises ValueError unless the plan was solved for exactly these costs."""
@@ -103,9 +111,11 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         """Builds a plan from `to_dict` output, rejecting unknown or missing keys."""
         names = {f.name for f in fields(cls)}
-        # files written before `scoring` or `scoring_call` existed were planned without
+        # files written before `scoring`, `scoring_call` or `recompute` existed were planned
+        # without scoring, and recomputed exactly with optimize="memory"
         if isinstance(data, Mapping):
-            data = {"scoring": 0.0, "scoring_call": 0.0, **data}
+            memory = data.get("optimize") == "memory"
+            data = {"scoring": 0.0, "scoring_call": 0.0, "recompute": memory, **data}
         if not isinstance(data, Mapping) or set(data) != names:
             keys = sorted(data) if isinstance(data, Mapping) else data
             raise ValueError(f"a plan has exactly the keys {sorted(names)}. Received: keys={keys}")
@@ -153,6 +163,7 @@ def make_plan(
     scoring: float = 0.0,
     scoring_call: float = 0.0,
     first_stage_min: int = 1,
+    recompute_costs: CostModel | None = None,
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
 
@@ -169,6 +180,13 @@ def make_plan(
             without the scoring (`partitioner.scoring.sifted_step_time` adds it).
         scoring_call: fixed seconds of one scoring call beyond its forwards.
         first_stage_min: stage 0 holds at least this many layers (`solve_speed`).
+        recompute_costs: with optimize="speed", the costs of the same layers when each
+            stage recomputes its forward inside its backward (the same layer times; the
+            runtime's cost per action measured on that path). The solved partition then
+            recomputes if that is predicted faster than keeping a tape (by
+            `RECOMPUTE_GAIN`): on small stages,
+            one compiled call that recomputes can cost less than the tape's calls. The
+            predictions are then that path's.
 
     Raises:
         ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
@@ -184,7 +202,17 @@ def make_plan(
         scoring_call=scoring_call,
         first_stage_min=first_stage_min,
     )
-    result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=optimize == "memory")
+    recompute = optimize == "memory"
+    result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=recompute)
+    if recompute_costs is not None and not recompute:
+        if [c.name for c in recompute_costs.layers] != [c.name for c in costs.layers]:
+            raise ValueError(
+                "recompute_costs must cost the same layers as costs. Received: "
+                f"{len(recompute_costs.layers)} layers against {len(costs.layers)}"
+            )
+        again = simulate_plan(recompute_costs, partition, M, pipeline=pipeline, recompute=True)
+        if again.step_time < (1 - RECOMPUTE_GAIN) * result.step_time:
+            costs, result, recompute = recompute_costs, again, True
     return Plan(
         bounds=partition.bounds,
         stage_layers=tuple(
@@ -199,4 +227,5 @@ def make_plan(
         cost_fingerprint=costs.fingerprint(),
         scoring=float(scoring),
         scoring_call=float(scoring_call),
+        recompute=recompute,
     )

@@ -145,7 +145,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         # a source batch is one training batch, M microbatches of the profile's size
         scoring = self._tfsift.scored_batches * rt.config.microbatches
-        bounds = plan_bounds(
+        bounds, recompute = plan_bounds(
             graph,
             self._tfsift.placements,
             flat,
@@ -157,7 +157,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         check_unshared(graph, bounds)
         s = rt.stage
         sub = graph.stage(bounds[s], bounds[s + 1])
-        stage = Stage(sub, s, recompute=rt.config.optimize == "memory")
+        stage = Stage(sub, s, recompute=recompute)
         _release_other_stages(graph, sub)
         # Replicas must start equal; the optimizer's slots are created equal (zeros) later.
         broadcast_variables(sub.variables())

@@ -50,8 +50,9 @@ def plan_bounds(
     scoring: float = 0.0,
     scoring_call: Callable[[Graph, int], float] | None = None,
     stage_call: StageCall | None = None,
-) -> tuple[int, ...]:
-    """The K+1 stage bounds of ``graph``, the same on every rank (a collective).
+) -> tuple[tuple[int, ...], bool]:
+    """The K+1 stage bounds of ``graph`` and whether the stages recompute their forward in
+    the backward (``Plan.recompute``), the same on every rank (a collective).
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
@@ -63,14 +64,15 @@ def plan_bounds(
     action the plan charges (``profile``).
     """
     cfg, L = rt.config, len(graph)
+    memory = cfg.optimize == "memory"  # without a solved plan: recompute exactly then
     if cfg.partitions > L:
         raise ValueError(
             f"too few layers to split into partitions (layers: {L}, partitions: {cfg.partitions})"
         )
     if cfg.partitions == 1:
-        return (0, L)
+        return (0, L), memory
     if not cfg.auto_partition:
-        return manual_bounds(graph, placements, cfg.partitions, cfg.default_partition)
+        return manual_bounds(graph, placements, cfg.partitions, cfg.default_partition), memory
     # Rank 0's pipeline times a message between its stages 0 and 1 for the plan (about
     # 10 ms), before rank 0 profiles: stage 1 cannot know whether rank 0 reuses a plan
     # file, and after profiling it would wait in a receive bounded by the timeout.
@@ -92,7 +94,8 @@ def plan_bounds(
     status, payload = bcast_object(rt.world, outcome)  # the others sleep while rank 0 profiles
     if status == "error":
         raise ValueError(payload)
-    return tuple(payload)
+    bounds, recompute = payload
+    return tuple(bounds), bool(recompute)
 
 
 def rank0_bounds(
@@ -103,9 +106,10 @@ def rank0_bounds(
     scoring_call: Callable[[Graph, int], float] | None = None,
     stage_call: StageCall | None = None,
     latency: float = 0.0,
-) -> tuple[int, ...]:
+) -> tuple[tuple[int, ...], bool]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
+    Returns the plan's bounds and ``recompute``.
 
     ``latency``: the seconds a message between stages takes (``message_latency``), which
     the simulator charges at every crossing of a stage boundary.
@@ -123,7 +127,7 @@ def rank0_bounds(
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
         _keep_for_run_log(plan, cfg)
-        return plan.bounds
+        return plan.bounds, plan.recompute
     log.info(
         "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; %s"
         "the other ranks wait",
@@ -138,6 +142,15 @@ def rank0_bounds(
         ),
         latency=latency,
     )
+    # optimize="speed" recomputes where that is predicted faster (a small model's stages):
+    # the same layer times, the runtime's cost per action timed on the recomputing path.
+    # Not with room for scoring, which was planned in the waits of stages that keep tapes.
+    recompute_costs = None
+    if cfg.optimize == "speed" and stage_call is not None and not scoring:
+        recompute_costs = dataclasses.replace(
+            profile(graph, example, cfg.profile_repeats, stage_call, recompute=True),
+            latency=latency,
+        )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
     call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
     plan = make_plan(
@@ -154,7 +167,10 @@ def rank0_bounds(
         first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
         if scoring
         else 1,
+        recompute_costs=recompute_costs,
     )
+    if plan.recompute and recompute_costs is not None:
+        costs = recompute_costs  # the path the plan takes
     result = simulate_plan(
         costs, plan.partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
     )
@@ -166,7 +182,7 @@ def rank0_bounds(
         plan.save(cfg.plan_file)
         log.info("wrote the plan to %s", cfg.plan_file)
     _keep_for_run_log(plan, cfg)
-    return plan.bounds
+    return plan.bounds, plan.recompute
 
 
 def _first_weighted(graph: Graph) -> int:
@@ -251,7 +267,13 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
     weight bytes, busy and idle time when ``result`` simulates the plan, peak memory)."""
     lines = [
         f"plan: {len(plan.stage_layers)} stages, M={plan.microbatches}, {plan.pipeline}, "
-        f"optimize={plan.optimize}: predicted step {_seconds(plan.predicted_step_time)}, "
+        f"optimize={plan.optimize}"
+        + (
+            " with recompute (predicted faster)"
+            if plan.recompute and plan.optimize == "speed"
+            else ""
+        )
+        + f": predicted step {_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
         + (
             f"; stage 0 left room for {plan.scoring:g} sifting forwards per step in its waits, "

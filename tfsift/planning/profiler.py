@@ -70,18 +70,20 @@ def profile(
     time is tracing every node twice, and a model built again with the same layers then
     gets the same cut instead of one that follows the machine's noise.
     """
+    key = signature(graph, example, repeats)
     calibration = ("+stage" + ("+recompute" if recompute else "")) if stage_call else ""
-    key = signature(graph, example, repeats) + calibration
-    cached = STATE.profiles.get(key)
+    cached = STATE.profiles.get(key + calibration)
     if cached is None:
         # Timing runs every layer in training mode, which moves BatchNorm statistics and
         # seed generators on this rank only; put every variable back afterwards.
         saved = [(v, v.numpy()) for v in _variables(graph)]
         try:
-            cached = _profile(graph, example, repeats)
+            cached = STATE.profiles.get(key)  # the layers' times: the same for either path
+            if cached is None:
+                cached = STATE.profiles[key] = _profile(graph, example, repeats)
             if stage_call is not None:
                 cached = _calibrated(cached, graph, example, repeats, stage_call, recompute)
-            STATE.profiles[key] = cached
+                STATE.profiles[key + calibration] = cached
         finally:
             for var, value in saved:
                 var.assign(value)

@@ -90,6 +90,22 @@ def test_a_middle_stage_gives_the_tapes_variable_and_input_gradients(recompute: 
     assert_all_close(in_grads, want[4:])
 
 
+def test_the_tape_and_the_recompute_give_bitwise_the_same_gradients() -> None:
+    # optimize="speed" picks either by time (Plan.recompute): the choice must not move a bit
+    model, graph, x = setup(rate=0.5)
+    h = model.a(x)
+    got = []
+    for recompute in (False, True):
+        stage = Stage(graph.stage(1, 4), 1, recompute)
+        seeds = [s.numpy() for s in stage._seeds]  # the same dropout mask for both
+        moments = [v.numpy() for v in stage.state_variables]
+        outputs, var_grads, in_grads = forward_backward(stage, [h])
+        got.append(values([*outputs, *var_grads, *in_grads]))
+        for state, value in zip(stage._seeds + stage.state_variables, seeds + moments, strict=True):
+            state.assign(value)
+    assert all(np.array_equal(a, b) for a, b in zip(*got, strict=True))
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_stage_0_returns_no_input_gradients(recompute: bool) -> None:
     model, graph, x = setup(rate=0.0)

@@ -107,9 +107,9 @@ def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
 ) -> None:
     cfg = config(tmp_path)
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
+        bounds, recompute = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
     plan = Plan.load(tmp_path / "plan.json")
-    assert bounds == plan.bounds
+    assert (bounds, recompute) == (plan.bounds, plan.recompute)
     [profiling, described, wrote] = messages(caplog)
     assert profiling == ("INFO", "profiling 4 nodes on rank 0 (1 timed runs each) to cut them "
                          "into 2 stages; the other ranks wait")  # fmt: skip
@@ -123,6 +123,32 @@ def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
         assert " weights, busy " in line and "(idle " in line
         assert line.endswith(f"peak {format_bytes(plan.peak_memory[s])}")
     assert wrote == ("INFO", f"wrote the plan to {cfg.plan_file}")
+
+
+@pytest.mark.parametrize("recomputing_faster", [True, False])
+def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_keeps_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recomputing_faster: bool
+) -> None:
+    timed: list[bool] = []
+
+    def stage_call(graph: Graph, example: Any, repeats: int, recompute: bool) -> float:
+        # a microbatch through the stage code: 20 ms with a tape; recomputing 2 ms or 40 ms
+        timed.append(recompute)
+        return (0.002 if recomputing_faster else 0.04) if recompute else 0.02
+
+    cfg, graph = config(tmp_path), traced()
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        got = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, stage_call=stage_call)
+    assert timed == [False, True]  # each path once; the layers were profiled once
+    plan = Plan.load(cfg.plan_file or "")
+    assert got == (plan.bounds, recomputing_faster) and plan.recompute == recomputing_faster
+    header = messages(caplog)[1][1].splitlines()[0]
+    speed = (
+        "optimize=speed with recompute (predicted faster)"
+        if recomputing_faster
+        else ("optimize=speed")
+    )
+    assert header.startswith(f"plan: 2 stages, M=2, interleaved, {speed}: predicted step ")
 
 
 def test_rank0_charges_the_message_latency_at_every_stage_crossing(
@@ -188,7 +214,7 @@ def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     rank0_bounds(graph, [tf.zeros((1, 3))], config(tmp_path))
     cfg = config(tmp_path, **changes)
     with caplog.at_level(logging.WARNING, logger="tfsift"):
-        bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+        bounds, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
     assert messages(caplog) == [
         ("WARNING", f"the plan file {cfg.plan_file} was made for another run ({difference}); "
                     "solving again and overwriting it")
@@ -235,7 +261,7 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
         return 2.5e-4
 
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+        bounds, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
     # measured once, when it solves, on the traced model and a source batch: M = 2
     # microbatches of the example's row
     assert measured == [(graph, 2)]
@@ -292,7 +318,7 @@ def test_room_for_scoring_keeps_a_learnt_layer_on_stage_0(tmp_path: Path) -> Non
 
     graph = trace(Wide(), [tf.zeros((8, 8, 8))])
     assert [n.name for n in graph.nodes][:2] == ["reshape", "a"]
-    assert rank0_bounds(graph, [tf.zeros((8, 8, 8))], config(tmp_path), 1e4)[1] == 2
+    assert rank0_bounds(graph, [tf.zeros((8, 8, 8))], config(tmp_path), 1e4)[0][1] == 2
 
 
 def test_a_memory_plan_ignores_room_for_scoring(
