@@ -82,7 +82,7 @@ def profile(
             if cached is None:
                 cached = STATE.profiles[key] = _profile(graph, example, repeats)
             if stage_call is not None:
-                cached = _calibrated(cached, graph, example, repeats, stage_call, recompute)
+                cached = _calibrated(cached, graph, example, repeats, stage_call, recompute, key)
                 STATE.profiles[key + calibration] = cached
         finally:
             for var, value in saved:
@@ -168,15 +168,23 @@ def _calibrated(
     repeats: int,
     stage_call: StageCall,
     recompute: bool,
+    key: str,
 ) -> CostModel:
-    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times
-    (with ``recompute``, the forward's twice), when that is more than the bare stage's cost
-    and the model is small enough to time."""
+    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times,
+    when that is more than the bare stage's cost and the model is small enough to time.
+
+    With ``recompute``, the recomputing path is charged relative to the tape's: the tape's
+    charge, plus half of what its microbatch took beyond the tape's and the forward it
+    computes again. Measured against the layers' times alone, both paths fell below the bare
+    stage's cost on an MLP (the layers' times sum to more than one compiled call of them
+    takes), and the two were charged alike although the recomputing one ran 20% faster.
+    """
     compute = float(costs.prefix.compute[-1])
     if compute >= CALIBRATE_BELOW * costs.action_overhead:
         return costs
     try:
-        whole = float(stage_call(graph, example, repeats, recompute))
+        kept = _microbatch(stage_call, graph, example, repeats, False, key)
+        again = _microbatch(stage_call, graph, example, repeats, True, key) if recompute else 0.0
     except Exception as err:  # an estimate that fails must not end the run
         log.warning(
             "could not time a microbatch through the runtime's stage (%s: %s); the plan "
@@ -185,10 +193,28 @@ def _calibrated(
             err,
         )
         return costs
-    per_action = (whole - compute - recompute * float(costs.prefix.forward[-1])) / 2
-    if per_action <= costs.action_overhead:
+    per_action = max((kept - compute) / 2, costs.action_overhead)
+    if recompute:
+        forward = float(costs.prefix.forward[-1])
+        per_action = max(per_action + (again - kept - forward) / 2, 0.0)
+    if per_action == costs.action_overhead:
         return costs
     return dataclasses.replace(costs, action_overhead=per_action)
+
+
+def _microbatch(
+    stage_call: StageCall,
+    graph: Graph,
+    example: Sequence[tf.Tensor],
+    repeats: int,
+    recompute: bool,
+    key: str,
+) -> float:
+    """``stage_call``'s seconds for one path, timed once per profile ``key``."""
+    path = f"{key}+microbatch{'+recompute' if recompute else ''}"
+    if path not in STATE.profiles:
+        STATE.profiles[path] = float(stage_call(graph, example, repeats, recompute))
+    return float(STATE.profiles[path])
 
 
 def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:

@@ -121,8 +121,35 @@ def test_a_small_model_is_charged_what_the_runtimes_stage_takes_beyond_its_layer
     assert costs.layers == bare.layers
     # optimize="memory": the stage's path recomputes, and the charge leaves that forward out
     recomputing = profile(graph, [tf.ones((4, 3, 2))], repeats=4, stage_call=stage, recompute=True)
-    assert calls == [3, 4]
+    assert calls == [3, 4, 4]  # both paths: the recomputing one is charged against the tape's
     assert recomputing.action_overhead == pytest.approx(bare.action_overhead + 1e-3)
+
+
+def test_the_recomputing_path_is_charged_what_it_took_beyond_the_tapes_microbatch(
+    monkeypatch: Any,
+) -> None:
+    from tfsift.planning import profiler
+
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    bare = profile(graph, [tf.ones((4, 3, 2))], repeats=3)
+    monkeypatch.setattr(profiler, "_profile", lambda *args: bare)
+    forward = float(bare.prefix.forward[-1])
+    calls: list[bool] = []
+
+    def stage(g: Any, example: Any, repeats: int, recompute: bool) -> float:
+        # the tape 4 ms more per action; recomputing, 3 ms less than the tape's microbatch
+        calls.append(recompute)
+        kept = _whole(bare) + 2 * (bare.action_overhead + 4e-3)
+        return kept - 3e-3 if recompute else kept
+
+    kept = profile(graph, [tf.ones((4, 3, 2))], repeats=3, stage_call=stage)
+    again = profile(graph, [tf.ones((4, 3, 2))], repeats=3, stage_call=stage, recompute=True)
+    assert calls == [False, True]  # the tape's microbatch timed once for both
+    assert kept.action_overhead == pytest.approx(bare.action_overhead + 4e-3)
+    # per action: the tape's charge, less half of the 3 ms and of the forward done again
+    want = kept.action_overhead - (3e-3 + forward) / 2
+    assert again.action_overhead == pytest.approx(want)
+    assert again.layers == kept.layers == bare.layers
 
 
 def test_the_bare_stages_cost_stays_when_the_runtimes_is_less_or_cannot_be_timed(
