@@ -14,10 +14,6 @@ from partitioner.schedule import PIPELINES
 from partitioner.simulator import simulate_plan
 from partitioner.solver import OPTIMIZE, solve
 
-# optimize="speed" recomputes when that is predicted this much faster than keeping a tape:
-# a tie (both paths timed alike) keeps the tape, the path of every larger model.
-RECOMPUTE_GAIN = 0.02
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -46,9 +42,9 @@ class Plan:
             when it was planned, like the costs; `partitioner.scoring`). Plan files
             without it mean 0.
         recompute: whether each stage recomputes its forward inside its backward instead of
-            keeping a tape: always with optimize="memory"; with "speed" where that was
-            predicted faster (`make_plan`'s ``recompute_costs``). Plan files without it
-            mean optimize == "memory".
+            keeping a tape: always with optimize="memory"; with "speed" where the caller
+            found that faster (`make_plan`'s ``recompute``). Plan files without it mean
+            optimize == "memory".
     """
 
     bounds: tuple[int, ...]
@@ -163,7 +159,7 @@ def make_plan(
     scoring: float = 0.0,
     scoring_call: float = 0.0,
     first_stage_min: int = 1,
-    recompute_costs: CostModel | None = None,
+    recompute: bool | None = None,
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
 
@@ -180,13 +176,11 @@ def make_plan(
             without the scoring (`partitioner.scoring.sifted_step_time` adds it).
         scoring_call: fixed seconds of one scoring call beyond its forwards.
         first_stage_min: stage 0 holds at least this many layers (`solve_speed`).
-        recompute_costs: with optimize="speed", the costs of the same layers when each
-            stage recomputes its forward inside its backward (the same layer times; the
-            runtime's cost per action measured on that path). The solved partition then
-            recomputes if that is predicted faster than keeping a tape (by
-            `RECOMPUTE_GAIN`): on small stages,
-            one compiled call that recomputes can cost less than the tape's calls. The
-            predictions are then that path's.
+        recompute: whether the stages recompute their forward inside their backward; by
+            default exactly with optimize="memory". With "speed", True keeps the fastest
+            partition for keeping tapes and predicts the step recomputing (tfsift does so
+            where it timed a small model's recomputing stage faster); "memory" always
+            recomputes.
 
     Raises:
         ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
@@ -202,17 +196,11 @@ def make_plan(
         scoring_call=scoring_call,
         first_stage_min=first_stage_min,
     )
-    recompute = optimize == "memory"
+    if recompute is None:
+        recompute = optimize == "memory"
+    elif optimize == "memory" and not recompute:
+        raise ValueError('optimize="memory" always recomputes. Received: recompute=False')
     result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=recompute)
-    if recompute_costs is not None and not recompute:
-        if [c.name for c in recompute_costs.layers] != [c.name for c in costs.layers]:
-            raise ValueError(
-                "recompute_costs must cost the same layers as costs. Received: "
-                f"{len(recompute_costs.layers)} layers against {len(costs.layers)}"
-            )
-        again = simulate_plan(recompute_costs, partition, M, pipeline=pipeline, recompute=True)
-        if again.step_time < (1 - RECOMPUTE_GAIN) * result.step_time:
-            costs, result, recompute = recompute_costs, again, True
     return Plan(
         bounds=partition.bounds,
         stage_layers=tuple(

@@ -31,7 +31,7 @@ from tfsift.config import Config
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import PipeComm, bcast_object, message_latency
 from tfsift.planning.graph import Graph
-from tfsift.planning.profiler import StageCall, profile
+from tfsift.planning.profiler import StageCall, profile, recomputing_is_faster
 
 if TYPE_CHECKING:
     from partitioner.costs import CostModel
@@ -142,15 +142,17 @@ def rank0_bounds(
         ),
         latency=latency,
     )
-    # optimize="speed" recomputes where that is predicted faster (a small model's stages):
-    # the same layer times, the runtime's cost per action timed on the recomputing path.
-    # Not with room for scoring, which was planned in the waits of stages that keep tapes.
-    recompute_costs = None
+    # optimize="speed" recomputes where a small model's stage was timed faster that way,
+    # and is charged as that path: not with room for scoring, planned in the waits of
+    # stages that keep tapes
+    recompute = cfg.optimize == "memory"
     if cfg.optimize == "speed" and stage_call is not None and not scoring:
-        recompute_costs = dataclasses.replace(
-            profile(graph, example, cfg.profile_repeats, stage_call, recompute=True),
-            latency=latency,
-        )
+        recompute = recomputing_is_faster(graph, example, cfg.profile_repeats, stage_call)
+        if recompute:
+            costs = dataclasses.replace(
+                profile(graph, example, cfg.profile_repeats, stage_call, recompute=True),
+                latency=latency,
+            )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
     call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
     plan = make_plan(
@@ -167,10 +169,8 @@ def rank0_bounds(
         first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
         if scoring
         else 1,
-        recompute_costs=recompute_costs,
+        recompute=recompute,
     )
-    if plan.recompute and recompute_costs is not None:
-        costs = recompute_costs  # the path the plan takes
     result = simulate_plan(
         costs, plan.partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
     )
@@ -268,11 +268,7 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
     lines = [
         f"plan: {len(plan.stage_layers)} stages, M={plan.microbatches}, {plan.pipeline}, "
         f"optimize={plan.optimize}"
-        + (
-            " with recompute (predicted faster)"
-            if plan.recompute and plan.optimize == "speed"
-            else ""
-        )
+        + (" with recompute (timed faster)" if plan.recompute and plan.optimize == "speed" else "")
         + f": predicted step {_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
         + (

@@ -26,6 +26,9 @@ log = logging.getLogger("tfsift")
 # is then at least 1% of an action, and timing the whole model costs about what
 # profiling it did. Above, the fixed cost is noise and the whole model is not run again.
 CALIBRATE_BELOW = 100
+# optimize="speed" recomputes where a small model's microbatch took this much less that
+# way (``recomputing_is_faster``): a tie keeps the tape, the path of every larger model.
+RECOMPUTE_GAIN = 0.02
 # The seconds a microbatch takes through the runtime's stage (forward, backward and the
 # gradient sum, as a stage before the last runs them), given the graph, a microbatch
 # and the repeats; ``tfsift.pipeline.stage.microbatch_seconds``.
@@ -170,21 +173,14 @@ def _calibrated(
     recompute: bool,
     key: str,
 ) -> CostModel:
-    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times,
-    when that is more than the bare stage's cost and the model is small enough to time.
-
-    With ``recompute``, the recomputing path is charged relative to the tape's: the tape's
-    charge, plus half of what its microbatch took beyond the tape's and the forward it
-    computes again. Measured against the layers' times alone, both paths fell below the bare
-    stage's cost on an MLP (the layers' times sum to more than one compiled call of them
-    takes), and the two were charged alike although the recomputing one ran 20% faster.
-    """
+    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times
+    (with ``recompute``, the forward's twice), when that is more than the bare stage's cost
+    and the model is small enough to time."""
     compute = float(costs.prefix.compute[-1])
-    if compute >= CALIBRATE_BELOW * costs.action_overhead:
+    if not small(costs):
         return costs
     try:
-        kept = _microbatch(stage_call, graph, example, repeats, False, key)
-        again = _microbatch(stage_call, graph, example, repeats, True, key) if recompute else 0.0
+        whole = _microbatch(stage_call, graph, example, repeats, recompute, key)
     except Exception as err:  # an estimate that fails must not end the run
         log.warning(
             "could not time a microbatch through the runtime's stage (%s: %s); the plan "
@@ -193,13 +189,41 @@ def _calibrated(
             err,
         )
         return costs
-    per_action = max((kept - compute) / 2, costs.action_overhead)
-    if recompute:
-        forward = float(costs.prefix.forward[-1])
-        per_action = max(per_action + (again - kept - forward) / 2, 0.0)
-    if per_action == costs.action_overhead:
+    per_action = (whole - compute - recompute * float(costs.prefix.forward[-1])) / 2
+    if per_action <= costs.action_overhead:
         return costs
     return dataclasses.replace(costs, action_overhead=per_action)
+
+
+def small(costs: CostModel) -> bool:
+    """Whether the layers compute for little next to the bare stage's cost per action
+    (``CALIBRATE_BELOW``): the model the runtime's stage is timed for."""
+    return float(costs.prefix.compute[-1]) < CALIBRATE_BELOW * costs.action_overhead
+
+
+def recomputing_is_faster(
+    graph: Graph, example: Sequence[tf.Tensor], repeats: int, stage_call: StageCall
+) -> bool:
+    """Whether a microbatch through the runtime's stage took at least ``RECOMPUTE_GAIN``
+    less recomputing its forward inside one compiled backward than with the eager tape.
+
+    Only for a small model (``small``; a larger one pays the forward again in full), as
+    profiled by ``profile`` with this ``stage_call``; each path is timed once per profile.
+    Timed, not predicted: the layers' times sum to more than one compiled call of them
+    takes, so the cost model charges both paths the bare stage's cost per action on such
+    a model, and would predict the recomputing path slower by the forward it repeats
+    (an MLP's step, ``scripts/bench_small.py``, ran faster recomputing).
+    """
+    key = signature(graph, example, repeats)
+    costs = STATE.profiles.get(key)
+    if costs is None or not small(costs):
+        return False
+    try:
+        kept = _microbatch(stage_call, graph, example, repeats, False, key)
+        again = _microbatch(stage_call, graph, example, repeats, True, key)
+    except Exception:  # profile warned already: keep the tape
+        return False
+    return again < (1 - RECOMPUTE_GAIN) * kept
 
 
 def _microbatch(

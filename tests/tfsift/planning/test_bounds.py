@@ -144,9 +144,7 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
     assert got == (plan.bounds, recomputing_faster) and plan.recompute == recomputing_faster
     header = messages(caplog)[1][1].splitlines()[0]
     speed = (
-        "optimize=speed with recompute (predicted faster)"
-        if recomputing_faster
-        else ("optimize=speed")
+        "optimize=speed with recompute (timed faster)" if recomputing_faster else ("optimize=speed")
     )
     assert header.startswith(f"plan: 2 stages, M=2, interleaved, {speed}: predicted step ")
 
