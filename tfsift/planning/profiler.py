@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,19 +78,13 @@ def profile(
     calibration = ("+stage" + ("+recompute" if recompute else "")) if stage_call else ""
     cached = STATE.profiles.get(key + calibration)
     if cached is None:
-        # Timing runs every layer in training mode, which moves BatchNorm statistics and
-        # seed generators on this rank only; put every variable back afterwards.
-        saved = [(v, v.numpy()) for v in _variables(graph)]
-        try:
+        with _restored(graph):
             cached = STATE.profiles.get(key)  # the layers' times: the same for either path
             if cached is None:
                 cached = STATE.profiles[key] = _profile(graph, example, repeats)
             if stage_call is not None:
                 cached = _calibrated(cached, graph, example, repeats, stage_call, recompute, key)
                 STATE.profiles[key + calibration] = cached
-        finally:
-            for var, value in saved:
-                var.assign(value)
     names = [gn.name for gn in graph.nodes]
     layers = tuple(
         dataclasses.replace(c, name=n) for c, n in zip(cached.layers, names, strict=True)
@@ -219,11 +214,29 @@ def recomputing_is_faster(
     if costs is None or not small(costs):
         return False
     try:
-        kept = _microbatch(stage_call, graph, example, repeats, False, key)
-        again = _microbatch(stage_call, graph, example, repeats, True, key)
+        with _restored(graph):
+            kept = _microbatch(stage_call, graph, example, repeats, False, key)
+            again = _microbatch(stage_call, graph, example, repeats, True, key)
     except Exception:  # profile warned already: keep the tape
         return False
     return again < (1 - RECOMPUTE_GAIN) * kept
+
+
+@contextlib.contextmanager
+def _restored(graph: Graph) -> Iterator[None]:
+    """Puts every variable of ``graph`` back as it was when the block ends.
+
+    Timing runs the layers in training mode, which moves BatchNorm statistics and seed
+    generators on this rank only: left so, its stages would train from other states than
+    the other ranks' (a 4-stage ResNet's statistics and a dropout model's gradients
+    differed from one process's when the recomputing path was first timed outside it).
+    """
+    saved = [(v, v.numpy()) for v in _variables(graph)]
+    try:
+        yield
+    finally:
+        for var, value in saved:
+            var.assign(value)
 
 
 def _microbatch(

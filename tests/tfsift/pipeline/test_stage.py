@@ -223,13 +223,17 @@ def test_microbatch_seconds_times_a_stages_forward_backward_and_sum(monkeypatch:
 
 def test_profiling_through_the_stage_leaves_every_variable_as_it_was() -> None:
     from tfsift.pipeline.stage import microbatch_seconds
-    from tfsift.planning.profiler import profile
+    from tfsift.planning.profiler import profile, recomputing_is_faster
+    from tfsift.state import STATE
 
     model = Net(0.5)
     x = tf.constant(np.random.default_rng(1).normal(3.0, 2.0, (8, 4)), tf.float32)
     graph = trace(model, [x])
     before = {v.path: v.numpy() for v in model.variables}
     costs = profile(graph, [x], repeats=2, stage_call=microbatch_seconds)
+    recomputing_is_faster(graph, [x], 2, microbatch_seconds)  # times the recomputing path
     for v in model.variables:  # BatchNorm's moving statistics, the dropout seed, weights
         np.testing.assert_array_equal(v.numpy(), before[v.path])
     assert costs.action_overhead > 0
+    assert STATE.profiles  # both paths were timed, not skipped
+    assert sum(key.endswith("+microbatch+recompute") for key in STATE.profiles) == 1
