@@ -27,7 +27,9 @@ class ProcessState:
             steps (``SiftConfig(overlap=True)``), a ``tfsift.parallel.comm.IdleWork``.
         run_log: the open ``tfsift.pipeline.runlog.RunLog`` (``log_dir``), if any.
         profiles: cost models measured so far, by graph signature
-            (``tfsift.planning.profiler.signature``).
+            (``tfsift.planning.profiler.signature``) and calibration, and the seconds of
+            a microbatch through the runtime's stage by signature and path (both timed
+            once per process: ``profiler._microbatch``).
     """
 
     runtime: Any = None

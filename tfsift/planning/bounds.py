@@ -136,16 +136,14 @@ def rank0_bounds(
         cfg.partitions,
         f"a message between stages takes {_seconds(latency)}; " if latency > 0 else "",
     )
+    recompute = cfg.optimize == "memory"
     costs = dataclasses.replace(
-        profile(
-            graph, example, cfg.profile_repeats, stage_call, recompute=cfg.optimize == "memory"
-        ),
+        profile(graph, example, cfg.profile_repeats, stage_call, recompute=recompute),
         latency=latency,
     )
     # optimize="speed" recomputes where a small model's stage was timed faster that way,
     # and is charged as that path: not with room for scoring, planned in the waits of
     # stages that keep tapes
-    recompute = cfg.optimize == "memory"
     if cfg.optimize == "speed" and stage_call is not None and not scoring:
         recompute = recomputing_is_faster(graph, example, cfg.profile_repeats, stage_call)
         if recompute:
