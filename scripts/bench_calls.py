@@ -1,6 +1,6 @@
 """What does one call of the runtime cost? Fixed costs per action, early exit's calls, input.
 
-Three tables, one process, one compute thread:
+Four tables, one process, one compute thread:
 
 - *dispatch*: the calls the pipeline executor makes once per microbatch and action, on a
   model so small (4 x Conv2D(8, 3x3) on one 4x4x8 sample) that a call's time is almost
@@ -14,6 +14,10 @@ Three tables, one process, one compute thread:
   memory (24,000 x 40 floats, B=64), read through tf.data or ``tfsift.from_arrays``, plain
   and sifted by InfoBatch from recorded losses: what a small model pays per step for its
   input, and what sifting adds to it.
+- *epoch end*: how long a ``for`` loop over a shuffled tf.data dataset takes to end after
+  its last batch, when each batch's step took 50 ms (a sleep), with tf.data's autotuner
+  on (its default) and off (what ``tfsift.shard`` and ``fit`` choose,
+  ``shard.prompt_end``).
 
 Each time is the median of ``rounds`` rounds of ``calls`` calls (input: of epochs).
 
@@ -35,6 +39,8 @@ from bench.main import Benchmark, run
 LAYERS, CHANNELS, SIDE = 4, 8, 4  # the dispatch model
 B, G, CONVS = 128, 8, 4  # the early-exit model
 ROWS, FEATURES, INPUT_B = 24000, 40, 64  # the input model: MNIST-1D's training set
+STEP_S = 0.05  # a step of the epoch-end loop
+WAITED_S = 0.05  # an epoch end slower than this waited (the others take about 1 ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,8 @@ class Settings:
     dispatch_calls: int = 2000
     exit_calls: int = 50
     rounds: int = 5
+    epoch_steps: int = 40  # the epoch-end loop's steps of STEP_S
+    epochs: int = 15  # of the epoch-end loop, per dataset
 
 
 def per_call_s(
@@ -297,6 +305,39 @@ def input_cases(rounds: int) -> dict[str, float]:
     }
 
 
+def epoch_end_cases(steps: int, epochs: int) -> dict[str, list[float]]:
+    """Seconds from the end of a loop's last step to the loop's end (its last ``next()``
+    and the iterator's deletion), for each of ``epochs`` epochs of ``steps`` steps of
+    ``STEP_S``, by table row."""
+    tf = single_thread()
+    import numpy as np
+
+    import tfsift
+
+    tfsift.init({})
+    x = np.zeros((steps * INPUT_B, FEATURES), np.float32)
+
+    def ends_s(dataset: Any) -> list[float]:
+        ends = []
+        for _ in range(epochs):
+            last = time.perf_counter()
+            for _batch in dataset:
+                time.sleep(STEP_S)
+                last = time.perf_counter()
+            ends.append(time.perf_counter() - last)
+        return ends
+
+    source, n = tf.data.Dataset.from_tensor_slices(x), len(x)
+    return {
+        "tf.data: `.shuffle` (full), `.batch`, `.prefetch(2)`; the autotuner on (its default)": (
+            ends_s(source.shuffle(n, seed=0).batch(INPUT_B).prefetch(2))
+        ),
+        "the same through `tfsift.shard(..., shuffle_buffer)`: the autotuner off": ends_s(
+            tfsift.shard(source, n, 0).batch(INPUT_B).prefetch(2)
+        ),
+    }
+
+
 def _once(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -308,7 +349,12 @@ def measure(s: Settings) -> Result:
         k: 1e6 * per_call_s(f, s.dispatch_calls, s.rounds) for k, f in dispatch_cases().items()
     }
     exits = exit_cases(s.exit_calls, s.rounds)
-    return {"dispatch": dispatch, "exit": exits, "input": input_cases(s.rounds)}
+    return {
+        "dispatch": dispatch,
+        "exit": exits,
+        "input": input_cases(s.rounds),
+        "epoch end": epoch_end_cases(s.epoch_steps, s.epochs),
+    }
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
@@ -318,6 +364,15 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         for name, v in raw["exit"].items()
     ]
     inputs = [[name, f"{us:.0f}"] for name, us in raw.get("input", {}).items()]
+    ends = [
+        [
+            name,
+            str(sum(e > WAITED_S for e in ends)),
+            f"{max(ends):.3f}",
+            f"{statistics.mean(ends):.3f}",
+        ]
+        for name, ends in raw.get("epoch end", {}).items()
+    ]
     return "\n\n".join(
         [
             "## Fixed cost per call",
@@ -353,6 +408,28 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             "has a fixed cost (fingerprints, the table's lookup and merge, the buffer), so "
             "rounds of one source batch cost most per batch; on `from_arrays` InfoBatch plans "
             "the epoch once and never reads a pruned sample.",
+            "### The end of an epoch",
+            f"A `for` loop over {s.epoch_steps} shuffled batches of {INPUT_B} x {FEATURES} "
+            "float32, "
+            f"each followed by a step of {1000 * STEP_S:.0f} ms (a sleep): an epoch of "
+            f"{s.epoch_steps * STEP_S:g} s, {s.epochs} epochs per dataset. The wait is the "
+            "time from the end of the last step to the end of the loop.",
+            report.table(
+                [
+                    "dataset",
+                    f"epochs that waited over {1000 * WAITED_S:.0f} ms",
+                    "longest wait (s)",
+                    "mean wait (s)",
+                ],
+                ends,
+            ),
+            "TensorFlow 2.21 can delete an iterator with the autotuner on only when the "
+            "autotuner's thread next wakes, and that thread sleeps for periods that double "
+            "from 10 ms to 60 s while the iterator lives, so the wait grows with the epoch. "
+            "Whether an epoch's end waits is a race, so it is counted over many epochs. "
+            "With several ranks, every rank waits for the slowest one's epoch end. "
+            "`tfsift.shard`, `fit` and sifting's source reader turn the autotuner off "
+            "unless the dataset's options set it.",
         ]
     )
 
@@ -361,7 +438,7 @@ BENCH = Benchmark(
     name="calls",
     question=__doc__.splitlines()[0],
     full=Settings(),
-    quick=Settings(dispatch_calls=50, exit_calls=5, rounds=2),
+    quick=Settings(dispatch_calls=50, exit_calls=5, rounds=2, epoch_steps=4, epochs=2),
     measure=measure,
     render=render,
 )

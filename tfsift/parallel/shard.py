@@ -12,6 +12,7 @@ import tensorflow as tf
 from mpi4py import MPI
 
 from tfsift.parallel import runtime, watchdog
+from tfsift.parallel.pydataset import PythonDataset
 
 log = logging.getLogger("tfsift")
 
@@ -32,6 +33,10 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
 
     Call it on every rank, in the same order: with an unknown cardinality the counts
     are agreed between the ranks.
+
+    The dataset it returns has tf.data's autotuner off unless the dataset's options set
+    it (``prompt_end``): with it on, TensorFlow 2.21 ends each epoch's loop with a wait
+    of up to the epoch's length.
 
     The dataset it returns checks its own ``.batch(B)`` against the config's
     ``microbatches`` M: every batch a step takes splits into M equal microbatches, so a
@@ -59,7 +64,27 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
             out = out.take(count)
     if shuffle_buffer > 0:
         out = out.shuffle(shuffle_buffer, seed=seed + replica, reshuffle_each_iteration=True)
-    return _checked_batching(out, rt.config.microbatches)
+    return _checked_batching(prompt_end(out), rt.config.microbatches)
+
+
+def prompt_end(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` with tf.data's autotuner off, unless its options already say.
+
+    TensorFlow 2.21 deletes an autotuned iterator (at the end of every ``for`` loop over a
+    dataset) only once the autotuner's thread wakes up, and that thread sleeps for a
+    period that doubles from 10 ms to 60 s while the iterator lives: an epoch of ``t``
+    seconds ended with a wait of up to ``t``, 9.9 s after a 10-s epoch on this machine,
+    and every other rank waited too (docs/failures.md). Off, ``AUTOTUNE`` parallelism
+    is the number of cores. The options propagate to the datasets made from it;
+    ``options.autotune.enabled = True``, set by the user on the dataset or after, turns
+    the autotuner back on. A ``PythonDataset`` (``from_arrays``, a sifted dataset) is
+    returned as it is: iterated in Python, it makes no tf.data iterator.
+    """
+    if isinstance(dataset, PythonDataset) or dataset.options().autotune.enabled is not None:
+        return dataset
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def _checked_batching(dataset: tf.data.Dataset, M: int) -> tf.data.Dataset:

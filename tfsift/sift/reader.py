@@ -27,6 +27,8 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
+from tfsift.parallel.shard import prompt_end
+
 
 class SourceReader:
     """Hands out the next ``k`` source batches as one array per leaf.
@@ -41,7 +43,9 @@ class SourceReader:
     def __init__(self, source: tf.data.Dataset, batch_size: int | None, group: int) -> None:
         self.batch_size = batch_size
         self._grouped = batch_size is not None and group > 1
-        # the next block is assembled while the current one is sifted and trained on
+        # the next block is assembled while the current one is sifted and trained on; the
+        # epoch ends without waiting for tf.data's autotuner
+        source = prompt_end(source)
         grouped = source.batch(group).prefetch(1) if self._grouped else source
         self._upstream: Iterator[Any] = iter(grouped)
         self._ahead: Future[Any] | None = None  # the next block, read on the thread

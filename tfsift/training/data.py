@@ -11,6 +11,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel.arrays import ArrayDataset
+from tfsift.parallel.shard import prompt_end
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
@@ -271,8 +272,9 @@ def _listed(dims: Sequence[int]) -> str:
 
 
 def batches(dataset: tf.data.Dataset, steps: int | None) -> Iterator[tuple[Any, Any, Any]]:
-    """``(x, y, sample_weight)`` of each batch (``y``, ``sample_weight`` None if absent)."""
-    for n, element in enumerate(dataset):
+    """``(x, y, sample_weight)`` of each batch (``y``, ``sample_weight`` None if absent);
+    the epoch ends without waiting for tf.data's autotuner (``shard.prompt_end``)."""
+    for n, element in enumerate(prompt_end(dataset)):
         if steps is not None and n >= steps:
             return
         yield keras.utils.unpack_x_y_sample_weight(element)

@@ -6,11 +6,14 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import mpi
 import tfsift
+from tfsift.parallel.arrays import ArrayDataset
+from tfsift.parallel.shard import prompt_end
 
 
 def test_one_replica_gets_the_whole_dataset_in_order() -> None:
@@ -49,6 +52,29 @@ def test_a_shard_of_unknown_size_or_one_microbatch_is_batched_unchecked() -> Non
     assert [len(b) for b in unknown.batch(4)] == [4, 3]  # the step will say so
     tfsift.init({"microbatches": 1})
     assert [len(b) for b in tfsift.shard(tf.data.Dataset.range(10)).batch(3)] == [3, 3, 3, 1]
+
+
+def test_a_shard_ends_its_epochs_without_the_autotuner_unless_the_user_set_it() -> None:
+    tfsift.init({})
+    assert tfsift.shard(tf.data.Dataset.range(4)).options().autotune.enabled is False
+    # the options reach the user's own transformations of the shard
+    batched = tfsift.shard(tf.data.Dataset.range(4)).batch(2).prefetch(tf.data.AUTOTUNE)
+    assert batched.options().autotune.enabled is False
+    on = tf.data.Options()
+    on.autotune.enabled = True
+    assert tfsift.shard(tf.data.Dataset.range(4).with_options(on)).options().autotune.enabled
+    assert batched.with_options(on).options().autotune.enabled  # set after: on again
+
+
+def test_prompt_end_leaves_python_datasets_and_explicit_options_alone() -> None:
+    tfsift.init({})
+    arrays = ArrayDataset((np.arange(4.0),), 2, False, 0, "test")
+    assert prompt_end(arrays) is arrays  # iterated in Python: no tf.data iterator
+    off = tf.data.Options()
+    off.autotune.enabled = False
+    explicit = tf.data.Dataset.range(3).with_options(off)
+    assert prompt_end(explicit) is explicit
+    assert prompt_end(tf.data.Dataset.range(3)).options().autotune.enabled is False
 
 
 @pytest.mark.mpi
