@@ -15,8 +15,9 @@ Four tables, one process, one compute thread:
   and sifted by InfoBatch from recorded losses: what a small model pays per step for its
   input, and what sifting adds to it.
 - *epoch end*: how long a ``for`` loop over a shuffled tf.data dataset takes to end after
-  its last batch, when each batch's step took 50 ms (a sleep), with tf.data's autotuner
-  on (its default) and off (what ``tfsift.shard`` and ``fit`` choose,
+  its last batch, when each batch's step took 50 ms (a sleep) and every core is busy
+  (one spinning process per core, as a job's other ranks computing), with tf.data's
+  autotuner on (its default) and off (what ``tfsift.shard`` and ``fit`` choose,
   ``shard.prompt_end``).
 
 Each time is the median of ``rounds`` rounds of ``calls`` calls (input: of epochs).
@@ -26,10 +27,14 @@ usage: .venv/bin/python scripts/bench_calls.py [--quick] [--no-docs] [--json F] 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench import report
@@ -328,14 +333,29 @@ def epoch_end_cases(steps: int, epochs: int) -> dict[str, list[float]]:
         return ends
 
     source, n = tf.data.Dataset.from_tensor_slices(x), len(x)
-    return {
-        "tf.data: `.shuffle` (full), `.batch`, `.prefetch(2)`; the autotuner on (its default)": (
-            ends_s(source.shuffle(n, seed=0).batch(INPUT_B).prefetch(2))
-        ),
-        "the same through `tfsift.shard(..., shuffle_buffer)`: the autotuner off": ends_s(
-            tfsift.shard(source, n, 0).batch(INPUT_B).prefetch(2)
-        ),
-    }
+    with busy_cores():
+        return {
+            "tf.data: `.shuffle` (full), `.batch`, `.prefetch(2)`; the autotuner on (its "
+            "default)": ends_s(source.shuffle(n, seed=0).batch(INPUT_B).prefetch(2)),
+            "the same through `tfsift.shard(..., shuffle_buffer)`: the autotuner off": ends_s(
+                tfsift.shard(source, n, 0).batch(INPUT_B).prefetch(2)
+            ),
+        }
+
+
+@contextlib.contextmanager
+def busy_cores() -> Iterator[None]:
+    """One process spinning per core, as a job's other ranks computing their last step."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
 
 
 def _once(fn: Callable[[], Any]) -> float:
@@ -412,8 +432,9 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             f"A `for` loop over {s.epoch_steps} shuffled batches of {INPUT_B} x {FEATURES} "
             "float32, "
             f"each followed by a step of {1000 * STEP_S:.0f} ms (a sleep): an epoch of "
-            f"{s.epoch_steps * STEP_S:g} s, {s.epochs} epochs per dataset. The wait is the "
-            "time from the end of the last step to the end of the loop.",
+            f"{s.epoch_steps * STEP_S:g} s, {s.epochs} epochs per dataset, beside one "
+            "spinning process per core (as the other ranks of a job, still computing). The "
+            "wait is the time from the end of the last step to the end of the loop.",
             report.table(
                 [
                     "dataset",
