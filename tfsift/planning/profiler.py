@@ -54,9 +54,10 @@ def profile(
     The runtime's fixed cost per action (``CostModel.action_overhead``) is measured on a
     stage that does nothing; with ``stage_call``, a model whose microbatch computes for
     little (``CALIBRATE_BELOW``) is also run whole through the runtime's stage code, and
-    what that takes beyond the layers' times, per forward and per backward, is charged
-    instead when it is more: the runtime's calls cost more with more variables, and
-    small models are where that decides the step.
+    the costs are fitted to that time (``_calibrated``): what it takes beyond the layers'
+    times, per forward and per backward, is charged instead when it is more (the
+    runtime's calls cost more with more variables, and small models are where that
+    decides the step), and the layers' times are scaled down when it is less.
 
     Args:
         graph: the traced model.
@@ -168,9 +169,18 @@ def _calibrated(
     recompute: bool,
     key: str,
 ) -> CostModel:
-    """``costs`` charging per action what ``stage_call`` measured beyond the layers' times
-    (with ``recompute``, the forward's twice), when that is more than the bare stage's cost
-    and the model is small enough to time."""
+    """``costs`` fitted to what ``stage_call`` measured, when the model is small enough to
+    time: a microbatch through the runtime's stage (a forward and a backward action; with
+    ``recompute``, the forward's layers twice) is then predicted as it was timed.
+
+    When it took more than the layers' times and the bare cost per action, the excess is
+    charged per action. When it took less, the layers' times, each timed in a call of its
+    own, sum to more than the stage's compiled calls of them take (a recomputing stage's
+    backward runs the forward again inside one call): they are scaled down instead,
+    keeping the bare cost per action. Charged the bare cost per action on unscaled
+    layers, an MLP's recomputing GPipe step was predicted at 8.37 ms and took 6.05 ms
+    (``scripts/bench_small.py`` at 0f37b84).
+    """
     compute = float(costs.prefix.compute[-1])
     if not small(costs):
         return costs
@@ -184,10 +194,27 @@ def _calibrated(
             err,
         )
         return costs
-    per_action = (whole - compute - recompute * float(costs.prefix.forward[-1])) / 2
-    if per_action <= costs.action_overhead:
+    layers = compute + recompute * float(costs.prefix.forward[-1])
+    per_action = (whole - layers) / 2
+    if per_action > costs.action_overhead:
+        return dataclasses.replace(costs, action_overhead=per_action)
+    fitted = whole - 2 * costs.action_overhead
+    if fitted <= 0 or layers <= 0:  # no time left for the layers: nothing to fit
         return costs
-    return dataclasses.replace(costs, action_overhead=per_action)
+    return _scaled(costs, fitted / layers)
+
+
+def _scaled(costs: CostModel, factor: float) -> CostModel:
+    """``costs`` with every layer's forward and backward time times ``factor``."""
+    layers = tuple(
+        dataclasses.replace(
+            layer,
+            forward_time=layer.forward_time * factor,
+            backward_time=layer.backward_time * factor,
+        )
+        for layer in costs.layers
+    )
+    return dataclasses.replace(costs, layers=layers)
 
 
 def small(costs: CostModel) -> bool:

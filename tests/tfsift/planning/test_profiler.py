@@ -125,6 +125,29 @@ def test_a_small_model_is_charged_what_the_runtimes_stage_takes_beyond_its_layer
     assert recomputing.action_overhead == pytest.approx(bare.action_overhead + 1e-3)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_stage_faster_than_its_layers_times_scales_them_to_predict_its_microbatch(
+    monkeypatch: Any, recompute: bool
+) -> None:
+    from tfsift.planning import profiler
+
+    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
+    bare = profile(graph, [tf.ones((4, 3, 2))], repeats=3)
+    monkeypatch.setattr(profiler, "_profile", lambda *args: bare)
+    forward = float(bare.prefix.forward[-1])
+    layers = _whole(bare) + recompute * forward  # what the layers' times add up to
+    timed = 2 * bare.action_overhead + 0.6 * layers  # one compiled call did them in 60%
+
+    costs = profile(graph, [tf.ones((4, 3, 2))], 3, lambda *a: timed, recompute=recompute)
+    assert costs.action_overhead == bare.action_overhead
+    for got, was in zip(costs.layers, bare.layers, strict=True):
+        assert got.forward_time == pytest.approx(0.6 * was.forward_time)
+        assert got.backward_time == pytest.approx(0.6 * was.backward_time)
+        assert got.activation_bytes == was.activation_bytes
+    again = recompute * float(costs.prefix.forward[-1])
+    assert _whole(costs) + again + 2 * costs.action_overhead == pytest.approx(timed)
+
+
 @pytest.mark.parametrize(("recomputing", "faster"), [(0.97, True), (0.99, False), (1.1, False)])
 def test_recomputing_is_faster_when_its_microbatch_took_2_percent_less_timed_once_per_path(
     monkeypatch: Any, recomputing: float, faster: bool
