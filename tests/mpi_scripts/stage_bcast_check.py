@@ -7,7 +7,9 @@ returns only once stage 1 has received (a 512 KB message needs its receiver). 2.
 ``StageBroadcast``: the root returns at once; its next call completes the first send;
 stage 1 receives both intact. 3. A broadcast stage 1 receives only after the root's
 ``finish`` gave up: the root names what it waited for (``watchdog.abort`` is replaced by
-a log here, so the job goes on; stage 1 then receives it, so that no send is left).
+a log here, so the job goes on; stage 1 then receives it, so that no send is left). 4.
+``allgather_object``: rank 1 joins a second late; both get both values, and rank 0
+sleeps while it waits.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from mpi4py import MPI
 
 from mpi import report
 from tfsift.parallel import watchdog
-from tfsift.parallel.comm import StageBroadcast, bcast_from_stage
+from tfsift.parallel.comm import StageBroadcast, allgather_object, bcast_from_stage
 
 pipe = MPI.COMM_WORLD.Dup()
 rank, size = pipe.Get_rank(), 1 << 16  # float64: 512 KB, far over the eager limit
@@ -63,4 +65,16 @@ if rank == 0:
 MPI.COMM_WORLD.Barrier()  # not on pipe: its collectives must come in one order
 if rank == 1:
     short([np.empty(size)])
-report(rank=rank, seconds=seconds, intact=intact, aborts=aborts)
+# 4. allgather_object: values of unequal sizes, in rank order; rank 0 arrives a second
+# early and sleeps meanwhile (its CPU seconds while it waits)
+mine = {"rank": rank, "text": "x" * (10 if rank == 0 else 100_000)}
+if rank == 1:
+    time.sleep(1.0)
+cpu = time.process_time()
+gathered = allgather_object(pipe, mine)
+seconds["allgather cpu"] = time.process_time() - cpu
+gathered_ok = gathered == [{"rank": 0, "text": "x" * 10}, {"rank": 1, "text": "x" * 100_000}]
+report(
+    rank=rank, seconds=seconds, intact=intact, aborts=aborts, gathered=gathered_ok,
+    one=allgather_object(MPI.COMM_SELF, mine) == [mine],
+)  # fmt: skip

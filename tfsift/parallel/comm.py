@@ -244,6 +244,29 @@ def bcast_object(comm: Any, value: Any, root: int = 0) -> Any:
     return value if mine else pickle.loads(buffer.tobytes())
 
 
+def allgather_object(comm: Any, value: Any) -> list[Any]:
+    """``comm.allgather(value)`` (any picklable value) whose waiting ranks sleep.
+
+    MPI's blocking ``allgather`` polls: ranks that reached it first kept a core busy
+    while the others still traced their step, and with more ranks than cores that
+    slowed the ones they waited for. Like ``bcast_object`` it waits as long as the
+    slowest rank takes.
+
+    Example:
+        >>> everyone = allgather_object(pipe_comm, describe(found))  # one per rank, in order
+    """
+    if comm.Get_size() == 1:
+        return [value]
+    data = np.frombuffer(pickle.dumps(value, pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.zeros(comm.Get_size(), np.int64)
+    watchdog.wait([comm.Iallgather(np.array([data.size], np.int64), sizes)], math.inf)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    gathered = np.empty(int(sizes.sum()), np.uint8)
+    layout = (sizes.tolist(), starts.tolist())
+    watchdog.wait([comm.Iallgatherv([data, MPI.BYTE], [gathered, layout, MPI.BYTE])], math.inf)
+    return [pickle.loads(gathered[a : a + n].tobytes()) for a, n in zip(starts, sizes, strict=True)]
+
+
 def message_latency(pipe: PipeComm, stage: int, trips: int = LATENCY_TRIPS) -> float:
     """Seconds a message between neighbouring stages takes to arrive, as a step's receive
     waits for it (``PipeComm.recv``: spinning, then sleeping): half the median round trip

@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsift.parallel import collectives, runtime
-from tfsift.parallel.comm import bcast_from_stage
+from tfsift.parallel.comm import allgather_object, bcast_from_stage
 from tfsift.planning import keras_internals
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def find(
     owned = {id(v) for v in part.graph.stage(0, len(part.graph)).variables()}  # every stage's
     found = [v for v in assigned if id(v) not in owned]
     if K > 1:
-        check_agree(rt.pipe_comm.allgather(describe(found)), name)
+        check_agree(allgather_object(rt.pipe_comm, describe(found)), name)
     check_combinable(found, R, name)
     local = [v.path for v in found if aggregation(v) not in COMBINED]
     if R > 1 and local and rt.rank == 0:

@@ -248,7 +248,7 @@ def test_a_stalled_replica_ends_the_job_after_the_timeout_of_the_allreduce() -> 
 
 @pytest.mark.mpi
 @pytest.mark.alone
-def test_a_stage_broadcast_root_goes_on_before_the_other_stages_receive() -> None:
+def test_a_stage_broadcast_root_goes_on_before_the_other_stages_receive_and_gathers_sleep() -> None:
     reports = mpi.reports(mpi.run(2, "stage_bcast_check.py", timeout=120))
     root, other = reports[0], reports[1]
     seconds = root["seconds"]
@@ -265,3 +265,7 @@ def test_a_stage_broadcast_root_goes_on_before_the_other_stages_receive() -> Non
         "stage 0 (rank 0) waited 0.5 s for the other stages to receive the test values"
     ]
     assert other["aborts"] == []
+    # allgather_object: both values, in rank order, and the early rank slept (blocking
+    # MPI would have kept its core busy for the second it waited)
+    assert root["gathered"] and other["gathered"] and root["one"]
+    assert root["seconds"]["allgather cpu"] < 0.3, root["seconds"]
