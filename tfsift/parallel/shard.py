@@ -35,7 +35,7 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
     are agreed between the ranks.
 
     The dataset it returns has tf.data's autotuner off unless the dataset's options set
-    it (``prompt_end``): with it on, TensorFlow 2.21 ends each epoch's loop with a wait
+    it (``prompt_end``): with it on, TensorFlow 2.21 can end an epoch's loop with a wait
     of up to the epoch's length.
 
     The dataset it returns checks its own ``.batch(B)`` against the config's
@@ -70,11 +70,12 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
 def prompt_end(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """``dataset`` with tf.data's autotuner off, unless its options already say.
 
-    TensorFlow 2.21 deletes an autotuned iterator (at the end of every ``for`` loop over a
-    dataset) only once the autotuner's thread wakes up, and that thread sleeps for a
-    period that doubles from 10 ms to 60 s while the iterator lives: an epoch of ``t``
-    seconds ended with a wait of up to ``t``, 9.9 s after a 10-s epoch on this machine,
-    and every other rank waited too (docs/failures.md). Off, ``AUTOTUNE`` parallelism
+    TensorFlow 2.21 can delete an autotuned iterator (at the end of every ``for`` loop
+    over a dataset) only once the autotuner's thread wakes up (whether it waits is a
+    race, more often lost on busy cores), and that thread sleeps for a period that
+    doubles from 10 ms to 60 s while the iterator lives: an epoch of ``t`` seconds then
+    ends with a wait of up to ``t``, 9.9 s after a 10-s epoch on this machine, and every
+    other rank waits too (docs/failures.md). Off, ``AUTOTUNE`` parallelism
     is the number of cores. The options propagate to the datasets made from it;
     ``options.autotune.enabled = True``, set by the user on the dataset or after, turns
     the autotuner back on. A ``PythonDataset`` (``from_arrays``, a sifted dataset) is
