@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+from autotune import record_prompt_end
 
 from tfsift.sift import reader as reader_module
 from tfsift.sift.reader import SourceReader
@@ -102,16 +103,8 @@ def test_an_error_upstream_is_raised_by_the_read_of_its_block_not_earlier() -> N
 
 
 def test_the_source_is_read_without_the_autotuner(monkeypatch: pytest.MonkeyPatch) -> None:
-    # with it, TensorFlow 2.21 ends the epoch waiting for its thread (shard.prompt_end)
-    read: list[bool | None] = []
-    plain = reader_module.prompt_end
-
-    def recorded(dataset: tf.data.Dataset) -> tf.data.Dataset:
-        out = plain(dataset)
-        read.append(out.options().autotune.enabled)
-        return out
-
-    monkeypatch.setattr(reader_module, "prompt_end", recorded)
+    # with it, TensorFlow 2.21 can end the epoch waiting for its thread (shard.prompt_end)
+    read = record_prompt_end(monkeypatch, reader_module)
     source = tf.data.Dataset.range(4).batch(2)
     assert reads(SourceReader(source, batch_size=2, group=2), [2]) == [([0, 1, 2, 3], 2)]
     assert reads(SourceReader(source, batch_size=None, group=1), [2]) == [([0, 1, 2, 3], 2)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from autotune import record_prompt_end
 
 from tfsift.training import data
 
@@ -135,16 +136,8 @@ def test_fit_reads_arrays_by_row_and_names_itself_in_their_errors() -> None:
 
 
 def test_fit_reads_a_dataset_without_the_autotuner(monkeypatch: pytest.MonkeyPatch) -> None:
-    # with it, TensorFlow 2.21 ends each epoch waiting for its thread (shard.prompt_end)
-    read: list[bool | None] = []
-    plain = data.prompt_end
-
-    def recorded(dataset: tf.data.Dataset) -> tf.data.Dataset:
-        out = plain(dataset)
-        read.append(out.options().autotune.enabled)
-        return out
-
-    monkeypatch.setattr(data, "prompt_end", recorded)
+    # with it, TensorFlow 2.21 can end each epoch waiting for its thread (shard.prompt_end)
+    read = record_prompt_end(monkeypatch, data)
     dataset = tf.data.Dataset.from_tensor_slices((X, X[:, 0])).batch(5)
     assert [len(x) for x, _, _ in data.batches(dataset, None)] == [5, 5]
     assert read == [False]
