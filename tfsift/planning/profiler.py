@@ -232,9 +232,10 @@ def recomputing_is_faster(
     Only for a small model (``small``; a larger one pays the forward again in full), as
     profiled by ``profile`` with this ``stage_call``; each path is timed once per profile.
     Timed, not predicted: the layers' times sum to more than one compiled call of them
-    takes, so the cost model charges both paths the bare stage's cost per action on such
-    a model, and would predict the recomputing path slower by the forward it repeats
-    (an MLP's step, ``scripts/bench_small.py``, ran faster recomputing).
+    takes, so on such a model the profile before ``_calibrated`` fits it to a path would
+    predict the recomputing path slower by the forward it repeats (an MLP's step,
+    ``scripts/bench_small.py``, ran faster recomputing); fitted, each path's prediction
+    is its timed microbatch, which is what this compares.
     """
     key = signature(graph, example, repeats)
     costs = STATE.profiles.get(key)
