@@ -11,8 +11,8 @@ import numpy as np
 class SampleBuffer:
     """A FIFO of kept samples, stored as the element's flattened leaves (NumPy arrays).
 
-    Samples leave in the order they were kept; ``take(n)`` concatenates only what it
-    returns, so a sample is copied once on the way in and once on the way out.
+    Samples leave in the order they were kept; a sample is copied on the way in, and on
+    the way out only when its batch spans chunks (``take``).
 
     Example:
         >>> buf = SampleBuffer()
@@ -39,15 +39,33 @@ class SampleBuffer:
         self._size += len(indices)
 
     def take(self, n: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """Removes the oldest ``n`` samples; returns their leaves and keep probabilities."""
+        """Removes the oldest ``n`` samples; returns their leaves and keep probabilities.
+
+        Only the chunks that hold them are joined (none when one chunk does): joining the
+        whole buffer at every take would copy a round's kept samples once per batch."""
         if not 0 < n <= self._size:
             raise ValueError(f"n must be in [1, {self._size}]. Received: n={n}")
-        leaves = [np.concatenate(parts, axis=0) for parts in zip(*self._chunks, strict=True)]
-        probs = np.concatenate(self._probs)
-        self._chunks = [[leaf[n:] for leaf in leaves]] if n < self._size else []
-        self._probs = [probs[n:]] if n < self._size else []
+        chunks: list[list[np.ndarray]] = []
+        probs: list[np.ndarray] = []
+        need = n
+        while need:
+            first, first_probs = self._chunks[0], self._probs[0]
+            if len(first_probs) <= need:  # all of the oldest chunk
+                del self._chunks[0], self._probs[0]
+                chunks.append(first)
+                probs.append(first_probs)
+                need -= len(first_probs)
+            else:  # its head; the tail stays, as views
+                chunks.append([leaf[:need] for leaf in first])
+                probs.append(first_probs[:need])
+                self._chunks[0] = [leaf[need:] for leaf in first]
+                self._probs[0] = first_probs[need:]
+                need = 0
         self._size -= n
-        return [leaf[:n] for leaf in leaves], probs[:n]
+        if len(chunks) == 1:
+            return chunks[0], probs[0]
+        leaves = [np.concatenate(parts, axis=0) for parts in zip(*chunks, strict=True)]
+        return leaves, np.concatenate(probs)
 
     def state(self) -> dict[str, Any]:
         """The buffered samples as arrays (leaf_0, leaf_1, ..., probs)."""

@@ -69,6 +69,8 @@ class ScoreCache:
         self._losses[at[found]] = losses[found]
         self._epochs[at[found]] = epochs[found]
         new = ~found
+        if not new.any():  # a table that knows every key (each round after the first epoch)
+            return  # stays sorted: no copy and sort of the whole table
         merged = np.concatenate([self._keys, keys[new]])
         order = np.argsort(merged, kind="stable")
         self._keys = merged[order]

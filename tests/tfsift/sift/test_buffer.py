@@ -49,3 +49,17 @@ def test_taking_more_than_it_holds_is_refused() -> None:
     with pytest.raises(ValueError) as err:
         buffer.take(3)
     assert str(err.value) == "n must be in [1, 2]. Received: n=3"
+
+
+def test_a_batch_within_one_kept_group_is_not_copied_out() -> None:
+    """take joins only the groups a batch spans: a round keeps a few batches' worth, and
+    joining the whole buffer at every take copied it once per batch."""
+    buffer = SampleBuffer()
+    buffer.add([np.arange(10.0)], np.arange(10), np.ones(10))
+    buffer.add([np.arange(10.0, 14.0)], np.arange(4), np.ones(4))
+    (first,), _ = buffer.take(4)
+    (second,), _ = buffer.take(4)
+    assert first.base is not None and first.base is second.base  # views of the group's copy
+    (spanning,), _ = buffer.take(4)
+    assert spanning.tolist() == [8.0, 9.0, 10.0, 11.0]
+    assert spanning.base is None  # joined: its own memory
