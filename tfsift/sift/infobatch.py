@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tfsift.sift.selection import FloatArray, Selection
+from tfsift.sift.stale import find_sorted
 
 
 def prunes(epoch: int, epochs: int, anneal: float) -> bool:
@@ -125,10 +126,9 @@ class InfoBatchPolicy:
 
 
 def _members(keys: FloatArray, table: FloatArray) -> npt.NDArray[np.bool_]:
-    """Whether each key is in ``table`` (sorted): a binary search per key, where
-    ``np.isin`` would sort the table again for every round of a few hundred keys."""
-    at = np.minimum(np.searchsorted(table, keys), max(len(table) - 1, 0))
-    found: npt.NDArray[np.bool_] = table[at] == keys if len(table) else np.zeros(len(keys), bool)
+    """Whether each key is in ``table`` (sorted), searched: ``np.isin`` would sort the
+    table again for every round of a few hundred keys."""
+    found: npt.NDArray[np.bool_] = find_sorted(table, keys)[1]
     return found
 
 

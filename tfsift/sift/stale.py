@@ -93,14 +93,20 @@ class ScoreCache:
         self._epochs = np.asarray(state["epochs"], np.int64)
 
     def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        at = np.searchsorted(self._keys, keys)
-        inside = at < len(self._keys)
-        found = np.zeros(len(keys), bool)
-        found[inside] = self._keys[at[inside]] == keys[inside]
-        return np.where(inside, at, 0), found
+        return find_sorted(self._keys, keys)
 
     def _projection(self, position: int, width: int) -> np.ndarray:
         key = (position, width)
         if key not in self._projections:
             self._projections[key] = self._rng.standard_normal(width)
         return self._projections[key]
+
+
+def find_sorted(table: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(at, found): where each key is in the sorted ``table`` (0 where it is not), and
+    whether it is; a binary search per key, with no sort of the table."""
+    at = np.searchsorted(table, keys)
+    inside = at < len(table)
+    found = np.zeros(len(keys), bool)
+    found[inside] = table[at[inside]] == keys[inside]
+    return np.where(inside, at, 0), found
