@@ -260,11 +260,10 @@ def allgather_object(comm: Any, value: Any) -> list[Any]:
     data = np.frombuffer(pickle.dumps(value, pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.zeros(comm.Get_size(), np.int64)
     watchdog.wait([comm.Iallgather(np.array([data.size], np.int64), sizes)], math.inf)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     gathered = np.empty(int(sizes.sum()), np.uint8)
-    layout = (sizes.tolist(), starts.tolist())
+    layout = (sizes, None)  # displacements: the sizes' running sums
     watchdog.wait([comm.Iallgatherv([data, MPI.BYTE], [gathered, layout, MPI.BYTE])], math.inf)
-    return [pickle.loads(gathered[a : a + n].tobytes()) for a, n in zip(starts, sizes, strict=True)]
+    return [pickle.loads(part.tobytes()) for part in np.split(gathered, np.cumsum(sizes)[:-1])]
 
 
 def message_latency(pipe: PipeComm, stage: int, trips: int = LATENCY_TRIPS) -> float:

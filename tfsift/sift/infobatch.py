@@ -107,8 +107,9 @@ class InfoBatchPolicy:
     def select_keys(self, keys: FloatArray) -> Selection:
         """The samples of a round (by key) the plan keeps, with their keep probabilities;
         a key the plan does not know (never scored) is kept with probability 1."""
-        kept = np.flatnonzero(~_members(keys, self._pruned))
-        boosted = _members(keys[kept], self._boosted)
+        # searched in the plan's sorted keys: np.isin would sort them again every round
+        kept = np.flatnonzero(~find_sorted(self._pruned, keys)[1])
+        boosted = find_sorted(self._boosted, keys[kept])[1]
         return Selection(kept.astype(np.int64), np.where(boosted, 1.0 - self.prune, 1.0))
 
     def metrics(self) -> dict[str, float]:
@@ -123,13 +124,6 @@ class InfoBatchPolicy:
         """Restores the plan ``state`` holds."""
         self._pruned = np.asarray(state["pruned"], np.float64)
         self._boosted = np.asarray(state["boosted"], np.float64)
-
-
-def _members(keys: FloatArray, table: FloatArray) -> npt.NDArray[np.bool_]:
-    """Whether each key is in ``table`` (sorted), searched: ``np.isin`` would sort the
-    table again for every round of a few hundred keys."""
-    found: npt.NDArray[np.bool_] = find_sorted(table, keys)[1]
-    return found
 
 
 def _boosted_keys(keys: FloatArray, kept: Selection) -> FloatArray:

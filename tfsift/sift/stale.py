@@ -52,7 +52,7 @@ class ScoreCache:
     def lookup(self, keys: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(fresh, losses): whether each key has a loss from the last ``epochs`` epochs, and
         that loss (NaN where not fresh)."""
-        at, found = self._find(keys)
+        at, found = find_sorted(self._keys, keys)
         fresh = found.copy()
         fresh[found] = epoch - self._epochs[at[found]] <= self.epochs
         losses = np.full(len(keys), np.nan)
@@ -65,7 +65,7 @@ class ScoreCache:
         epochs = np.broadcast_to(np.asarray(epoch, np.int64), np.shape(keys))
         keys, first = np.unique(keys, return_index=True)
         losses, epochs = np.asarray(losses, np.float64)[first], epochs[first]
-        at, found = self._find(keys)
+        at, found = find_sorted(self._keys, keys)
         self._losses[at[found]] = losses[found]
         self._epochs[at[found]] = epochs[found]
         new = ~found
@@ -91,9 +91,6 @@ class ScoreCache:
         self._keys = np.asarray(state["keys"], np.float64)
         self._losses = np.asarray(state["losses"], np.float64)
         self._epochs = np.asarray(state["epochs"], np.int64)
-
-    def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return find_sorted(self._keys, keys)
 
     def _projection(self, position: int, width: int) -> np.ndarray:
         key = (position, width)

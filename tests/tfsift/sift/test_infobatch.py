@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tfsift.sift.infobatch
-from tfsift.sift.infobatch import InfoBatchPolicy, _members, infobatch_keep, prunes
+from tfsift.sift.infobatch import InfoBatchPolicy, infobatch_keep, prunes
 
 NAN = float("nan")
 
@@ -144,19 +144,6 @@ def test_the_policy_state_round_trips_the_plan() -> None:
     a, b = policy.select_keys(keys[::-1]), again.select_keys(keys[::-1])
     assert a.indices.tolist() == b.indices.tolist() and a.probs.tolist() == b.probs.tolist()
     assert len(a) < 20
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0, 3.0, 8.0]), max_size=10),
-    st.sets(st.sampled_from([0.0, 0.5, 2.0, 8.0, 9.0])),
-)
-def test_membership_in_the_plan_is_numpys_isin(keys: list[float], table: set[float]) -> None:
-    """select_keys searches the plan's sorted keys: the same answer as np.isin, for keys
-    below, between, equal to and past the table's, and for an empty table."""
-    sorted_table = np.array(sorted(table), np.float64)
-    found = _members(np.array(keys, np.float64), sorted_table)
-    assert found.tolist() == np.isin(keys, sorted_table).tolist()
 
 
 def test_docstring_examples_run() -> None:
