@@ -7,8 +7,9 @@ SGD, B=128; one compute thread per rank, ranks bound to cores), in one job each:
   K=2 step for each M, and the runtime's cost per action the profiler charges (the time
   of a microbatch through the runtime's stage code beyond its layers' times);
 - one process, ``@tfsift.step`` with M microbatches: what microbatching alone costs, and
-  from it the runtime's cost per action, ``(t_M - t_1) / (2 (M - 1))`` (the same compute
-  in M forwards and M backwards instead of one each); in turn with it, the same
+  from it the cost per action, ``(t_M - t_1) / (2 (M - 1))`` (the same compute in M
+  forwards and M backwards instead of one each; one stage runs them in one compiled call,
+  a pipeline's stage makes a call per action); in turn with it, the same
   microbatching written by hand in TensorFlow (one tf.function call a microbatch) against
   the whole-batch Keras step: what the same formula gives without tfsift, since smaller
   matrix products and a call per microbatch cost TensorFlow itself;
@@ -167,12 +168,14 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
                 ],
                 rows,
             ),
-            f"The runtime's cost per action (a stage's forward or backward of one microbatch), "
-            f"from microbatching alone in one process: **{1e6 * per_action:.0f} us** (target: "
-            f"<= 150 us); a hand-written TensorFlow loop's, by the same formula (its M={s.M} "
-            f"row against its Keras step, timed in turn with the row above): "
-            f"{1e6 * by_hand:.0f} us; the profiler's own estimate, which the prediction "
-            f"charges: {1e6 * overhead:.0f} us. " + "; ".join(lines) + ".",
+            f"What microbatching costs per action (a forward or backward of one microbatch) "
+            f"in one process, where one compiled call runs all of a step's microbatches: "
+            f"**{1e6 * per_action:.0f} us** (target: <= 150 us); a hand-written TensorFlow "
+            f"loop of one tf.function call a microbatch, by the same formula (its M={s.M} row "
+            f"against its Keras step, timed in turn with the row above): "
+            f"{1e6 * by_hand:.0f} us. On a pipeline's stage each action is a call of its "
+            f"own: the profiler's estimate of its cost, which the prediction charges, "
+            f"{1e6 * overhead:.0f} us. " + "; ".join(lines) + ".",
         ]
     )
 

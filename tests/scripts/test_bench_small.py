@@ -46,12 +46,12 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
     times = [0.010] * 98 + [0.030, 0.050]  # a 10 ms median with two slow steps
     text = bench.render(measured(times), META, bench.Settings())
     assert "**200 us** (target: <= 150 us)" in text  # (4.2 - 3.0) ms / 6
-    assert "against its Keras step, timed in turn with the row above): 100 us;" in text
+    assert "against its Keras step, timed in turn with the row above): 100 us." in text
     assert (
         "| one process, a hand-written TensorFlow loop, M=4 (and its Keras step) | 2.70 (2.10) |"
         in text
     )
-    assert "the profiler's own estimate, which the prediction charges: 150 us" in text
+    assert "the profiler's estimate of its cost, which the prediction charges, 150 us." in text
     assert "simple: measured 1.25x the prediction (target: within 25%)" in text  # 10 / 8 ms
     p99 = float(__import__("numpy").percentile(times, 99))
     assert f"p99 {p99 / 0.010:.2f}x the median (target <= 2x)" in text

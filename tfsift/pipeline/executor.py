@@ -39,10 +39,12 @@ class StepResult:
     Args:
         results: the step function's return value per microbatch (last stage only).
         grad_sum: the sum over microbatches of the stage's variable gradients (training).
+        grad_mean: ``grad_sum / M`` where the step computed it already (one stage).
     """
 
     results: list[Any] | None
     grad_sum: list[tf.Tensor] | None
+    grad_mean: list[tf.Tensor] | None = None
 
 
 class Executor:
@@ -67,6 +69,10 @@ class Executor:
 
         With ``timed``, appends (action, start, end) in ``time.perf_counter`` seconds.
         """
+        if self.plan.K == 1:
+            done = self._run_all(timed)
+            if done is not None:
+                return done
         for action in self.plan.actions:
             start = time.perf_counter()
             # Look the handler up per action: a dict of bound methods on self would make a
@@ -78,6 +84,26 @@ class Executor:
         if not self.plan.last:
             return StepResult(None, self.grad_sum)
         return StepResult([self.results[m] for m in range(len(self.microbatches))], self.grad_sum)
+
+    def _run_all(self, timed: Timed | None) -> StepResult | None:
+        """One stage: every microbatch in one compiled call of the head; None where the
+        step function runs eagerly (then the actions run one by one)."""
+        head = self.plan.head
+        assert head is not None, "the only stage runs the step function's head"
+        start = time.perf_counter()
+        done = head.run_all(self.microbatches)
+        if done is None:
+            return None
+        end = time.perf_counter()
+        if timed is not None:
+            # One call ran them all: each forward (with its fused backward, as on any
+            # last stage) is shown as an equal share of it, each backward as an instant.
+            share, at = (end - start) / len(self.microbatches), start
+            for action in self.plan.actions:
+                took = share if action.kind == Kind.FORWARD else 0.0
+                timed.append((action, at, at + took))
+                at += took
+        return StepResult(done.results, done.grad_sum, done.grad_mean)
 
     def stage_forward(self, m: int, inputs: list[tf.Tensor]) -> None:
         """Runs the stage on microbatch ``m``, keeping what its backward needs."""

@@ -9,11 +9,16 @@ Compared with an eager head this removes the per-microbatch Python work of the
 loss, of two gradient tapes and of the gradient sum; it also means the last
 stage keeps no activations between a forward and its backward.
 
+With one stage (K = 1) the same call runs all M microbatches of a step, one after the
+other (``Head.run_all``): nothing arrives between them, so the call's fixed cost is paid
+once a step.
+
 The step function is traced, so Python side effects in it run when it is traced,
-not every call (as in any ``tf.function``). A function that cannot be traced
-(it calls ``.numpy()``, for example) runs eagerly instead, with a warning;
-``@tfsift.step(compile=False)`` asks for that from the start. Eagerly, the same
-code runs without ``tf.function`` (the stage's layers still run compiled).
+not every call (as in any ``tf.function``); with one stage, M times per trace. A
+function that cannot be traced (it calls ``.numpy()``, for example) runs eagerly
+instead, with a warning; ``@tfsift.step(compile=False)`` asks for that from the start.
+Eagerly, the same code runs without ``tf.function`` (the stage's layers still run
+compiled).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from keras import tree
 
 from tfsift.pipeline import context
 from tfsift.pipeline.compiled import Compiled, signature
+from tfsift.pipeline.outputs import divide
 from tfsift.pipeline.stage import Stage, add
 from tfsift.planning.autodiff import gradients, is_float
 
@@ -44,6 +50,15 @@ class HeadResult:
     results: Any  # the step function's return value, tfsift.gradients replaced by the marker
     grad_sum: list[tf.Tensor] | None  # the running sum of the stage's variable gradients
     in_grads: list[tf.Tensor]  # d loss / d stage inputs, for the previous stage
+
+
+@dataclasses.dataclass
+class AllResult:
+    """What one call over all of a step's microbatches gives back (one stage)."""
+
+    results: list[Any]  # per microbatch, as ``HeadResult.results``
+    grad_sum: list[tf.Tensor] | None
+    grad_mean: list[tf.Tensor] | None  # grad_sum / M (None for M = 1 or no gradients)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,25 +101,53 @@ class Head:
         grad_sum: list[tf.Tensor] | None,
     ) -> HeadResult:
         """Runs one microbatch; ``inputs`` are the stage inputs (empty on stage 0)."""
-        args, kwargs = microbatch
-        call = (list(inputs), args, kwargs, grad_sum)
+        flats, grads, in_grads, _ = self._invoke(list(inputs), [microbatch], grad_sum)
+        return HeadResult(self._rebuild(flats[0]), grads, in_grads)
+
+    def run_all(self, microbatches: Sequence[Microbatch]) -> AllResult | None:
+        """Every microbatch of a one-stage step in one compiled call; None where the step
+        function runs eagerly.
+
+        With one stage nothing arrives between two microbatches, so a call's fixed cost
+        (``Compiled``'s dispatch and the Python around it, ``scripts/bench_small.py``)
+        is paid once a step instead of once a microbatch. The gradients' mean over the
+        microbatches comes out of the same call, as it would from ``accumulate()``'s.
+        """
+        if not self.compiled:
+            return None
+        count = tf.constant(len(microbatches)) if self.backward and len(microbatches) > 1 else None
+        try:
+            flats, grads, _, means = self._invoke([], list(microbatches), None, count, False)
+        except _FellBack:
+            return None
+        return AllResult([self._rebuild(flat) for flat in flats], grads, means or None)
+
+    def _invoke(
+        self,
+        inputs: list[tf.Tensor],
+        microbatches: list[Microbatch],
+        grad_sum: list[tf.Tensor] | None,
+        count: tf.Tensor | None = None,
+        fall_back: bool = True,
+    ) -> tuple[list[list[tf.Tensor]], list[tf.Tensor] | None, list[tf.Tensor], list[tf.Tensor]]:
+        call = (inputs, microbatches, grad_sum, count)
         self._key = signature(call)
         try:
             if isinstance(self._call, Compiled):  # the key is its signature too
-                flat, grads, in_grads = self._call.call_keyed(self._key, *call)
+                flats, grads, in_grads, means = self._call.call_keyed(self._key, *call)
             else:
-                flat, grads, in_grads = self._call(*call)
+                flats, grads, in_grads, means = self._call(*call)
         except context.StepFunctionError:
             raise
         except Exception as error:
             if self._tried:
                 raise
             self._fall_back(error)
-            flat, grads, in_grads = self._call(*call)
+            if not fall_back:
+                raise _FellBack() from error
+            flats, grads, in_grads, means = self._call(*call)
         self._tried = True
-        return HeadResult(
-            self._rebuild(flat), list(grads) if self.backward else None, list(in_grads)
-        )
+        return list(flats), list(grads) if self.backward else None, list(in_grads), list(means)
 
     def _fall_back(self, error: Exception) -> None:
         """The first call could not trace the step function: run it eagerly from now on."""
@@ -129,36 +172,52 @@ class Head:
     def _run(
         self,
         inputs: list[tf.Tensor],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        microbatches: list[Microbatch],
         grad_sum: list[tf.Tensor] | None,
-    ) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+        count: tf.Tensor | None,
+    ) -> tuple[list[list[tf.Tensor]], list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+        # The step function is called here, not in a helper: AutoGraph converts what the
+        # compiled function calls, but nothing that tfsift's own modules call.
         stage = self.stage
         first = stage.index == 0
-
-        def model_call(model: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
-            stage_inputs = [tf.convert_to_tensor(x) for x in tree.flatten(a)] if first else inputs
-            outputs = stage.forward_call(stage_inputs, self.training)
-            return tree.pack_sequence_as(self.output_structure, outputs)
-
-        ctx = context.StepContext(model_call, compiled=self.compiled)
-        tape = tf.GradientTape() if self.backward else None
-        with tape if tape is not None else contextlib.nullcontext(), context.active(ctx):
-            if tape is not None:
-                tape.watch([x for x in inputs if is_float(x)])
-            results = self.fn(*args, **kwargs)
+        flats: list[list[tf.Tensor]] = []
         grads: list[tf.Tensor] = []
         in_grads: list[tf.Tensor] = []
-        if tape is not None:
-            request = single_request(ctx.requests)
-            check_request(request, stage.variables)
-            wrt_inputs = [] if first else [x for x in inputs if is_float(x)]
-            all_grads = gradients(tape, request.loss, list(stage.variables) + wrt_inputs)
-            n = len(stage.variables)
-            grads, in_grads = all_grads[:n], all_grads[n:]
-            if grad_sum is not None:
-                grads = add(grad_sum, grads)
-        return self._flatten_results(results), grads, in_grads
+        previous: list[tf.Tensor] = []
+        for args, kwargs in microbatches:
+            if previous:
+                # One microbatch after the other, as in separate calls: a graph could run
+                # them side by side and hold every microbatch's activations at once, which
+                # microbatches in one process are there to avoid.
+                with tf.control_dependencies(previous):
+                    args, kwargs = tf.nest.map_structure(_after, (args, kwargs))
+
+            def model_call(model: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+                stage_inputs = (
+                    [tf.convert_to_tensor(x) for x in tree.flatten(a)] if first else inputs
+                )
+                outputs = stage.forward_call(stage_inputs, self.training)
+                return tree.pack_sequence_as(self.output_structure, outputs)
+
+            ctx = context.StepContext(model_call, compiled=self.compiled)
+            tape = tf.GradientTape() if self.backward else None
+            with tape if tape is not None else contextlib.nullcontext(), context.active(ctx):
+                if tape is not None:
+                    tape.watch([x for x in inputs if is_float(x)])
+                results = self.fn(*args, **kwargs)
+            flats.append(self._flatten_results(results))
+            previous = flats[-1]
+            if tape is not None:
+                request = single_request(ctx.requests)
+                check_request(request, stage.variables)
+                wrt_inputs = [] if first else [x for x in inputs if is_float(x)]
+                all_grads = gradients(tape, request.loss, list(stage.variables) + wrt_inputs)
+                n = len(stage.variables)
+                grads, in_grads = all_grads[:n], all_grads[n:]
+                if grad_sum is not None:
+                    grads = add(grad_sum, grads)
+                grad_sum = previous = grads
+        return flats, grads, in_grads, divide(grads, count) if count is not None else []
 
     def _flatten_results(self, results: Any) -> list[tf.Tensor]:
         """The tensors of ``results``; records how to put them back (the same every trace)."""
@@ -179,6 +238,15 @@ class Head:
         if self._key is not None:
             self._layouts[self._key] = layout
         return [leaves[i] for i in positions]
+
+
+class _FellBack(Exception):
+    """The first call could not be compiled; the step function runs eagerly from now on."""
+
+
+def _after(value: Any) -> Any:
+    """A tensor read again, under the caller's control dependencies; anything else as is."""
+    return tf.identity(value) if tf.is_tensor(value) else value
 
 
 def mark_gradients(value: Any) -> Any:

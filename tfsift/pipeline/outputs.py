@@ -97,9 +97,15 @@ class StepGradients:
     step on one CPU thread, ``scripts/bench_small.py``).
     """
 
-    def __init__(self, totals: Sequence[tf.Tensor], count: int) -> None:
+    def __init__(
+        self,
+        totals: Sequence[tf.Tensor],
+        count: int,
+        means: Sequence[tf.Tensor] | None = None,
+    ) -> None:
         self.totals, self.count = list(totals), count
-        self._means: list[tf.Tensor] | None = None
+        # given where the step computed them already (one stage: in its one call)
+        self._means: list[tf.Tensor] | None = None if means is None else list(means)
 
     @property
     def outputs(self) -> list[GradientOutput]:
@@ -115,8 +121,9 @@ class StepGradients:
         return self._means[index]
 
 
-def _divide(totals: list[tf.Tensor], count: tf.Tensor) -> list[tf.Tensor]:
+def divide(totals: Sequence[tf.Tensor], count: tf.Tensor) -> list[tf.Tensor]:
+    """Each total over ``count`` (a tensor, never a constant: see ``StepGradients.mean``)."""
     return [t / tf.cast(count, t.dtype) for t in totals]
 
 
-_DIVIDE = Compiled(_divide, "the gradients' mean over microbatches", autograph=False)
+_DIVIDE = Compiled(divide, "the gradients' mean over microbatches", autograph=False)

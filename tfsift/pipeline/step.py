@@ -69,8 +69,10 @@ def step(
 
     On the last stage ``fn`` is compiled with ``tf.function`` together with the stage's
     forward and backward (see ``tfsift.pipeline.head``): Python side effects in it run when it is
-    traced, not every call. ``@tfsift.step(compile=False)`` runs it eagerly instead;
-    a function that cannot be traced falls back to that, with a warning.
+    traced, not every call. With one stage (``partitions=1``) one such call runs all the
+    microbatches of a step, one after the other, and traces ``fn`` once for each.
+    ``@tfsift.step(compile=False)`` runs it eagerly instead; a function that cannot be
+    traced falls back to that, with a warning.
 
     Arguments named in ``non_split_inputs`` (as SageMaker model parallelism's
     ``non_split_inputs``) reach every microbatch whole: a temperature of shape (1,), say.
@@ -336,7 +338,7 @@ def _gather(result: StepResult, plan: StepPlan) -> Any:
         results = results if results is not None else shared
     assert results is not None
     grads = result.grad_sum or []
-    return _merge(results, StepGradients(grads, plan.M).outputs)
+    return _merge(results, StepGradients(grads, plan.M, result.grad_mean).outputs)
 
 
 def _strip(value: Any) -> Any:

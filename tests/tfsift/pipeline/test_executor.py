@@ -8,8 +8,10 @@ compared with one full-batch tape (the mpirun tests are the end-to-end proof).
 from __future__ import annotations
 
 import gc
+import itertools
 import queue
 import threading
+import time
 import types
 import weakref
 from pipes import FakePipe
@@ -199,9 +201,32 @@ def test_a_schedule_with_a_backward_before_its_forward_fails_on_the_last_stage()
     fn = train_fn(model)
     (plan,) = plans(model, fn, x, 1, 1, "simple", False)
     bad = plan.actions[::-1]  # B0 before F0
-    broken = StepPlan(**{**plan.__dict__, "actions": bad})
+    # run eagerly: a compiled head runs a lone stage's microbatches in one call, no actions
+    eager = Head(plan.stage, fn, plan.output_structure, True, True, compile=False)
+    broken = StepPlan(**{**plan.__dict__, "actions": bad, "head": eager})
     with pytest.raises(KeyError):
         Executor(broken, fn, split((x, y), {}, 1)).run()
+
+
+def test_a_lone_stage_shows_its_one_call_as_equal_shares_of_its_forwards() -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    fn = train_fn(model)
+    (plan,) = plans(model, fn, x[:2], 1, 4, "simple", False)
+    timed: list[Any] = []
+    before = time.perf_counter()
+    result = Executor(plan, fn, split((x, y), {}, 4)).run(timed)
+    assert result.results is not None and len(result.results) == 4
+    assert [a for a, _, _ in timed] == list(plan.actions)
+    spans = [(start, end) for _, start, end in timed]
+    assert before <= spans[0][0] and spans[-1][1] <= time.perf_counter()
+    assert all(b[0] == a[1] for a, b in itertools.pairwise(spans))  # one after the other
+    shares = {a: end - start for a, start, end in timed}
+    forwards = [t for a, t in shares.items() if a.kind == schedule.Kind.FORWARD]
+    assert len(forwards) == 4 and forwards == pytest.approx([forwards[0]] * 4)
+    assert forwards[0] > 0
+    # each backward ran with its forward, as on any last stage
+    assert [t for a, t in shares.items() if a.kind == schedule.Kind.BACKWARD] == [0.0] * 4
 
 
 def test_an_executor_is_freed_without_the_cycle_collector() -> None:

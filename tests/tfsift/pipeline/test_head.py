@@ -11,8 +11,10 @@ import pytest
 import tensorflow as tf
 
 import tfsift
+from tfsift.pipeline.compiled import Compiled
 from tfsift.pipeline.context import StepFunctionError
 from tfsift.pipeline.head import GRADS_MARKER, Head, HeadResult
+from tfsift.pipeline.outputs import StepGradients
 from tfsift.pipeline.stage import Stage
 from tfsift.planning.graph import Graph, trace
 
@@ -251,3 +253,76 @@ def test_python_values_returned_by_an_earlier_trace_come_back_unchanged() -> Non
     run = head(whole(graph), graph, evaluate, backward=False)
     tags = [run([], ((x, tag), {}), None).results["tag"] for tag in ["a", "b", "a"]]
     assert tags == ["a", "b", "a"]
+
+
+def microbatches(x: tf.Tensor, y: tf.Tensor, M: int) -> list[Any]:
+    return [((a, b), {}) for a, b in zip(tf.split(x, M), tf.split(y, M), strict=True)]
+
+
+def test_a_lone_stage_runs_all_its_microbatches_in_one_compiled_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, graph, x, y = setup()
+    stage = whole(graph)
+    run = head(stage, graph, train_fn(model, stage.variables))
+    calls = []
+    monkeypatch.setattr(
+        run._call, "call_keyed", lambda *a: calls.append(a) or Compiled.call_keyed(run._call, *a)
+    )
+    done = run.run_all(microbatches(x, y, 4))
+    assert done is not None and len(calls) == 1
+    wants = [reference(model, a, b) for (a, b), _ in microbatches(x, y, 4)]
+    assert [r[0] for r in done.results] == [GRADS_MARKER] * 4
+    assert [float(r[1]) for r in done.results] == pytest.approx([w[0] for w in wants], rel=1e-6)
+    assert done.grad_sum is not None and done.grad_mean is not None
+    assert_all_close(done.grad_sum, [sum(w[1][i] for w in wants) for i in range(4)])
+    # the mean comes out of the same call, bitwise what accumulate() computes from the sum
+    means = StepGradients(done.grad_sum, 4).outputs
+    for got, want in zip(done.grad_mean, means, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.accumulate().numpy())
+    one = run.run_all(microbatches(x, y, 1))
+    assert one is not None and one.grad_mean is None  # M = 1: the sum is the mean
+
+
+@pytest.mark.parametrize("backward", [True, False])
+def test_in_one_call_a_microbatch_starts_only_after_the_one_before_has_finished(
+    backward: bool,
+) -> None:
+    # Side by side, a graph would hold every microbatch's activations at once, which is
+    # what microbatches in one process are there to avoid: each microbatch's arguments
+    # are read again under the previous one's gradients (or outputs).
+    model, graph, x, y = setup()
+    stage = whole(graph)
+
+    def evaluate(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        return model(images, training=False)
+
+    fn = train_fn(model, stage.variables) if backward else evaluate
+    run = head(stage, graph, fn, backward=backward)
+    assert run.run_all(microbatches(x, y, 4)) is not None
+    ((concrete, _),) = run._call._concrete.values()  # type: ignore[union-attr]
+    waits = [
+        op for op in concrete.graph.get_operations()
+        if op.type == "Identity" and op.inputs[0].op.type == "Placeholder" and op.control_inputs
+    ]  # fmt: skip
+    assert len(waits) == 3 * 2  # microbatches 1 to 3, two arguments each
+    # each microbatch waits for its own predecessor's (the gradient sum or the forward call)
+    assert len({tuple(sorted(c.name for c in op.control_inputs)) for op in waits}) == 3
+
+
+def test_run_all_leaves_an_eager_step_to_the_actions(caplog: pytest.LogCaptureFixture) -> None:
+    model, graph, x, y = setup()
+    stage = whole(graph)
+    assert head(stage, graph, train_fn(model, stage.variables), compile=False).run_all([]) is None
+
+    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        loss = LOSS(labels, model(images, training=True))
+        loss.numpy()  # only an eager tensor has .numpy()
+        return tfsift.gradients(loss, stage.variables), loss
+
+    run = head(stage, graph, train)
+    with caplog.at_level("WARNING", logger="tfsift"):
+        assert run.run_all(microbatches(x, y, 4)) is None
+    assert run.compiled is False and len(caplog.records) == 1
+    done = run([], microbatches(x, y, 4)[0], None)  # the executor's action, eagerly
+    assert done.grad_sum is not None
