@@ -116,9 +116,10 @@ class Executor:
         """Backward of microbatch ``m`` from the received output gradients."""
         saved = self.saved.pop(m)
         assert saved is not None
-        var_grads, self.in_grads[m] = self.plan.stage.backward(saved, self.out_grads.pop(m))
+        self.grad_sum, self.in_grads[m] = self.plan.stage.backward(
+            saved, self.out_grads.pop(m), self.grad_sum
+        )
         self.outputs.pop(m, None)
-        self.grad_sum = self.plan.stage.accumulate(self.grad_sum, var_grads)
 
     def _forward(self, m: int) -> None:
         self.plan.role.forward(self, m)

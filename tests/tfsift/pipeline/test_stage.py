@@ -237,3 +237,23 @@ def test_profiling_through_the_stage_leaves_every_variable_as_it_was() -> None:
     assert costs.action_overhead > 0
     assert STATE.profiles  # both paths were timed, not skipped
     assert sum(key.endswith("+microbatch+recompute") for key in STATE.profiles) == 1
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_backward_adds_its_gradients_to_a_given_total(
+    recompute: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, graph, x = setup(rate=0.0)
+    stage = Stage(graph.stage(0, 4), 0, recompute)
+    sums: list[int] = []
+    monkeypatch.setattr(
+        stage, "accumulate", lambda *a: sums.append(1) or Stage.accumulate(stage, *a)
+    )
+    outputs, var_grads, _ = forward_backward(stage, [x])
+    total = [tf.fill(g.shape, 1.5) for g in var_grads]
+    _, saved = stage.forward([x], training=True, keep=True)
+    assert saved is not None
+    added, _ = stage.backward(saved, [upstream(tuple(outputs[0].shape))], total)
+    assert_all_close(added, [g.numpy() + 1.5 for g in var_grads])
+    # recomputing, the sum is made inside the backward's own compiled call
+    assert len(sums) == (0 if recompute else 2)
