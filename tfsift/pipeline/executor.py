@@ -8,7 +8,8 @@ function (the "head": loss and anything else computed from the predictions) and,
 a training step, the backward too, in one compiled call; the schedules put each
 backward right after its forward there, and the backward action finds it done. On
 stage 0 of a longer pipeline the step function runs only until the model is called,
-to learn the model input.
+to learn the model input. A lone stage (K = 1) sends and receives nothing, so one call
+of the head runs all of a step's microbatches instead of the actions.
 """
 
 from __future__ import annotations
@@ -70,9 +71,7 @@ class Executor:
         With ``timed``, appends (action, start, end) in ``time.perf_counter`` seconds.
         """
         if self.plan.K == 1:
-            done = self._run_all(timed)
-            if done is not None:
-                return done
+            return self._run_all(timed)
         for action in self.plan.actions:
             start = time.perf_counter()
             # Look the handler up per action: a dict of bound methods on self would make a
@@ -85,15 +84,13 @@ class Executor:
             return StepResult(None, self.grad_sum)
         return StepResult([self.results[m] for m in range(len(self.microbatches))], self.grad_sum)
 
-    def _run_all(self, timed: Timed | None) -> StepResult | None:
-        """One stage: every microbatch in one compiled call of the head; None where the
-        step function runs eagerly (then the actions run one by one)."""
+    def _run_all(self, timed: Timed | None) -> StepResult:
+        """One stage: every microbatch in one call of the head (nothing to send or
+        receive, so the schedule's actions need not run one by one)."""
         head = self.plan.head
         assert head is not None, "the only stage runs the step function's head"
         start = time.perf_counter()
         done = head.run_all(self.microbatches)
-        if done is None:
-            return None
         end = time.perf_counter()
         if timed is not None:
             # One call ran them all: each forward (with its fused backward, as on any

@@ -104,22 +104,16 @@ class Head:
         flats, grads, in_grads, _ = self._invoke(list(inputs), [microbatch], grad_sum)
         return HeadResult(self._rebuild(flats[0]), grads, in_grads)
 
-    def run_all(self, microbatches: Sequence[Microbatch]) -> AllResult | None:
-        """Every microbatch of a one-stage step in one compiled call; None where the step
-        function runs eagerly.
+    def run_all(self, microbatches: Sequence[Microbatch]) -> AllResult:
+        """Every microbatch of a one-stage step in one compiled call (eagerly, one loop).
 
         With one stage nothing arrives between two microbatches, so a call's fixed cost
         (``Compiled``'s dispatch and the Python around it, ``scripts/bench_small.py``)
         is paid once a step instead of once a microbatch. The gradients' mean over the
         microbatches comes out of the same call, as it would from ``accumulate()``'s.
         """
-        if not self.compiled:
-            return None
         count = tf.constant(len(microbatches)) if self.backward and len(microbatches) > 1 else None
-        try:
-            flats, grads, _, means = self._invoke([], list(microbatches), None, count, False)
-        except _FellBack:
-            return None
+        flats, grads, _, means = self._invoke([], list(microbatches), None, count)
         return AllResult([self._rebuild(flat) for flat in flats], grads, means or None)
 
     def _invoke(
@@ -128,7 +122,6 @@ class Head:
         microbatches: list[Microbatch],
         grad_sum: list[tf.Tensor] | None,
         count: tf.Tensor | None = None,
-        fall_back: bool = True,
     ) -> tuple[list[list[tf.Tensor]], list[tf.Tensor] | None, list[tf.Tensor], list[tf.Tensor]]:
         call = (inputs, microbatches, grad_sum, count)
         self._key = signature(call)
@@ -143,8 +136,6 @@ class Head:
             if self._tried:
                 raise
             self._fall_back(error)
-            if not fall_back:
-                raise _FellBack() from error
             flats, grads, in_grads, means = self._call(*call)
         self._tried = True
         return list(flats), list(grads) if self.backward else None, list(in_grads), list(means)
@@ -238,10 +229,6 @@ class Head:
         if self._key is not None:
             self._layouts[self._key] = layout
         return [leaves[i] for i in positions]
-
-
-class _FellBack(Exception):
-    """The first call could not be compiled; the step function runs eagerly from now on."""
 
 
 def _after(value: Any) -> Any:

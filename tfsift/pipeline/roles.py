@@ -7,9 +7,10 @@ where a forward's inputs come from and where a backward's gradients go:
   to learn the model input, then the stage forward; its backward sends nothing back.
 - ``MiddleStage`` (0 < s < K - 1): forward on received activations, backward on
   received gradients.
-- ``LastStage`` (s = K - 1, also K = 1): the head runs stage forward, the rest of the
-  step function and, in a training step, the backward, fused; the schedule's backward
-  action only checks that it ran.
+- ``LastStage`` (s = K - 1): the head runs stage forward, the rest of the step
+  function and, in a training step, the backward, fused; the schedule's backward
+  action only checks that it ran. A lone stage (K = 1) runs no actions: one call of
+  the head runs every microbatch (``Executor.run``).
 
 Roles hold no state (the executor does), so one role object serves every step.
 """
@@ -56,7 +57,7 @@ class MiddleStage:
 
 
 class LastStage:
-    """The stage that runs the step function's head (the only stage when K = 1)."""
+    """The stage that runs the step function's head, one microbatch an action."""
 
     def forward(self, ex: Executor, m: int) -> None:
         head = ex.plan.head

@@ -310,19 +310,26 @@ def test_in_one_call_a_microbatch_starts_only_after_the_one_before_has_finished(
     assert len({tuple(sorted(c.name for c in op.control_inputs)) for op in waits}) == 3
 
 
-def test_run_all_leaves_an_eager_step_to_the_actions(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("compile", [True, False])
+def test_an_eager_step_runs_all_microbatches_in_one_loop(
+    compile: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # compile=False, or a first call that could not be traced: the same loop, eagerly
     model, graph, x, y = setup()
     stage = whole(graph)
-    assert head(stage, graph, train_fn(model, stage.variables), compile=False).run_all([]) is None
+    seen: list[float] = []
 
     def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
         loss = LOSS(labels, model(images, training=True))
-        loss.numpy()  # only an eager tensor has .numpy()
+        seen.append(float(loss.numpy()))  # only an eager tensor has .numpy()
         return tfsift.gradients(loss, stage.variables), loss
 
-    run = head(stage, graph, train)
+    run = head(stage, graph, train, compile=compile)
     with caplog.at_level("WARNING", logger="tfsift"):
-        assert run.run_all(microbatches(x, y, 4)) is None
-    assert run.compiled is False and len(caplog.records) == 1
-    done = run([], microbatches(x, y, 4)[0], None)  # the executor's action, eagerly
-    assert done.grad_sum is not None
+        done = run.run_all(microbatches(x, y, 4))
+    assert run.compiled is False and len(caplog.records) == int(compile)  # tried once
+    wants = [reference(model, a, b) for (a, b), _ in microbatches(x, y, 4)]
+    assert seen == pytest.approx([w[0] for w in wants], rel=1e-6)  # once each, eagerly
+    assert done.grad_sum is not None and done.grad_mean is not None
+    assert_all_close(done.grad_sum, [sum(w[1][i] for w in wants) for i in range(4)])
+    assert_all_close(done.grad_mean, [sum(w[1][i] for w in wants) / 4 for i in range(4)])
