@@ -67,6 +67,17 @@ def train_fn(model: Mlp, variables: list[Any]) -> Callable[..., Any]:
     return train
 
 
+def eager_only_train(model: Mlp, variables: list[Any], seen: list[float]) -> Callable[..., Any]:
+    """A training step that cannot be traced (it calls ``.numpy()``); appends each loss."""
+
+    def train(x: tf.Tensor, y: tf.Tensor) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        seen.append(float(loss.numpy()))  # only an eager tensor has .numpy()
+        return tfsift.gradients(loss, variables), loss
+
+    return train
+
+
 def reference(model: Mlp, x: tf.Tensor, y: tf.Tensor) -> tuple[float, list[np.ndarray]]:
     with tf.GradientTape() as tape:
         loss = LOSS(y, model.b(model.a(x)))
@@ -181,11 +192,7 @@ def test_a_function_that_cannot_be_traced_runs_eagerly_after_one_warning(
     model, graph, x, y = setup()
     stage = whole(graph)
     seen: list[float] = []
-
-    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
-        loss = LOSS(labels, model(images, training=True))
-        seen.append(float(loss.numpy()))  # only an eager tensor has .numpy()
-        return tfsift.gradients(loss, stage.variables), loss
+    train = eager_only_train(model, stage.variables, seen)
 
     run = head(stage, graph, train)
     with caplog.at_level("WARNING", logger="tfsift"):
@@ -318,11 +325,7 @@ def test_an_eager_step_runs_all_microbatches_in_one_loop(
     model, graph, x, y = setup()
     stage = whole(graph)
     seen: list[float] = []
-
-    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
-        loss = LOSS(labels, model(images, training=True))
-        seen.append(float(loss.numpy()))  # only an eager tensor has .numpy()
-        return tfsift.gradients(loss, stage.variables), loss
+    train = eager_only_train(model, stage.variables, seen)
 
     run = head(stage, graph, train, compile=compile)
     with caplog.at_level("WARNING", logger="tfsift"):
