@@ -11,6 +11,11 @@ if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 export PATH="$ROOT/.venv/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3
+# The suite starts about 200 Python processes and 6 pytest workers: with
+# PYTHONDONTWRITEBYTECODE set (as on our CI), each would compile tfsift and the tests'
+# helpers again and each worker would rewrite every test module's asserts (4 s a worker).
+# Their .pyc files go where Python puts them by default (__pycache__, ignored by git).
+unset PYTHONDONTWRITEBYTECODE
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
 if [ "$quick" = 1 ]; then
