@@ -59,7 +59,8 @@ def test_resnet_skip_sends_the_shortcut_across_the_cut_and_learns() -> None:
 def test_char_transformer_on_four_stages_beats_the_unigram_baseline() -> None:
     proc = mpi.run(
         4, str(mpi.ROOT / "examples" / "char_transformer.py"), "--chars", "40000",
-        "--epochs", "1", "--seq-len", "32", "--dim", "32", "--generate", "8", timeout=300,
+        "--epochs", "1", "--seq-len", "32", "--dim", "32", "--blocks", "2", "--generate", "8",
+        timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "plan: 4 stages" in proc.stdout
@@ -70,7 +71,7 @@ def test_char_transformer_on_four_stages_beats_the_unigram_baseline() -> None:
     nats, bits = re.findall(r"validation loss: ([\d.]+) \(([\d.]+) bits per character\)",
                             proc.stdout)[-1]  # fmt: skip
     assert float(bits) == pytest.approx(float(nats) / math.log(2), abs=1e-3)
-    assert float(bits) < unigram - 0.3  # the model uses the preceding characters
+    assert float(bits) < unigram - 0.3  # uses what came before: 3.63 against 4.25 here
 
 
 def test_regression_sifted_adaptively_keeps_half_after_the_delay_and_beats_the_mean() -> None:
