@@ -278,7 +278,7 @@ def _train_batch(
     grads, loss, y_pred = compiled.train_step(x, y, *_weights(weight))
     grads = allreduce(grads)
     if grads:  # a stage may hold no trainable variables
-        model.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        compiled.update(grads)
     if record is not None:
         record(y, y_pred)
     return _update(compiled, tracker, loss, y_pred, y, weight)

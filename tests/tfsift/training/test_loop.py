@@ -76,6 +76,28 @@ def test_fit_ends_with_the_readme_loops_weights_and_a_history() -> None:
         np.testing.assert_array_equal(got, want)
 
 
+class CountingSGD(keras.optimizers.SGD):
+    """SGD counting the Python runs of its per-variable update."""
+
+    runs = 0
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        CountingSGD.runs += 1
+        super().update_step(gradient, variable, learning_rate)
+
+
+def test_fit_updates_the_variables_in_one_compiled_call() -> None:
+    # eagerly the optimizer's Python would run for each variable at every step (4 x 12
+    # here); compiled, only when the update is traced
+    tfsift.init({"microbatches": 2})
+    model = Mlp()
+    model.compile(optimizer=CountingSGD(0.1), loss="sparse_categorical_crossentropy")
+    CountingSGD.runs = 0
+    model.fit(dataset(), epochs=3, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 3 * N // B
+    assert CountingSGD.runs == len(model.trainable_variables)
+
+
 def test_evaluate_and_predict_match_keras_on_the_same_weights() -> None:
     model = compiled_model()
     model.fit(dataset(), epochs=1, verbose=0)
