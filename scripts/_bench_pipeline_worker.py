@@ -145,8 +145,12 @@ def keras_microbatched_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, M: int) -> 
     return step
 
 
-def tfsift_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False) -> tuple[Step, Any]:
-    """A ``@tfsift.step`` train step (its first, partitioning call is made here)."""
+def tfsift_step(
+    cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False, eager_update: bool = False
+) -> tuple[Step, Any]:
+    """A ``@tfsift.step`` train step (its first, partitioning call is made here). The
+    optimizer's update is compiled, or with ``eager_update`` the README loop's
+    ``optimizer.apply_gradients`` as written (Keras updates each variable in Python)."""
     model = Chain(cfg)
 
     @tfsift.step
@@ -157,7 +161,13 @@ def tfsift_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False) -> tu
     start = time.perf_counter()
     forward_backward(x, y)
     first = time.perf_counter() - start
-    update = compiled_update(keras.optimizers.SGD(1e-3), model.trainable_variables)
+    optimizer, variables = keras.optimizers.SGD(1e-3), model.trainable_variables
+    if eager_update:
+
+        def update(grads: list[tf.Tensor]) -> None:
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
+    else:
+        update = compiled_update(optimizer, variables)
     timings: dict[str, list[float]] = {"allreduce": []}
 
     def train() -> None:
@@ -170,6 +180,20 @@ def tfsift_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False) -> tu
         update(accumulated)
 
     return train, (model, first, timings)
+
+
+def fit_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, distributed: bool) -> Step:
+    """An epoch of ``fit`` on ``cfg["fit_batches"]`` copies of the batch, by Keras or by
+    tfsift (a DistributedModel at the current ``tfsift.init``): its time over that count is
+    a step of ``fit``, the reading of batches and the callbacks included."""
+    model = Chain(cfg) if distributed else plain_chain(cfg)
+    model.compile(optimizer=keras.optimizers.SGD(1e-3), loss=LOSS)
+    xs, ys = (np.concatenate([t.numpy()] * cfg["fit_batches"]) for t in (x, y))
+
+    def step() -> None:
+        model.fit(xs, ys, batch_size=cfg["batch"], epochs=1, verbose=0, shuffle=False)
+
+    return step
 
 
 def synced_time(step: Step, collect: bool) -> float:
@@ -276,7 +300,12 @@ def run_single(cfg: Config) -> dict[str, Any]:
     tfsift.init({"partitions": 1, "microbatches": 1})
     x, y = data(cfg)
     tfsift_train, (model, first, _) = tfsift_step(cfg, x, y)
-    times = time_steps({"keras": keras_step(cfg, x, y), "tfsift": tfsift_train}, cfg)
+    steps = {"keras": keras_step(cfg, x, y), "tfsift": tfsift_train}
+    if cfg.get("fit_batches"):  # what the README loop as written and fit cost
+        steps["tfsift_eager_update"] = tfsift_step(cfg, x, y, eager_update=True)[0]
+        steps["keras_fit"] = fit_step(cfg, x, y, distributed=False)
+        steps["tfsift_fit"] = fit_step(cfg, x, y, distributed=True)
+    times = time_steps(steps, cfg)
     rss = maxrss_mib()
     whole = float(profile_at(model, x, 1, cfg).prefix.compute[-1])
     return {
