@@ -170,6 +170,8 @@ def main() -> None:
     model = CharTransformer(args.seq_len, args.dim, args.heads, args.blocks)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer = keras.optimizers.Adam(args.lr)
+    # the update in one compiled call: eagerly Keras updates each variable in Python
+    update = tf.function(lambda grads: optimizer.apply(grads, model.trainable_variables))
 
     @tfsift.step
     def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> Any:
@@ -206,7 +208,7 @@ def main() -> None:
             grads, loss = train_step(inputs, targets)
             grads = tfsift.allreduce(grads)
             if grads:
-                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+                update(grads)
             losses.append(float(loss.reduce_mean()))
         val = validation_loss()
         say(

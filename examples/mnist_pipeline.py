@@ -86,6 +86,8 @@ def main() -> None:
     model = ConvNet()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer = keras.optimizers.Adam(args.lr)
+    # the update in one compiled call: eagerly Keras updates each variable in Python
+    update = tf.function(lambda grads: optimizer.apply(grads, model.trainable_variables))
 
     @tfsift.step
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> Any:
@@ -114,7 +116,7 @@ def main() -> None:
             grads, loss = train_step(images, labels)
             grads = tfsift.allreduce([g.accumulate() for g in grads])
             if grads:  # a stage may hold no variables (e.g. only a flatten)
-                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+                update(grads)
             losses.append(float(loss.reduce_mean()))
         say(
             f"epoch {epoch + 1}/{args.epochs}  loss {np.mean(losses):.4f}  "

@@ -101,6 +101,8 @@ def main() -> None:
     model = MLP(args.width)
     per_sample = keras.losses.MeanSquaredError(reduction=None)
     optimizer = keras.optimizers.Adam(args.lr)
+    # the update in one compiled call: eagerly Keras updates each variable in Python
+    update = tf.function(lambda grads: optimizer.apply(grads, model.trainable_variables))
 
     @tfsift.step
     def train_step(features: tf.Tensor, targets: tf.Tensor) -> Any:
@@ -132,7 +134,7 @@ def main() -> None:
             grads, loss = train_step(features, targets)
             grads = tfsift.allreduce(grads)
             if grads:
-                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+                update(grads)
             losses.append(float(loss.reduce_mean()))
         if (epoch + 1) % max(1, args.epochs // 6) == 0 or epoch + 1 == args.epochs:
             kept = tfsift.sift_metrics().get("kept_fraction", 1.0)

@@ -164,6 +164,8 @@ def main() -> None:
     model = ResidualCNN(CUT_BLOCK if args.cut == "block" else None)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer = keras.optimizers.Adam(args.lr)
+    # the update in one compiled call: eagerly Keras updates each variable in Python
+    update = tf.function(lambda grads: optimizer.apply(grads, model.trainable_variables))
 
     @tfsift.step
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> Any:
@@ -193,7 +195,7 @@ def main() -> None:
             grads, loss = train_step(images, labels)
             grads = tfsift.allreduce(grads)
             if grads:
-                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+                update(grads)
             losses.append(float(loss.reduce_mean()))
         if epoch == 0:
             for line in crossings(model):

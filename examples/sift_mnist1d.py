@@ -88,6 +88,8 @@ def main() -> None:
     model = ConvNet1D()
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     optimizer = keras.optimizers.Adam(args.lr)
+    # the update in one compiled call: eagerly Keras updates each variable in Python
+    update = tf.function(lambda grads: optimizer.apply(grads, model.trainable_variables))
 
     @tfsift.step
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> Any:
@@ -113,7 +115,7 @@ def main() -> None:
             grads, loss = train_step(images, labels)
             grads = tfsift.allreduce(grads)
             if grads:
-                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+                update(grads)
             losses.append(float(loss.reduce_mean()))
         accuracy = evaluate(predict, x_test, y_test, args.batch * 4)
         metrics = tfsift.sift_metrics()
