@@ -171,6 +171,14 @@ class Head:
         # compiled function calls, but nothing that tfsift's own modules call.
         stage = self.stage
         first = stage.index == 0
+        float_inputs = [x for x in inputs if is_float(x)]
+        wrt_inputs = [] if first else float_inputs
+
+        def model_call(model: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            stage_inputs = [tf.convert_to_tensor(x) for x in tree.flatten(a)] if first else inputs
+            outputs = stage.forward_call(stage_inputs, self.training)
+            return tree.pack_sequence_as(self.output_structure, outputs)
+
         flats: list[list[tf.Tensor]] = []
         grads: list[tf.Tensor] = []
         in_grads: list[tf.Tensor] = []
@@ -182,26 +190,17 @@ class Head:
                 # microbatches in one process are there to avoid.
                 with tf.control_dependencies(previous):
                     args, kwargs = tf.nest.map_structure(_after, (args, kwargs))
-
-            def model_call(model: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
-                stage_inputs = (
-                    [tf.convert_to_tensor(x) for x in tree.flatten(a)] if first else inputs
-                )
-                outputs = stage.forward_call(stage_inputs, self.training)
-                return tree.pack_sequence_as(self.output_structure, outputs)
-
             ctx = context.StepContext(model_call, compiled=self.compiled)
             tape = tf.GradientTape() if self.backward else None
             with tape if tape is not None else contextlib.nullcontext(), context.active(ctx):
                 if tape is not None:
-                    tape.watch([x for x in inputs if is_float(x)])
+                    tape.watch(float_inputs)
                 results = self.fn(*args, **kwargs)
             flats.append(self._flatten_results(results))
             previous = flats[-1]
             if tape is not None:
                 request = single_request(ctx.requests)
                 check_request(request, stage.variables)
-                wrt_inputs = [] if first else [x for x in inputs if is_float(x)]
                 all_grads = gradients(tape, request.loss, list(stage.variables) + wrt_inputs)
                 n = len(stage.variables)
                 grads, in_grads = all_grads[:n], all_grads[n:]
