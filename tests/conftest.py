@@ -31,7 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "fault: a multi-process test whose job ends on purpose (a rank exits, stalls or fails) "
         "and that times the end from that event, with seconds of slack: scripts/test.sh runs "
-        "three of these at a time, and none beside the CPU-bound jobs",
+        "three of these at a time, and none beside the CPU-bound jobs but those on the "
+        "simulated hosts (also marked hosts), which run with the others on those hosts",
     )
 
 
