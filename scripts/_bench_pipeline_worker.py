@@ -117,32 +117,37 @@ def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
     return step
 
 
-def keras_microbatched_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, M: int) -> Step:
+def keras_microbatched_step(
+    cfg: Config, x: tf.Tensor, y: tf.Tensor, M: int, fused: bool = False
+) -> Step:
     """Microbatching written by hand in TensorFlow: the reference's work split into M
     tf.function calls (forward, backward, the running gradient sum), then the mean and the
-    SGD update in one call."""
+    SGD update in one call. ``fused``: the M microbatches in one tf.function call instead
+    (the loop unrolled in its graph), as tfsift's one stage runs them: what the smaller
+    matrix products alone cost."""
     model = plain_chain(cfg)
     optimizer = keras.optimizers.SGD(1e-3)
     variables = model.trainable_variables
     optimizer.build(variables)
 
-    @tf.function
     def microbatch(x: tf.Tensor, y: tf.Tensor, total: list[tf.Tensor]) -> list[tf.Tensor]:
         with tf.GradientTape() as tape:
             loss = LOSS(y, model(x, training=True))
         grads = tape.gradient(loss, variables)
         return [t + g for t, g in zip(total, grads, strict=True)]
 
-    update = tf.function(lambda total: optimizer.apply([t / M for t in total], variables))
-    zeros = [tf.zeros_like(v) for v in variables]
-
-    def step() -> None:
-        total = zeros
+    def microbatches(x: tf.Tensor, y: tf.Tensor, call: Any) -> list[tf.Tensor]:
+        total = [tf.zeros_like(v) for v in variables]
         for xm, ym in zip(tf.split(x, M), tf.split(y, M), strict=True):
-            total = microbatch(xm, ym, total)
-        update(total)
+            total = call(xm, ym, total)
+        return total
 
-    return step
+    update = tf.function(lambda total: optimizer.apply([t / M for t in total], variables))
+    if fused:
+        every = tf.function(lambda x, y: microbatches(x, y, microbatch))
+        return lambda: update(every(x, y))
+    one = tf.function(microbatch)
+    return lambda: update(microbatches(x, y, one))
 
 
 def tfsift_step(
@@ -429,6 +434,7 @@ def run_microbatched(cfg: Config) -> dict[str, Any]:
         "tfsift": train,
         "keras": keras_step(cfg, x, y),
         "keras_microbatched": keras_microbatched_step(cfg, x, y, M),
+        "keras_microbatched_fused": keras_microbatched_step(cfg, x, y, M, fused=True),
     }
     times = time_steps(steps, cfg)
     return {"times": times.pop("tfsift")} | times

@@ -10,9 +10,10 @@ SGD, B=128; one compute thread per rank, ranks bound to cores), in one job each:
   from it the cost per action, ``(t_M - t_1) / (2 (M - 1))`` (the same compute in M
   forwards and M backwards instead of one each; one stage runs them in one compiled call,
   a pipeline's stage makes a call per action); in turn with it, the same
-  microbatching written by hand in TensorFlow (one tf.function call a microbatch) against
-  the whole-batch Keras step: what the same formula gives without tfsift, since smaller
-  matrix products and a call per microbatch cost TensorFlow itself;
+  microbatching written by hand in TensorFlow against the whole-batch Keras step, one
+  tf.function call a microbatch and all of them in one call: what the same formula gives
+  without tfsift, since a call per microbatch and smaller matrix products cost TensorFlow
+  itself (the second is the floor of tfsift's one stage, which runs them in one call);
 - K=2 stages, M microbatches: the measured step against the prediction of the plan line
   printed at start-up (which also charges the latency of a message between the stages,
   timed by the two stages there), and its spread
@@ -95,10 +96,21 @@ def measure(s: Settings) -> Result:
         "tfsift_m": micro["times"],
         "keras_again": micro["keras"],
         "keras_m": micro["keras_microbatched"],
+        "keras_m_fused": micro["keras_microbatched_fused"],
         "predictions": single["predictions"],
         "pipelines": pipelines,
         "startup_predicted": startup,
     }
+
+
+def own_cost(seconds: float) -> str:
+    """tfsift's own cost per action in one process: beyond the hand-written floor."""
+    if seconds > 0:
+        return f"tfsift's own cost per action in one process is {1e6 * seconds:.0f} us"
+    return (
+        "tfsift adds nothing measurable per action in one process (its step took "
+        f"{-1e6 * seconds:.0f} us an action less)"
+    )
 
 
 def _ms(seconds: float) -> str:
@@ -115,6 +127,8 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
     # step (timed in turn with it) the yardstick
     per_action = (mm * keras_s / k1 - m1) / (2 * (s.M - 1))
     by_hand = (km - k1) / (2 * (s.M - 1))
+    fused = statistics.median(raw["keras_m_fused"])
+    floor = (fused - k1) / (2 * (s.M - 1))
     predicted = {p["pipeline"]: p for p in raw["predictions"] if p["M"] == s.M}
     eager = statistics.median(raw["tfsift_m1_eager_update"])
     keras_fit, tfsift_fit = (
@@ -132,6 +146,8 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         [f"one process, @tfsift.step M={s.M}", _ms(mm), "", "", "", "", ""],
         [f"one process, a hand-written TensorFlow loop, M={s.M} (and its Keras step)",
          f"{_ms(km)} ({_ms(k1)})", "", "", "", "", ""],
+        [f"one process, the same M={s.M} microbatches in one hand-written tf.function",
+         _ms(fused), "", "", "", "", ""],
     ]  # fmt: skip
     lines = []
     for pipeline, times in raw["pipelines"].items():
@@ -194,7 +210,10 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             f"is scaled back by that); a hand-written TensorFlow "
             f"loop of one tf.function call a microbatch, by the same formula (its M={s.M} row "
             f"against its Keras step, timed in turn with the row above): "
-            f"{1e6 * by_hand:.0f} us. On a pipeline's stage each action is a call of its "
+            f"{1e6 * by_hand:.0f} us; the same microbatches in one hand-written tf.function, "
+            f"as tfsift's stage runs them: {1e6 * floor:.0f} us, what the smaller matrix "
+            f"products cost TensorFlow itself, so {own_cost(per_action - floor)}. "
+            f"On a pipeline's stage each action is a call of its "
             f"own: the profiler's estimate of its cost, which the prediction charges, "
             f"{1e6 * overhead:.0f} us. " + "; ".join(lines) + ".",
             f"The optimizer's update: every row above makes it one compiled call, as Keras' "

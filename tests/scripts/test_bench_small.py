@@ -34,6 +34,7 @@ def measured(times: list[float]) -> dict[str, object]:
         "tfsift_m": [0.0042] * 3,  # M=4: 1.2 ms more over 2 (M - 1) = 6 extra actions
         "keras_again": [0.0021] * 3,
         "keras_m": [0.0027] * 3,  # TensorFlow alone: 0.6 ms more over the same 6 actions
+        "keras_m_fused": [0.0030] * 3,  # in one call: 0.9 ms more, so 150 us an action
         "predictions": [
             {"M": 4, "pipeline": "simple", "predicted_step_s": 0.008, "action_overhead_s": 1.5e-4}
         ],
@@ -50,7 +51,15 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
     text = bench.render(measured(times), META, bench.Settings())
     # M=4's job ran its Keras step 1.05x as long: (4.2 / 1.05 - 3.0) ms / 6
     assert "**167 us** (target: <= 150 us; the M=4 row's job ran its Keras step 1.05x" in text
-    assert "against its Keras step, timed in turn with the row above): 100 us." in text
+    assert "against its Keras step, timed in turn with the row above): 100 us;" in text
+    assert "in one hand-written tf.function, as tfsift's stage runs them: 150 us," in text
+    assert "tfsift's own cost per action in one process is 17 us." in text  # 167 - 150
+    faster = bench.render(measured(times) | {"keras_m_fused": [0.0033] * 3}, META, bench.Settings())
+    assert (
+        "tfsift adds nothing measurable per action in one process (its step took 33 us an" in faster
+    )
+    fused = "| one process, the same M=4 microbatches in one hand-written tf.function | 3.00 |"
+    assert fused in text
     assert (
         "| one process, a hand-written TensorFlow loop, M=4 (and its Keras step) | 2.70 (2.10) |"
         in text
