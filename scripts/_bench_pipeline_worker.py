@@ -136,18 +136,22 @@ def keras_microbatched_step(
         grads = tape.gradient(loss, variables)
         return [t + g for t, g in zip(total, grads, strict=True)]
 
-    def microbatches(x: tf.Tensor, y: tf.Tensor, call: Any) -> list[tf.Tensor]:
-        total = [tf.zeros_like(v) for v in variables]
+    def microbatches(
+        x: tf.Tensor, y: tf.Tensor, call: Any, total: list[tf.Tensor]
+    ) -> list[tf.Tensor]:
         for xm, ym in zip(tf.split(x, M), tf.split(y, M), strict=True):
             total = call(xm, ym, total)
         return total
 
+    def zeros() -> list[tf.Tensor]:
+        return [tf.zeros_like(v) for v in variables]
+
     update = tf.function(lambda total: optimizer.apply([t / M for t in total], variables))
-    if fused:
-        every = tf.function(lambda x, y: microbatches(x, y, microbatch))
+    if fused:  # the zeros made inside the graph
+        every = tf.function(lambda x, y: microbatches(x, y, microbatch, zeros()))
         return lambda: update(every(x, y))
-    one = tf.function(microbatch)
-    return lambda: update(microbatches(x, y, one))
+    one, zeros_once = tf.function(microbatch), zeros()  # made once, as before
+    return lambda: update(microbatches(x, y, one, zeros_once))
 
 
 def tfsift_step(
