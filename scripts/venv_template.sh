@@ -10,29 +10,28 @@
 # venv_link TEMPLATE VENV: makes VENV (absent) of TEMPLATE's files; fails, leaving nothing,
 # when TEMPLATE is not a complete template or cannot be linked.
 venv_link() {
-  local template="$1" venv="$2" tmp="$2.link.$$"
-  [ -f "$template/.tfsift-stack" ] || return 1
-  rm -rf "$tmp"
-  if cp -al "$template" "$tmp" 2>/dev/null && venv_repath "$tmp" "$template" "$venv" \
-      && mv -T "$tmp" "$venv" 2>/dev/null; then
-    touch "$template"  # used now: see venv_keep
-    return 0
-  fi
-  rm -rf "$tmp"
-  return 1
+  [ -f "$1/.tfsift-stack" ] && venv_copy "$1" "$2" || return 1
+  touch "$1"  # used now: see venv_keep
 }
 
 # venv_keep VENV TEMPLATE: keeps VENV as TEMPLATE (absent), then removes all templates beside
 # it but the newest other one (a second checkout on another lock, say).
 venv_keep() {
-  local venv="$1" template="$2" tmp="$2.save.$$"
-  [ ! -e "$template" ] || return 1
-  mkdir -p "$(dirname "$template")"
-  if cp -al "$venv" "$tmp" 2>/dev/null && venv_repath "$tmp" "$venv" "$template" \
-      && mv -T "$tmp" "$template" 2>/dev/null; then
-    touch "$template"
-    # shellcheck disable=SC2012  # the names are hex digests
-    ls -1td "$(dirname "$template")"/*/ | tail -n +3 | xargs -r -d '\n' rm -rf
+  [ ! -e "$2" ] || return 1
+  mkdir -p "$(dirname "$2")"
+  venv_copy "$1" "$2" || return 1
+  touch "$2"
+  # shellcheck disable=SC2012  # the names are hex digests
+  ls -1td "$(dirname "$2")"/*/ | tail -n +3 | xargs -r -d '\n' rm -rf
+}
+
+# venv_copy FROM TO: TO (absent) made of hard links to venv FROM's files, the files that
+# name FROM rewritten, and renamed into place whole; fails, leaving nothing, otherwise.
+venv_copy() {
+  local from="$1" to="$2" tmp="$2.copy.$$"
+  rm -rf "$tmp"
+  if cp -al "$from" "$tmp" 2>/dev/null && venv_repath "$tmp" "$from" "$to" \
+      && mv -T "$tmp" "$to" 2>/dev/null; then
     return 0
   fi
   rm -rf "$tmp"
