@@ -159,7 +159,9 @@ def tfsift_step(
 ) -> tuple[Step, Any]:
     """A ``@tfsift.step`` train step (its first, partitioning call is made here). The
     optimizer's update is compiled, or with ``eager_update`` the README loop's
-    ``optimizer.apply_gradients`` as written (Keras updates each variable in Python)."""
+    ``optimizer.apply_gradients`` as written (Keras updates each variable in Python).
+    Also returns the model, the first call's seconds, the allreduce's times and the step
+    call alone (no accumulation, allreduce nor update)."""
     model = Chain(cfg)
 
     @tfsift.step
@@ -188,7 +190,10 @@ def tfsift_step(
             timings["allreduce"].append(time.perf_counter() - start)
         update(accumulated)
 
-    return train, (model, first, timings)
+    def call() -> None:  # the @tfsift.step call alone: what the plan line predicts
+        forward_backward(x, y)
+
+    return train, (model, first, timings, call)
 
 
 def fit_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, distributed: bool) -> Step:
@@ -308,7 +313,7 @@ def run_single(cfg: Config) -> dict[str, Any]:
     """One process: plain Keras vs @tfsift.step (K=1, M=1), then the simulator's predictions."""
     tfsift.init({"partitions": 1, "microbatches": 1})
     x, y = data(cfg)
-    tfsift_train, (model, first, _) = tfsift_step(cfg, x, y)
+    tfsift_train, (model, first, _, _) = tfsift_step(cfg, x, y)
     steps = {"keras": keras_step(cfg, x, y), "tfsift": tfsift_train}
     if cfg.get("fit_batches"):  # what the README loop as written and fit cost
         steps["tfsift_eager_update"] = tfsift_step(cfg, x, y, eager_update=True)[0]
@@ -352,14 +357,19 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     )
     x, y = data(cfg)
     before = maxrss_mib()
-    train, (model, first, _) = tfsift_step(cfg, x, y)
+    train, (model, first, _, call) = tfsift_step(cfg, x, y)
     for _ in range(cfg["warmup"]):
         synced_time(train, cfg["collect"])
     whole = maxrss_mib()
     gc.collect()
     reset_peak_rss()
     action_s, events = timeline(train)
+    # the step call alone as many times again, where asked (bench_small: the prediction's
+    # scope, which the user's update is outside of)
+    repeat = cfg["steps"] if cfg.get("time_call") else 0
+    calls = [synced_time(call, cfg["collect"]) for _ in range(repeat)]
     return timed(train, cfg) | {
+        "call_times": calls,
         "action_s": action_s,
         "events": events,
         "first_step_s": first,
@@ -379,7 +389,7 @@ def run_dp(cfg: Config) -> dict[str, Any]:
     x, y = data(cfg)
     share = cfg["batch"] // tfsift.size()
     part = slice(tfsift.rank() * share, (tfsift.rank() + 1) * share)
-    train, (_, first, timings) = tfsift_step(cfg, x[part], y[part], dp=True)
+    train, (_, first, timings, _) = tfsift_step(cfg, x[part], y[part], dp=True)
     for _ in range(cfg["warmup"]):
         synced_time(train, cfg["collect"])
     timings["allreduce"].clear()

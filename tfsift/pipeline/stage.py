@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tfsift.pipeline.compiled import Compiled
 from tfsift.planning.autodiff import floats, gradients
 from tfsift.planning.graph import Graph, StageGraph
-from tfsift.planning.profiler import median_time
+from tfsift.planning.profiler import medians
 
 
 @dataclasses.dataclass
@@ -133,27 +134,53 @@ def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:
 
 
 def microbatch_seconds(
-    graph: Graph, example: Sequence[tf.Tensor], repeats: int, recompute: bool = False
-) -> float:
-    """The median seconds of one microbatch through this module's stage code on the whole
-    ``graph``, as a stage before the last runs it: the compiled forward under a tape, the
-    backward from output gradients of ones, and the gradient sum. The profiler charges
-    what this takes beyond the layers' own times as the runtime's cost per action
+    graph: Graph,
+    example: Sequence[tf.Tensor],
+    repeats: int,
+    recompute: bool = False,
+    ends: Sequence[int] = (),
+) -> list[float]:
+    """The median seconds of one microbatch through this module's stage code, as a stage
+    before the last runs it, on the nodes ``[0, end)`` of ``graph`` for each of ``ends``
+    (the whole graph if none): the compiled forward under a tape, the activations sent
+    and received with their inputs' fingerprint (on ``MPI.COMM_SELF``, through the
+    executor's own calls), the backward from them and the gradient sum. The prefixes are
+    timed in turn, round after round, so that the machine's drift hits them alike.
+
+    The profiler fits the runtime's cost per action and the layers' times to these
     (``tfsift.planning.profiler.profile``'s ``stage_call``); it runs in training mode,
     and the profiler puts the variables back afterwards. ``recompute``: as a stage of
     ``optimize="memory"`` runs it, the backward recomputing the forward in one call."""
-    stage = Stage(graph.stage(0, len(graph)), 0, recompute=recompute)
-    inputs = [tf.convert_to_tensor(x) for x in example]
-    total = [tf.zeros_like(v) for v in stage.variables]
-    # made once, as the runtime receives them: no op of their own in the timed call
-    ones = [tf.ones_like(y) for y in floats(stage.forward(inputs, training=True, keep=False)[0])]
+    from mpi4py import MPI
 
-    def microbatch() -> list[tf.Tensor]:
-        _, saved = stage.forward(inputs, training=True, keep=True)
-        assert saved is not None
-        # one tensor fetched to end the timing: the sum is made by one compiled call
-        return stage.backward(saved, ones, total)[0][:1]
+    from tfsift.parallel.comm import CHECK, FORWARD, PipeComm
+    from tfsift.pipeline.executor import fingerprint
+
+    inputs = [tf.convert_to_tensor(x) for x in example]
+    check = fingerprint((tuple(inputs), {}))
+    # a message to itself: there at once, so a receive costs what the runtime adds to it
+    pipe = PipeComm(MPI.COMM_SELF, timeout=60.0, spin=0.0)
+
+    def timed(end: int) -> Callable[[], list[tf.Tensor]]:
+        stage = Stage(graph.stage(0, end), 0, recompute=recompute)
+        total = [tf.zeros_like(v) for v in stage.variables]
+        outputs = floats(stage.forward(inputs, training=True, keep=False)[0])
+        specs = [(tuple(y.shape), y.dtype) for y in outputs]
+
+        def microbatch() -> list[tf.Tensor]:
+            outputs, saved = stage.forward(inputs, training=True, keep=True)
+            assert saved is not None
+            pipe.send([fingerprint((tuple(inputs), {}))], 0, CHECK, 0)
+            pipe.send(floats(outputs), 0, FORWARD, 0)
+            (theirs,) = pipe.recv_arrays([((3,), tf.float64)], 0, CHECK, 0)
+            assert np.array_equal(theirs, check)
+            grads = pipe.recv(specs, 0, FORWARD, 0)
+            pipe.wait()
+            # one tensor fetched to end the timing: the sum is made by one compiled call
+            return stage.backward(saved, grads, total)[0][:1]
+
+        return microbatch
 
     # at least 20 runs: the profiler compares the two paths' medians, a fraction of a
     # millisecond apart on a small model (5 runs each once charged the faster one more)
-    return median_time(microbatch, max(repeats, 20))
+    return medians([timed(end) for end in (ends or [len(graph)])], max(repeats, 20))

@@ -30,10 +30,15 @@ CALIBRATE_BELOW = 100
 # optimize="speed" recomputes where a small model's microbatch took this much less that
 # way (``recomputing_is_faster``): a tie keeps the tape, the path of every larger model.
 RECOMPUTE_GAIN = 0.02
-# The seconds a microbatch takes through the runtime's stage (forward, backward and the
-# gradient sum, as a stage before the last runs them), given the graph, a microbatch
-# and the repeats; ``tfsift.pipeline.stage.microbatch_seconds``.
-StageCall = Callable[[Graph, Sequence[tf.Tensor], int, bool], float]
+# At most this many prefixes of a small model are timed through the runtime's stage to
+# fit its cost per action and its layers' times (``_calibrated``).
+CALIBRATE_POINTS = 3
+# The seconds a microbatch takes through the runtime's stage (forward, its message out
+# and back, backward and the gradient sum, as a stage before the last runs them), given
+# the graph, a microbatch, the repeats, whether the stage recomputes and the ends of the
+# prefixes to time (the whole graph if none), one per end;
+# ``tfsift.pipeline.stage.microbatch_seconds``.
+StageCall = Callable[[Graph, Sequence[tf.Tensor], int, bool, Sequence[int]], list[float]]
 
 
 def profile(
@@ -53,11 +58,9 @@ def profile(
 
     The runtime's fixed cost per action (``CostModel.action_overhead``) is measured on a
     stage that does nothing; with ``stage_call``, a model whose microbatch computes for
-    little (``CALIBRATE_BELOW``) is also run whole through the runtime's stage code, and
-    the costs are fitted to that time (``_calibrated``): what it takes beyond the layers'
-    times, per forward and per backward, is charged instead when it is more (the
-    runtime's calls cost more with more variables, and small models are where that
-    decides the step), and the layers' times are scaled down when it is less.
+    little (``CALIBRATE_BELOW``) is also run through the runtime's stage code, its
+    prefixes timed in turn, and the cost per action and the layers' times are fitted to
+    those times (``_calibrated``): on such a model they decide the step.
 
     Args:
         graph: the traced model.
@@ -170,22 +173,25 @@ def _calibrated(
     key: str,
 ) -> CostModel:
     """``costs`` fitted to what ``stage_call`` measured, when the model is small enough to
-    time: a microbatch through the runtime's stage (a forward and a backward action; with
-    ``recompute``, the forward's layers twice) is then predicted as it was timed.
+    time: up to ``CALIBRATE_POINTS`` prefixes of the model, run through the runtime's
+    stage (a forward and a backward action, each with its message), took
+    ``2 * overhead + scale * layers`` each, ``layers`` being the prefix's profiled times
+    (with ``recompute``, its forward twice). The least-squares line through them gives
+    the cost per action and the factor on every layer's time.
 
-    When it took more than the layers' times and the bare cost per action, the excess is
-    charged per action. When it took less, the layers' times, each timed in a call of its
-    own, sum to more than the stage's compiled calls of them take (a recomputing stage's
-    backward runs the forward again inside one call): they are scaled down instead,
-    keeping the bare cost per action. Charged the bare cost per action on unscaled
-    layers, an MLP's recomputing GPipe step was predicted at 8.37 ms and took 6.05 ms
-    (``scripts/bench_small.py`` at 0f37b84).
+    Each of the two alone is a difference of noisy timings: an MLP's plan line once
+    charged 0.36 ms per action from a bare stage's calls and scaled its layers to fit the
+    whole model's microbatch, and the next run 0.59 ms, predicting the same job at 5.1
+    and 13.0 ms (``scripts/bench_small.py`` at 6d42394). Timed through the stage, its
+    prefixes lie on a line: 0.17 to 0.19 ms per action, message included, in three runs.
+    Where no line fits (fewer than two distinct prefixes, or a slope or intercept that is
+    not positive), the costs stay as profiled.
     """
-    compute = float(costs.prefix.compute[-1])
     if not small(costs):
         return costs
+    ends, x = _points(costs, recompute)
     try:
-        whole = _microbatch(stage_call, graph, example, repeats, recompute, key)
+        timed = _microbatch(stage_call, graph, example, repeats, recompute, key, ends)
     except Exception as err:  # an estimate that fails must not end the run
         log.warning(
             "could not time a microbatch through the runtime's stage (%s: %s); the plan "
@@ -194,14 +200,23 @@ def _calibrated(
             err,
         )
         return costs
-    layers = compute + recompute * float(costs.prefix.forward[-1])
-    per_action = (whole - layers) / 2
-    if per_action > costs.action_overhead:
-        return dataclasses.replace(costs, action_overhead=per_action)
-    fitted = whole - 2 * costs.action_overhead
-    if fitted <= 0 or layers <= 0:  # no time left for the layers: nothing to fit
+    if len(set(x.tolist())) < 2:
         return costs
-    return _scaled(costs, fitted / layers)
+    scale, intercept = (float(v) for v in np.polyfit(x, np.asarray(timed, np.float64), 1))
+    if scale <= 0 or intercept <= 0:
+        return costs
+    return dataclasses.replace(_scaled(costs, scale), action_overhead=intercept / 2)
+
+
+def _points(costs: CostModel, recompute: bool) -> tuple[tuple[int, ...], np.ndarray]:
+    """The prefixes ``_calibrated`` times, as node counts, and their layers' profiled
+    seconds (with ``recompute``, the forward twice): up to ``CALIBRATE_POINTS``, spread
+    evenly from the least to the whole model's, which is always the last."""
+    profiled = np.asarray(costs.prefix.compute + recompute * costs.prefix.forward, np.float64)
+    L = len(profiled) - 1
+    targets = np.linspace(profiled[1], profiled[-1], min(CALIBRATE_POINTS, L))
+    ends = tuple(sorted({*map(int, np.searchsorted(profiled, targets).clip(1, L)), L}))
+    return ends, profiled[list(ends)]
 
 
 def _scaled(costs: CostModel, factor: float) -> CostModel:
@@ -235,7 +250,7 @@ def recomputing_is_faster(
     takes, so on such a model the profile before ``_calibrated`` fits it to a path would
     predict the recomputing path slower by the forward it repeats (an MLP's step,
     ``scripts/bench_small.py``, ran faster recomputing); fitted, each path's prediction
-    is its timed microbatch, which is what this compares.
+    follows its timed microbatches, whose whole model's this compares.
     """
     key = signature(graph, example, repeats)
     costs = STATE.profiles.get(key)
@@ -243,8 +258,13 @@ def recomputing_is_faster(
         return False
     try:
         with _restored(graph):
-            kept = _microbatch(stage_call, graph, example, repeats, False, key)
-            again = _microbatch(stage_call, graph, example, repeats, True, key)
+            # each path's prefixes, as its calibration times them: each is timed once
+            kept, again = (
+                _microbatch(
+                    stage_call, graph, example, repeats, path, key, _points(costs, path)[0]
+                )[-1]
+                for path in (False, True)
+            )
     except Exception:  # profile warned already: keep the tape
         return False
     return again < (1 - RECOMPUTE_GAIN) * kept
@@ -274,12 +294,15 @@ def _microbatch(
     repeats: int,
     recompute: bool,
     key: str,
-) -> float:
-    """``stage_call``'s seconds for one path, timed once per profile ``key``."""
+    ends: Sequence[int],
+) -> list[float]:
+    """``stage_call``'s seconds for one path's prefixes ``ends`` (the whole model's last),
+    timed once per profile ``key``."""
     path = f"{key}+microbatch{'+recompute' if recompute else ''}"
     if path not in STATE.profiles:
-        STATE.profiles[path] = float(stage_call(graph, example, repeats, recompute))
-    return float(STATE.profiles[path])
+        seconds = stage_call(graph, example, repeats, recompute, ends)
+        STATE.profiles[path] = [float(t) for t in seconds]
+    return list(STATE.profiles[path])
 
 
 def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:
@@ -350,6 +373,20 @@ def action_overhead(repeats: int) -> float:
 
     n = max(repeats, 5)
     return (median_time(lambda: forward(x), n) + median_time(backward, n)) / 2
+
+
+def medians(fns: Sequence[Callable[[], Any]], repeats: int) -> list[float]:
+    """The median seconds of each of ``fns``, its tensors fetched, over ``repeats`` rounds
+    that call each in turn, after one round (tracing and warming up): drift hits all."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, took in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            tree.map_structure(lambda x: x.numpy() if hasattr(x, "numpy") else x, fn())
+            took.append(time.perf_counter() - start)
+    return [float(statistics.median(t)) for t in times]
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> float:

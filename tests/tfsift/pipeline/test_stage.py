@@ -215,10 +215,16 @@ def test_microbatch_seconds_times_a_stages_forward_backward_and_sum(monkeypatch:
             lambda self, *a, _m=method, _n=name, **k: calls.append(_n) or _m(self, *a, **k),
         )
     x = tf.constant(np.random.default_rng(0).normal(size=(4, 4)), tf.float32)
-    seconds = stage_module.microbatch_seconds(trace(Net(0.0), [x]), [x], repeats=2)
+    graph = trace(Net(0.0), [x])
+    (seconds,) = stage_module.microbatch_seconds(graph, [x], repeats=2)
     assert seconds > 0
-    # one forward for the output gradients' shapes, then a warm-up and 20 timed microbatches
+    # one forward for the activations' shapes, then a warm-up and 20 timed microbatches
     assert calls == ["forward"] + ["forward", "backward", "accumulate"] * 21
+    calls.clear()
+    prefixes = stage_module.microbatch_seconds(graph, [x], repeats=2, ends=[1, len(graph)])
+    assert len(prefixes) == 2 and all(t > 0 for t in prefixes)
+    # each prefix's stage is made and traced first, then they run in turn, round by round
+    assert calls == ["forward"] * 2 + ["forward", "backward", "accumulate"] * 2 * 21
 
 
 def test_profiling_through_the_stage_leaves_every_variable_as_it_was() -> None:

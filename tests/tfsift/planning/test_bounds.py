@@ -131,10 +131,12 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
 ) -> None:
     timed: list[bool] = []
 
-    def stage_call(graph: Graph, example: Any, repeats: int, recompute: bool) -> float:
+    def stage_call(
+        graph: Graph, example: Any, repeats: int, recompute: bool, ends: Any
+    ) -> list[float]:
         # a microbatch through the stage code: 20 ms with a tape; recomputing 2 ms or 40 ms
         timed.append(recompute)
-        return (0.002 if recomputing_faster else 0.04) if recompute else 0.02
+        return [(0.002 if recomputing_faster else 0.04) if recompute else 0.02] * len(ends)
 
     cfg, graph = config(tmp_path), traced()
     with caplog.at_level(logging.INFO, logger="tfsift"):

@@ -8,6 +8,7 @@ import keras
 import pytest
 import tensorflow as tf
 
+from partitioner.costs import CostModel, LayerCost
 from tfsift.planning.graph import trace
 from tfsift.planning.profiler import needs_input_gradients, profile
 
@@ -100,52 +101,51 @@ def _whole(costs: Any) -> float:
     return float(costs.prefix.compute[-1])
 
 
-def test_a_small_model_is_charged_what_the_runtimes_stage_takes_beyond_its_layers(
-    monkeypatch: Any,
+@pytest.mark.parametrize(("recompute", "scale"), [(False, 0.6), (True, 0.6), (False, 1.7)])
+def test_the_cost_per_action_and_the_layers_times_are_the_line_through_the_timed_prefixes(
+    monkeypatch: Any, recompute: bool, scale: float
 ) -> None:
     from tfsift.planning import profiler
 
     graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
     bare = profile(graph, [tf.ones((4, 3, 2))], repeats=3)
     monkeypatch.setattr(profiler, "_profile", lambda *args: bare)  # the same layer times
-    calls: list[int] = []
+    layers = bare.prefix.compute + recompute * bare.prefix.forward  # each prefix's, as profiled
+    calls: list[tuple[int, bool, tuple[int, ...]]] = []
 
-    def stage(g: Any, example: Any, repeats: int, recompute: bool) -> float:
-        calls.append(repeats)
-        again = float(bare.prefix.forward[-1]) if recompute else 0.0  # the forward twice
-        return _whole(bare) + again + 2 * (bare.action_overhead + 1e-3)  # 1 ms more per action
+    def stage(g: Any, example: Any, repeats: int, again: bool, ends: Any) -> list[float]:
+        calls.append((repeats, again, tuple(ends)))
+        # 0.4 ms per action, and one compiled call runs the layers in `scale` of their times
+        return [2 * 4e-4 + scale * float(layers[e]) for e in ends]
 
-    costs = profile(graph, [tf.ones((4, 3, 2))], repeats=3, stage_call=stage)
-    assert calls == [3]
-    assert costs.action_overhead == pytest.approx(bare.action_overhead + 1e-3)
-    assert costs.layers == bare.layers
-    # optimize="memory": the stage's path recomputes, and the charge leaves that forward out
-    recomputing = profile(graph, [tf.ones((4, 3, 2))], repeats=4, stage_call=stage, recompute=True)
-    assert calls == [3, 4]
-    assert recomputing.action_overhead == pytest.approx(bare.action_overhead + 1e-3)
+    costs = profile(graph, [tf.ones((4, 3, 2))], 3, stage, recompute=recompute)
+    ((repeats, again, ends),) = calls
+    assert (repeats, again) == (3, recompute)
+    assert ends[-1] == len(graph) and len(ends) >= 2  # the whole model and a shorter prefix
+    assert list(ends) == sorted(set(ends))
+    assert costs.action_overhead == pytest.approx(4e-4)
+    for got, was in zip(costs.layers, bare.layers, strict=True):
+        assert got.forward_time == pytest.approx(scale * was.forward_time)
+        assert got.backward_time == pytest.approx(scale * was.backward_time)
+        assert got.activation_bytes == was.activation_bytes
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_a_stage_faster_than_its_layers_times_scales_them_to_predict_its_microbatch(
-    monkeypatch: Any, recompute: bool
+def test_the_prefixes_spread_over_the_profiled_time_up_to_calibrate_points(
+    monkeypatch: Any,
 ) -> None:
     from tfsift.planning import profiler
 
-    graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
-    bare = profile(graph, [tf.ones((4, 3, 2))], repeats=3)
-    monkeypatch.setattr(profiler, "_profile", lambda *args: bare)
-    forward = float(bare.prefix.forward[-1])
-    layers = _whole(bare) + recompute * forward  # what the layers' times add up to
-    timed = 2 * bare.action_overhead + 0.6 * layers  # one compiled call did them in 60%
+    def chain(n: int) -> CostModel:  # 0.3 ms a layer, its forward 0.1 ms
+        return CostModel(tuple(LayerCost(f"l{i}", 1e-4, 2e-4, 0, 0, 0) for i in range(n)))
 
-    costs = profile(graph, [tf.ones((4, 3, 2))], 3, lambda *a: timed, recompute=recompute)
-    assert costs.action_overhead == bare.action_overhead
-    for got, was in zip(costs.layers, bare.layers, strict=True):
-        assert got.forward_time == pytest.approx(0.6 * was.forward_time)
-        assert got.backward_time == pytest.approx(0.6 * was.backward_time)
-        assert got.activation_bytes == was.activation_bytes
-    again = recompute * float(costs.prefix.forward[-1])
-    assert _whole(costs) + again + 2 * costs.action_overhead == pytest.approx(timed)
+    assert profiler._points(chain(12), False)[0] == (1, 7, 12)  # at 0.3, 1.95 and 3.6 ms
+    monkeypatch.setattr(profiler, "CALIBRATE_POINTS", 5)
+    # at 0.3, 1.125, 1.95, 2.775 and 3.6 ms: the first prefix that reaches each
+    assert profiler._points(chain(12), False)[0] == (1, 4, 7, 10, 12)
+    ends, profiled = profiler._points(chain(12), True)  # 0.4 ms a layer, the forward twice
+    assert ends == (1, 4, 7, 10, 12)
+    assert profiled.tolist() == pytest.approx([4e-4 * e for e in ends])
+    assert profiler._points(chain(2), False)[0] == (1, 2)
 
 
 @pytest.mark.parametrize(("recomputing", "faster"), [(0.97, True), (0.99, False), (1.1, False)])
@@ -157,9 +157,9 @@ def test_recomputing_is_faster_when_its_microbatch_took_2_percent_less_timed_onc
     graph, example = trace(Scaled(), [tf.zeros((2, 3, 2))]), [tf.ones((4, 3, 2))]
     calls: list[bool] = []
 
-    def stage(g: Any, example: Any, repeats: int, recompute: bool) -> float:
+    def stage(g: Any, example: Any, repeats: int, recompute: bool, ends: Any) -> list[float]:
         calls.append(recompute)  # the tape's microbatch 10 ms
-        return 0.01 * recomputing if recompute else 0.01
+        return [0.01 * recomputing if recompute else 0.01] * len(ends)
 
     assert not profiler.recomputing_is_faster(graph, example, 3, stage)  # not profiled yet
     bare = profile(graph, example, repeats=3)
@@ -176,8 +176,12 @@ def test_the_bare_stages_cost_stays_when_the_runtimes_is_less_or_cannot_be_timed
     caplog: Any,
 ) -> None:
     graph = trace(Scaled(), [tf.zeros((2, 3, 2))])
-    cheaper = profile(graph, [tf.ones((4, 3, 2))], repeats=2, stage_call=lambda *a: 0.0)
-    assert cheaper.action_overhead > 0  # the bare stage's, not a negative difference
+
+    def no_time(g: Any, example: Any, repeats: int, recompute: bool, ends: Any) -> list[float]:
+        return [0.0] * len(ends)
+
+    cheaper = profile(graph, [tf.ones((4, 3, 2))], repeats=2, stage_call=no_time)
+    assert cheaper.action_overhead > 0  # the bare stage's, not a line through zero
 
     def broken(*args: Any) -> float:
         raise RuntimeError("no stage here")
