@@ -230,9 +230,9 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             f"{1e6 * by_hand:.0f} us; the same microbatches in one hand-written tf.function, "
             f"as tfsift's stage runs them: {1e6 * floor:.0f} us, what the smaller matrix "
             f"products cost TensorFlow itself, so {own_cost(per_action - floor)}. "
-            f"On a pipeline's stage each action is a call of its "
-            f"own and a message: the profiler's estimate of their cost, which the "
-            f"prediction charges, {1e6 * overhead:.0f} us. " + "; ".join(lines) + ".",
+            f"On a pipeline's stage each action is a call of its own and a message: the "
+            f"one-process job's profile puts their cost at {1e6 * overhead:.0f} us (each "
+            f"K=2 job's plan line fits its own at its start). " + "; ".join(lines) + ".",
             f"The optimizer's update: every row above makes it one compiled call, as Keras' "
             f"step and tfsift's `fit` do; written as the README loop writes it, "
             f"`optimizer.apply_gradients` runs eagerly and Keras updates each of the "

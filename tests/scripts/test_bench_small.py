@@ -64,7 +64,7 @@ def test_the_section_reads_the_cost_per_action_the_ratio_and_the_tail(bench: Mod
         "| one process, a hand-written TensorFlow loop, M=4 (and its Keras step) | 2.70 (2.10) |"
         in text
     )
-    assert "the profiler's estimate of their cost, which the prediction charges, 150 us." in text
+    assert "the one-process job's profile puts their cost at 150 us (each K=2 job's" in text
     # a run before the step call was timed alone: the whole step stands for it
     assert "simple: the step call measured 1.25x the prediction (target: within 25%" in text
     p99 = float(__import__("numpy").percentile(times, 99))
