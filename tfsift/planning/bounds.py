@@ -137,20 +137,16 @@ def rank0_bounds(
         f"a message between stages takes {_seconds(latency)}; " if latency > 0 else "",
     )
     recompute = cfg.optimize == "memory"
+    # optimize="speed" recomputes where a small model's stage was timed faster that way,
+    # and is charged as that path: not with room for scoring, planned in the waits of
+    # stages that keep tapes. Decided first, so that only that path's prefixes are timed.
+    if cfg.optimize == "speed" and stage_call is not None and not scoring:
+        profile(graph, example, cfg.profile_repeats)  # the layers' times, which it needs
+        recompute = recomputing_is_faster(graph, example, cfg.profile_repeats, stage_call)
     costs = dataclasses.replace(
         profile(graph, example, cfg.profile_repeats, stage_call, recompute=recompute),
         latency=latency,
     )
-    # optimize="speed" recomputes where a small model's stage was timed faster that way,
-    # and is charged as that path: not with room for scoring, planned in the waits of
-    # stages that keep tapes
-    if cfg.optimize == "speed" and stage_call is not None and not scoring:
-        recompute = recomputing_is_faster(graph, example, cfg.profile_repeats, stage_call)
-        if recompute:
-            costs = dataclasses.replace(
-                profile(graph, example, cfg.profile_repeats, stage_call, recompute=True),
-                latency=latency,
-            )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
     call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
     plan = make_plan(

@@ -244,8 +244,8 @@ def recomputing_is_faster(
     """Whether a microbatch through the runtime's stage took at least ``RECOMPUTE_GAIN``
     less recomputing its forward inside one compiled backward than with the eager tape.
 
-    Only for a small model (``small``; a larger one pays the forward again in full), as
-    profiled by ``profile`` with this ``stage_call``; each path is timed once per profile.
+    Only for a small model (``small``; a larger one pays the forward again in full), once
+    ``profile`` has timed its layers; each path's whole model is timed once per profile.
     Timed, not predicted: the layers' times sum to more than one compiled call of them
     takes, so on such a model the profile before ``_calibrated`` fits it to a path would
     predict the recomputing path slower by the forward it repeats (an MLP's step,
@@ -256,13 +256,11 @@ def recomputing_is_faster(
     costs = STATE.profiles.get(key)
     if costs is None or not small(costs):
         return False
+    whole = [len(graph)]
     try:
         with _restored(graph):
-            # each path's prefixes, as its calibration times them: each is timed once
             kept, again = (
-                _microbatch(
-                    stage_call, graph, example, repeats, path, key, _points(costs, path)[0]
-                )[-1]
+                _microbatch(stage_call, graph, example, repeats, path, key, whole)[0]
                 for path in (False, True)
             )
     except Exception:  # profile warned already: keep the tape
@@ -296,13 +294,15 @@ def _microbatch(
     key: str,
     ends: Sequence[int],
 ) -> list[float]:
-    """``stage_call``'s seconds for one path's prefixes ``ends`` (the whole model's last),
-    timed once per profile ``key``."""
-    path = f"{key}+microbatch{'+recompute' if recompute else ''}"
-    if path not in STATE.profiles:
-        seconds = stage_call(graph, example, repeats, recompute, ends)
-        STATE.profiles[path] = [float(t) for t in seconds]
-    return list(STATE.profiles[path])
+    """``stage_call``'s seconds for one path's prefixes ``ends``, each timed once per
+    profile ``key``: the whole model's, timed for ``recomputing_is_faster``, is not timed
+    again for the calibration of the path it chose."""
+    cached = STATE.profiles.setdefault(f"{key}+microbatch{'+recompute' if recompute else ''}", {})
+    missing = [e for e in ends if e not in cached]
+    if missing:
+        seconds = stage_call(graph, example, repeats, recompute, missing)
+        cached.update(zip(missing, map(float, seconds), strict=True))
+    return [cached[e] for e in ends]
 
 
 def evaluate(graph: Graph, example: Sequence[tf.Tensor]) -> dict[int, Any]:

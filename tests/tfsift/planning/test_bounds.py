@@ -141,7 +141,9 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
     cfg, graph = config(tmp_path), traced()
     with caplog.at_level(logging.INFO, logger="tfsift"):
         got = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, stage_call=stage_call)
-    assert timed == [False, True]  # each path once; the layers were profiled once
+    # each path's whole model once, then the chosen path's shorter prefixes; the layers
+    # were profiled once
+    assert timed == [False, True, recomputing_faster]
     plan = Plan.load(cfg.plan_file or "")
     assert got == (plan.bounds, recomputing_faster) and plan.recompute == recomputing_faster
     header = messages(caplog)[1][1].splitlines()[0]

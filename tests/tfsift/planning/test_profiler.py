@@ -155,19 +155,23 @@ def test_recomputing_is_faster_when_its_microbatch_took_2_percent_less_timed_onc
     from tfsift.planning import profiler
 
     graph, example = trace(Scaled(), [tf.zeros((2, 3, 2))]), [tf.ones((4, 3, 2))]
-    calls: list[bool] = []
+    calls: list[tuple[bool, tuple[int, ...]]] = []
 
     def stage(g: Any, example: Any, repeats: int, recompute: bool, ends: Any) -> list[float]:
-        calls.append(recompute)  # the tape's microbatch 10 ms
+        calls.append((recompute, tuple(ends)))  # the tape's microbatch 10 ms
         return [0.01 * recomputing if recompute else 0.01] * len(ends)
 
     assert not profiler.recomputing_is_faster(graph, example, 3, stage)  # not profiled yet
     bare = profile(graph, example, repeats=3)
     assert profiler.small(bare)  # a stage this small is timed
-    profile(graph, example, repeats=3, stage_call=stage)
     assert profiler.recomputing_is_faster(graph, example, 3, stage) == faster
     assert profiler.recomputing_is_faster(graph, example, 3, stage) == faster
-    assert calls == [False, True]
+    L = len(graph)
+    assert calls == [(False, (L,)), (True, (L,))]  # each path's whole model, once
+    # the chosen path's calibration times only its shorter prefixes: the whole one is known
+    profile(graph, example, repeats=3, stage_call=stage, recompute=faster)
+    ends = profiler._points(bare, faster)[0]
+    assert calls[2:] == [(faster, ends[:-1])] and ends[-1] == L
     monkeypatch.setattr(profiler, "CALIBRATE_BELOW", 0)  # as if its layers computed for long
     assert not profiler.recomputing_is_faster(graph, example, 3, stage)
 
