@@ -99,7 +99,7 @@ def _update(model: DistributedModel) -> Callable[[list[Any]], None]:
     """The optimizer's update in one compiled call, as Keras' own train step makes it.
 
     Eagerly a Keras 3 optimizer updates each variable in Python: on ``bench_small.py``'s MLP
-    (8 variables, SGD) a step with the eager update took 1.6x to 1.7x one with this. The
+    (8 variables, SGD) a step with the eager update took 1.6x to 1.8x one with this. The
     variables are the stage's, read when the first call traces (after partitioning); a
     new ``compile`` makes a new update, as Keras asks after a change of ``trainable``.
     """
