@@ -182,8 +182,9 @@ def _calibrated(
     Each of the two alone is a difference of noisy timings: an MLP's plan line once
     charged 0.36 ms per action from a bare stage's calls and scaled its layers to fit the
     whole model's microbatch, and the next run 0.59 ms, predicting the same job at 5.1
-    and 13.0 ms (``scripts/bench_small.py`` at 6d42394). Timed through the stage, its
-    prefixes lie on a line: 0.17 to 0.19 ms per action, message included, in three runs.
+    and 13.0 ms (``scripts/bench_small.py`` at 6d42394). Fitted to its prefixes, the
+    plan line predicted the ``@tfsift.step`` call within 25% on 10 of that benchmark's 12
+    rows in three runs (at b6fa43f and 62f1b0f; the other two in a run whose steps stalled).
     Where no line fits (fewer than two distinct prefixes, or a slope or intercept that is
     not positive), the costs stay as profiled.
     """
@@ -250,7 +251,7 @@ def recomputing_is_faster(
     takes, so on such a model the profile before ``_calibrated`` fits it to a path would
     predict the recomputing path slower by the forward it repeats (an MLP's step,
     ``scripts/bench_small.py``, ran faster recomputing); fitted, each path's prediction
-    follows its timed microbatches, whose whole model's this compares.
+    follows its timed microbatches, and this compares the whole model's.
     """
     key = signature(graph, example, repeats)
     costs = STATE.profiles.get(key)
@@ -392,13 +393,7 @@ def medians(fns: Sequence[Callable[[], Any]], repeats: int) -> list[float]:
 def median_time(fn: Callable[[], Any], repeats: int) -> float:
     """The median seconds of ``fn()``, its tensors fetched, over ``repeats`` calls after
     one (tracing and warming up)."""
-    fn()  # trace and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tree.map_structure(lambda x: x.numpy() if hasattr(x, "numpy") else x, fn())
-        times.append(time.perf_counter() - start)
-    return float(statistics.median(times))
+    return medians([fn], repeats)[0]
 
 
 def _new_param_bytes(operation: Any, seen: set[int]) -> int:
