@@ -31,8 +31,10 @@ CALIBRATE_BELOW = 100
 # way (``recomputing_is_faster``): a tie keeps the tape, the path of every larger model.
 RECOMPUTE_GAIN = 0.02
 # At most this many prefixes of a small model are timed through the runtime's stage to
-# fit its cost per action and its layers' times (``_calibrated``).
-CALIBRATE_POINTS = 3
+# fit its cost per action and its layers' times (``_calibrated``): the first node alone
+# and the whole model. Each more costs a stage's tracing at every start-up; three put the
+# test suite (whose models are small) 15% over its time on a slow hour.
+CALIBRATE_POINTS = 2
 # The seconds a microbatch takes through the runtime's stage (forward, its message out
 # and back, backward and the gradient sum, as a stage before the last runs them), given
 # the graph, a microbatch, the repeats, whether the stage recomputes and the ends of the
