@@ -185,8 +185,8 @@ def _calibrated(
     charged 0.36 ms per action from a bare stage's calls and scaled its layers to fit the
     whole model's microbatch, and the next run 0.59 ms, predicting the same job at 5.1
     and 13.0 ms (``scripts/bench_small.py`` at 6d42394). Fitted to its prefixes, the
-    plan line predicted the ``@tfsift.step`` call within 25% on 10 of that benchmark's 12
-    rows in three runs (at b6fa43f and 62f1b0f; the other two in a run whose steps stalled).
+    plan line predicted the ``@tfsift.step`` call within 25% on 12 of that benchmark's 16
+    rows in four runs (b6fa43f to 751594f).
     Where no line fits (fewer than two distinct prefixes, or a slope or intercept that is
     not positive), the costs stay as profiled.
     """
