@@ -144,8 +144,9 @@ def microbatch_seconds(
     before the last runs it, on the nodes ``[0, end)`` of ``graph`` for each of ``ends``
     (the whole graph if none): the compiled forward under a tape, the activations sent
     and received with their inputs' fingerprint (on ``MPI.COMM_SELF``, through the
-    executor's own calls), the backward from them and the gradient sum. The prefixes are
-    timed in turn, round after round, so that the machine's drift hits them alike.
+    executor's own calls), the backward from them and the gradient sum. The prefixes of
+    one call are timed in turn, round after round, so that the machine's drift hits them
+    alike.
 
     The profiler fits the runtime's cost per action and the layers' times to these
     (``tfsift.planning.profiler.profile``'s ``stage_call``); it runs in training mode,

@@ -32,8 +32,10 @@ CALIBRATE_BELOW = 100
 RECOMPUTE_GAIN = 0.02
 # At most this many prefixes of a small model are timed through the runtime's stage to
 # fit its cost per action and its layers' times (``_calibrated``): the first node alone
-# and the whole model. Each more costs a stage's tracing at every start-up; three put the
-# test suite (whose models are small) 15% over its time on a slow hour.
+# and the whole model. Each more costs a stage's tracing at every small model's start-up,
+# and the test suite's models are small. ``scripts/bench_small.py``'s one run with two
+# (751594f) put two of its four rows past 25%, where three runs with three did so only in
+# a run whose steps stalled: too few runs to tell the points from the hour.
 CALIBRATE_POINTS = 2
 # The seconds a microbatch takes through the runtime's stage (forward, its message out
 # and back, backward and the gradient sum, as a stage before the last runs them), given
@@ -188,7 +190,9 @@ def _calibrated(
     plan line predicted the ``@tfsift.step`` call within 25% on 12 of that benchmark's 16
     rows in four runs (b6fa43f to 751594f).
     Where no line fits (fewer than two distinct prefixes, or a slope or intercept that is
-    not positive), the costs stay as profiled.
+    not positive), the costs stay as profiled. A prefix already timed for this profile is
+    not timed again: under optimize="speed" the whole model's time is the one
+    ``recomputing_is_faster`` took, a moment before the shorter prefixes'.
     """
     if not small(costs):
         return costs

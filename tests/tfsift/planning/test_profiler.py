@@ -97,10 +97,6 @@ def test_a_model_of_the_same_layers_gets_the_profile_again_under_its_own_names(
     assert runs == [1, 1, 1]
 
 
-def _whole(costs: Any) -> float:
-    return float(costs.prefix.compute[-1])
-
-
 @pytest.mark.parametrize(("recompute", "scale"), [(False, 0.6), (True, 0.6), (False, 1.7)])
 def test_the_cost_per_action_and_the_layers_times_are_the_line_through_the_timed_prefixes(
     monkeypatch: Any, recompute: bool, scale: float
