@@ -49,6 +49,25 @@ def test_tf_data_reads_the_same_batches_and_dicts_keep_their_structure() -> None
     assert rows_of(next(iter(python))["x"]) == list(range(B))
 
 
+@pytest.mark.parametrize("structure", ["tuple", "dict", "nested"])
+def test_python_iteration_yields_the_element_spec_as_tensors(structure: str) -> None:
+    """A flat tuple of arrays takes ``tf.constant``'s short path, other structures are
+    walked leaf by leaf: either way each leaf is the tensor its spec describes."""
+    tfsift.init({})
+    x, y = data()
+    names = np.array([f"row {i}" for i in range(N)])
+    built = {"tuple": (x, y, names), "dict": {"x": x, "y": y}, "nested": ({"x": x}, y)}
+    train = tfsift.from_arrays(built[structure], B, shuffle=False)
+    first = next(iter(train))
+    tf.nest.assert_same_structure(first, train.element_spec)
+    leaves, specs = tf.nest.flatten(first), tf.nest.flatten(train.element_spec)
+    wanted = tf.nest.flatten(built[structure])
+    for leaf, spec, array in zip(leaves, specs, wanted, strict=True):
+        assert tf.is_tensor(leaf) and spec.is_compatible_with(leaf)
+        rows = np.char.encode(array[:B]) if array.dtype.kind == "U" else array[:B]
+        assert leaf.numpy().tolist() == rows.tolist()  # tf.string holds bytes
+
+
 @pytest.mark.parametrize("replica", [0, 1, 2])
 def test_replicas_are_dealt_the_permutation_round_robin_in_equal_shares(
     replica: int, monkeypatch: pytest.MonkeyPatch
