@@ -49,7 +49,7 @@ class PythonDataset(tf.data.Dataset):  # type: ignore[misc]
 
 def _tensor(leaf: Any) -> Any:
     """``leaf`` as a tensor. A NumPy array goes through ``tf.constant``, which makes the
-    same tensor as ``tf.convert_to_tensor`` in about two thirds of its time (it skips the
+    same tensor as ``tf.convert_to_tensor`` in about three quarters of its time (it skips the
     conversion registry's dispatch): a small model's step reads a batch of two or three
     arrays each time (``scripts/bench_calls.py``, input per batch)."""
     return tf.constant(leaf) if isinstance(leaf, np.ndarray) else tf.convert_to_tensor(leaf)
