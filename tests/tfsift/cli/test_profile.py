@@ -46,7 +46,8 @@ def test_profile_writes_costs_for_every_traced_node(tmp_path: Path) -> None:
     assert costs.layers[0].output_bytes == 6 * 6 * 32 * 4
     assert costs.layers[-1].output_bytes == 10 * 4
     # each time is the median less a call's fixed cost, floored at 0: with one repeat a
-    # near-free layer (the Flatten) can come out at 0 (seen once in the suite at ca3223d)
+    # near-free layer (such as the Flatten) can come out at 0 (seen once in the suite at
+    # ca3223d)
     assert all(layer.forward_time >= 0 for layer in costs.layers)
     assert sum(layer.forward_time for layer in costs.layers) > 0
     assert proc.stdout.splitlines()[0].split() == [
