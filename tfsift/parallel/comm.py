@@ -104,7 +104,9 @@ class PipeComm:
         Ends the job (``MPI_Abort``) if they have not all arrived after ``timeout`` s.
         """
         arrays = self.recv_arrays(specs, source, direction, microbatch, idle)
-        return [tf.convert_to_tensor(a) for a in arrays]
+        # tf.constant: the same tensor as convert_to_tensor without its dispatch (see
+        # tfsift.parallel.pydataset._tensor), once per tensor of every message
+        return [tf.constant(a) for a in arrays]
 
     def recv_arrays(
         self,

@@ -221,14 +221,14 @@ def split(args: tuple[Any, ...], kwargs: dict[str, Any], M: int) -> list[Microba
                     "drop_remainder=True, or pass a non-batch argument through "
                     "@tfsift.step(non_split_inputs=[...]))"
                 )
-            pieces.append(tf.split(tf.convert_to_tensor(leaf), M, axis=0))
+            pieces.append(tf.split(_as_tensor(leaf), M, axis=0))
         else:
             pieces.append([leaf] * M)
     return [tree.pack_sequence_as((args, kwargs), [p[m] for p in pieces]) for m in range(M)]
 
 
 def _as_tensor(leaf: Any) -> Any:
-    return tf.convert_to_tensor(leaf) if isinstance(leaf, np.ndarray) else leaf
+    return tf.constant(leaf) if isinstance(leaf, np.ndarray) else leaf  # as pydataset._tensor
 
 
 def make_plan(
