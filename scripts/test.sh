@@ -27,6 +27,11 @@ if [ "$quick" = 1 ]; then
 fi
 # pytest exits 5 when arguments select no test of one kind: that part passes.
 run() { python -m pytest "$@" || [ $? -eq 5 ]; }
+# The suite is bound by CPU, and about half of its CPU is start-up: each rank's `import
+# tensorflow` costs about 3.3 CPU seconds, spread over TensorFlow's 2,700 modules, and the
+# suite starts about 200 ranks. A third worker did not shorten the first stage (617 s
+# against 579 and 638 s with two, the same morning; vmstat showed no idle CPU in it). It
+# gets shorter by starting fewer processes, not by running more at a time.
 echo "== pytest: one-process and multi-process tests (mpirun, horovodrun), two at a time"
 # A job's ranks leave the cores idle a sixth of the time (waits, bubbles, start-up): the
 # one-process tests beside them fill it (23 s less than one stage after the other). Results
