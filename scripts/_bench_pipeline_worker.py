@@ -21,6 +21,7 @@ import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -368,15 +369,15 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     # scope, which the user's update is outside of)
     repeat = cfg["steps"] if cfg.get("time_call") else 0
     calls = [synced_time(call, cfg["collect"]) for _ in range(repeat)]
+    predicted = Plan.load(plan_file).predicted_step_time if plan_file.exists() else None
+    shutil.rmtree(plan_file.parent, ignore_errors=True)  # each rank made its own folder
     return timed(train, cfg) | {
         "call_times": calls,
         "action_s": action_s,
         "events": events,
         "first_step_s": first,
         "bounds": list(model.partitioned.bounds),
-        "startup_predicted_s": Plan.load(plan_file).predicted_step_time
-        if plan_file.exists()
-        else None,
+        "startup_predicted_s": predicted,
         "maxrss_before_mib": before,
         "maxrss_whole_mib": whole,
         "maxrss_timed_mib": maxrss_mib(),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,7 +53,7 @@ def run(
     made them), ranks 0 .. np/hosts - 1 on the first, and so on.
     """
     argv = [str(SCRIPTS / script), *args]
-    reports_dir = tempfile.mkdtemp(prefix="tfsift-reports-")
+    reports_dir = tempfile.mkdtemp(dir=_reports_root())
     env = {**(env or {}), REPORTS: reports_dir}
     if launcher == "horovodrun":
         cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np)]
@@ -75,6 +77,18 @@ def run(
     )
     proc.reports_dir = reports_dir  # type: ignore[attr-defined]
     return proc
+
+
+_ROOT: list[str] = []
+
+
+def _reports_root() -> str:
+    """The folder that holds this process's jobs' report folders, removed when it exits
+    (a suite run launches about 150 jobs: each left a folder in /tmp before)."""
+    if not _ROOT:
+        _ROOT.append(tempfile.mkdtemp(prefix="tfsift-reports-"))
+        atexit.register(shutil.rmtree, _ROOT[0], True)
+    return _ROOT[0]
 
 
 def on_hosts(cmd: list[str], np: int, hosts: int) -> list[str]:

@@ -79,19 +79,20 @@ def run_job(
     adds variables to the job's environment.
     A job still running after ``timeout`` seconds is terminated and reported as failed.
     """
-    out = Path(tempfile.mkdtemp(prefix="tfsift-bench-"))
     argv = [str(worker), *args]
     if not mpi and np != 1:
         raise ValueError(f"a job without mpirun runs one process. Received: np={np}")
     cmd = launch_command(np, argv, bind, python) if mpi else [python, *argv]
-    tail = _run(cmd, environment({**(env or {}), OUT_DIR: str(out)}), timeout)
-    files = sorted(out.glob("rank*.json"), key=lambda f: int(f.stem[4:]))
-    if len(files) != np or tail[0] != 0:
-        raise RuntimeError(
-            f"{worker.name} job failed (exit {tail[0]}, {len(files)} of {np} reports). "
-            f"Received args: {list(args)}\n{tail[1]}"
-        )
-    return [json.loads(f.read_text()) for f in files]
+    with tempfile.TemporaryDirectory(prefix="tfsift-bench-") as folder:
+        out = Path(folder)
+        tail = _run(cmd, environment({**(env or {}), OUT_DIR: str(out)}), timeout)
+        files = sorted(out.glob("rank*.json"), key=lambda f: int(f.stem[4:]))
+        if len(files) != np or tail[0] != 0:
+            raise RuntimeError(
+                f"{worker.name} job failed (exit {tail[0]}, {len(files)} of {np} reports). "
+                f"Received args: {list(args)}\n{tail[1]}"
+            )
+        return [json.loads(f.read_text()) for f in files]
 
 
 def launch_command(np: int, argv: Sequence[str], bind: str, python: str) -> list[str]:
