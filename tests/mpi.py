@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -79,16 +80,13 @@ def run(
     return proc
 
 
-_ROOT: list[str] = []
-
-
+@functools.cache
 def _reports_root() -> str:
     """The folder that holds this process's jobs' report folders, removed when it exits
     (a suite run launches about 150 jobs: each left a folder in /tmp before)."""
-    if not _ROOT:
-        _ROOT.append(tempfile.mkdtemp(prefix="tfsift-reports-"))
-        atexit.register(shutil.rmtree, _ROOT[0], True)
-    return _ROOT[0]
+    root = tempfile.mkdtemp(prefix="tfsift-reports-")
+    atexit.register(shutil.rmtree, root, True)
+    return root
 
 
 def on_hosts(cmd: list[str], np: int, hosts: int) -> list[str]:
