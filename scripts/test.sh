@@ -19,7 +19,10 @@ unset PYTHONDONTWRITEBYTECODE
 # mypy's cache, kept with setup's, spares a fresh checkout checking every module again
 # (6 s): mypy rechecks what changed by content, wherever the cache came from.
 export MYPY_CACHE_DIR="${TFSIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfsift}/mypy"
-echo "== ruff"; ruff check . && ruff format --check .
+# one command a line: under set -e, a failure before && in a list would not stop the script
+echo "== ruff"
+ruff check .
+ruff format --check .
 echo "== mypy"; mypy
 if [ "$quick" = 1 ]; then
   echo "== pytest (quick: no multi-process tests)"
@@ -29,9 +32,10 @@ fi
 run() { python -m pytest "$@" || [ $? -eq 5 ]; }
 # The suite is bound by CPU, and about half of its CPU is start-up: each rank's `import
 # tensorflow` costs about 3.3 CPU seconds, spread over TensorFlow's 2,700 modules, and the
-# suite starts about 200 ranks. A third worker did not shorten the first stage (617 s
+# suite starts about 150 ranks. A third worker did not shorten the first stage (617 s
 # against 579 and 638 s with two, the same morning; vmstat showed no idle CPU in it). It
-# gets shorter by starting fewer processes, not by running more at a time.
+# gets shorter by starting fewer processes, not by running more at a time: the tests of
+# one layout share a job (tests/mpi.py: SharedJob).
 echo "== pytest: one-process and multi-process tests (mpirun, horovodrun), two at a time"
 # A job's ranks leave the cores idle a sixth of the time (waits, bubbles, start-up): the
 # one-process tests beside them fill it (23 s less than one stage after the other). Results

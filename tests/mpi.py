@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 LEAN_SITE = Path(__file__).resolve().parent / "lean_site"  # see its sitecustomize.py
 REPORTS = "TFSIFT_TEST_REPORTS"
 SIMHOSTS = ROOT / "scripts" / "simhosts.sh"  # simulated hosts: network namespaces
+Reports = dict[int, dict[str, Any]]  # what each rank reported, by rank
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -105,36 +107,78 @@ def address(host: int) -> str:
     return f"10.251.0.{host}"
 
 
-_SHARED: dict[tuple[Any, ...], Any] = {}
+class SharedJob:
+    """One job that runs several tests' scenarios one after another (``together.py``).
 
-
-def shared_reports(np: int, script: str, *args: str, timeout: float = 300) -> Any:
-    """``reports(run(np, script, *args))``, one job for every test that asks for the same.
-
-    Several tests read one job's reports (a job costs every rank seconds of start-up): mark
-    them ``@pytest.mark.xdist_group(NAME)`` so that one pytest worker runs them all. A failed
-    job fails each of them with its output, without running again.
+    A rank pays seconds of CPU before it checks anything: importing TensorFlow (about 3.3
+    CPU seconds) and TensorFlow's first traces and kernels. Five 4-rank jobs of 2 stages x
+    2 replicas took 138 CPU seconds one by one and 52 to 59 in one job, with the same
+    reports. Jobs with the same ranks and layout share one: a test module declares its
+    scenario when it is imported (``JOB.scenario(...)``), so the job, run when the first
+    test asks for its reports, holds every scenario pytest collected. Mark the tests
+    ``JOB.mark`` so that one pytest worker runs them all. A failed job fails each of its
+    tests with its output (the scenario that failed is the last whose header it printed),
+    without running again.
     """
-    key = (np, script, *args)
-    if key not in _SHARED:
-        try:
-            _SHARED[key] = reports(run(np, script, *args, timeout=timeout))
-        except (AssertionError, subprocess.TimeoutExpired) as err:
-            _SHARED[key] = err
-    got = _SHARED[key]
-    if isinstance(got, BaseException):
-        raise AssertionError(f"the shared job {key} failed") from got
-    return got
+
+    def __init__(self, name: str, np: int) -> None:
+        self.name, self.np = name, np
+        self._scenarios: list[tuple[str, ...]] = []
+        self._timeout = 0.0
+        self._result: list[dict[int, dict[str, Any]]] | BaseException | None = None
+
+    @property
+    def mark(self) -> Any:
+        import pytest  # here: the ranks import this module too, and never need pytest
+
+        return pytest.mark.xdist_group(self.name)
+
+    def scenario(self, script: str, *args: str, timeout: float = 300) -> Callable[[], Reports]:
+        """Adds ``script args`` to the job; returns what gives its reports, by rank."""
+        if self._result is not None:
+            raise RuntimeError(f"{self.name}: the job has run; declare scenarios at import")
+        scenario = (script, *args)
+        if scenario not in self._scenarios:
+            self._scenarios.append(scenario)
+            self._timeout += timeout
+        index = self._scenarios.index(scenario)
+        return lambda: self.reports(index)
+
+    def reports(self, index: int) -> Reports:
+        if self._result is None:
+            argv = [arg for s in self._scenarios for arg in ("--", *s)][1:]
+            try:
+                proc = run(self.np, "together.py", *argv, timeout=self._timeout)
+                reports(proc)  # fails with the job's output if it failed
+                root = Path(proc.reports_dir)  # type: ignore[attr-defined]
+                self._result = [_read(root / str(i)) for i in range(len(self._scenarios))]
+            except (AssertionError, subprocess.TimeoutExpired) as err:
+                self._result = err
+        if isinstance(self._result, BaseException):
+            raise AssertionError(f"the shared job {self.name} failed") from self._result
+        return self._result[index]
 
 
-def reports(proc: subprocess.CompletedProcess[str]) -> dict[int, dict[str, Any]]:
+# The jobs tests share, by ranks and layout (their scripts' tfsift.init must agree on it)
+TWO_STAGES = SharedJob("two_stages", 2)  # 2 stages, 1 replica
+FOUR_STAGES = SharedJob("four_stages", 4)  # 4 stages, 1 replica
+CLUSTER_2X2 = SharedJob("cluster_2x2", 4)  # 2 stages x 2 replicas, placement "cluster"
+SPREAD_2X2 = SharedJob("spread_2x2", 4)  # 2 stages x 2 replicas, placement "spread"
+DOC_BLOCKS = SharedJob("doc_blocks", 2)  # the docs' Python blocks (tests/test_doc_blocks.py)
+
+
+def reports(proc: subprocess.CompletedProcess[str]) -> Reports:
     """The JSON each rank reported, by rank; fails with the job's output if it failed."""
     if proc.returncode != 0:
         raise AssertionError(
             f"job failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
         )
+    return _read(Path(proc.reports_dir))  # type: ignore[attr-defined]
+
+
+def _read(folder: Path) -> Reports:
     found = {}
-    for path in Path(proc.reports_dir).glob("rank*.json"):  # type: ignore[attr-defined]
+    for path in folder.glob("rank*.json"):
         data = json.loads(path.read_text())
         found[data["rank"]] = data
     return found

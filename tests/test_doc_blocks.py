@@ -16,7 +16,7 @@ import pytest
 
 import mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.xdist_group("doc_blocks")]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, mpi.DOC_BLOCKS.mark]
 
 PAGES = [mpi.ROOT / "README.md", *sorted((mpi.ROOT / "docs").glob("*.md"))]
 # 4 stages cannot share the job's 2 ranks: its config goes through Config.from_dict only
@@ -27,10 +27,12 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
 
 
+PAGES_RUN = mpi.DOC_BLOCKS.scenario("docs_check.py", timeout=400)
+
+
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
-    work = tmp_path_factory.mktemp("doc-blocks")
-    reports = mpi.shared_reports(2, "docs_check.py", str(work), timeout=400)
+def pages() -> dict[int, dict[str, Any]]:
+    reports = PAGES_RUN()
     assert sorted(reports) == [0, 1]
     return {rank: got["pages"] for rank, got in reports.items()}
 

@@ -1,7 +1,8 @@
 """Every rank: runs the README's and the docs' Python blocks as written, page by page.
 
-usage: docs_check.py DIR
-  Each page runs in a namespace and a working directory of its own (DIR/<page>), its
+usage: docs_check.py [DIR]
+  Each page runs in a namespace and a working directory of its own (DIR/<page>; DIR is
+  the job's reports folder's pages/ by default, which the ranks share), its
   blocks in the page's order, on the 2 ranks of one job (a process takes one rank layout,
   and every page's ``tfsift.init`` but one asks for 2 ranks). Between the blocks come the
   reader's own parts, which a page leaves to the reader: data, a model where it says
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mpi import report
+from mpi import REPORTS, report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -235,7 +236,7 @@ def run_page(page: str, base: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    base = Path(sys.argv[1])
+    base = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(os.environ[REPORTS]) / "pages"
     pages = {page: run_page(page, base) for page in SCENARIOS}
     import tfsift
 

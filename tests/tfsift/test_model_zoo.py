@@ -16,14 +16,21 @@ import mpi
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 MODELS = "resnet_bn,encoder,custom,recurrent,sequential,shared"
 SHARED_ERROR = "a layer whose weights are shared by calls on different stages is not supported"
+# half the grid: each model with both schedules and both modes, each (schedule, mode) pair on
+# three models (tests/mpi_scripts/models.py: grid)
+ON_TWO_STAGES = mpi.TWO_STAGES.scenario(
+    "zoo_check.py", "2", MODELS, "simple,interleaved", "speed,memory", "pairs", timeout=600
+)
+# each model in one mode, each mode on two models (both modes of each: on two stages)
+ON_FOUR_STAGES = mpi.FOUR_STAGES.scenario(
+    "zoo_check.py", "4", "resnet_bn,encoder,custom,recurrent", "interleaved", "speed,memory",
+    "pairs", timeout=600,
+)  # fmt: skip
 
 
+@mpi.TWO_STAGES.mark
 def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() -> None:
-    # half the grid: each model with both schedules and both modes, each (schedule, mode)
-    # pair on three models (tests/mpi_scripts/models.py: grid)
-    job = mpi.run(2, "zoo_check.py", "2", MODELS, "simple,interleaved", "speed,memory",
-                  "pairs", timeout=600)  # fmt: skip
-    reports = mpi.reports(job)
+    reports = ON_TWO_STAGES()
     assert len(reports) == 2
     checked = 0
     for rank, rep in reports.items():
@@ -54,11 +61,9 @@ def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() ->
         assert count == totals[model]  # the stages' variables partition the model's
 
 
+@mpi.FOUR_STAGES.mark
 def test_the_models_that_split_into_four_stages_match_too() -> None:
-    # each model in one mode, each mode on two models (both modes of each: the test above)
-    job = mpi.run(4, "zoo_check.py", "4", "resnet_bn,encoder,custom,recurrent", "interleaved",
-                  "speed,memory", "pairs", timeout=600)  # fmt: skip
-    reports = mpi.reports(job)
+    reports = ON_FOUR_STAGES()
     assert len(reports) == 4
     for rank, rep in reports.items():
         configs = sorted((r["model"], r["config"]) for r in rep["results"])

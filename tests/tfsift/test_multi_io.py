@@ -15,10 +15,14 @@ def test_nested_inputs_and_two_outputs_in_one_process(name: str) -> None:
     assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
 
 
+ON_TWO_STAGES = mpi.TWO_STAGES.scenario("multi_io_check.py", "2", "2", timeout=240)
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
+@mpi.TWO_STAGES.mark
 def test_nested_inputs_and_two_outputs_on_two_stages() -> None:
-    reports = mpi.reports(mpi.run(2, "multi_io_check.py", "2", "2", timeout=240))
+    reports = ON_TWO_STAGES()
     assert len(reports) == 2
     for rank, rep in reports.items():
         for name, result in rep["results"].items():

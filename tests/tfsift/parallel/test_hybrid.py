@@ -18,24 +18,37 @@ pytestmark = pytest.mark.slow  # and mpi, on each test that launches mpirun or h
 # On 2 simulated hosts x 2 ranks (ranks 0, 1 on the first): cluster puts each replica on a
 # host of its own, so the allreduce crosses them; spread puts each stage on one, so the
 # pipeline's sends cross them
-ON_HOSTS = [
-    pytest.param(0, id="one_host"),
-    pytest.param(2, id="two_hosts", marks=[pytest.mark.hosts, pytest.mark.xdist_group("simhosts")]),
-]
+ON_SIMHOSTS = [pytest.mark.hosts, pytest.mark.xdist_group("simhosts")]
+ON_HOSTS = [pytest.param(0, id="one_host"), pytest.param(2, id="two_hosts", marks=ON_SIMHOSTS)]
+PIPELINES = {"cluster": [[0, 1], [2, 3]], "spread": [[0, 2], [1, 3]]}  # ranks, by replica
+# on one host, in the jobs the other 2 x 2 tests share
+ON_ONE_HOST = {
+    placement: job.scenario("hybrid_check.py", "2", placement, "4", timeout=600)
+    for placement, job in [("cluster", mpi.CLUSTER_2X2), ("spread", mpi.SPREAD_2X2)]
+}
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("hosts", ON_HOSTS)
 @pytest.mark.parametrize(
-    ("placement", "pipelines"),
-    [("cluster", [[0, 1], [2, 3]]), ("spread", [[0, 2], [1, 3]])],
+    ("placement", "hosts"),
+    [
+        pytest.param("cluster", 0, id="cluster-one_host", marks=mpi.CLUSTER_2X2.mark),
+        pytest.param("spread", 0, id="spread-one_host", marks=mpi.SPREAD_2X2.mark),
+        pytest.param("cluster", 2, id="cluster-two_hosts", marks=ON_SIMHOSTS),
+        pytest.param("spread", 2, id="spread-two_hosts", marks=ON_SIMHOSTS),
+    ],
 )
 def test_two_stages_by_two_replicas_train_like_one_process(
-    placement: str, pipelines: list[list[int]], hosts: int, request: pytest.FixtureRequest
+    placement: str, hosts: int, request: pytest.FixtureRequest
 ) -> None:
     if hosts:
         request.getfixturevalue("two_hosts")
-    got = mpi.reports(mpi.run(4, "hybrid_check.py", "2", placement, "4", timeout=600, hosts=hosts))
+        got = mpi.reports(
+            mpi.run(4, "hybrid_check.py", "2", placement, "4", timeout=600, hosts=hosts)
+        )
+    else:
+        got = ON_ONE_HOST[placement]()
+    pipelines = PIPELINES[placement]
     assert sorted(got) == [0, 1, 2, 3]
     check_hosts(got, hosts)
     for replica, ranks in enumerate(pipelines):

@@ -288,10 +288,14 @@ def test_a_step_that_raised_shares_nothing() -> None:
     assert pipe.calls == [] and float(mean.count.numpy()) == 0.0
 
 
+ON_2X2 = mpi.CLUSTER_2X2.scenario("metrics_check.py", "2", "2", "2")
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
+@mpi.CLUSTER_2X2.mark
 def test_metrics_inside_steps_equal_one_process_on_every_rank_of_two_by_two() -> None:
-    got = mpi.reports(mpi.run(4, "metrics_check.py", "2", "2", "2", timeout=300))
+    got = ON_2X2()
     assert sorted(got) == [0, 1, 2, 3]
     want = got[0]["want"]
     assert want["acc"][1] == 2 * 2 * 8 and want["mean"][1] == 2 * 2 * 2  # steps*R*(B or M)

@@ -12,15 +12,26 @@ import pytest
 import mpi
 
 pytestmark = pytest.mark.slow
-# K=1 is one process (a one-rank mpirun): it runs with the one-process tests, on both cores
-ON_RANKS = [
-    pytest.param(1),
-    pytest.param(2, marks=pytest.mark.mpi),
-    pytest.param(4, marks=pytest.mark.mpi),
-]
-
 MODELS = "conv,skip,dropout,ops"
 VARIABLES = {"conv": 6, "skip": 8, "dropout": 6, "ops": 6}
+# the grid: every model, M in 1, 2, 4, both schedules and modes, compiled, half the grid
+GRID = (MODELS, "1,2,4", "simple,interleaved", "speed,memory", "true", "pairs")
+# K=1 is one process (a one-rank mpirun): it runs with the one-process tests, on both cores;
+# K=2 and 4 run in the jobs the other tests of as many stages share
+GRID_ON = {
+    2: mpi.TWO_STAGES.scenario("pipeline_check.py", "2", *GRID, timeout=900),
+    4: mpi.FOUR_STAGES.scenario("pipeline_check.py", "4", *GRID, timeout=900),
+}
+ON_RANKS = [
+    pytest.param(1),
+    pytest.param(2, marks=[pytest.mark.mpi, mpi.TWO_STAGES.mark]),
+    pytest.param(4, marks=[pytest.mark.mpi, mpi.FOUR_STAGES.mark]),
+]
+# @tfsift.step(compile=False) on two models: each pair of schedule and mode values once
+EAGER_HEAD = mpi.TWO_STAGES.scenario(
+    "pipeline_check.py", "2", "skip,dropout", "2", "simple,interleaved", "speed,memory",
+    "false", "pairs", timeout=600,
+)  # fmt: skip
 
 
 def assert_every_pair(configs: Collection[tuple[Any, ...]], *values: list[Any]) -> None:
@@ -32,19 +43,10 @@ def assert_every_pair(configs: Collection[tuple[Any, ...]], *values: list[Any]) 
 
 @pytest.mark.parametrize("K", ON_RANKS)
 def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
-    got = mpi.reports(
-        mpi.run(
-            K,
-            "pipeline_check.py",
-            str(K),
-            MODELS,
-            "1,2,4",
-            "simple,interleaved",
-            "speed,memory",
-            "true",
-            "pairs",
-            timeout=900,
-        )
+    got = (
+        GRID_ON[K]()
+        if K > 1
+        else mpi.reports(mpi.run(1, "pipeline_check.py", "1", *GRID, timeout=900))
     )
     assert sorted(got) == list(range(K))
     for rank, data in got.items():
@@ -101,14 +103,10 @@ def test_four_stages_on_two_hosts_match_with_the_middle_cut_between_them(two_hos
 
 
 @pytest.mark.mpi
+@mpi.TWO_STAGES.mark
 def test_an_eager_head_matches_too() -> None:
     """@tfsift.step(compile=False): the last stage runs the step function without tf.function."""
-    got = mpi.reports(
-        mpi.run(
-            2, "pipeline_check.py", "2", "skip,dropout", "2", "simple,interleaved",
-            "speed,memory", "false", "pairs", timeout=600,
-        )
-    )  # fmt: skip
+    got = EAGER_HEAD()
     for rank, data in got.items():
         # each pair of model, schedule and mode values once
         configs = {(r["model"], r["pipeline"], r["optimize"]) for r in data["results"]}

@@ -81,13 +81,18 @@ def check_heads(reports: dict[int, dict[str, Any]]) -> None:
 
 def run(np_: int, K: str, placement: str, case: str) -> dict[int, dict[str, Any]]:
     """What each rank saw in one sift_check.py CASE, in a job of its own."""
-    got = mpi.reports(mpi.run(np_, "sift_check.py", K, placement, case, timeout=240))
+    return only_case(mpi.reports(mpi.run(np_, "sift_check.py", K, placement, case, timeout=240)))
+
+
+def only_case(got: mpi.Reports) -> dict[int, dict[str, Any]]:
+    """What each rank saw in the only case of a sift_check.py run."""
     return {rank: rep["cases"][0] for rank, rep in got.items()}
 
 
-# The 2 stages x 2 replicas (cluster) cases share one 4-rank job: sift_check.py runs them
-# one after another, each with a new model from the same seed.
-CLUSTER_2X2 = {
+# The 2 stages x 2 replicas (cluster) cases are one scenario of the 2 x 2 job the other
+# tests share (mpi.CLUSTER_2X2): sift_check.py runs them one after another, each with a new
+# model from the same seed.
+CASES_2X2 = {
     "relative": "relative,0,0",
     "uneven": "big_loss,1,1",
     "early_exit": "relative,0,1,early_exit",
@@ -95,32 +100,38 @@ CLUSTER_2X2 = {
     "starved": "relative,0,1,early_exit_overlap_keep_starved",
     "stale": "relative,0,1,early_exit_overlap_keep_starved_stale",
 }
-in_cluster_2x2_job = pytest.mark.xdist_group("sift_check_2x2_cluster")
+CLUSTER_CASES = mpi.CLUSTER_2X2.scenario("sift_check.py", "2", "cluster", *CASES_2X2.values())
+in_cluster_2x2_job = mpi.CLUSTER_2X2.mark
+SPREAD_CASE = mpi.SPREAD_2X2.scenario("sift_check.py", "2", "spread", CASES_2X2["relative"])
+ON_TWO_STAGES = mpi.TWO_STAGES.scenario("sift_check.py", "2", "cluster", "relative,0,0")
 
 
 def cluster_2x2(case: str) -> dict[int, dict[str, Any]]:
-    """What each rank saw in case ``case`` of the shared 2 x 2 job."""
-    got = mpi.shared_reports(4, "sift_check.py", "2", "cluster", *CLUSTER_2X2.values(), timeout=300)
-    index = list(CLUSTER_2X2).index(case)
-    return {rank: rep["cases"][index] for rank, rep in got.items()}
+    """What each rank saw in case ``case`` of the 2 x 2 job."""
+    index = list(CASES_2X2).index(case)
+    return {rank: rep["cases"][index] for rank, rep in CLUSTER_CASES().items()}
 
 
+@mpi.TWO_STAGES.mark
 def test_pipelined_scoring_keeps_what_one_process_would_on_the_same_losses() -> None:
-    reports = run(2, "2", "cluster", "relative,0,0")
+    reports = only_case(ON_TWO_STAGES())
     check_lock_step(reports)
     assert {r["stage"] for r in reports.values()} == {0, 1}
     assert reports[0]["batches"] == replay(reports, "relative")[0]
     assert len(reports[0]["batches"]) >= 4
 
 
-@pytest.mark.parametrize("placement", [pytest.param("cluster", marks=in_cluster_2x2_job), "spread"])
+@pytest.mark.parametrize(
+    "placement",
+    [
+        pytest.param("cluster", marks=in_cluster_2x2_job),
+        pytest.param("spread", marks=mpi.SPREAD_2X2.mark),
+    ],
+)
 def test_two_stages_by_two_replicas_share_the_history_and_stay_in_lock_step(
     placement: str,
 ) -> None:
-    if placement == "cluster":
-        reports = cluster_2x2("relative")
-    else:
-        reports = run(4, "2", placement, CLUSTER_2X2["relative"])
+    reports = cluster_2x2("relative") if placement == "cluster" else only_case(SPREAD_CASE())
     check_lock_step(reports)
     want = replay(reports, "relative")
     for rep in reports.values():
@@ -338,8 +349,12 @@ def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
     assert all(r["steps"] >= 4 for r in reports.values())
 
 
-@pytest.mark.xdist_group("sift_training_check_2x2")
-@pytest.mark.parametrize("policy", ["relative", "infobatch", "infobatch_rows"])
+TRAINING_POLICIES = ["relative", "infobatch", "infobatch_rows"]  # one scenario runs all three
+TRAINING_SCORES = mpi.CLUSTER_2X2.scenario("sift_training_check.py", "2", *TRAINING_POLICIES)
+
+
+@in_cluster_2x2_job
+@pytest.mark.parametrize("policy", TRAINING_POLICIES)
 def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
     policy: str,
 ) -> None:
@@ -348,9 +363,7 @@ def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
     # One table and one policy state (relative's history, InfoBatch's epoch plan) on
     # every rank make every rank decide alike. infobatch_rows: InfoBatch planned by row
     # on tfsift.from_arrays, which never reads a pruned sample
-    policies = ["relative", "infobatch", "infobatch_rows"]  # one job runs all three
-    got = mpi.shared_reports(4, "sift_training_check.py", "2", *policies, timeout=300)
-    ranks = [rep["cases"][policies.index(policy)] for rep in got.values()]
+    ranks = [rep["cases"][TRAINING_POLICIES.index(policy)] for rep in TRAINING_SCORES().values()]
     assert sorted((r["stage"], r["replica"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for replica in (0, 1):
         pipeline = [r for r in ranks if r["replica"] == replica]
