@@ -1,11 +1,12 @@
 """Every rank: overlap with the default exit, the first step before the first round; report
 the cut and, on rank 0, the plan the planner made for the scoring.
 
-usage: sift_room.py PLAN_FILE
+usage: sift_room.py [PLAN_FILE]   (by default plan.json in the job's reports folder)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import keras
@@ -14,12 +15,12 @@ import tensorflow as tf
 from sift_check import PER_SAMPLE, SEED, B, Net, data
 
 import tfsift
-from mpi import report
+from mpi import REPORTS, report
 from partitioner.plan import Plan
 
 
 def main() -> None:
-    plan_file = sys.argv[1]
+    plan_file = sys.argv[1] if len(sys.argv) > 1 else f"{os.environ[REPORTS]}/plan.json"
     tfsift.init({"partitions": 2, "microbatches": 2, "profile_repeats": 1, "plan_file": plan_file})
     keras.utils.set_random_seed(SEED)
     model = Net(heavy=True)

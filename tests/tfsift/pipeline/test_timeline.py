@@ -118,12 +118,16 @@ def test_summary_puts_the_measured_bubble_next_to_the_simulated_one() -> None:
     assert step.summary() == f"measured step {step.step_time:.4g} s, measured bubble {bubble}"
 
 
+TIMED = {p: mpi.TWO_STAGES_ALONE.scenario("timing_check.py", p) for p in ("simple", "interleaved")}
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.alone
+@mpi.TWO_STAGES_ALONE.mark
 @pytest.mark.parametrize("pipeline", ["simple", "interleaved"])
 def test_two_stages_see_the_same_timeline_of_their_schedule(pipeline: str) -> None:
-    got = mpi.reports(mpi.run(2, "timing_check.py", pipeline, timeout=300))
+    got = TIMED[pipeline]()
     assert got[0]["steps"] == got[1]["steps"]  # gathered to every rank
     steps = got[0]["steps"]
     assert len(steps) == 2  # the two steps inside the block, not the ones around it

@@ -164,9 +164,13 @@ def test_early_exit_scores_on_stage_0_and_keeps_every_replica_head_equal() -> No
     assert pipeline[0]["step_losses"] == pipeline[1]["step_losses"]
 
 
+OVERLAP = mpi.TWO_STAGES_ALONE.scenario("sift_check.py", "2", "cluster", CASES_2X2["overlap"])
+
+
 @pytest.mark.alone
+@mpi.TWO_STAGES_ALONE.mark
 def test_overlap_scores_the_next_round_while_stage_0_waits_for_gradients() -> None:
-    reports = run(2, "2", "cluster", "relative,0,1,early_exit_overlap")
+    reports = only_case(OVERLAP())
     check_lock_step(reports)
     metrics = reports[0]["metrics"]
     steps = len(reports[0]["step_losses"])
@@ -194,11 +198,17 @@ def test_overlap_with_replicas_keeps_every_replica_head_equal() -> None:
     assert all(r["metrics"]["overlapped_fraction"] > 0 for r in reports.values())
 
 
+OVERLAP_KEEP = mpi.CLUSTER_2X2_ALONE.scenario(
+    "sift_check.py", "2", "cluster", "relative,0,1,early_exit_overlap_keep"
+)
+
+
 @pytest.mark.alone
+@mpi.CLUSTER_2X2_ALONE.mark
 def test_overlap_that_keeps_what_no_wait_scored_keeps_the_pipeline_in_lock_step() -> None:
     # each replica's stage 0 decides how much of a round its waits scored: the stages of a
     # pipeline must keep the same samples, and the replicas gather losses of any length
-    reports = run(4, "2", "cluster", "relative,0,1,early_exit_overlap_keep")
+    reports = only_case(OVERLAP_KEEP())
     check_lock_step(reports)
     for replica in (0, 1):
         stages = [r["metrics"] for r in reports.values() if r["replica"] == replica]
@@ -330,15 +340,16 @@ def test_replicas_whose_collectives_match_in_mpi_but_not_in_kind_end_the_job_say
     assert time.time() - start < 20  # at once, not after the script's 20 s timeout
 
 
+ROOM = mpi.CLUSTER_2X2_ALONE.scenario("sift_room.py", timeout=240)
+
+
 @pytest.mark.alone
-def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone(
-    tmp_path: Path,
-) -> None:
+@mpi.CLUSTER_2X2_ALONE.mark
+def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone() -> None:
     # two stages by two replicas; the first step comes before the first round. Rank 0
     # times a scoring call while it plans and the other ranks wait for the plan: a
     # collective there would hang them (the job's timeout would end this test)
-    plan_file = tmp_path / "plan.json"
-    reports = mpi.reports(mpi.run(4, "sift_room.py", str(plan_file), timeout=240))
+    reports = ROOM()
     bounds = {tuple(r["bounds"]) for r in reports.values()}
     assert len(bounds) == 1  # one cut, on every rank
     plan = reports[0]["plan"]
