@@ -32,7 +32,7 @@ fi
 run() { python -m pytest "$@" || [ $? -eq 5 ]; }
 # The suite is bound by CPU, and about half of its CPU is start-up: each rank's `import
 # tensorflow` costs about 3.3 CPU seconds, spread over TensorFlow's 2,700 modules, and the
-# suite starts about 150 ranks. A third worker did not shorten the first stage (617 s
+# suite starts about 140 ranks. A third worker did not shorten the first stage (617 s
 # against 579 and 638 s with two, the same morning; vmstat showed no idle CPU in it). It
 # gets shorter by starting fewer processes, not by running more at a time: the tests of
 # one layout share a job (tests/mpi.py: SharedJob).
