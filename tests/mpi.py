@@ -116,16 +116,16 @@ class SharedJob:
     reports. Jobs with the same ranks and layout share one: a test module declares its
     scenario when it is imported (``JOB.scenario(...)``), so the job, run when the first
     test asks for its reports, holds every scenario pytest collected. Mark the tests
-    ``JOB.mark`` so that one pytest worker runs them all. A failed job fails each of its
-    tests with its output (the scenario that failed is the last whose header it printed),
-    without running again.
+    ``JOB.mark`` so that one pytest worker runs them all. The scenarios every rank
+    finished keep their reports when the job fails; the tests of the others fail with the
+    job's output (each scenario prints a header line as it starts), and nothing reruns.
     """
 
     def __init__(self, name: str, np: int) -> None:
         self.name, self.np = name, np
         self._scenarios: list[tuple[str, ...]] = []
         self._timeout = 0.0
-        self._result: list[dict[int, dict[str, Any]]] | BaseException | None = None
+        self._result: list[Reports | BaseException] | None = None
 
     @property
     def mark(self) -> Any:
@@ -146,17 +146,35 @@ class SharedJob:
 
     def reports(self, index: int) -> Reports:
         if self._result is None:
-            argv = [arg for s in self._scenarios for arg in ("--", *s)][1:]
-            try:
-                proc = run(self.np, "together.py", *argv, timeout=self._timeout)
-                reports(proc)  # fails with the job's output if it failed
-                root = Path(proc.reports_dir)  # type: ignore[attr-defined]
-                self._result = [_read(root / str(i)) for i in range(len(self._scenarios))]
-            except (AssertionError, subprocess.TimeoutExpired) as err:
-                self._result = err
-        if isinstance(self._result, BaseException):
-            raise AssertionError(f"the shared job {self.name} failed") from self._result
-        return self._result[index]
+            self._result = self._run()
+        got = self._result[index]
+        if isinstance(got, BaseException):
+            scenario = " ".join(self._scenarios[index])
+            raise AssertionError(
+                f"the shared job {self.name} failed in or before: {scenario}"
+            ) from got
+        return got
+
+    def _run(self) -> list[Reports | BaseException]:
+        """Each scenario's reports, or the job's failure for those not every rank finished."""
+        argv = [arg for s in self._scenarios for arg in ("--", *s)][1:]
+        try:
+            proc = run(self.np, "together.py", *argv, timeout=self._timeout)
+        except subprocess.TimeoutExpired as err:
+            return [err] * len(self._scenarios)
+        try:
+            reports(proc)  # fails with the job's output if it failed
+            failure: AssertionError | None = None
+        except AssertionError as err:
+            failure = err
+        root = Path(proc.reports_dir)  # type: ignore[attr-defined]
+        folders = [root / str(i) for i in range(len(self._scenarios))]
+        return [
+            _read(folder)
+            if failure is None or len(list(folder.glob("done.*"))) == self.np
+            else failure
+            for folder in folders
+        ]
 
 
 # The jobs tests share, by ranks and layout (their scripts' tfsift.init must agree on it)

@@ -2,7 +2,8 @@
 would run it: a job's ranks pay their start-up once (see ``mpi.SharedJob``).
 
 usage: together.py SCRIPT [ARG ...] [-- SCRIPT [ARG ...]] ...
-  scenario N reports into folder N of the job's reports folder; its scripts must not exit.
+  scenario N reports into folder N of the job's reports folder, where each rank that
+  finished it leaves a file done.<pid>; its scripts must not exit.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
         print(f"together.py: scenario {index}: {script} {' '.join(args)}", flush=True)
         sys.argv = [str(SCRIPTS / script), *args]
         runpy.run_path(sys.argv[0], run_name="__main__")
+        (folder / f"done.{os.getpid()}").touch()
         os.chdir(cwd)
 
 
