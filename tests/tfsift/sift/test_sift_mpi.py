@@ -79,11 +79,6 @@ def check_heads(reports: dict[int, dict[str, Any]]) -> None:
     assert stage0[0]["head"] == stage0[1]["head"]
 
 
-def run(np_: int, K: str, placement: str, case: str) -> dict[int, dict[str, Any]]:
-    """What each rank saw in one sift_check.py CASE, in a job of its own."""
-    return only_case(mpi.reports(mpi.run(np_, "sift_check.py", K, placement, case, timeout=240)))
-
-
 def only_case(got: mpi.Reports) -> dict[int, dict[str, Any]]:
     """What each rank saw in the only case of a sift_check.py run."""
     return {rank: rep["cases"][0] for rank, rep in got.items()}
