@@ -1,8 +1,8 @@
 """Every rank: runs the README's and the docs' Python blocks as written, page by page.
 
-usage: docs_check.py [DIR]
-  Each page runs in a namespace and a working directory of its own (DIR/<page>; DIR is
-  the job's reports folder's pages/ by default, which the ranks share), its
+usage: docs_check.py
+  Each page runs in a namespace and a working directory of its own (pages/<page> in the
+  job's reports folder, which the ranks share), its
   blocks in the page's order, on the 2 ranks of one job (a process takes one rank layout,
   and every page's ``tfsift.init`` but one asks for 2 ranks). Between the blocks come the
   reader's own parts, which a page leaves to the reader: data, a model where it says
@@ -19,7 +19,6 @@ import json
 import linecache
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +235,7 @@ def run_page(page: str, base: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    base = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(os.environ[REPORTS]) / "pages"
+    base = Path(os.environ[REPORTS]) / "pages"
     pages = {page: run_page(page, base) for page in SCENARIOS}
     import tfsift
 

@@ -1,13 +1,12 @@
 """Every rank: overlap with the default exit, the first step before the first round; report
 the cut and, on rank 0, the plan the planner made for the scoring.
 
-usage: sift_room.py [PLAN_FILE]   (by default plan.json in the job's reports folder)
+usage: sift_room.py   (the plan file: plan.json in the job's reports folder)
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import keras
 import numpy as np
@@ -20,7 +19,7 @@ from partitioner.plan import Plan
 
 
 def main() -> None:
-    plan_file = sys.argv[1] if len(sys.argv) > 1 else f"{os.environ[REPORTS]}/plan.json"
+    plan_file = f"{os.environ[REPORTS]}/plan.json"
     tfsift.init({"partitions": 2, "microbatches": 2, "profile_repeats": 1, "plan_file": plan_file})
     keras.utils.set_random_seed(SEED)
     model = Net(heavy=True)
