@@ -85,7 +85,7 @@ def run(
 @functools.cache
 def _reports_root() -> str:
     """The folder that holds this process's jobs' report folders, removed when it exits
-    (a suite run launches about 150 jobs: each left a folder in /tmp before)."""
+    (each job of a suite run left a folder in /tmp before)."""
     root = tempfile.mkdtemp(prefix="tfsift-reports-")
     atexit.register(shutil.rmtree, root, True)
     return root
@@ -142,9 +142,9 @@ class SharedJob:
             self._scenarios.append(scenario)
             self._timeout += timeout
         index = self._scenarios.index(scenario)
-        return lambda: self.reports(index)
+        return lambda: self._reports(index)
 
-    def reports(self, index: int) -> Reports:
+    def _reports(self, index: int) -> Reports:
         if self._result is None:
             self._result = self._run()
         got = self._result[index]
