@@ -4,9 +4,10 @@ usage: _bench_sifting_worker.py CONFIG_JSON   (run by ``bench.harness.run_job``)
 
 Every rank runs one compute thread and reports (``harness.write_rank``): per method, the
 held-out metric at each evaluation with the training seconds, optimizer steps and samples
-backpropagated so far, and ``tfsift.sift_metrics()`` at the end. The training clock stops
-while the model is evaluated. On a pipeline, rank 0's clock decides when to evaluate and
-stop, and tells the other ranks every step, so that every rank takes the same decisions.
+backpropagated so far, and ``tfsift.sift_metrics()`` at the end. The model is evaluated
+every ``eval_every`` optimizer steps, with the training clock stopped. On a pipeline, rank
+0's clock decides when a run's time is up, and tells the other ranks at each evaluation,
+so that every rank takes the same decisions.
 With ``scores="training"`` each step hands its per-sample losses (unweighted; on every
 rank of a pipeline) back to the sifted dataset with ``record``, on the clock; with
 ``rescale`` (InfoBatch) the batches carry weights and the step's loss is the mean of
@@ -304,16 +305,14 @@ class Run:
         train = self.dataset()
         self.warm_up(self.x[:B], self.y[:B])
         self.record()
-        epochs, next_eval = 0, self.task["eval_every_s"]
-        done = False
+        epochs, done = 0, False
         self.clock.start()
         while not done:
             for batch in self.batches(train):
                 self.step(*batch)
-                if agreed(self.clock.now() >= next_eval):
+                if self.steps % self.task["eval_every"] == 0:  # equal on every rank
                     self.clock.stop()
                     self.record()
-                    next_eval = self.clock.now() + self.task["eval_every_s"]
                     done = self.over(epochs) or self.exit_missing()
                     self.clock.start()
                     if done:

@@ -253,6 +253,10 @@ def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts
         assert [m["source"] for m in j["methods"]] == ["arrays", "arrays", "tf.data", "arrays"]
     epochs = {t.name: t.epochs for t in settings.tasks}
     assert epochs == {t.name: 2 * t.epochs for t in bench.TASKS}
+    # evaluated on a grid of optimizer steps (not seconds), half as dense
+    grid = {j["task"]["name"]: j["task"]["eval_every"] for j in jobs}
+    assert grid == {t.name: 2 * t.eval_every for t in bench.TASKS}
+    assert all(isinstance(every, int) and every > 0 for every in grid.values())
     assert bench.FULL.job(bench.TASKS[0], 0, bench.METHODS, 1, 1)["fixed_epochs"] is False
     settings_of = [bench.Method(**m).setting() for m in jobs[0]["methods"]]
     assert settings_of[2:] == [
