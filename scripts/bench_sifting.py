@@ -58,9 +58,9 @@ class Task:
     epochs: int = 3  # the run without sifting
     delay: int = 0  # source batches each sifting run trains on unsifted first
     # Evaluated every this many optimizer steps, the same steps for every method, so
-    # that a rerun of the same trajectory is evaluated at the same points (on a grid of
-    # training seconds, no sifting's two runs of one seed met the target at different
-    # steps, which moved their ratio far more than their steps' speed did).
+    # that a rerun of the same trajectory is evaluated at the same points and its ratio
+    # to the first run measures the speed of its steps alone (the noise floor); on a
+    # grid of training seconds the two runs also met the target at different steps.
     eval_every: int = 100
 
     def worker_config(self) -> Result:
