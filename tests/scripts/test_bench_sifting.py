@@ -279,6 +279,19 @@ def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType
     assert rows["infobatch"]["end_samples"] == pytest.approx(640 * 7.7)
     assert rows["none-again"]["saved"] == pytest.approx(1 - 12 / 10)  # against the first run
     assert rows["none-again"]["delta"] == pytest.approx(-0.01)
+    # the speed-up's two factors: no sifting's 50 steps to the target over infobatch's 40,
+    # and its seconds per step (0.1) over no sifting's (11 s / 100 steps); again: 0.1 / 0.1
+    assert rows["infobatch"]["steps_speedup"] == pytest.approx(50 / 40)
+    assert rows["infobatch"]["step_cost"] == pytest.approx(0.1 / 0.11)
+    assert (rows["none-again"]["steps_speedup"], rows["none-again"]["step_cost"]) == (
+        pytest.approx(50 / 60),
+        pytest.approx(1.0),
+    )
+    never = curves | {"infobatch": curve((1, 0.5), (7.7, 0.89))}
+    assert (
+        bench.epoch_seed_rows(job(list(never), never)["ranks"], False)["infobatch"]["steps_speedup"]
+        == 0
+    )  # never reached: "never" in the table, below every bar
     mse = {k: [[*p[:3], 1 - p[3]] for p in c] for k, c in curves.items()}  # 0.1 at the end
     rows = bench.epoch_seed_rows(job(list(mse), mse, "mse")["ranks"], regression=True)
     assert rows["infobatch"]["delta"] == pytest.approx(0.103 / 0.1 - 1)  # relative
@@ -302,3 +315,8 @@ def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_t
     assert (two["fast"], two["slow"], two["lossy"], two["met"]) == (["a", "c"], ["b"], ["c"], False)
     summary["e"] = [row(1.0, 0.021, regression=True)]  # MSE 2.1% worse
     assert bench.epoch_verdict(summary, pipeline=False)["lossy"] == ["e"]
+    # the same bar on optimizer steps to the target reads its own key
+    steps = {k: [r[0] | {"steps_speedup": 1.3}] for k, r in summary.items()}
+    steps["e"][0]["steps_speedup"] = 0.9
+    by_steps = bench.epoch_verdict(steps, pipeline=False, key="steps_speedup")
+    assert (len(by_steps["fast"]), by_steps["slow"], by_steps["met"]) == (4, ["e"], False)
