@@ -279,6 +279,8 @@ def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType
     assert rows["infobatch"]["end_samples"] == pytest.approx(640 * 7.7)
     assert rows["none-again"]["saved"] == pytest.approx(1 - 12 / 10)  # against the first run
     assert rows["none-again"]["delta"] == pytest.approx(-0.01)
+    # the mean of the last 3 evaluations against no sifting's (0.5 + 0.9 + 0.9) / 3
+    assert rows["infobatch"]["delta_last"] == pytest.approx((0.9 + 0.897 - 0.9 - 0.9) / 3)
     # the speed-up's two factors: no sifting's 50 steps to the target over infobatch's 40,
     # and its seconds per step (0.1) over no sifting's (11 s / 100 steps); again: 0.1 / 0.1
     assert rows["infobatch"]["steps_speedup"] == pytest.approx(50 / 40)
@@ -295,6 +297,8 @@ def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType
     mse = {k: [[*p[:3], 1 - p[3]] for p in c] for k, c in curves.items()}  # 0.1 at the end
     rows = bench.epoch_seed_rows(job(list(mse), mse, "mse")["ranks"], regression=True)
     assert rows["infobatch"]["delta"] == pytest.approx(0.103 / 0.1 - 1)  # relative
+    # the mean of the last 3 evaluations: 0.5, 0.1, 0.103 against 0.5, 0.1, 0.1
+    assert rows["infobatch"]["delta_last"] == pytest.approx(0.703 / 0.7 - 1)
 
 
 def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_the_slack(
@@ -310,7 +314,8 @@ def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_t
         "a@K2": [row(1.3, 0.0)], "b@K2": [row(0.94, 0.0)], "c@K2": [row(2.0, -0.006)],
     }  # fmt: skip
     one = bench.epoch_verdict(summary, pipeline=False)
-    assert one == {"tasks": 5, "fast": ["a", "b", "c"], "slow": [], "lossy": [], "met": True}
+    assert one == {"tasks": 5, "fast": ["a", "b", "c"], "slow": [], "lossy": [],
+                   "lossy_last": [], "met": True}  # fmt: skip
     two = bench.epoch_verdict(summary, pipeline=True)
     assert (two["fast"], two["slow"], two["lossy"], two["met"]) == (["a", "c"], ["b"], ["c"], False)
     summary["e"] = [row(1.0, 0.021, regression=True)]  # MSE 2.1% worse
@@ -320,3 +325,8 @@ def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_t
     steps["e"][0]["steps_speedup"] = 0.9
     by_steps = bench.epoch_verdict(steps, pipeline=False, key="steps_speedup")
     assert (len(by_steps["fast"]), by_steps["slow"], by_steps["met"]) == (4, ["e"], False)
+    # the end as the mean of the last evaluations: reported, not part of the bar
+    summary["a"] = [row(1.3, 0.0) | {"delta_last": -0.006}]
+    summary["e"] = [row(1.0, 0.0, regression=True) | {"delta_last": 0.03}]
+    last = bench.epoch_verdict(summary, pipeline=False)
+    assert (last["lossy"], last["lossy_last"], last["met"]) == ([], ["a", "e"], True)
