@@ -828,7 +828,7 @@ def epoch_verdict_table(summary: dict[str, list[Result]]) -> str:
         "layout", f"`{RECOMMENDED}` >= {EPOCH_SPEEDUP}x to target", f"below {EPOCH_FLOOR}x",
         "final metric past the slack", f"met (>= {EPOCH_SPEEDUP}x on >= {EPOCH_TASKS} tasks, "
         f">= {EPOCH_FLOOR}x and the final within the slack on all)",
-        "in optimizer steps to target: >= 1.25x, below 0.95x, met",
+        f"in optimizer steps to target: >= {EPOCH_SPEEDUP}x, below {EPOCH_FLOOR}x, met",
         f"past the slack on the mean of the last {LAST} evaluations",
     ]  # fmt: skip
     rows = []
