@@ -731,6 +731,12 @@ EPOCHS_QUICK = dataclasses.replace(
 LAST = 3  # evaluations averaged for a second view of the end
 
 
+def gap(metric: float, base: float, regression: bool) -> float:
+    """``metric`` against no sifting's ``base``: the difference of accuracies, or for MSE
+    the ratio less 1."""
+    return metric / base - 1 if regression else metric - base
+
+
 def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
     """``seed_rows``, and per run its end against no sifting's: *saved*, the share of no
     sifting's training seconds (the mean of its two runs; for *again*, the first run's) it
@@ -754,9 +760,8 @@ def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
             base_s = first[0] if name == AGAIN else mean
             row["saved"] = 1 - end[0] / base_s
             row["end_samples"] = end[2]
-            row["delta"] = end[3] / first[3] - 1 if regression else end[3] - first[3]
-            last, base = lasts[name], lasts["none"]
-            row["delta_last"] = last / base - 1 if regression else last - base
+            row["delta"] = gap(end[3], first[3], regression)
+            row["delta_last"] = gap(lasts[name], lasts["none"], regression)
             # 0: never reached (steps inf)
             row["steps_speedup"] = none_steps / row["steps"] if row["steps"] else math.inf
             row["step_cost"] = row["step_s"] / (base_s / max(1, first[1]))
@@ -869,7 +874,7 @@ def epoch_rows(task: str, rows: list[Result]) -> list[list[str]]:
             "1" if none else speedup_text(row),
             "1" if none else f"{speedup_value(row['steps_speedup'])} ({steps})",
             "1" if none else f"{row['step_cost']:.2f} ({costs})",
-            metric_text(row["final"], reg), "" if row["method"] == "none" else delta,
+            metric_text(row["final"], reg), "" if none else delta,
             samples_text(row["end_samples"]), f"{row['scoring_s']:.1f}",
         ])  # fmt: skip
     return out
