@@ -178,11 +178,11 @@ class SharedJob:
 
 
 # The jobs tests share, by ranks and layout (their scripts' tfsift.init must agree on it)
-TWO_STAGES = SharedJob("two_stages", 2)  # 2 stages, 1 replica
+TWO_STAGES = SharedJob("two_stages", 2)  # 2 stages, 1 replica (the docs' blocks too)
+TWO_REPLICAS = SharedJob("two_replicas", 2)  # 1 stage x 2 replicas, placement "cluster"
 FOUR_STAGES = SharedJob("four_stages", 4)  # 4 stages, 1 replica
 CLUSTER_2X2 = SharedJob("cluster_2x2", 4)  # 2 stages x 2 replicas, placement "cluster"
 SPREAD_2X2 = SharedJob("spread_2x2", 4)  # 2 stages x 2 replicas, placement "spread"
-DOC_BLOCKS = SharedJob("doc_blocks", 2)  # the docs' Python blocks (tests/test_doc_blocks.py)
 # the same layouts for tests that time their jobs (marked alone: nothing runs beside them)
 TWO_STAGES_ALONE = SharedJob("two_stages_alone", 2)
 CLUSTER_2X2_ALONE = SharedJob("cluster_2x2_alone", 4)

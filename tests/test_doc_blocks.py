@@ -16,7 +16,7 @@ import pytest
 
 import mpi
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, mpi.DOC_BLOCKS.mark]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, mpi.TWO_STAGES.mark]
 
 PAGES = [mpi.ROOT / "README.md", *sorted((mpi.ROOT / "docs").glob("*.md"))]
 # 4 stages cannot share the job's 2 ranks: its config goes through Config.from_dict only
@@ -27,7 +27,7 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
 
 
-PAGES_RUN = mpi.DOC_BLOCKS.scenario("docs_check.py", timeout=400)
+PAGES_RUN = mpi.TWO_STAGES.scenario("docs_check.py", timeout=400)
 
 
 @pytest.fixture(scope="module")

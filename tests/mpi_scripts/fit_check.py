@@ -3,10 +3,14 @@
 each rank saw.
 
 usage: fit_check.py K    (partitions; the world's other factor is data-parallel replicas)
+  Runs in the shared 2-rank jobs (tests/mpi.py), which hold one stdout for every scenario:
+  each rank reports what it printed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -188,8 +192,27 @@ def sifted_backup(K: int, backup: Path) -> dict[str, Any]:
     }
 
 
+class Printed(io.StringIO):
+    """What this rank prints (Keras' progress and callbacks write to ``sys.stdout``), kept
+    for the report and still printed, for the job's output when a check fails."""
+
+    def write(self, text: str) -> int:
+        if sys.__stdout__ is not None:
+            sys.__stdout__.write(text)
+        return super().write(text)
+
+    def flush(self) -> None:
+        if sys.__stdout__ is not None:
+            sys.__stdout__.flush()
+
+
 def main() -> None:
-    K = int(sys.argv[1])
+    with contextlib.redirect_stdout(Printed()) as printed:
+        found = checks(int(sys.argv[1]))
+    report(**found, printed=printed.getvalue())
+
+
+def checks(K: int) -> dict[str, Any]:
     out = Path(os.environ[REPORTS]) / "callbacks"
     out.mkdir(exist_ok=True)
     tfsift.init({"partitions": K, "microbatches": M, "auto_partition": False})
@@ -197,7 +220,7 @@ def main() -> None:
     looped = with_step_loop(K)
     pairs = zip(fitted.trainable_variables, looped.trainable_variables, strict=True)
     diff = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in pairs)
-    report(
+    return dict(
         rank=tfsift.rank(),
         stage=tfsift.mp_rank(),
         replica=tfsift.dp_rank(),

@@ -75,9 +75,13 @@ def check_hosts(got: dict[int, dict[str, object]], hosts: int) -> None:
         assert [got[rank]["host"] for rank in range(4)] == ["tfsift-h1"] * 2 + ["tfsift-h2"] * 2
 
 
+ON_TWO_REPLICAS = mpi.TWO_REPLICAS.scenario("hybrid_check.py", "1", "cluster", "4")
+
+
 @pytest.mark.mpi
+@mpi.TWO_REPLICAS.mark
 def test_pure_data_parallel_two_ranks_train_like_one_process() -> None:
-    got = mpi.reports(mpi.run(2, "hybrid_check.py", "1", "cluster", "4", timeout=300))
+    got = ON_TWO_REPLICAS()
     for rank in (0, 1):
         assert (got[rank]["stage"], got[rank]["replica"], got[rank]["dp_size"]) == (0, rank, 2)
         assert got[rank]["num_vars"] == 8
