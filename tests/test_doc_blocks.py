@@ -71,6 +71,8 @@ def test_what_the_blocks_claim_holds(pages: dict[int, dict[str, Any]]) -> None:
         # the InfoBatch loop on tfsift.from_arrays: planned by row, the third epoch pruned
         kind, pruned = got["sifting.md"]["findings"]["by_row"]
         assert kind == "IndexedSiftedDataset" and pruned > 0
+        # the same on tfsift.from_rows: load read exactly the rows trained, and fewer
+        assert got["sifting.md"]["findings"]["from_rows"] == [True, True]
         ckpt = got["checkpoints.md"]["findings"]
         # max_to_keep=3 of the saves at steps 0, 100, 200, 300; the lock names the job
         assert ckpt["files"] == [".tfsift-lock", "ckpt-100", "ckpt-200", "ckpt-300"]

@@ -18,7 +18,7 @@ _env.set_default(_env.OMPI_MCA_MPI_YIELD_WHEN_IDLE, "1")
 if TYPE_CHECKING:
     from tfsift.checkpoint import CheckpointManager, load_weights, save_model
     from tfsift.model import DistributedModel
-    from tfsift.parallel.arrays import from_arrays
+    from tfsift.parallel.arrays import from_arrays, from_rows
     from tfsift.parallel.collectives import allreduce, broadcast_variables
     from tfsift.parallel.ranks import (
         dp_process_set,
@@ -52,6 +52,7 @@ _EXPORTS = {
     "dp_rank": "tfsift.parallel.ranks",
     "dp_size": "tfsift.parallel.ranks",
     "from_arrays": "tfsift.parallel.arrays",
+    "from_rows": "tfsift.parallel.arrays",
     "gradients": "tfsift.pipeline.context",
     "init": "tfsift.parallel.ranks",
     "load_weights": "tfsift.checkpoint",
@@ -82,6 +83,7 @@ __all__ = [
     "dp_rank",
     "dp_size",
     "from_arrays",
+    "from_rows",
     "gradients",
     "init",
     "load_weights",

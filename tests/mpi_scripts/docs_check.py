@@ -73,6 +73,27 @@ for epoch in range(N):
         optimizer.apply_gradients(zip(tfsift.allreduce(grads), model.trainable_variables))
 by_row = type(train).__name__, tfsift.sift_metrics()["policy/pruned"]
 """
+# the from_rows block's files (each sample "decoded" from its name) and its epochs, the
+# third pruned by row: load reads only the rows trained
+FROM_ROWS_FILES = """
+paths = [f"sample-{i}" for i in range(len(x_train))]
+labels = y_train
+read = []
+def decode(path):
+    read.append(int(path.removeprefix("sample-")))
+    return x_train[read[-1]]
+"""
+FROM_ROWS_EPOCHS = """
+del read[:]  # the first batch, read when the dataset was made
+trained = []
+for epoch in range(N):
+    for x, y, w in train:
+        trained += [int(np.flatnonzero((x_train == row).all(axis=1))[0]) for row in x.numpy()]
+        grads, losses = weighted_step(x, y, w)
+        train.record(losses)
+        optimizer.apply_gradients(zip(tfsift.allreduce(grads), model.trainable_variables))
+from_rows = read == trained, len(trained) < N * len(x_train) // B * B
+"""
 DENSE_MODEL = """
 class MyModel(tfsift.DistributedModel):
     def __init__(self):
@@ -171,7 +192,10 @@ PLACED = [name for name in ("body", "head") if held & {id(v) for v in getattr(tw
         ("code", "x_train, y_train = (np.stack([t.numpy() for t in a]) for a in zip(*dataset))"),
         ("block", 3),  # infobatch on tfsift.from_arrays
         ("code", FROM_ARRAYS_EPOCHS),
-        ("block", 4),  # importance weights in the loss
+        ("code", FROM_ROWS_FILES),
+        ("block", 4),  # infobatch on tfsift.from_rows
+        ("code", FROM_ROWS_EPOCHS),
+        ("block", 5),  # importance weights in the loss
     ],
 }
 
@@ -185,7 +209,7 @@ FINDINGS: dict[str, str] = {
     "migrating.md": "{'placed': PLACED, 'merged': list(map(int, predictions.shape)), "
     "'start': start}",
     "sifting.md": "{'loss': float(loss.reduce_mean()), 'sifted': sorted(tfsift.sift_metrics()), "
-    "'by_row': by_row}",
+    "'by_row': by_row, 'from_rows': from_rows}",
 }
 
 

@@ -1,8 +1,9 @@
 """Every rank: sift by the losses of the training pass (scores="training"); report the table.
 
 usage: sift_training_check.py K POLICY [POLICY ...]
-  K stages; the other ranks are replicas. POLICY "relative", "infobatch" or
-  "infobatch_rows" (InfoBatch on tfsift.from_arrays, planned by row): each runs in
+  K stages; the other ranks are replicas. POLICY "relative", "infobatch",
+  "infobatch_rows" (InfoBatch on tfsift.from_arrays, planned by row) or "infobatch_load"
+  (the same on tfsift.from_rows, each batch read by a load function): each runs in
   turn in this one job (a new model from the same seed), reported in order. Three epochs
   of a dataset shuffled before it is sharded, so that a sample trained on one replica
   comes to another the next epoch. Each rank reports the batches it yielded, the losses
@@ -90,12 +91,22 @@ def run_case(policy: str, calls: list[int]) -> dict[str, Any]:
     calls[0] = 0
     keras.utils.set_random_seed(SEED)
     model = Net()
-    gathered: list[int] = []  # the rows a from_arrays source read
-    by_row = policy == "infobatch_rows"
-    if by_row:
+    gathered: list[int] = []  # the rows a from_arrays or from_rows source read
+    by_row = policy in ("infobatch_rows", "infobatch_load")
+    if policy == "infobatch_rows":
         source = tfsift.from_arrays(data(), B, seed=SEED)
         gather = source.gather
         source.gather = lambda rows: (gathered.extend(rows.tolist()), gather(rows))[1]
+    elif policy == "infobatch_load":
+        arrays = data()
+
+        def load(rows: np.ndarray) -> Any:
+            gathered.extend(rows.tolist())
+            return tuple(a[rows] for a in arrays)
+
+        source = tfsift.from_rows(load, N, B, seed=SEED)
+        gathered.clear()  # the first batch's rows, read when it was made
+    if by_row:
         policy = "infobatch"
     else:
         shuffled = tf.data.Dataset.from_tensor_slices(data()).shuffle(N, seed=SEED)

@@ -1,4 +1,5 @@
-"""In-memory arrays as a sharded, batched dataset whose samples are known by their index.
+"""In-memory arrays (or samples read by index) as a sharded, batched dataset whose samples
+are known by their index.
 
 ``tfsift.from_arrays((x, y), B)`` is what ``tfsift.shard(from_tensor_slices((x, y)),
 n).batch(B, drop_remainder=True)`` gives, with two differences that matter for small
@@ -12,6 +13,9 @@ models and for sifting:
   (InfoBatch) can leave the pruned rows out of the epoch's order: they are never read,
   as in the reference implementation's sampler (``tfsift.sift.indexed``).
 
+``tfsift.from_rows(load, n, B)`` is the same dataset for data read by index (files, a
+record store): each batch is ``load(rows)``, so that a pruned row is never read there either.
+
 Order: epoch e (1 the first) permutes the rows with ``default_rng([seed, e])`` (no
 permutation with ``shuffle=False``) and deals them round-robin to the R data-parallel
 replicas, each keeping ``n // R`` (the rest is left out of that epoch); every rank of
@@ -20,7 +24,7 @@ a pipeline computes the same order, with no message. Each iteration is the next 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,22 +40,25 @@ class ArrayDataset(PythonDataset):
     ds``) it gathers batches with NumPy; any tf.data transformation of it, ``fit`` or
     ``tf.function`` reads the same batches through ``from_generator``."""
 
+    maker = "from_arrays"  # the function that makes one, for messages
+
     def __init__(
         self, data: Any, batch_size: int, shuffle: bool, seed: int, what: str = "from_arrays"
     ) -> None:
-        rt = runtime.get()
-        self.data = tree.map_structure(np.asarray, data)
+        self.data = tree.map_structure(np.asarray, data)  # a memory map stays one, unread
         self.leaves: list[np.ndarray] = tree.flatten(self.data)
+        self._deal(_rows(self.leaves, what), batch_size, shuffle, seed, what)
+        super().__init__(_spec(self.data, batch_size), cardinality=self.share // batch_size)
+
+    def _deal(self, rows: int, batch_size: int, shuffle: bool, seed: int, what: str) -> None:
+        """The epochs' order of ``rows`` samples over the replicas, checked against B."""
+        rt = runtime.get()
+        self.what, self.rows = what, rows
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.replicas, self.replica = rt.topology.replicas, rt.replica
-        self.rows = _rows(self.leaves, what)
-        self.share = self.rows // self.replicas  # rows per replica and epoch
+        self.share = rows // self.replicas  # rows per replica and epoch
         _check_batching(batch_size, self.share, rt.config.microbatches, self.replicas, what)
         self.epochs = 0  # epochs begun
-        spec = tree.map_structure(
-            lambda a: tf.TensorSpec((batch_size, *a.shape[1:]), tf.as_dtype(a.dtype)), self.data
-        )
-        super().__init__(spec, cardinality=self.share // batch_size)
 
     def order(self, epoch: int, rows: np.ndarray | None = None) -> np.ndarray:
         """This replica's rows of epoch ``epoch``: ``rows`` (default: all), permuted with
@@ -102,11 +109,120 @@ def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int =
         ValueError: arrays of unequal lengths or without rows, a batch size that is not a
             positive multiple of ``microbatches``, or fewer rows per replica than a batch.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-        raise TypeError(
-            f"from_arrays: batch_size must be an int. Received: {type(batch_size).__name__}"
-        )
+    _check_int("from_arrays", "batch_size", batch_size)
     return ArrayDataset(data, int(batch_size), bool(shuffle), int(seed))
+
+
+class RowsDataset(ArrayDataset):
+    """The dataset ``tfsift.from_rows`` returns: ``ArrayDataset``'s order and batches, each
+    batch read by the caller's ``load(rows)``."""
+
+    maker = "from_rows"
+
+    def __init__(
+        self, load: Callable[[np.ndarray], Any], rows: int, batch_size: int, shuffle: bool,
+        seed: int,
+    ) -> None:  # fmt: skip
+        self.load = load
+        self._deal(rows, batch_size, shuffle, seed, "from_rows")
+        # the first batch's rows, read once, give the structure, dtypes and row shapes
+        self.example = self._read(np.arange(batch_size))
+        # PythonDataset's: ArrayDataset's own would read arrays
+        super(ArrayDataset, self).__init__(
+            _spec(self.example, batch_size), cardinality=self.share // batch_size
+        )
+
+    def _read(self, rows: np.ndarray) -> Any:
+        batch = tree.map_structure(np.asarray, self.load(rows))
+        leaves = tree.flatten(batch)
+        if not leaves or any(a.ndim == 0 or len(a) != len(rows) for a in leaves):
+            raise ValueError(
+                f"from_rows: load(rows) must return one row per index of rows. Received: "
+                f"{[a.shape for a in leaves]} for {len(rows)} rows"
+            )
+        return batch
+
+    def gather(self, rows: np.ndarray) -> Any:
+        """The samples at ``rows``, as ``load`` reads them, checked against the first batch."""
+        batch = self._read(rows)
+        if _layout(batch) != _layout(self.example):
+            raise ValueError(
+                f"from_rows: load(rows) must return the same structure, dtypes and row "
+                f"shapes at every call. Received: {_layout(batch)}; the first batch: "
+                f"{_layout(self.example)}"
+            )
+        return batch
+
+
+def from_rows(
+    load: Callable[[np.ndarray], Any],
+    rows: int,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+) -> RowsDataset:
+    """Samples read by row, by your ``load``, as this replica's shard of batches.
+
+    ``tfsift.from_arrays`` for data that is not in memory: files, a record store, anything
+    that reads a set of samples by index. The order, the deal to the replicas and the
+    batches are ``from_arrays``'s, and each batch is ``load(rows)``, ``rows`` a 1-D int64
+    NumPy array of ``batch_size`` sample indices in ``[0, rows)``, in the epoch's order.
+    Sifted with ``policy="infobatch"``, a pruned sample is never read: ``load`` sees only
+    the rows the epoch trains on. (A memory-mapped NumPy array needs no ``load``:
+    ``from_arrays`` reads only the rows of each batch from it.)
+
+    Example:
+        >>> def load(rows):                                   # doctest: +SKIP
+        ...     images = np.stack([decode(paths[i]) for i in rows])
+        ...     return images, labels[rows]
+        >>> train = tfsift.from_rows(load, len(paths), 128)  # doctest: +SKIP
+
+    Args:
+        load: reads the samples at ``rows``: returns an array, or a tuple or dict of
+            arrays (NumPy, or anything ``np.asarray`` takes), with row ``i`` holding
+            sample ``rows[i]`` (the order matters: sifting's scores and weights follow
+            it), and the same structure, dtypes and row shapes at every call. It is
+            called once when the dataset is made, on rows ``0 .. batch_size - 1``, to
+            learn them.
+        rows: how many samples there are.
+        batch_size: B, divisible by the config's ``microbatches``.
+        shuffle: permute the rows at each epoch (False: row order, dealt to replicas).
+        seed: the permutations' seed.
+
+    Raises:
+        TypeError: ``load`` is not callable, or ``rows`` or ``batch_size`` is not an int.
+        ValueError: ``rows`` < 1, a batch size that is not a positive multiple of
+            ``microbatches``, fewer rows per replica than a batch, or a ``load`` whose
+            result has not one row per index (or changes structure, dtypes or row shapes
+            between calls).
+    """
+    if not callable(load):
+        raise TypeError(
+            f"from_rows: load must be a function of the rows to read. Received: "
+            f"{type(load).__name__}"
+        )
+    _check_int("from_rows", "rows", rows)
+    _check_int("from_rows", "batch_size", batch_size)
+    if rows < 1:
+        raise ValueError(f"from_rows: rows must be at least 1. Received: rows={rows}")
+    return RowsDataset(load, int(rows), int(batch_size), bool(shuffle), int(seed))
+
+
+def _layout(batch: Any) -> Any:
+    """``batch``'s structure with each array as its dtype and row shape: ``float32[28, 28]``."""
+    return tree.map_structure(lambda a: f"{a.dtype}{list(a.shape[1:])}", batch)
+
+
+def _spec(example: Any, batch_size: int) -> Any:
+    return tree.map_structure(
+        lambda a: tf.TensorSpec((batch_size, *a.shape[1:]), tf.as_dtype(a.dtype)), example
+    )
+
+
+def _check_int(what: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be an int. Received: {type(value).__name__}")
 
 
 def _rows(leaves: list[np.ndarray], what: str) -> int:

@@ -85,7 +85,7 @@ class IndexedSifter:
             )
             raise ValueError(
                 "this sifting state was saved by another kind of sifted dataset: restore it "
-                f"into one made as it was (from_arrays of {self.source.rows} rows, with "
+                f"into one made as it was ({self.source.maker} of {self.source.rows} rows, with "
                 f"policy='infobatch'). Received: the state of {received}"
             )
         self.policy.load_state(state["policy"])

@@ -240,12 +240,14 @@ class Sifter:
         """Restores ``state()``; the next epoch resumes the saved one where it stopped.
 
         Raises:
-            ValueError: the state of a dataset sifted by row (``tfsift.from_arrays``).
+            ValueError: the state of a dataset sifted by row (``tfsift.from_arrays``,
+                ``tfsift.from_rows``).
         """
         if state.get("kind") == ROWS:
             raise ValueError(
                 "this sifting state was saved by another kind of sifted dataset: restore it "
-                "into one made as it was (tfsift.from_arrays, with policy='infobatch'). "
+                "into one made as it was (tfsift.from_arrays or tfsift.from_rows, with "
+                "policy='infobatch'). "
                 "Received: the state of a dataset sifted by row"
             )
         self.policy.load_state(state["policy"])

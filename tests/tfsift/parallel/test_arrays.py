@@ -1,8 +1,10 @@
-"""tfsift.from_arrays in one process: the batches and their order, the same batches
-through tf.data, each pass the next epoch, replicas' deals, and its errors."""
+"""tfsift.from_arrays and from_rows in one process: the batches and their order, the same
+batches through tf.data, each pass the next epoch, replicas' deals, a memory-mapped array,
+load's calls, and their errors."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -117,3 +119,80 @@ def test_errors_say_what_was_expected_and_received() -> None:
     )
     with pytest.raises(TypeError, match=r"batch_size must be an int. Received: float"):
         tfsift.from_arrays((x, y), 8.0)  # type: ignore[arg-type]
+
+
+def test_from_rows_reads_from_arrays_batches_through_load_and_only_those() -> None:
+    tfsift.init({})
+    x, y = data()
+    read: list[list[int]] = []
+
+    def load(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert rows.dtype == np.int64 and rows.ndim == 1
+        read.append(rows.tolist())
+        return x[rows], y[rows]
+
+    train = tfsift.from_rows(load, N, B, seed=5)
+    assert read == [list(range(B))]  # the first batch's rows, read once for the spec
+    arrays_ = tfsift.from_arrays((x, y), B, seed=5)
+    assert train.element_spec == arrays_.element_spec
+    assert int(train.cardinality()) == N // B
+    for _ in (1, 2):  # each pass the next epoch, as from_arrays
+        want = [rows_of(a) for a, _ in arrays_]
+        assert [rows_of(a) for a, _ in train] == want
+        assert read[-len(want) :] == want  # one call per batch, its rows in order
+    assert len(read) == 1 + 2 * (N // B)
+
+
+def test_a_memory_mapped_array_stays_mapped_and_batches_as_in_memory(tmp_path: Path) -> None:
+    tfsift.init({})
+    x, y = data()
+    np.save(tmp_path / "x.npy", x)
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
+    train = tfsift.from_arrays((mapped, y), B, seed=5)
+    assert np.shares_memory(train.leaves[0], mapped)  # not read into memory whole
+    want = [rows_of(a) for a, _ in tfsift.from_arrays((x, y), B, seed=5)]
+    assert [rows_of(a) for a, _ in train] == want
+
+
+def test_from_rows_errors_say_what_was_expected_and_received() -> None:
+    tfsift.init({"microbatches": 4})
+    x, y = data()
+
+    def load(rows: np.ndarray) -> Any:
+        return x[rows], y[rows]
+
+    with pytest.raises(TypeError) as err:
+        tfsift.from_rows(x, N, B)  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "from_rows: load must be a function of the rows to read. Received: ndarray"
+    )
+    with pytest.raises(TypeError, match=r"^from_rows: rows must be an int. Received: float$"):
+        tfsift.from_rows(load, 100.0, B)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^from_rows: rows must be at least 1. Received: rows=0$"):
+        tfsift.from_rows(load, 0, B)
+    with pytest.raises(ValueError) as err:
+        tfsift.from_rows(load, N, 6)
+    assert str(err.value) == (
+        "from_rows: batch_size must be a positive multiple of microbatches=4, since every "
+        "batch splits into 4 microbatches. Received: batch_size=6"
+    )
+    with pytest.raises(ValueError) as err:
+        tfsift.from_rows(lambda rows: (x[rows], y[:3]), N, B)
+    assert str(err.value) == (
+        "from_rows: load(rows) must return one row per index of rows. Received: "
+        "[(8, 3), (3,)] for 8 rows"
+    )
+    calls: list[int] = []
+
+    def drifting(rows: np.ndarray) -> Any:  # float64 from its second call on
+        calls.append(1)
+        return x[rows].astype(np.float64 if len(calls) > 1 else np.float32), y[rows]
+
+    train = tfsift.from_rows(drifting, N, B)
+    with pytest.raises(ValueError) as err:
+        next(iter(train))
+    assert str(err.value) == (
+        "from_rows: load(rows) must return the same structure, dtypes and row shapes at "
+        "every call. Received: ('float64[3]', 'int64[]'); the first batch: "
+        "('float32[3]', 'int64[]')"
+    )

@@ -1,5 +1,5 @@
-"""InfoBatch planned by row on tfsift.from_arrays (one process): exact epoch plans from
-the score table, pruned rows never read, weights, the remainder, metrics, a checkpoint
+"""InfoBatch planned by row on tfsift.from_arrays and from_rows (one process): exact epoch
+plans from the score table, pruned rows never read, weights, the remainder, metrics, a checkpoint
 restored mid-epoch, and the other policies' fallback to the streaming transform."""
 
 from __future__ import annotations
@@ -89,6 +89,25 @@ def test_each_epoch_is_infobatchs_plan_by_row_and_pruned_rows_are_never_read() -
     assert metrics["samples_kept"] == sum(map(len, epochs))
     assert metrics["samples_reused"] == 3 * N and metrics["samples_unscored"] == N
     assert metrics["policy/pruned"] == 0  # the annealed epoch's plan
+
+
+def test_from_rows_is_planned_by_row_and_load_reads_only_the_rows_trained() -> None:
+    tfsift.init({})
+    x, y = data()
+    read: list[int] = []
+
+    def load(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        read.extend(rows.tolist())
+        return x[rows], y[rows]
+
+    source = tfsift.from_rows(load, N, B, seed=SOURCE_SEED)
+    dataset = source.apply(tfsift.sift(config=config()))
+    assert isinstance(dataset, IndexedSiftedDataset)
+    del read[:B]  # the first batch's rows, read when the dataset was made
+    epochs = [epoch(dataset) for _ in range(3)]
+    assert epochs == [planned(1, False), planned(2, True), planned(3, True)]  # as from_arrays
+    assert read == [i for e in epochs for i, _ in e]  # a pruned row is never read
+    assert len(epochs[1]) < N
 
 
 def test_the_remainder_is_yielded_in_whole_microbatches_without_drop_remainder() -> None:

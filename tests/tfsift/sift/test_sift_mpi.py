@@ -355,7 +355,7 @@ def test_overlap_plans_room_for_scoring_with_a_call_timed_on_rank_0_alone() -> N
     assert all(r["steps"] >= 4 for r in reports.values())
 
 
-TRAINING_POLICIES = ["relative", "infobatch", "infobatch_rows"]  # one scenario runs all three
+TRAINING_POLICIES = ["relative", "infobatch", "infobatch_rows", "infobatch_load"]  # one scenario
 TRAINING_SCORES = mpi.CLUSTER_2X2.scenario("sift_training_check.py", "2", *TRAINING_POLICIES)
 
 
@@ -367,8 +367,8 @@ def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
     # 2 stages x 2 replicas, sifting by the losses the steps recorded; the data is
     # shuffled before it is sharded, so a sample moves between replicas across epochs.
     # One table and one policy state (relative's history, InfoBatch's epoch plan) on
-    # every rank make every rank decide alike. infobatch_rows: InfoBatch planned by row
-    # on tfsift.from_arrays, which never reads a pruned sample
+    # every rank make every rank decide alike. infobatch_rows (infobatch_load): InfoBatch
+    # planned by row on tfsift.from_arrays (from_rows), which never reads a pruned sample
     ranks = [rep["cases"][TRAINING_POLICIES.index(policy)] for rep in TRAINING_SCORES().values()]
     assert sorted((r["stage"], r["replica"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for replica in (0, 1):
@@ -392,7 +392,11 @@ def test_training_scores_give_every_rank_one_table_and_run_no_scoring_forward(
         i for r in ranks if r["replica"] == 1 for i, *_ in r["recorded"]
     }
     assert moved  # samples trained on both replicas over the epochs
-    if policy == "infobatch_rows":
+    if policy == "infobatch_load":  # from_rows: from_arrays's batches, rank by rank
+        cases = [rep["cases"] for rep in TRAINING_SCORES().values()]
+        same = TRAINING_POLICIES.index("infobatch_rows")
+        assert all(c[same]["batches"] == c[-1]["batches"] for c in cases)
+    if policy in ("infobatch_rows", "infobatch_load"):
         pruned = {round(k) for k in ranks[0]["policy"]["pruned"]}  # the last epoch's plan
         for r in ranks:  # every row read was yielded: a pruned one is never read
             assert r["gathered"] == [i for epoch in r["batches"] for b in epoch for i in b]
