@@ -53,7 +53,7 @@ class ArrayDataset(PythonDataset):
     def _deal(self, rows: int, batch_size: int, shuffle: bool, seed: int, what: str) -> None:
         """The epochs' order of ``rows`` samples over the replicas, checked against B."""
         rt = runtime.get()
-        self.what, self.rows = what, rows
+        self.rows = rows
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.replicas, self.replica = rt.topology.replicas, rt.replica
         self.share = rows // self.replicas  # rows per replica and epoch
