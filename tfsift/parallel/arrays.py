@@ -126,10 +126,11 @@ class RowsDataset(ArrayDataset):
         self.load = load
         self._deal(rows, batch_size, shuffle, seed, "from_rows")
         # the first batch's rows, read once, give the structure, dtypes and row shapes
-        self.example = self._read(np.arange(batch_size))
+        example = self._read(np.arange(batch_size))
+        self.layout = _layout(example)  # what every batch must match
         # PythonDataset's: ArrayDataset's own would read arrays
         super(ArrayDataset, self).__init__(
-            _spec(self.example, batch_size), cardinality=self.share // batch_size
+            _spec(example, batch_size), cardinality=self.share // batch_size
         )
 
     def _read(self, rows: np.ndarray) -> Any:
@@ -145,11 +146,11 @@ class RowsDataset(ArrayDataset):
     def gather(self, rows: np.ndarray) -> Any:
         """The samples at ``rows``, as ``load`` reads them, checked against the first batch."""
         batch = self._read(rows)
-        if _layout(batch) != _layout(self.example):
+        layout = _layout(batch)
+        if layout != self.layout:
             raise ValueError(
                 f"from_rows: load(rows) must return the same structure, dtypes and row "
-                f"shapes at every call. Received: {_layout(batch)}; the first batch: "
-                f"{_layout(self.example)}"
+                f"shapes at every call. Received: {layout}; the first batch: {self.layout}"
             )
         return batch
 
