@@ -24,6 +24,7 @@ a pipeline computes the same order, with no message. Each iteration is the next 
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,30 +36,23 @@ from tfsift.parallel import runtime
 from tfsift.parallel.pydataset import PythonDataset
 
 
-class ArrayDataset(PythonDataset):
-    """The dataset ``tfsift.from_arrays`` returns. Iterated in Python (``for x, y in
-    ds``) it gathers batches with NumPy; any tf.data transformation of it, ``fit`` or
-    ``tf.function`` reads the same batches through ``from_generator``."""
+class RowDataset(PythonDataset):
+    """Batches of samples known by their row: the epochs' order and deal over the replicas
+    that ``from_arrays`` and ``from_rows`` share; a subclass reads a batch's rows
+    (``gather``). Iterated in Python (``for x, y in ds``) it gathers batches with NumPy;
+    any tf.data transformation of it, ``fit`` or ``tf.function`` reads the same batches
+    through ``from_generator``."""
 
-    maker = "from_arrays"  # the function that makes one, for messages
+    maker = ""  # the function that makes one, for messages
 
-    def __init__(
-        self, data: Any, batch_size: int, shuffle: bool, seed: int, what: str = "from_arrays"
-    ) -> None:
-        self.data = tree.map_structure(np.asarray, data)  # a memory map stays one, unread
-        self.leaves: list[np.ndarray] = tree.flatten(self.data)
-        self._deal(_rows(self.leaves, what), batch_size, shuffle, seed, what)
-        super().__init__(_spec(self.data, batch_size), cardinality=self.share // batch_size)
-
-    def _deal(self, rows: int, batch_size: int, shuffle: bool, seed: int, what: str) -> None:
-        """The epochs' order of ``rows`` samples over the replicas, checked against B."""
+    def __init__(self, rows: int, batch_size: int, shuffle: bool, seed: int, spec: Any) -> None:
         rt = runtime.get()
         self.rows = rows
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.replicas, self.replica = rt.topology.replicas, rt.replica
         self.share = rows // self.replicas  # rows per replica and epoch
-        _check_batching(batch_size, self.share, rt.config.microbatches, self.replicas, what)
         self.epochs = 0  # epochs begun
+        super().__init__(spec, cardinality=self.share // batch_size)
 
     def order(self, epoch: int, rows: np.ndarray | None = None) -> np.ndarray:
         """This replica's rows of epoch ``epoch``: ``rows`` (default: all), permuted with
@@ -71,15 +65,33 @@ class ArrayDataset(PythonDataset):
         mine: np.ndarray = rows[self.replica :: self.replicas][:share]
         return mine
 
+    @abc.abstractmethod
     def gather(self, rows: np.ndarray) -> Any:
         """The samples at ``rows``, as the data's structure of NumPy arrays."""
-        return tree.pack_sequence_as(self.data, [leaf[rows] for leaf in self.leaves])
 
     def _elements(self) -> Iterator[Any]:
         self.epochs += 1
         rows, B = self.order(self.epochs), self.batch_size
         for start in range(0, len(rows) - B + 1, B):
             yield self.gather(rows[start : start + B])
+
+
+class ArrayDataset(RowDataset):
+    """The dataset ``tfsift.from_arrays`` returns: each batch one NumPy gather per array."""
+
+    maker = "from_arrays"
+
+    def __init__(
+        self, data: Any, batch_size: int, shuffle: bool, seed: int, what: str = "from_arrays"
+    ) -> None:
+        self.data = tree.map_structure(np.asarray, data)  # a memory map stays one, unread
+        self.leaves: list[np.ndarray] = tree.flatten(self.data)
+        rows = _rows(self.leaves, what)
+        _check_batching(batch_size, rows, what)
+        super().__init__(rows, batch_size, shuffle, seed, _spec(self.data, batch_size))
+
+    def gather(self, rows: np.ndarray) -> Any:
+        return tree.pack_sequence_as(self.data, [leaf[rows] for leaf in self.leaves])
 
 
 def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0) -> ArrayDataset:
@@ -113,25 +125,26 @@ def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int =
     return ArrayDataset(data, int(batch_size), bool(shuffle), int(seed))
 
 
-class RowsDataset(ArrayDataset):
-    """The dataset ``tfsift.from_rows`` returns: ``ArrayDataset``'s order and batches, each
-    batch read by the caller's ``load(rows)``."""
+class RowsDataset(RowDataset):
+    """The dataset ``tfsift.from_rows`` returns: each batch read by the caller's
+    ``load(rows)`` and checked against the layout of the first batch (or of the
+    ``element_spec`` given)."""
 
     maker = "from_rows"
 
     def __init__(
         self, load: Callable[[np.ndarray], Any], rows: int, batch_size: int, shuffle: bool,
-        seed: int,
+        seed: int, spec: Any,
     ) -> None:  # fmt: skip
         self.load = load
-        self._deal(rows, batch_size, shuffle, seed, "from_rows")
-        # the first batch's rows, read once, give the structure, dtypes and row shapes
-        example = self._read(np.arange(batch_size))
-        self.layout = _layout(example)  # what every batch must match
-        # PythonDataset's: ArrayDataset's own would read arrays
-        super(ArrayDataset, self).__init__(
-            _spec(example, batch_size), cardinality=self.share // batch_size
-        )
+        _check_batching(batch_size, rows, "from_rows")
+        if spec is None:  # the first batch's rows, read once, give the layout
+            example = self._read(np.arange(batch_size))
+            self.layout, self.expected = _layout(example), "the first batch"
+            spec = _spec(example, batch_size)
+        else:
+            self.layout, self.expected = _layout(spec), "element_spec"
+        super().__init__(rows, batch_size, shuffle, seed, spec)
 
     def _read(self, rows: np.ndarray) -> Any:
         batch = tree.map_structure(np.asarray, self.load(rows))
@@ -144,13 +157,12 @@ class RowsDataset(ArrayDataset):
         return batch
 
     def gather(self, rows: np.ndarray) -> Any:
-        """The samples at ``rows``, as ``load`` reads them, checked against the first batch."""
         batch = self._read(rows)
         layout = _layout(batch)
         if layout != self.layout:
             raise ValueError(
                 f"from_rows: load(rows) must return the same structure, dtypes and row "
-                f"shapes at every call. Received: {layout}; the first batch: {self.layout}"
+                f"shapes at every call. Received: {layout}; {self.expected}: {self.layout}"
             )
         return batch
 
@@ -162,6 +174,7 @@ def from_rows(
     *,
     shuffle: bool = True,
     seed: int = 0,
+    element_spec: Any = None,
 ) -> RowsDataset:
     """Samples read by row, by your ``load``, as this replica's shard of batches.
 
@@ -183,20 +196,26 @@ def from_rows(
         load: reads the samples at ``rows``: returns an array, or a tuple or dict of
             arrays (NumPy, or anything ``np.asarray`` takes), with row ``i`` holding
             sample ``rows[i]`` (the order matters: sifting's scores and weights follow
-            it), and the same structure, dtypes and row shapes at every call. It is
-            called once when the dataset is made, on rows ``0 .. batch_size - 1``, to
-            learn them.
+            it), and the same structure, dtypes and row shapes at every call. Without
+            ``element_spec`` it is called once when the dataset is made, on rows
+            ``0 .. batch_size - 1``, to learn them.
         rows: how many samples there are.
         batch_size: B, divisible by the config's ``microbatches``.
         shuffle: permute the rows at each epoch (False: row order, dealt to replicas).
         seed: the permutations' seed.
+        element_spec: a batch's structure of ``tf.TensorSpec``, as ``tf.data`` would
+            give it (first dimension ``batch_size`` or None, the rest fully defined), in
+            place of that first read: ``load`` is then called only for the batches
+            trained, and each result is checked against it.
 
     Raises:
-        TypeError: ``load`` is not callable, or ``rows`` or ``batch_size`` is not an int.
+        TypeError: ``load`` is not callable, ``rows`` or ``batch_size`` is not an int, or
+            ``element_spec`` is not made of ``tf.TensorSpec``.
         ValueError: ``rows`` < 1, a batch size that is not a positive multiple of
-            ``microbatches``, fewer rows per replica than a batch, or a ``load`` whose
-            result has not one row per index (or changes structure, dtypes or row shapes
-            between calls).
+            ``microbatches``, fewer rows per replica than a batch, an ``element_spec``
+            shape that is not a batch's, or a ``load`` whose result has not one row per
+            index (or changes structure, dtypes or row shapes between calls, or differs
+            from ``element_spec``).
     """
     if not callable(load):
         raise TypeError(
@@ -207,18 +226,45 @@ def from_rows(
     _check_int("from_rows", "batch_size", batch_size)
     if rows < 1:
         raise ValueError(f"from_rows: rows must be at least 1. Received: rows={rows}")
-    return RowsDataset(load, int(rows), int(batch_size), bool(shuffle), int(seed))
+    spec = None if element_spec is None else _batch_spec(element_spec, int(batch_size))
+    return RowsDataset(load, int(rows), int(batch_size), bool(shuffle), int(seed), spec)
 
 
 def _layout(batch: Any) -> Any:
-    """``batch``'s structure with each array as its dtype and row shape: ``float32[28, 28]``."""
-    return tree.map_structure(lambda a: f"{a.dtype}{list(a.shape[1:])}", batch)
+    """``batch``'s structure with each array (or ``tf.TensorSpec``) as its dtype and row
+    shape: ``float32[28, 28]``. TensorFlow's dtype names, which a NumPy array and the
+    spec it becomes share (a NumPy string of any width is ``string``)."""
+    return tree.map_structure(lambda a: f"{tf.as_dtype(a.dtype).name}{list(a.shape[1:])}", batch)
 
 
 def _spec(example: Any, batch_size: int) -> Any:
     return tree.map_structure(
         lambda a: tf.TensorSpec((batch_size, *a.shape[1:]), tf.as_dtype(a.dtype)), example
     )
+
+
+def _batch_spec(spec: Any, batch_size: int) -> Any:
+    """``element_spec`` checked to describe a batch, with its first dimension ``batch_size``."""
+    leaves = tree.flatten(spec)
+    if not leaves or not all(isinstance(s, tf.TensorSpec) for s in leaves):
+        raise TypeError(
+            f"from_rows: element_spec must be a tf.TensorSpec, or a tuple or dict of them. "
+            f"Received: {spec!r}"
+        )
+    for s in leaves:
+        shape = s.shape
+        if (
+            shape.rank is None
+            or shape.rank < 1
+            or shape[0] not in (None, batch_size)
+            or (not shape[1:].is_fully_defined())
+        ):
+            raise ValueError(
+                f"from_rows: element_spec must describe a batch: each shape "
+                f"(batch_size={batch_size} or None, then the row shape, fully defined). "
+                f"Received: {s}"
+            )
+    return tree.map_structure(lambda s: tf.TensorSpec((batch_size, *s.shape[1:]), s.dtype), spec)
 
 
 def _check_int(what: str, name: str, value: Any) -> None:
@@ -236,14 +282,16 @@ def _rows(leaves: list[np.ndarray], what: str) -> int:
     return int(lengths[0] or 0)
 
 
-def _check_batching(B: int, share: int, M: int, replicas: int, what: str) -> None:
+def _check_batching(B: int, rows: int, what: str) -> None:
+    rt = runtime.get()
+    M, replicas = rt.config.microbatches, rt.topology.replicas
     if B < 1 or B % M:
         raise ValueError(
             f"{what}: batch_size must be a positive multiple of microbatches={M}, since "
             f"every batch splits into {M} microbatches. Received: batch_size={B}"
         )
-    if share < B:
+    if rows // replicas < B:
         raise ValueError(
-            f"{what}: each of the {replicas} replica(s) gets {share} rows per epoch, "
-            f"fewer than one batch. Received: batch_size={B}"
+            f"{what}: each of the {replicas} replica(s) gets {rows // replicas} rows per "
+            f"epoch, fewer than one batch. Received: batch_size={B}"
         )

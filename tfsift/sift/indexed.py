@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tfsift.parallel import runtime
-from tfsift.parallel.arrays import ArrayDataset
+from tfsift.parallel.arrays import RowDataset
 from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.elements import sifted_spec, with_weights
@@ -43,7 +43,7 @@ ROWS = "rows"  # marks a saved state as this sifter's, not the streaming one's
 class IndexedSifter:
     """The state of an InfoBatch-sifted ``from_arrays`` dataset: score table, plan, epoch."""
 
-    def __init__(self, source: ArrayDataset, config: SiftConfig) -> None:
+    def __init__(self, source: RowDataset, config: SiftConfig) -> None:
         assert config.epochs is not None and config.policy == "infobatch"  # SiftConfig checks
         rt = runtime.get()
         self.source, self.config, self.M = source, config, rt.config.microbatches

@@ -40,7 +40,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel import runtime
-from tfsift.parallel.arrays import ArrayDataset
+from tfsift.parallel.arrays import RowDataset
 from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.buffer import SampleBuffer
 from tfsift.sift.config import SiftConfig
@@ -123,7 +123,7 @@ def sift(
                 "that the loop iterates once per epoch (no .repeat()). Received: a dataset of "
                 "infinite cardinality"
             )
-        if isinstance(dataset, ArrayDataset) and config.policy == "infobatch":
+        if isinstance(dataset, RowDataset) and config.policy == "infobatch":
             return IndexedSiftedDataset(IndexedSifter(dataset, config))  # pruned rows unread
         return SiftedDataset(Sifter(dataset.element_spec, scorer, config), dataset)
 

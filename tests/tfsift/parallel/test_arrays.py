@@ -196,3 +196,66 @@ def test_from_rows_errors_say_what_was_expected_and_received() -> None:
         "every call. Received: ('float64[3]', 'int64[]'); the first batch: "
         "('float32[3]', 'int64[]')"
     )
+
+
+def test_from_rows_with_an_element_spec_reads_only_the_batches_trained() -> None:
+    tfsift.init({})
+    x, y = data()
+    read: list[list[int]] = []
+
+    def load(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        read.append(rows.tolist())
+        return x[rows], y[rows]
+
+    spec = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None,), tf.int64))
+    train = tfsift.from_rows(load, N, B, seed=5, element_spec=spec)
+    assert read == []  # no read to learn the layout
+    arrays_ = tfsift.from_arrays((x, y), B, seed=5)
+    assert train.element_spec == arrays_.element_spec  # the batch dimension is B
+    want = [rows_of(a) for a, _ in arrays_]
+    assert [rows_of(a) for a, _ in train] == want
+    assert read == want
+
+
+def test_from_rows_element_spec_errors_say_what_was_expected_and_received() -> None:
+    tfsift.init({})
+    x, y = data()
+
+    def load(rows: np.ndarray) -> Any:
+        return x[rows], y[rows]
+
+    with pytest.raises(TypeError) as err:
+        tfsift.from_rows(load, N, B, element_spec=(tf.float32, tf.int64))
+    assert str(err.value) == (
+        "from_rows: element_spec must be a tf.TensorSpec, or a tuple or dict of them. "
+        "Received: (tf.float32, tf.int64)"
+    )
+    for shape in [(4, 3), (), (B, None)]:
+        with pytest.raises(ValueError) as err:
+            tfsift.from_rows(load, N, B, element_spec=tf.TensorSpec(shape, tf.float32))
+        assert str(err.value) == (
+            "from_rows: element_spec must describe a batch: each shape (batch_size=8 or "
+            f"None, then the row shape, fully defined). Received: "
+            f"{tf.TensorSpec(shape, tf.float32)}"
+        )
+    spec = (tf.TensorSpec((B, 3), tf.float32), tf.TensorSpec((B,), tf.int32))
+    train = tfsift.from_rows(load, N, B, element_spec=spec)  # y is int64
+    with pytest.raises(ValueError) as err:
+        next(iter(train))
+    assert str(err.value) == (
+        "from_rows: load(rows) must return the same structure, dtypes and row shapes at "
+        "every call. Received: ('float32[3]', 'int64[]'); element_spec: "
+        "('float32[3]', 'int32[]')"
+    )
+
+
+def test_from_rows_strings_of_any_width_are_one_dtype() -> None:
+    # NumPy gives each batch of str its own width (<U1, <U2...); tf.data one tf.string
+    tfsift.init({})
+    names = np.array([str(i) for i in range(N)])
+
+    def load(rows: np.ndarray) -> np.ndarray:
+        return np.array(names[rows].tolist())  # the batch's own width: <U1 for rows 0-7
+
+    train = tfsift.from_rows(load, N, B, shuffle=False)
+    assert [b.numpy().astype(str).tolist() for b in train][-1] == names[-4 - B : -4].tolist()
