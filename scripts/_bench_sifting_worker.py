@@ -236,7 +236,8 @@ class Run:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
 
     def dataset(self) -> tf.data.Dataset:
-        B, seed = self.task["batch"], self.job["seed"]
+        # the data order's seed; the initial weights are the job's seed's in every run
+        B, seed = self.task["batch"], self.job["seed"] + self.method.get("order", 0)
         if self.method.get("source") == "arrays":  # batches gathered by row
             train = tfsift.from_arrays((self.x, self.y), B, seed=seed)
         else:

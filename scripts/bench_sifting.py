@@ -96,6 +96,9 @@ class Method:
     anneal: float = 0.125  # infobatch
     # the input: "tf.data" (shard, shuffle, batch) or "arrays" (tfsift.from_arrays: by row)
     source: str = "tf.data"
+    # added to the data order's seed (the initial weights stay the seed's): no sifting in
+    # another order shows how far the end moves with the order alone
+    order: int = 0
 
     def setting(self) -> str:
         return self._setting() + (", from_arrays" if self.source == "arrays" else "")
@@ -105,6 +108,8 @@ class Method:
             return "no sifting, again after the others"
         if self.name == NONE_TF_DATA:
             return "no sifting, tf.data input (shard, shuffle, batch)"
+        if self.name == NONE_ORDER:
+            return "no sifting, another data order (the same initial weights)"
         if self.policy == "none":
             return "no sifting"
         if self.policy == "relative":
@@ -126,6 +131,7 @@ class Method:
 
 AGAIN = "none-again"  # no sifting once more, last in each job: the baselines' own spread
 NONE_TF_DATA = "none-tf.data"  # the epoch budget's: no sifting on the tf.data input
+NONE_ORDER = "none-order"  # the epoch budget's: no sifting in another data order
 NONE = Method("none", "none")
 # scores="training" needs stale >= 1; infobatch also rescale, and stale = its epochs keeps
 # every score it ever recorded (the reference's table)
@@ -709,11 +715,14 @@ def epoch_task(task: Task) -> Task:
 
 
 # InfoBatch on tfsift.from_arrays, which never reads a pruned sample; no sifting on the
-# same input, and once on the usual tf.data input: what the input alone costs
+# same input, once on the usual tf.data input (what the input alone costs) and once in
+# another order of the same data (how far the final metric moves with the order alone: a
+# sifted run trains on another order too, so a gap smaller than that is no evidence)
 EPOCH_METHODS = (
     dataclasses.replace(NONE, source="arrays"),
     dataclasses.replace(INFOBATCH, source="arrays"),
     Method(NONE_TF_DATA, "none"),
+    Method(NONE_ORDER, "none", source="arrays", order=1000),
     dataclasses.replace(METHODS[-1], source="arrays"),
 )
 EPOCHS_FULL = Settings(
@@ -793,6 +802,7 @@ def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
                 "step_costs": [s["step_cost"] for s in seeds],
                 "delta": median([s["delta"] for s in seeds]),
                 "delta_last": median([s["delta_last"] for s in seeds]),
+                "delta_lasts": [s["delta_last"] for s in seeds],
                 "final": median([s["final"] for s in seeds]),
                 "train_s": median([s["train_s"] for s in seeds]),
                 "end_samples": median([s["end_samples"] for s in seeds]),
@@ -852,6 +862,51 @@ def epoch_verdict_table(summary: dict[str, list[Result]]) -> str:
     return report.table(header, rows)
 
 
+def delta_text(value: float, regression: bool) -> str:
+    return f"{100 * value:+.1f}%" if regression else f"{100 * value:+.2f} pt"
+
+
+def epoch_floor(rows: list[Result]) -> Result | None:
+    """``RECOMMENDED``'s end against the order's noise: its median gap to no sifting (the
+    mean of the last ``LAST`` evaluations) and where that lies against the per-seed gaps
+    of no sifting run in another data order: "worse" or "better" outside their range,
+    "within" inside it; None without both rows."""
+    by = {r["method"]: r for r in rows if "delta_lasts" in r}
+    if RECOMMENDED not in by or NONE_ORDER not in by:
+        return None
+    gap_, spread = by[RECOMMENDED]["delta_last"], by[NONE_ORDER]["delta_lasts"]
+    sign = -1 if by[RECOMMENDED]["regression"] else 1  # + is better for accuracy
+    if sign * gap_ < min(sign * x for x in spread):
+        where = "worse"
+    elif sign * gap_ > max(sign * x for x in spread):
+        where = "better"
+    else:
+        where = "within"
+    return {"gap": gap_, "gaps": by[RECOMMENDED]["delta_lasts"], "spread": spread,
+            "where": where, "regression": by[RECOMMENDED]["regression"]}  # fmt: skip
+
+
+def epoch_floor_table(summary: dict[str, list[Result]]) -> str:
+    header = [
+        "layout: task",
+        f"`{RECOMMENDED}`: the mean of the last {LAST} evaluations - no sifting's (per seed)",
+        "no sifting in another data order: the same (per seed)",
+        f"`{RECOMMENDED}` against that range",
+    ]
+    rows = []
+    for name, pipeline in (("one process", False), ("2-stage pipeline", True)):
+        for task, task_rows in on_layout(summary, pipeline):
+            f = epoch_floor(task_rows)
+            if f is None:
+                continue
+            reg = f["regression"]
+            each = ", ".join(delta_text(x, reg) for x in f["gaps"])
+            spread = ", ".join(delta_text(x, reg) for x in f["spread"])
+            rows.append([f"{name}: {task}", f"{delta_text(f['gap'], reg)} ({each})",
+                         spread, f["where"]])  # fmt: skip
+    return report.table(header, rows)
+
+
 def epoch_rows(task: str, rows: list[Result]) -> list[list[str]]:
     out = []
     for row in rows:
@@ -860,10 +915,7 @@ def epoch_rows(task: str, rows: list[Result]) -> list[list[str]]:
             continue
         name = f"{task}: {Method(**row['definition']).setting()}"
         reg = row["regression"]
-        delta = "; ".join(
-            f"{100 * row[k]:+.1f}%" if reg else f"{100 * row[k]:+.2f} pt"
-            for k in ("delta", "delta_last")
-        )
+        delta = "; ".join(delta_text(row[k], reg) for k in ("delta", "delta_last"))
         each = ", ".join(f"{100 * x:.0f}%" for x in row["saved_each"])
         none = row["method"] == "none"
         steps = ", ".join(speedup_value(x) for x in row["steps_speedups"])
@@ -911,7 +963,11 @@ def epoch_how_text(settings: Settings) -> str:
         "sifting's steps to the target over the method's (the runs are deterministic, so this "
         "one does not depend on the machine's speed: no sifting's second run is at 1 exactly), "
         "and the inverse of *seconds per step / no sifting's* over the whole run (what the "
-        "machine's speed moves, and what the input and the sifting cost)."
+        "machine's speed moves, and what the input and the sifting cost). *No sifting, "
+        "another data order*: the same initial weights, the rows permuted with another seed; "
+        "a sifted run trains on another order too, so its final metric can be told from no "
+        "sifting's only where the gap lies outside what the order alone moves (the second "
+        "table)."
     )
 
 
@@ -921,6 +977,8 @@ def epoch_render(raw: Result, meta: Result, settings: Settings) -> str:
         "## Data sifting for a fixed epoch budget: training time saved at the final metric",
         EPOCH_QUESTION,
         epoch_verdict_table(summary),
+        f"Is `{RECOMMENDED}`'s end told apart from the data order's own spread?",
+        epoch_floor_table(summary),
         epoch_how_text(settings),
         settings_table(settings),
         methods_table(settings),

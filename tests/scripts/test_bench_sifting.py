@@ -248,9 +248,12 @@ def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts
     for j in jobs:
         assert j["fixed_epochs"] is True
         names = [m["name"] for m in j["methods"]]
-        assert names == ["none", "infobatch", "none-tf.data", "none-again"]
+        assert names == ["none", "infobatch", "none-tf.data", "none-order", "none-again"]
         # every run on from_arrays, but one no-sifting run on the tf.data input
-        assert [m["source"] for m in j["methods"]] == ["arrays", "arrays", "tf.data", "arrays"]
+        sources = [m["source"] for m in j["methods"]]
+        assert sources == ["arrays", "arrays", "tf.data", "arrays", "arrays"]
+        # one no-sifting run in another order of the data; the rest in the seed's
+        assert [m["order"] for m in j["methods"]] == [0, 0, 0, 1000, 0]
     epochs = {t.name: t.epochs for t in settings.tasks}
     assert epochs == {t.name: 2 * t.epochs for t in bench.TASKS}
     # evaluated on a grid of optimizer steps (not seconds), half as dense
@@ -261,6 +264,7 @@ def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts
     settings_of = [bench.Method(**m).setting() for m in jobs[0]["methods"]]
     assert settings_of[2:] == [
         "no sifting, tf.data input (shard, shuffle, batch)",
+        "no sifting, another data order (the same initial weights), from_arrays",
         "no sifting, again after the others, from_arrays",
     ]
 
@@ -330,3 +334,30 @@ def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_t
     summary["e"] = [row(1.0, 0.0, regression=True) | {"delta_last": 0.03}]
     last = bench.epoch_verdict(summary, pipeline=False)
     assert (last["lossy"], last["lossy_last"], last["met"]) == ([], ["a", "e"], True)
+
+
+def test_the_recommended_end_is_placed_against_the_data_orders_own_spread(
+    bench: ModuleType,
+) -> None:
+    def rows(gaps: list[float], spread: list[float], regression: bool) -> list[dict[str, Any]]:
+        def row(method: str, deltas: list[float]) -> dict[str, Any]:
+            return {"method": method, "regression": regression, "delta_lasts": deltas,
+                    "delta_last": sorted(deltas)[len(deltas) // 2]}  # fmt: skip
+
+        return [row("none", [0.0] * 3), row("infobatch", gaps), row("none-order", spread)]
+
+    # accuracy: a gap below every seed's of the other order is worse, above better
+    assert bench.epoch_floor(rows([-0.01, -0.02, -0.03], [-0.01, 0.0, 0.01], False))["where"] == (
+        "worse"
+    )
+    assert bench.epoch_floor(rows([0.02] * 3, [-0.01, 0.0, 0.01], False))["where"] == "better"
+    assert bench.epoch_floor(rows([-0.01] * 3, [-0.01, 0.0, 0.01], False))["where"] == "within"
+    # MSE: a larger ratio is worse; regression's 4% inside a spread of -9% to +10%
+    floor = bench.epoch_floor(rows([0.0, 0.042, 0.05], [0.095, 0.097, -0.089], True))
+    assert (floor["gap"], floor["where"]) == (0.042, "within")
+    assert bench.epoch_floor(rows([0.11] * 3, [0.095, 0.097, -0.089], True))["where"] == "worse"
+    assert bench.epoch_floor(rows([0.0] * 3, [0.01], True)[:2]) is None  # no order run
+    table = bench.epoch_floor_table({"friedman": rows([0.0, 0.042, 0.05], [0.095, -0.089], True)})
+    assert (
+        "| one process: friedman | +4.2% (+0.0%, +4.2%, +5.0%) | +9.5%, -8.9% | within |" in table
+    )
