@@ -264,7 +264,7 @@ def _batch_spec(spec: Any, batch_size: int) -> Any:
                 f"(batch_size={batch_size} or None, then the row shape, fully defined). "
                 f"Received: {s}"
             )
-    return tree.map_structure(lambda s: tf.TensorSpec((batch_size, *s.shape[1:]), s.dtype), spec)
+    return _spec(spec, batch_size)  # its first dimension batch_size
 
 
 def _check_int(what: str, name: str, value: Any) -> None:

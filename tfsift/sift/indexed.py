@@ -41,7 +41,8 @@ ROWS = "rows"  # marks a saved state as this sifter's, not the streaming one's
 
 
 class IndexedSifter:
-    """The state of an InfoBatch-sifted ``from_arrays`` dataset: score table, plan, epoch."""
+    """The state of an InfoBatch-sifted ``from_arrays`` or ``from_rows`` dataset: score table,
+    plan, epoch."""
 
     def __init__(self, source: RowDataset, config: SiftConfig) -> None:
         assert config.epochs is not None and config.policy == "infobatch"  # SiftConfig checks
