@@ -9,9 +9,10 @@ usage: .venv/bin/python scripts/bench_sifting.py [--quick] [--no-docs] [--json P
        .venv/bin/python scripts/bench_sifting.py --pipeline-only [--methods NAME ...] [--seeds N]
            (the 2-stage jobs alone, printed; no sifting runs first and last in each anyway)
        .venv/bin/python scripts/bench_sifting.py --epochs [--quick] [--no-docs] [--json P]
+           [--tasks NAME ...] [--seeds N]
            (a fixed epoch budget: every method trains for the same epochs as no sifting, on
            one process and on the 2-stage pipeline, every task; the docs' section
-           ``sifting-epochs``)
+           ``sifting-epochs``; a subset of tasks or other seeds print only: add --no-docs)
 """
 
 from __future__ import annotations
@@ -1041,11 +1042,42 @@ def method_settings(args: argparse.Namespace) -> Settings:
     )
 
 
+def epoch_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--tasks", nargs="+", choices=[t.name for t in TASKS], help="these only")
+    p.add_argument("--seeds", type=int, help="seeds 0..N-1 (the docs' table: 3)")
+    return p
+
+
+def epoch_settings(args: argparse.Namespace) -> Settings:
+    """``--epochs``' jobs for ``--tasks`` (on both layouts) and ``--seeds``."""
+    base = EPOCHS_QUICK if args.quick else EPOCHS_FULL
+    names = args.tasks or [t.name for t in TASKS]
+    tasks = tuple(t for t in base.tasks if t.name in names)
+    # the quick run keeps its one pipeline task; the full one runs each task on both layouts
+    pipeline = tuple(n for n in base.pipeline_tasks if n in names)
+    seeds = tuple(range(args.seeds)) if args.seeds else base.seeds
+    return dataclasses.replace(base, tasks=tasks, pipeline_tasks=pipeline, seeds=seeds)
+
+
+def epoch_main(argv: list[str]) -> None:
+    """``--epochs`` [``--tasks NAME ...``] [``--seeds N``]: a subset renders the same tables,
+    so it needs ``--no-docs``, as ``--methods`` does, lest it overwrite the docs' full run."""
+    cli = epoch_options(parser(EPOCH_BENCH))
+    args = cli.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        cli.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
+    if (args.tasks or args.seeds) and not args.no_docs:
+        cli.error("--epochs with --tasks or --seeds needs --no-docs (the docs keep the full run)")
+    rest = epoch_options(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)[1]
+    # without a subset, as before: a --render of a --quick file renders the quick settings
+    run(EPOCH_BENCH, rest, settings=epoch_settings(args) if args.tasks or args.seeds else None)
+
+
 def main(argv: list[str] | None = None) -> None:
     given = list(argv if argv is not None else sys.argv[1:])
     if "--epochs" in given:
         given.remove("--epochs")
-        run(EPOCH_BENCH, given)
+        epoch_main(given)
         return
     cli = pipeline_options(parser(BENCH))
     cli.add_argument("--epochs", action="store_true", help="a fixed epoch budget (see above)")

@@ -361,3 +361,25 @@ def test_the_recommended_end_is_placed_against_the_data_orders_own_spread(
     assert (
         "| one process: friedman | +4.2% (+0.0%, +4.2%, +5.0%) | +9.5%, -8.9% | within |" in table
     )
+
+
+def test_the_epoch_budget_runs_the_tasks_and_seeds_asked_for_on_both_layouts(
+    bench: ModuleType,
+) -> None:
+    args = bench.epoch_options(argparse.ArgumentParser()).parse_args(
+        ["--tasks", "friedman", "digits", "--seeds", "4"]
+    )
+    args.quick = False
+    jobs = bench.epoch_settings(args).jobs()
+    order = [(j["seed"], j["task"]["name"], j["partitions"]) for j in jobs]
+    # in the full run's order of tasks, whatever the order asked in
+    per_seed = [("digits", 1), ("friedman", 1), ("digits", 2), ("friedman", 2)]
+    assert order == [(s, name, k) for s in range(4) for name, k in per_seed]
+    full = {j["task"]["name"]: j for j in bench.EPOCHS_FULL.jobs() if j["seed"] == 0}
+    assert jobs[1]["task"] == full["friedman"]["task"]  # the same epochs and grid
+    assert jobs[1]["methods"] == full["friedman"]["methods"]
+    for argv in (["--tasks", "friedman"], ["--seeds", "6"]):  # would overwrite the full table
+        with pytest.raises(SystemExit):
+            bench.main(["--epochs", *argv])
+    with pytest.raises(SystemExit):
+        bench.main(["--epochs", "--seeds", "0", "--no-docs"])
