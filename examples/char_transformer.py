@@ -171,7 +171,7 @@ def main() -> None:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer = keras.optimizers.Adam(args.lr)
     # the update in one compiled call: eagerly Keras updates each variable in Python
-    update = tf.function(lambda grads: optimizer.apply(grads, model.trainable_variables))
+    update = tfsift.compiled_update(optimizer, model)
 
     @tfsift.step
     def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> Any:

@@ -102,7 +102,7 @@ def main() -> None:
     per_sample = keras.losses.MeanSquaredError(reduction=None)
     optimizer = keras.optimizers.Adam(args.lr)
     # the update in one compiled call: eagerly Keras updates each variable in Python
-    update = tf.function(lambda grads: optimizer.apply(grads, model.trainable_variables))
+    update = tfsift.compiled_update(optimizer, model)
 
     @tfsift.step
     def train_step(features: tf.Tensor, targets: tf.Tensor) -> Any:

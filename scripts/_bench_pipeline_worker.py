@@ -91,12 +91,6 @@ def data(cfg: Config) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.constant(x), tf.constant(y)
 
 
-def compiled_update(optimizer: keras.optimizers.Optimizer, variables: list[Any]) -> Any:
-    """``optimizer.apply`` in a tf.function, as a user would write it."""
-    optimizer.build(variables)
-    return tf.function(lambda grads: optimizer.apply(grads, variables))
-
-
 def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
     """The reference: a plain Keras 3 train step (tape, loss, SGD) in one tf.function."""
     model = plain_chain(cfg)
@@ -159,8 +153,8 @@ def tfsift_step(
     cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False, eager_update: bool = False
 ) -> tuple[Step, Any]:
     """A ``@tfsift.step`` train step (its first, partitioning call is made here). The
-    optimizer's update is compiled, or with ``eager_update`` the README loop's
-    ``optimizer.apply_gradients`` as written (Keras updates each variable in Python).
+    optimizer's update is ``tfsift.compiled_update``, as in the README loop, or with
+    ``eager_update`` ``optimizer.apply_gradients`` (Keras updates each variable in Python).
     Also returns the model, the first call's seconds, the allreduce's times and the step
     call alone (no accumulation, allreduce nor update)."""
     model = Chain(cfg)
@@ -179,7 +173,7 @@ def tfsift_step(
         def update(grads: list[tf.Tensor]) -> None:
             optimizer.apply_gradients(zip(grads, variables, strict=True))
     else:
-        update = compiled_update(optimizer, variables)
+        update = tfsift.compiled_update(optimizer, model)
     timings: dict[str, list[float]] = {"allreduce": []}
 
     def train() -> None:
@@ -316,7 +310,7 @@ def run_single(cfg: Config) -> dict[str, Any]:
     x, y = data(cfg)
     tfsift_train, (model, first, _, _) = tfsift_step(cfg, x, y)
     steps = {"keras": keras_step(cfg, x, y), "tfsift": tfsift_train}
-    if cfg.get("fit_batches"):  # what the README loop as written and fit cost
+    if cfg.get("fit_batches"):  # what the update left eager and fit cost
         steps["tfsift_eager_update"] = tfsift_step(cfg, x, y, eager_update=True)[0]
         steps["keras_fit"] = fit_step(cfg, x, y, distributed=False)
         steps["tfsift_fit"] = fit_step(cfg, x, y, distributed=True)

@@ -44,6 +44,7 @@ from bench.main import Benchmark, run
 LAYERS, CHANNELS, SIDE = 4, 8, 4  # the dispatch model
 B, G, CONVS = 128, 8, 4  # the early-exit model
 ROWS, FEATURES, INPUT_B = 24000, 40, 64  # the input model: MNIST-1D's training set
+MLP_WIDTH, MLP_LAYERS = 256, 4  # the update's model: bench_small.py's MLP
 STEP_S = 0.05  # a step of the epoch-end loop
 WAITED_S = 0.05  # an epoch end slower than this waited (the others take about 1 ms)
 
@@ -52,6 +53,7 @@ WAITED_S = 0.05  # an epoch end slower than this waited (the others take about 1
 class Settings:
     dispatch_calls: int = 2000
     exit_calls: int = 50
+    update_calls: int = 500
     rounds: int = 5
     epoch_steps: int = 40  # the epoch-end loop's steps of STEP_S
     epochs: int = 15  # of the epoch-end loop, per dataset
@@ -134,6 +136,43 @@ def dispatch_cases() -> dict[str, Callable[[], Any]]:
             lambda: fused_call(x, dy)
         ),
     }
+
+
+def applying(optimizer: Any, variables: list[Any]) -> Callable[[list[Any]], Any]:
+    """``optimizer.apply`` on ``variables``: their closure, not arguments a trace converts."""
+    return lambda grads: optimizer.apply(grads, variables)
+
+
+def update_cases() -> dict[str, Callable[[], Any]]:
+    """The optimizer's update of bench_small.py's MLP, by table row."""
+    tf = single_thread()
+    import keras
+
+    import tfsift
+
+    tfsift.init({"partitions": 1})
+    rows: dict[str, Callable[[], Any]] = {}
+    for name, make in (("Adam", keras.optimizers.Adam), ("SGD", keras.optimizers.SGD)):
+        model = keras.Sequential(
+            [keras.Input((MLP_WIDTH,))]
+            + [keras.layers.Dense(MLP_WIDTH, activation="relu") for _ in range(MLP_LAYERS)]
+        )
+        variables = model.trainable_variables
+        grads = [tf.fill(v.shape, 1e-6) for v in variables]
+        eager, function, compiled = make(1e-3), make(1e-3), make(1e-3)
+        for optimizer in (eager, function, compiled):
+            optimizer.build(variables)
+        in_function = tf.function(applying(function, variables))
+        update = tfsift.compiled_update(compiled, model)
+        n = len(variables)
+        rows |= {
+            f"{name}, {n} variables: `optimizer.apply_gradients`, eager": (
+                lambda o=eager, g=grads, v=variables: o.apply_gradients(zip(g, v, strict=True))
+            ),
+            f"{name}: a `tf.function` of `optimizer.apply`": lambda f=in_function, g=grads: f(g),
+            f"{name}: `tfsift.compiled_update`": lambda u=update, g=grads: u(g),
+        }
+    return rows
 
 
 def exit_cases(calls: int, rounds: int) -> dict[str, float]:
@@ -368,9 +407,11 @@ def measure(s: Settings) -> Result:
     dispatch = {
         k: 1e6 * per_call_s(f, s.dispatch_calls, s.rounds) for k, f in dispatch_cases().items()
     }
+    updates = {k: 1e6 * per_call_s(f, s.update_calls, s.rounds) for k, f in update_cases().items()}
     exits = exit_cases(s.exit_calls, s.rounds)
     return {
         "dispatch": dispatch,
+        "update": updates,
         "exit": exits,
         "input": input_cases(s.rounds),
         "epoch end": epoch_end_cases(s.epoch_steps, s.epochs),
@@ -383,6 +424,7 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         [name, f"{v:.0f}" if name.startswith("traces") else f"{v:.2f}"]
         for name, v in raw["exit"].items()
     ]
+    updates = [[name, f"{us:.0f}"] for name, us in raw.get("update", {}).items()]
     inputs = [[name, f"{us:.0f}"] for name, us in raw.get("input", {}).items()]
     ends = [
         [
@@ -405,6 +447,14 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             "The executor makes one such call per microbatch and action: the stage forward "
             "and the gradient sum through `Compiled`; stages before the last add a tape "
             "(row 4); the last stage runs forward and backward as one compiled call (row 5).",
+            "### The optimizer's update",
+            f"{s.update_calls} calls a round. `bench_small.py`'s MLP: Dense({MLP_WIDTH}) x "
+            f"{MLP_LAYERS}, relu, on {MLP_WIDTH} features; the same gradients each call.",
+            report.table(["update", "microseconds"], updates),
+            "Eagerly, Keras 3 runs each variable's update in Python. A `tf.function` of the "
+            "update runs it as one graph, and pays TensorFlow's dispatch of every call "
+            "(row 1 of the table above); `tfsift.compiled_update`, which `fit` uses, calls "
+            "the same graph through `Compiled`.",
             "### Early-exit scoring calls",
             f"{s.exit_calls} calls a round. `bench_overlap.py`'s {CONVS}-convolution model, "
             f"exit after the first convolution, B={B}, g={G}.",
@@ -459,7 +509,9 @@ BENCH = Benchmark(
     name="calls",
     question=__doc__.splitlines()[0],
     full=Settings(),
-    quick=Settings(dispatch_calls=50, exit_calls=5, rounds=2, epoch_steps=4, epochs=2),
+    quick=Settings(
+        dispatch_calls=50, exit_calls=5, update_calls=5, rounds=2, epoch_steps=4, epochs=2
+    ),
     measure=measure,
     render=render,
 )

@@ -234,8 +234,8 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             f"one-process job's profile puts their cost at {1e6 * overhead:.0f} us (each "
             f"K=2 job's plan line fits its own at its start). " + "; ".join(lines) + ".",
             f"The optimizer's update: every row above makes it one compiled call, as Keras' "
-            f"step and tfsift's `fit` do; written as the README loop writes it, "
-            f"`optimizer.apply_gradients` runs eagerly and Keras updates each of the "
+            f"step, tfsift's `fit` and the README loop (`tfsift.compiled_update`) do; left "
+            f"eager, `optimizer.apply_gradients` updates each of the "
             f"{2 * c.layers} variables in Python: {_ms(eager)} ms a step against {_ms(m1)} "
             f"({eager / m1:.2f}x). `fit` per step, the reading of batches and the callbacks "
             f"included: Keras {_ms(keras_fit)} ms, tfsift {_ms(tfsift_fit)} ms "

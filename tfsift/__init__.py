@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from tfsift.planning.placement import partition
     from tfsift.sift.config import SiftConfig
     from tfsift.sift.transform import sift, sift_metrics
+    from tfsift.training.update import compiled_update
 
 _EXPORTS = {
     "CheckpointManager": "tfsift.checkpoint",
@@ -48,6 +49,7 @@ _EXPORTS = {
     "StepOutput": "tfsift.pipeline.outputs",
     "allreduce": "tfsift.parallel.collectives",
     "broadcast_variables": "tfsift.parallel.collectives",
+    "compiled_update": "tfsift.training.update",
     "dp_process_set": "tfsift.parallel.ranks",
     "dp_rank": "tfsift.parallel.ranks",
     "dp_size": "tfsift.parallel.ranks",
@@ -79,6 +81,7 @@ __all__ = [
     "allreduce",
     "broadcast_variables",
     "callbacks",
+    "compiled_update",
     "dp_process_set",
     "dp_rank",
     "dp_size",

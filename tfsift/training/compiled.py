@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from tfsift.pipeline import compiled as dispatch
 from tfsift.pipeline.context import gradients
 from tfsift.pipeline.step import step
 from tfsift.training.losses import batch_loss, per_sample_loss
+from tfsift.training.update import compiled_update
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
@@ -56,7 +56,9 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
         train_step=_train_step(model, loss),
         eval_step=_eval_step(model, loss),
         predict_step=_predict_step(model),
-        update=_update(model),
+        # Eagerly the update costs more than a small model's step (bench_small.py's MLP:
+        # 1.6x to 1.8x a step with it compiled), as in Keras' own train step
+        update=compiled_update(model.optimizer, model),
     )
     object.__setattr__(model, _ATTRIBUTE, compiled)
 
@@ -93,30 +95,6 @@ def _train_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..
         return gradients(value, model.trainable_variables), value, y_pred
 
     return train_step
-
-
-def _update(model: DistributedModel) -> Callable[[list[Any]], None]:
-    """The optimizer's update in one compiled call, as Keras' own train step makes it.
-
-    Eagerly a Keras 3 optimizer updates each variable in Python: on ``bench_small.py``'s MLP
-    (8 variables, SGD) a step with the eager update took 1.6x to 1.8x one with this. The
-    variables are the stage's, read when the first call traces (after partitioning); a
-    new ``compile`` makes a new update, as Keras asks after a change of ``trainable``.
-    """
-
-    # Keras' code only: nothing for AutoGraph to convert
-    apply = dispatch.Compiled(
-        lambda grads: model.optimizer.apply(grads, model.trainable_variables),
-        "the optimizer's update",
-        autograph=False,
-    )
-
-    def update(grads: list[Any]) -> None:
-        if not model.optimizer.built:  # its slots made eagerly, not inside the trace
-            model.optimizer.build(model.trainable_variables)
-        apply(grads)
-
-    return update
 
 
 def _eval_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..., Any]:
