@@ -48,7 +48,8 @@ def wait_for_quiet(max_load: float, max_wait: float, poll: float = 15.0) -> tupl
         time.sleep(poll)
     load, waited = os.getloadavg()[0], (time.monotonic() - start) / 60
     if load <= max_load:
-        return load, f"; it waited {waited:.0f} minutes for a quiet machine" if waited >= 1 else ""
+        unit = "minute" if round(waited) == 1 else "minutes"
+        return load, f"; it waited {waited:.0f} {unit} for a quiet machine" if waited >= 1 else ""
     return load, f"; the load never dropped below {max_load}, and it ran after {waited:.0f} minutes"
 
 
