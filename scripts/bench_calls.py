@@ -295,45 +295,65 @@ def first_call_ms(head: Any, x: Any, y: Any) -> float:
     return statistics.median(firsts) * 1e3
 
 
+def input_samples() -> tuple[Any, Any, Any]:
+    """The input tables' samples: MNIST-1D-sized float32 features whose first column is
+    the row (a batch's rows are found from its features), int labels, and a recorded loss
+    per row, which a sifted batch hands back as a training step would."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
+    y = rng.integers(0, 10, ROWS)
+    losses = rng.exponential(size=ROWS)
+    x[:, 0] = np.arange(ROWS)
+    return x, y, losses
+
+
+def infobatch(dataset: Any, rounds: int, g: int | None = None) -> Any:
+    """``dataset`` sifted by InfoBatch on recorded losses, pruning in every epoch after the
+    first (no annealing) for the ``rounds`` timed epochs."""
+    import tfsift
+
+    config = tfsift.SiftConfig(
+        policy="infobatch", scores="training", stale=rounds + 1, epochs=rounds + 1,
+        anneal=0.0, rescale="unbiased", score_batches=g,
+    )  # fmt: skip
+    return dataset.apply(tfsift.sift(config=config))
+
+
+def epochs(dataset: Any, losses: Any, rounds: int, record: bool) -> Iterator[tuple[float, int]]:
+    """Seconds and batches of each of ``rounds + 1`` passes over ``dataset`` (callers time
+    all but the first: InfoBatch's first prunes nothing); with ``record`` each batch's
+    losses go back, found by the rows in its features' first column."""
+    import numpy as np
+
+    for _ in range(rounds + 1):
+        start, n = time.perf_counter(), 0
+        for element in dataset:
+            n += 1
+            if record:
+                dataset.record(losses[np.asarray(element[0])[:, 0].astype(np.int64)])
+        yield time.perf_counter() - start, n
+
+
 def input_cases(rounds: int) -> dict[str, float]:
     """Microseconds per batch the loop reads, by table row: the median over ``rounds``
     epochs, after one untimed epoch (InfoBatch's first, which prunes nothing); sifted
     batches are recorded with a fixed loss per sample, as a training step would hand
     them back, so that every timed epoch prunes."""
     tf = single_thread()
-    import numpy as np
-
     import tfsift
 
     tfsift.init({})
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-    y = rng.integers(0, 10, ROWS)
-    losses = rng.exponential(size=ROWS)  # a sample's recorded loss, found by its label row
-    x[:, 0] = np.arange(ROWS)
+    x, y, losses = input_samples()
 
     def streamed() -> Any:
         source = tf.data.Dataset.from_tensor_slices((x, y))
         return tfsift.shard(source, ROWS, 0).batch(INPUT_B, drop_remainder=True).prefetch(2)
 
-    def infobatch(dataset: Any, g: int | None) -> Any:
-        config = tfsift.SiftConfig(
-            policy="infobatch", scores="training", stale=rounds + 1, epochs=rounds + 1,
-            anneal=0.0, rescale="unbiased", score_batches=g,
-        )  # fmt: skip
-        return dataset.apply(tfsift.sift(config=config))
-
     def per_batch_us(dataset: Any, record: bool) -> float:
-        times = []
-        for epoch in range(rounds + 1):
-            start, n = time.perf_counter(), 0
-            for element in dataset:
-                n += 1
-                if record:
-                    dataset.record(losses[np.asarray(element[0])[:, 0].astype(np.int64)])
-            if epoch:
-                times.append(1e6 * (time.perf_counter() - start) / max(n, 1))
-        return statistics.median(times)
+        timed = list(epochs(dataset, losses, rounds, record))[1:]
+        return statistics.median(1e6 * seconds / max(n, 1) for seconds, n in timed)
 
     arrays = lambda: tfsift.from_arrays((x, y), INPUT_B)  # noqa: E731
     return {
@@ -341,11 +361,15 @@ def input_cases(rounds: int) -> dict[str, float]:
             streamed(), False
         ),
         "`tfsift.from_arrays`": per_batch_us(arrays(), False),
-        "InfoBatch on tf.data, `score_batches=1`": per_batch_us(infobatch(streamed(), 1), True),
-        "InfoBatch on tf.data, the default (8 with training scores)": per_batch_us(
-            infobatch(streamed(), None), True
+        "InfoBatch on tf.data, `score_batches=1`": per_batch_us(
+            infobatch(streamed(), rounds, 1), True
         ),
-        "InfoBatch on `tfsift.from_arrays` (by row)": per_batch_us(infobatch(arrays(), None), True),
+        "InfoBatch on tf.data, the default (8 with training scores)": per_batch_us(
+            infobatch(streamed(), rounds), True
+        ),
+        "InfoBatch on `tfsift.from_arrays` (by row)": per_batch_us(
+            infobatch(arrays(), rounds), True
+        ),
     }
 
 
@@ -362,11 +386,7 @@ def disk_cases(rounds: int) -> dict[str, list[float]]:
     import tfsift
 
     tfsift.init({})
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-    y = rng.integers(0, 10, ROWS)
-    losses = rng.exponential(size=ROWS)
-    x[:, 0] = np.arange(ROWS)
+    x, y, losses = input_samples()
     reads = [0]
     with tempfile.TemporaryDirectory() as folder:
         paths = [f"{folder}/{i}.bin" for i in range(ROWS)]
@@ -389,26 +409,14 @@ def disk_cases(rounds: int) -> dict[str, list[float]]:
         def by_row() -> Any:
             return tfsift.from_rows(load, ROWS, INPUT_B)
 
-        def infobatch(dataset: Any) -> Any:
-            config = tfsift.SiftConfig(
-                policy="infobatch", scores="training", stale=rounds + 1, epochs=rounds + 1,
-                anneal=0.0, rescale="unbiased",
-            )  # fmt: skip
-            return dataset.apply(tfsift.sift(config=config))
-
         def per_epoch(dataset: Any, record: bool, read_all: bool) -> list[float]:
             times, files, batches = [], [], []
-            for epoch in range(rounds + 1):
-                reads[0] = 0
-                start, n = time.perf_counter(), 0
-                for element in dataset:
-                    n += 1
-                    if record:
-                        dataset.record(losses[np.asarray(element[0])[:, 0].astype(np.int64)])
+            for epoch, (seconds, n) in enumerate(epochs(dataset, losses, rounds, record)):
                 if epoch:
-                    times.append(1e3 * (time.perf_counter() - start))
+                    times.append(1e3 * seconds)
                     files.append(ROWS if read_all else reads[0])
                     batches.append(n)
+                reads[0] = 0  # the next epoch's reads (the first's include the spec's read)
             return [statistics.median(times), statistics.median(files), statistics.median(batches)]
 
         return {
@@ -416,8 +424,10 @@ def disk_cases(rounds: int) -> dict[str, list[float]]:
                 per_epoch(streamed(), False, True)
             ),
             "`tfsift.from_rows` (`load` reads a batch's files)": per_epoch(by_row(), False, False),
-            "InfoBatch on that tf.data input": per_epoch(infobatch(streamed()), True, True),
-            "InfoBatch on `tfsift.from_rows` (by row)": per_epoch(infobatch(by_row()), True, False),
+            "InfoBatch on that tf.data input": per_epoch(infobatch(streamed(), rounds), True, True),
+            "InfoBatch on `tfsift.from_rows` (by row)": per_epoch(
+                infobatch(by_row(), rounds), True, False
+            ),
         }
 
 
