@@ -45,13 +45,25 @@ def compiled_model(microbatches: int = 2, **compile_args: Any) -> Mlp:
     return model
 
 
-def readme_loop(epochs: int, microbatches: int = 2) -> list[np.ndarray]:
-    """The README's @tfsift.step loop, same seed and data order: the weights it ends with."""
+def readme_loop(
+    epochs: int,
+    microbatches: int = 2,
+    optimizer: keras.optimizers.Optimizer | None = None,
+    compiled: bool = False,
+) -> list[np.ndarray]:
+    """The README's @tfsift.step loop, same seed and data order: the weights it ends with.
+    It updates through ``tfsift.compiled_update`` (``compiled``), as the README writes it,
+    or eagerly through ``optimizer.apply_gradients``; SGD(0.1) unless ``optimizer``."""
     tfsift.init({"microbatches": microbatches})
     keras.utils.set_random_seed(SEED)
     model = Mlp()
     loss_obj = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    optimizer = keras.optimizers.SGD(0.1)
+    opt = optimizer if optimizer is not None else keras.optimizers.SGD(0.1)
+    update = (
+        tfsift.compiled_update(opt, model)
+        if compiled
+        else lambda grads: opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    )
 
     @tfsift.step
     def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
@@ -60,8 +72,7 @@ def readme_loop(epochs: int, microbatches: int = 2) -> list[np.ndarray]:
 
     for _ in range(epochs):
         for x, y in dataset():
-            grads = tfsift.allreduce(forward_backward(x, y)[0])
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            update(tfsift.allreduce(forward_backward(x, y)[0]))
     return [v.numpy() for v in model.trainable_variables]
 
 
@@ -76,13 +87,13 @@ def test_fit_ends_with_the_readme_loops_weights_and_a_history() -> None:
         np.testing.assert_array_equal(got, want)
 
 
-class CountingSGD(keras.optimizers.SGD):
-    """SGD counting the Python runs of its per-variable update."""
+class CountingAdam(keras.optimizers.Adam):
+    """Adam counting the Python runs of its per-variable update."""
 
     runs = 0
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        CountingSGD.runs += 1
+        CountingAdam.runs += 1
         super().update_step(gradient, variable, learning_rate)
 
 
@@ -91,11 +102,11 @@ def test_fit_updates_the_variables_in_one_compiled_call() -> None:
     # here); compiled, only when the update is traced
     tfsift.init({"microbatches": 2})
     model = Mlp()
-    model.compile(optimizer=CountingSGD(0.1), loss="sparse_categorical_crossentropy")
-    CountingSGD.runs = 0
+    model.compile(optimizer=CountingAdam(0.01), loss="sparse_categorical_crossentropy")
+    CountingAdam.runs = 0
     model.fit(dataset(), epochs=3, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 3 * N // B
-    assert CountingSGD.runs == len(model.trainable_variables)
+    assert CountingAdam.runs == len(model.trainable_variables)
 
 
 def test_evaluate_and_predict_match_keras_on_the_same_weights() -> None:
@@ -486,48 +497,16 @@ def test_train_on_batch_weighs_classes_as_fit_does() -> None:
 # ---------------------------------------------------------------- compiled_update
 
 
-class CountingAdam(keras.optimizers.Adam):
-    """Adam counting the Python runs of its per-variable update."""
-
-    runs = 0
-
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        CountingAdam.runs += 1
-        super().update_step(gradient, variable, learning_rate)
-
-
-def train(compiled: bool, steps: int = 6) -> tuple[list[np.ndarray], keras.optimizers.Adam]:
-    """The README's loop with Adam, one update a step either way; its weights at the end."""
-    tfsift.init({"microbatches": 2})
-    keras.utils.set_random_seed(SEED)
-    model, optimizer = Mlp(), CountingAdam(0.01)
-    loss_obj = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    update = tfsift.compiled_update(optimizer, model)
-
-    @tfsift.step
-    def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
-        loss = loss_obj(y, model(x, training=True))
-        return tfsift.gradients(loss, model.trainable_variables), loss
-
-    rng = np.random.default_rng(0)
-    CountingAdam.runs = 0
-    for _ in range(steps):
-        x = rng.normal(size=(B, 5)).astype(np.float32)
-        y = rng.integers(0, 3, size=B)
-        grads = tfsift.allreduce(forward_backward(x, y)[0])
-        if compiled:
-            update(grads)
-        else:
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-    return [v.numpy() for v in model.trainable_variables], optimizer
-
-
 def test_the_update_equals_apply_gradients_in_one_compiled_call() -> None:
-    want, eager = train(compiled=False)
-    assert CountingAdam.runs == 6 * 4  # eagerly: each variable's update in Python, each step
-    got, optimizer = train(compiled=True)
+    steps = 2 * N // B
+    eager, optimizer = CountingAdam(0.01), CountingAdam(0.01)
+    CountingAdam.runs = 0
+    want = readme_loop(2, optimizer=eager)
+    assert CountingAdam.runs == steps * 4  # eagerly: each variable's update in Python, each step
+    CountingAdam.runs = 0
+    got = readme_loop(2, optimizer=optimizer, compiled=True)
     assert CountingAdam.runs == 4  # compiled: only while tracing, once
-    assert int(optimizer.iterations.numpy()) == int(eager.iterations.numpy()) == 6
+    assert int(optimizer.iterations.numpy()) == int(eager.iterations.numpy()) == steps
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
 
