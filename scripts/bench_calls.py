@@ -321,7 +321,7 @@ def infobatch(dataset: Any, rounds: int, g: int | None = None) -> Any:
     return dataset.apply(tfsift.sift(config=config))
 
 
-def epochs(dataset: Any, losses: Any, rounds: int, record: bool) -> Iterator[tuple[float, int]]:
+def passes(dataset: Any, losses: Any, rounds: int, record: bool) -> Iterator[tuple[float, int]]:
     """Seconds and batches of each of ``rounds + 1`` passes over ``dataset`` (callers time
     all but the first: InfoBatch's first prunes nothing); with ``record`` each batch's
     losses go back, found by the rows in its features' first column."""
@@ -352,7 +352,7 @@ def input_cases(rounds: int) -> dict[str, float]:
         return tfsift.shard(source, ROWS, 0).batch(INPUT_B, drop_remainder=True).prefetch(2)
 
     def per_batch_us(dataset: Any, record: bool) -> float:
-        timed = list(epochs(dataset, losses, rounds, record))[1:]
+        timed = list(passes(dataset, losses, rounds, record))[1:]
         return statistics.median(1e6 * seconds / max(n, 1) for seconds, n in timed)
 
     arrays = lambda: tfsift.from_arrays((x, y), INPUT_B)  # noqa: E731
@@ -411,7 +411,7 @@ def disk_cases(rounds: int) -> dict[str, list[float]]:
 
         def per_epoch(dataset: Any, record: bool, read_all: bool) -> list[float]:
             times, files, batches = [], [], []
-            for epoch, (seconds, n) in enumerate(epochs(dataset, losses, rounds, record)):
+            for epoch, (seconds, n) in enumerate(passes(dataset, losses, rounds, record)):
                 if epoch:
                     times.append(1e3 * seconds)
                     files.append(ROWS if read_all else reads[0])

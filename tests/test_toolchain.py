@@ -24,6 +24,9 @@ def test_two_ranks_run_horovod_collectives_and_mpi4py_point_to_point() -> None:
         assert got[r]["grouped"] == [[1.0], [[1.0]]]
         assert got[r]["in_set"] == [r + 1.0]
         assert got[r]["set_size"] == 1
+        # tests/lean_site: Keras's optional imports refused, TensorFlow's objects frozen
+        assert got[r]["skipped"] == []
+        assert got[r]["gc_enabled"] and got[r]["frozen"] > 100_000
     assert got[1]["received"] == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 

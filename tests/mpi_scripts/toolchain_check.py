@@ -1,4 +1,8 @@
-"""Two ranks: Horovod allreduce, grouped allreduce, two process sets, mpi4py send/recv."""
+"""Two ranks: Horovod allreduce, grouped allreduce, two process sets, mpi4py send/recv; and
+what the tests' start-up (tests/lean_site) left out and froze."""
+
+import gc
+import sys
 
 import horovod.tensorflow as hvd
 import keras
@@ -35,6 +39,9 @@ result = dict(
     in_set=in_set.numpy().tolist(),
     received=received,
     set_size=mine.size(),
+    gc_enabled=gc.isenabled(),
+    frozen=gc.get_freeze_count(),
+    skipped=[name for name in ("sklearn", "matplotlib") if name in sys.modules],
 )
 world.Barrier()
 report(**result)
