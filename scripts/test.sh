@@ -30,12 +30,14 @@ if [ "$quick" = 1 ]; then
 fi
 # pytest exits 5 when arguments select no test of one kind: that part passes.
 run() { python -m pytest "$@" || [ $? -eq 5 ]; }
-# The suite is bound by CPU, and about half of its CPU is start-up: each rank's `import
-# tensorflow` costs about 3.3 CPU seconds, spread over TensorFlow's 2,700 modules, and the
-# suite starts about 140 ranks. A third worker did not shorten the first stage (617 s
-# against 579 and 638 s with two, the same morning; vmstat showed no idle CPU in it). It
-# gets shorter by starting fewer processes, not by running more at a time: the tests of
-# one layout share a job (tests/mpi.py: SharedJob).
+# The suite is bound by CPU, and a third of it is start-up: a rank costs about 3 CPU seconds
+# from start to exit before it trains (importing TensorFlow's 2,700 modules, with the
+# collector kept off them: tests/lean_site). The next stage's 88 Python processes (81
+# import TensorFlow; its two pytest workers among them) used 733 CPU seconds in all (at
+# 71fd7c2). A third worker did not shorten it (617 s against 579 and 638 s with two, the
+# same morning; vmstat showed no idle CPU in it), and running the next stage beside it saved
+# 10 s of 650 in all. It gets shorter by starting fewer processes, not by running more at a
+# time: the tests of one layout share a job (tests/mpi.py: SharedJob).
 echo "== pytest: one-process and multi-process tests (mpirun, horovodrun), two at a time"
 # A job's ranks leave the cores idle a sixth of the time (waits, bubbles, start-up): the
 # one-process tests beside them fill it (23 s less than one stage after the other). Results
