@@ -1,13 +1,13 @@
 """Loaded at start-up by every rank a test launches (tests/mpi.py puts this folder first on
 PYTHONPATH): keeps Keras from importing scikit-learn and matplotlib, and keeps Python's
-cyclic garbage collector off TensorFlow's modules.
+cyclic garbage collector off the objects that importing TensorFlow makes.
 
 Keras imports both at start-up when they are installed, only for its scikit-learn wrappers
 and its image-gallery plot, which tfsift never uses. That took 1.1 of the 3.3 CPU seconds
-a rank spends importing TensorFlow, Keras, tfsift and Horovod, and the suite starts about
-200 ranks. Keras catches the ImportError this raises for an import made from its own
-modules; any other module (an example that loads scikit-learn's datasets, the CLI that
-plots a timeline) imports them as usual.
+a rank spent importing TensorFlow, Keras, tfsift and Horovod (before the freeze below), in
+every rank the suite starts. Keras catches the ImportError this raises for an import made
+from its own modules; any other module (an example that loads scikit-learn's datasets, the
+CLI that plots a timeline) imports them as usual.
 
 Importing TensorFlow makes about 450,000 objects that live as long as the process, and the
 collector went over all of them again and again: during the import (its full collections
