@@ -12,12 +12,13 @@ global batch B=128), one compute thread per rank, each rank bound to its own cor
 
 Every configuration runs in its own job, all of them in rotating order ``repeats`` times;
 a row shows the median of the jobs' median step times, and each framework's speed-up over
-its own one-process step. The PyTorch rows need a benchmark-only environment with
+its own one-process step; a second table pairs tfsift's jobs with the peers' round by
+round. The PyTorch rows need a benchmark-only environment with
 PyTorch (never tfsift's dependency): ``--torch PYTHON``, by default ``.venv-peers``,
 which ``bash scripts/bench/peers-venv.sh`` makes; without it they are left out.
 
-usage: .venv/bin/python scripts/bench_peers.py [--torch PYTHON] [--quick] [--no-docs]
-       [--json F] [--render F]
+usage: .venv/bin/python scripts/bench_peers.py [--torch PYTHON] [--repeats N] [--quick]
+       [--no-docs] [--json F] [--render F]
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ CASES = (
     ("data parallel, 2 x B/2", "PyTorch", 2, "ddp"),
 )
 ONE_PROCESS = {fw: "tfsift / Keras" for fw in ("tfsift", POLLING, "tf.distribute MWMS")}
+# (tfsift's row, the other's): their jobs' ratio within each round of the rotation, where
+# both ran minutes apart; the medians of the whole run drift with the machine's speed
+PAIRS = (
+    ("K=2 pipeline, GPipe | tfsift", "K=2 pipeline, GPipe | PyTorch"),
+    ("K=2 pipeline, 1F1B | tfsift", "K=2 pipeline, 1F1B | PyTorch"),
+    ("K=2 pipeline, 1F1B | tfsift", "K=2 pipeline, GPipe | tfsift"),
+    ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | tf.distribute MWMS"),
+    ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | PyTorch"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +118,32 @@ def measure(s: Settings) -> Result:
     return {"medians": out, "torch": s.torch if Path(s.torch).exists() else None}
 
 
+def paired(medians: dict[str, list[float]], mine: str, other: str) -> list[float]:
+    """``mine``'s job time over ``other``'s, round by round (a row's list holds one job per
+    round of the rotation, in order)."""
+    return [a / b for a, b in zip(medians[mine], medians[other], strict=True)]
+
+
+def paired_rows(medians: dict[str, list[float]]) -> list[list[str]]:
+    """One row per pair in ``PAIRS`` whose both rows ran: the median ratio, how many
+    rounds tfsift's job was the shorter, and every round's ratio."""
+    rows = []
+    for mine, other in PAIRS:
+        if mine not in medians or other not in medians:
+            continue
+        ratios = paired(medians, mine, other)
+        shorter = sum(r < 1 for r in ratios)
+        rows.append(
+            [
+                f"{mine.replace(' | ', ': ')} / {other.split(' | ')[1]}",
+                f"{statistics.median(ratios):.3f}",
+                f"{shorter} of {len(ratios)}",
+                ", ".join(f"{r:.3f}" for r in ratios),
+            ]
+        )
+    return rows
+
+
 def render(raw: Result, meta: Result, s: Settings) -> str:
     medians = {k: statistics.median(v) for k, v in raw["medians"].items()}
     rows = []
@@ -118,18 +154,26 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         jobs = ", ".join(f"{1e3 * t:.0f}" for t in raw["medians"][key])
         rows.append([row, framework, f"{1e3 * seconds:.1f}", f"{speedup:.2f}x", jobs])
     c = s.chain
+    rounds = len(next(iter(raw["medians"].values())))  # as measured, whatever --repeats says
     return "\n\n".join(
         [
             "## tfsift against its peers",
             report.provenance(meta, BENCH.command),
             f"{c.layers} x Conv2D({c.width}, 3x3, same, relu) on {c.side}x{c.side}x{c.width}, "
             f"MSE, SGD, B={c.batch}, M={s.M} microbatches in the pipelines; one compute thread "
-            f"per rank, ranks bound to cores; {s.repeats} jobs per configuration in rotating "
+            f"per rank, ranks bound to cores; {rounds} jobs per configuration in rotating "
             f"order, each the median of {c.steps} steps after {c.warmup} warm-up steps (the "
             "slowest rank's time, steps started together).",
             report.table(
                 ["configuration", "framework", "step ms", "speed-up over its one process", "jobs"],
                 rows,
+            ),
+            "Paired by round: in each round of the rotation every configuration ran once, "
+            "minutes apart, so the ratio of two jobs of one round is the least moved by this "
+            "machine's drifting speed.",
+            report.table(
+                ["tfsift's step / the other's", "median", "tfsift shorter in", "per round"],
+                paired_rows(raw["medians"]),
             ),
         ]
     )
@@ -149,9 +193,13 @@ def main() -> None:
     """Takes ``--torch PYTHON`` off the command line; the rest is the shared one's."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--torch", default=str(TORCH_PYTHON))
+    own.add_argument("--repeats", type=int, help="rounds of the rotation (default 3)")
     known, rest = own.parse_known_args()
+    if known.repeats is not None and known.repeats < 1:
+        own.error(f"--repeats must be at least 1. Received: --repeats {known.repeats}")
     base = QUICK if "--quick" in rest else Settings()
-    run(BENCH, rest, dataclasses.replace(base, torch=known.torch))
+    repeats = known.repeats if known.repeats is not None else base.repeats
+    run(BENCH, rest, dataclasses.replace(base, torch=known.torch, repeats=repeats))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""scripts/bench_peers.py's reading of its jobs: rounds paired, the rotation's count."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+DP = "data parallel, 2 x B/2"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))  # the harness, ``bench``, as when the script runs
+    spec = importlib.util.spec_from_file_location("bench_peers", SCRIPTS / "bench_peers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_peers"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def medians() -> dict[str, list[float]]:
+    """Three rounds on a machine that slows down: round 2 runs everything 1.5x longer."""
+    return {
+        "one process | tfsift / Keras": [2.0, 3.0, 2.0],
+        f"{DP} | tfsift": [1.05, 1.5, 1.0],  # the slow round alone puts its median at 1.05
+        f"{DP} | tf.distribute MWMS": [1.0, 1.56, 1.02],
+    }
+
+
+def test_paired_divides_job_by_job_in_round_order(bench: ModuleType) -> None:
+    ratios = bench.paired(medians(), f"{DP} | tfsift", f"{DP} | tf.distribute MWMS")
+    assert ratios == pytest.approx([1.05, 1.5 / 1.56, 1.0 / 1.02])
+
+
+def test_paired_rows_report_the_pairs_that_ran(bench: ModuleType) -> None:
+    # the pipelines' and PyTorch's rows did not run: only tfsift against MWMS is paired
+    rows = bench.paired_rows(medians())
+    assert rows == [
+        [f"{DP}: tfsift / tf.distribute MWMS", "0.980", "2 of 3", "1.050, 0.962, 0.980"]
+    ]
+
+
+def test_render_counts_the_rounds_measured(bench: ModuleType) -> None:
+    # the medians of the whole run disagree with the rounds: 1.05 against 1.02 (tfsift
+    # 2.9% longer), while tfsift's job was the shorter in 2 of 3 rounds
+    text = bench.render({"medians": medians()}, META, bench.Settings())
+    assert "3 jobs per configuration" in text
+    assert f"| {DP} | tfsift | 1050.0 | 1.90x | 1050, 1500, 1000 |" in text
+    assert f"| {DP}: tfsift / tf.distribute MWMS | 0.980 | 2 of 3 |" in text
+
+
+META = {
+    "date": "2026-11-29",
+    "cores": 2,
+    "commit": "abc1234",
+    "load_start": 0.1,
+    "load_end": 0.2,
+    "seconds": 60.0,
+}
