@@ -133,9 +133,15 @@ def paired_rows(medians: dict[str, list[float]]) -> list[list[str]]:
             continue
         ratios = paired(medians, mine, other)
         shorter = sum(r < 1 for r in ratios)
+        (row, framework), (other_row, other_framework) = mine.split(" | "), other.split(" | ")
+        name = (
+            f"{row}: {framework} / {other_framework}"
+            if row == other_row
+            else f"{framework}: {row} / {other_row}"
+        )
         rows.append(
             [
-                f"{mine.replace(' | ', ': ')} / {other.split(' | ')[1]}",
+                name,
                 f"{statistics.median(ratios):.3f}",
                 f"{shorter} of {len(ratios)}",
                 ", ".join(f"{r:.3f}" for r in ratios),

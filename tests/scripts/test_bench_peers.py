@@ -47,6 +47,14 @@ def test_paired_rows_report_the_pairs_that_ran(bench: ModuleType) -> None:
     ]
 
 
+def test_paired_rows_name_tfsifts_own_schedules_by_row(bench: ModuleType) -> None:
+    gpipe, one_f_one_b = "K=2 pipeline, GPipe", "K=2 pipeline, 1F1B"
+    rows = bench.paired_rows(
+        {f"{gpipe} | tfsift": [1.0, 2.0], f"{one_f_one_b} | tfsift": [1.1, 1.9]}
+    )
+    assert rows == [[f"tfsift: {one_f_one_b} / {gpipe}", "1.025", "1 of 2", "1.100, 0.950"]]
+
+
 def test_render_counts_the_rounds_measured(bench: ModuleType) -> None:
     # the medians of the whole run disagree with the rounds: 1.05 against 1.02 (tfsift
     # 2.9% longer), while tfsift's job was the shorter in 2 of 3 rounds
