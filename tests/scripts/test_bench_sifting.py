@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import subprocess
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+import scripts_module
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-SCRIPT = SCRIPTS / "bench_sifting.py"
+SCRIPTS = scripts_module.SCRIPTS
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))  # the harness, ``bench``, as when the script runs
-    spec = importlib.util.spec_from_file_location("bench_sifting", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_sifting"] = module
-    spec.loader.exec_module(module)
-    return module
+    return scripts_module.load("bench_sifting")
 
 
 def curve(*points: tuple[float, float]) -> list[list[float]]:

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+import scripts_module
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))  # the harness, ``bench``, as when the script runs
-    spec = importlib.util.spec_from_file_location("bench_small", SCRIPTS / "bench_small.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_small"] = module
-    spec.loader.exec_module(module)
-    return module
+    return scripts_module.load("bench_small")
 
 
 def measured(times: list[float]) -> dict[str, object]:
