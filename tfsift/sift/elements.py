@@ -14,9 +14,13 @@ def with_weights(element: Any, probs: np.ndarray, rescale: str | None) -> Any:
     tuple element, a ``"sample_weight"`` key, or a pair; unchanged without ``rescale``."""
     if rescale is None:
         return element
-    weights = (1.0 / probs).astype(np.float32)
-    if rescale == "normalized":
-        weights = weights / weights.mean()
+    return weighted(element, (1.0 / probs).astype(np.float32), rescale)
+
+
+def weighted(element: Any, inverse: np.ndarray, rescale: str) -> Any:
+    """``element`` with the weights ``inverse`` (float32 1 / probs) added as
+    ``with_weights`` adds them, divided by their mean where ``rescale="normalized"``."""
+    weights = inverse / inverse.mean() if rescale == "normalized" else inverse
     if isinstance(element, tuple):
         return (*element, weights)
     if isinstance(element, dict):

@@ -29,7 +29,7 @@ from tfsift.parallel import runtime
 from tfsift.parallel.arrays import RowDataset
 from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.config import SiftConfig
-from tfsift.sift.elements import sifted_spec, with_weights
+from tfsift.sift.elements import sifted_spec, weighted
 from tfsift.sift.infobatch import InfoBatchPolicy
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.recorder import Recorder
@@ -110,12 +110,16 @@ class IndexedSifter:
             self.metrics.epochs += 1
             self._begin_epoch()
         rows, probs = self._order()
+        # the epoch's keys and weights made once: a batch is emitted right after a training
+        # step, when each NumPy call costs several times its cost here (recorder.py)
+        keys = rows.astype(np.float64)
+        inverse = (1.0 / probs).astype(np.float32) if self.config.rescale else None
         bounds = self._bounds(len(rows))
         self.position = resume or 0
         while self.position < len(bounds) - 1:
             lo, hi = bounds[self.position], bounds[self.position + 1]
             self.position += 1
-            yield self._emit(rows[lo:hi], probs[lo:hi])
+            yield self._emit(rows[lo:hi], keys[lo:hi], None if inverse is None else inverse[lo:hi])
         if self._log is not None:
             self._log.flush()
 
@@ -158,14 +162,17 @@ class IndexedSifter:
             bounds.append(bounds[-1] + left)
         return bounds
 
-    def _emit(self, rows: np.ndarray, probs: np.ndarray) -> Any:
-        self.recorder.yielded(rows.astype(np.float64))
+    def _emit(self, rows: np.ndarray, keys: np.ndarray, inverse: np.ndarray | None) -> Any:
+        self.recorder.yielded(keys)
         self.batches_read += 1
         self.metrics.batches_yielded += 1
         self.metrics.samples_kept += len(rows)
         if self._log is not None:
             self._log.write(self.metrics)
-        return with_weights(self.source.gather(rows), probs, self.config.rescale)
+        element = self.source.gather(rows)
+        if inverse is None or self.config.rescale is None:
+            return element
+        return weighted(element, inverse, self.config.rescale)
 
 
 class IndexedSiftedDataset(PythonDataset):

@@ -17,10 +17,13 @@ losses, every rank does). Where one key was recorded twice, the later record win
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
+from tfsift.pipeline.outputs import StepOutput
 from tfsift.sift.replicas import RECORDS, ReplicaGroup
 from tfsift.sift.scorer import concat
 from tfsift.sift.selection import check_losses
@@ -43,7 +46,8 @@ class Recorder:
     def __init__(self, cache: ScoreCache) -> None:
         self.cache = cache
         self._keys: list[np.ndarray] = []
-        self._losses: list[np.ndarray] = []
+        # each a (B,) array, or a training step's loss tensors converted at the next merge
+        self._losses: list[Any] = []
         self._epochs: list[np.ndarray] = []
         self._yielded: np.ndarray | None = None
 
@@ -66,27 +70,30 @@ class Recorder:
                 "last, once per batch; no batch was yielded since the last record (or since "
                 "the dataset was made or restored)"
             )
-        values = check_losses(concat(losses), len(keys))
         self._keys.append(keys)
-        self._losses.append(values)
-        self._epochs.append(np.full(len(keys), epoch, np.float64))
+        self._losses.append(_deferred(losses, len(keys)))
+        self._epochs.append(_filled(len(keys), epoch))
         self._yielded = None
 
     def merge(self, group: ReplicaGroup | None) -> None:
         """Stores every replica's queued records in the table (collective over ``group``;
         None: this replica's alone)."""
-        mine = np.concatenate([_joined(self._keys), _joined(self._losses), _joined(self._epochs)])
+        mine = np.concatenate([_joined(self._keys), self._values(), _joined(self._epochs)])
         parts = [mine] if group is None else group.allgather(mine, RECORDS)
         keys, losses, epochs = (np.concatenate(p) for p in zip(*map(_thirds, parts), strict=True))
         self._keys, self._losses, self._epochs = [], [], []
         if len(keys):  # reversed: where a key repeats, the table keeps its later loss
             self.cache.store(keys[::-1], losses[::-1], epochs[::-1].astype(np.int64))
 
+    def _values(self) -> np.ndarray:
+        """The queued losses as one float64 array, the step's tensors converted now."""
+        return _joined([_converted(losses) for losses in self._losses])
+
     def state(self) -> dict[str, Any]:
         """The queued records and the keys awaiting a record, for a checkpoint."""
         return {
             "keys": _joined(self._keys),
-            "losses": _joined(self._losses),
+            "losses": self._values(),
             "epochs": _joined(self._epochs),
             "yielded": self._yielded,
         }
@@ -98,6 +105,36 @@ class Recorder:
         self._epochs = [np.asarray(state["epochs"], np.float64)]
         yielded = state["yielded"]
         self._yielded = None if yielded is None else np.asarray(yielded, np.float64)
+
+
+def _deferred(losses: Any, batch: int) -> Any:
+    """``losses`` checked as one loss for each of ``batch`` samples, and kept as they are
+    where they are the step's tensors of rank 1 (a ``StepOutput`` or one tensor), to be
+    converted at the next merge: a record runs after every training step, when each NumPy
+    call costs several times what it does in a loop of them (the step has evicted that
+    code from the caches), and tensors do not change. Anything else is converted and
+    checked now, as ``check_losses`` does."""
+    parts = losses.outputs if isinstance(losses, StepOutput) else [losses]
+    if all(isinstance(p, tf.Tensor) and p.shape.rank == 1 for p in parts):
+        if sum(int(p.shape[0]) for p in parts) == batch:
+            return list(parts)
+    return check_losses(concat(losses), batch)
+
+
+def _converted(losses: Any) -> np.ndarray:
+    """A queued record as a float64 array (see ``_deferred``)."""
+    if isinstance(losses, np.ndarray):
+        return losses
+    return np.concatenate([np.asarray(p, np.float64) for p in losses])
+
+
+@functools.lru_cache(maxsize=8)
+def _filled(n: int, epoch: int) -> np.ndarray:
+    """n copies of ``epoch``, read-only: one array for every batch of n samples recorded in
+    that epoch (the queued records are only ever concatenated)."""
+    array = np.full(n, epoch, np.float64)
+    array.flags.writeable = False
+    return array
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import tfsift
 import tfsift.sift.recorder
+from tfsift.pipeline.outputs import StepOutput
 from tfsift.sift.infobatch import infobatch_keep
 from tfsift.sift.policies import RelativePolicy
 from tfsift.sift.recorder import Recorder
@@ -192,8 +193,6 @@ def test_record_refuses_a_forward_scored_dataset_a_second_record_and_a_wrong_siz
 
 
 def test_a_step_output_of_per_sample_losses_is_recorded_joined() -> None:
-    from tfsift.pipeline.outputs import StepOutput
-
     cache = ScoreCache(epochs=1)
     recorder = Recorder(cache)
     recorder.yielded(np.array([1.0, 2.0, 3.0, 4.0]))
@@ -201,6 +200,44 @@ def test_a_step_output_of_per_sample_losses_is_recorded_joined() -> None:
     recorder.merge(None)
     losses = cache.lookup(np.array([4.0, 1.0]), epoch=1)[1]
     np.testing.assert_allclose(losses, [0.4, 0.1], rtol=1e-6)
+
+
+def test_a_steps_loss_tensors_are_converted_at_the_merge_not_after_each_step() -> None:
+    # a record follows every training step, where NumPy calls cost most (recorder.py)
+    first, second = tf.constant([0.5, 0.25]), tf.constant([2.0])
+    recorder = Recorder(ScoreCache(epochs=1))
+    recorder.yielded(np.array([1.0, 2.0, 3.0]))
+    recorder.record(StepOutput([first, second]), epoch=1)
+    recorder.yielded(np.array([4.0]))
+    recorder.record(tf.constant([8.0]), epoch=1)
+    assert recorder._losses[0][0] is first and recorder._losses[0][1] is second
+    state = recorder.state()  # a checkpoint converts what is queued
+    assert state["losses"].dtype == np.float64
+    assert state["losses"].tolist() == [0.5, 0.25, 2.0, 8.0]
+    assert state["epochs"].tolist() == [1.0] * 4
+    cache = ScoreCache(epochs=1)
+    again = Recorder(cache)
+    again.load_state(state)
+    again.merge(None)
+    assert cache.table(1)[1].tolist() == [0.5, 0.25, 2.0, 8.0]
+
+
+@pytest.mark.parametrize(
+    ("losses", "received"),
+    [
+        (lambda: tf.zeros(3), "shape=(3,) for a batch of 4"),
+        (lambda: tf.zeros((4, 1)), "shape=(4, 1) for a batch of 4"),
+        (lambda: StepOutput([tf.zeros(2), tf.zeros(1)]), "shape=(3,) for a batch of 4"),
+    ],
+)
+def test_loss_tensors_of_the_wrong_shape_fail_at_the_record(losses: Any, received: str) -> None:
+    recorder = Recorder(ScoreCache(epochs=1))
+    recorder.yielded(np.arange(4.0))
+    with pytest.raises(ValueError) as err:
+        recorder.record(losses(), epoch=1)
+    assert str(err.value) == (
+        f"the per-sample loss must return one loss per sample (shape (B,)). Received: {received}"
+    )
 
 
 def test_a_key_recorded_twice_keeps_its_later_loss_and_epoch() -> None:
