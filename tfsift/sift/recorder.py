@@ -115,10 +115,17 @@ def _deferred(losses: Any, batch: int) -> Any:
     code from the caches), and tensors do not change. Anything else is converted and
     checked now, as ``check_losses`` does."""
     parts = losses.outputs if isinstance(losses, StepOutput) else [losses]
-    if all(isinstance(p, tf.Tensor) and p.shape.rank == 1 for p in parts):
-        if sum(int(p.shape[0]) for p in parts) == batch:
-            return list(parts)
+    if all(_eager_vector(p) for p in parts) and sum(int(p.shape[0]) for p in parts) == batch:
+        return list(parts)
     return check_losses(concat(losses), batch)
+
+
+def _eager_vector(value: Any) -> bool:
+    """Whether ``value`` is a tensor of rank 1 with values (not a graph's placeholder,
+    which fails at once, in ``concat``, as before)."""
+    return (
+        isinstance(value, tf.Tensor) and value.shape.rank == 1 and not tf.is_symbolic_tensor(value)
+    )
 
 
 def _converted(losses: Any) -> np.ndarray:
