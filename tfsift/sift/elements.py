@@ -17,7 +17,7 @@ def with_weights(element: Any, probs: np.ndarray, rescale: str | None) -> Any:
     return weighted(element, (1.0 / probs).astype(np.float32), rescale)
 
 
-def weighted(element: Any, inverse: np.ndarray, rescale: str) -> Any:
+def weighted(element: Any, inverse: np.ndarray, rescale: str | None) -> Any:
     """``element`` with the weights ``inverse`` (float32 1 / probs) added as
     ``with_weights`` adds them, divided by their mean where ``rescale="normalized"``."""
     weights = inverse / inverse.mean() if rescale == "normalized" else inverse

@@ -170,9 +170,7 @@ class IndexedSifter:
         if self._log is not None:
             self._log.write(self.metrics)
         element = self.source.gather(rows)
-        if inverse is None or self.config.rescale is None:
-            return element
-        return weighted(element, inverse, self.config.rescale)
+        return element if inverse is None else weighted(element, inverse, self.config.rescale)
 
 
 class IndexedSiftedDataset(PythonDataset):

@@ -138,7 +138,8 @@ def _converted(losses: Any) -> np.ndarray:
 @functools.lru_cache(maxsize=8)
 def _filled(n: int, epoch: int) -> np.ndarray:
     """n copies of ``epoch``, read-only: one array for every batch of n samples recorded in
-    that epoch (the queued records are only ever concatenated)."""
+    that epoch, made once rather than after every step (see ``_deferred``); the queued
+    records are only ever concatenated."""
     array = np.full(n, epoch, np.float64)
     array.flags.writeable = False
     return array
