@@ -20,7 +20,6 @@ import dataclasses
 import json
 import math
 import shlex
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,11 +233,11 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument(flag, nargs="+", type=type(default[0]))
         else:
             p.add_argument(flag, type=type(default))
-    known, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    known, rest = p.parse_known_args(argv)
     given = {k: v for k, v in vars(known).items() if v is not None}
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
     base = QUICK if "--quick" in rest else FULL
-    run(BENCH, argv=rest, settings=dataclasses.replace(base, **given) if given else None)
+    run(BENCH, argv, dataclasses.replace(base, **given) if given else None, own=p)
 
 
 if __name__ == "__main__":

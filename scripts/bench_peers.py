@@ -195,17 +195,20 @@ BENCH = Benchmark(
 )
 
 
-def main() -> None:
-    """Takes ``--torch PYTHON`` off the command line; the rest is the shared one's."""
+def main(argv: list[str] | None = None) -> None:
+    """Reads ``--torch PYTHON`` and ``--repeats N``; the rest is the shared command line's."""
     own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--torch", default=str(TORCH_PYTHON))
+    own.add_argument(
+        "--torch", default=str(TORCH_PYTHON), help="PyTorch's Python (default: .venv-peers)"
+    )
     own.add_argument("--repeats", type=int, help="rounds of the rotation (default 3)")
-    known, rest = own.parse_known_args()
+    known, rest = own.parse_known_args(argv)
     if known.repeats is not None and known.repeats < 1:
         own.error(f"--repeats must be at least 1. Received: --repeats {known.repeats}")
     base = QUICK if "--quick" in rest else Settings()
     repeats = known.repeats if known.repeats is not None else base.repeats
-    run(BENCH, rest, dataclasses.replace(base, torch=known.torch, repeats=repeats))
+    settings = dataclasses.replace(base, torch=known.torch, repeats=repeats)
+    run(BENCH, argv, settings, own=own)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,12 @@ class Benchmark(Generic[S]):
         return f".venv/bin/python scripts/bench_{self.name}.py"
 
 
-def parser(bench: Benchmark[S]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=bench.question)
+def parser(
+    bench: Benchmark[S], own: argparse.ArgumentParser | None = None
+) -> argparse.ArgumentParser:
+    """The shared options, and ``own``'s (a parser made with ``add_help=False``: the
+    benchmark's own options, which it reads itself) so that ``--help`` lists them too."""
+    p = argparse.ArgumentParser(description=bench.question, parents=[own] if own else [])
     p.add_argument("--quick", action="store_true", help="a smoke test: small and short")
     p.add_argument("--no-docs", action="store_true", help="print only; leave docs/ as it is")
     p.add_argument("--json", type=Path, help="save the raw results and metadata here")
@@ -49,9 +53,15 @@ def parser(bench: Benchmark[S]) -> argparse.ArgumentParser:
     return p
 
 
-def run(bench: Benchmark[S], argv: list[str] | None = None, settings: S | None = None) -> str:
-    """Measures (or loads ``--render``), prints the section and writes it into the docs."""
-    args = parser(bench).parse_args(argv)
+def run(
+    bench: Benchmark[S],
+    argv: list[str] | None = None,
+    settings: S | None = None,
+    own: argparse.ArgumentParser | None = None,
+) -> str:
+    """Measures (or loads ``--render``), prints the section and writes it into the docs;
+    ``own``'s options in ``argv`` are the caller's, read into ``settings``."""
+    args = parser(bench, own).parse_args(argv)
     chosen = settings if settings is not None else bench.quick if args.quick else bench.full
     if args.render:
         saved = json.loads(args.render.read_text())

@@ -62,3 +62,23 @@ META = {
     "load_end": 0.2,
     "seconds": 60.0,
 }
+
+
+def test_help_lists_its_own_options_beside_the_shared_ones(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--torch", "--repeats", "--quick", "--no-docs", "--json", "--render"):
+        assert option in out
+
+
+def test_repeats_below_one_is_refused_before_any_job(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--repeats", "0", "--quick"])
+    assert exit_.value.code == 2
+    assert "--repeats must be at least 1. Received: --repeats 0" in capsys.readouterr().err
