@@ -193,3 +193,36 @@ def test_every_code_block_parses_and_uses_only_names_that_exist(api_docs: Module
                 if isinstance(arg, ast.Dict):
                     named = {k.value for k in arg.keys if isinstance(k, ast.Constant)}
                     assert named <= keys, f"{page}: tfsift.init has no key {named - keys}"
+
+
+def headings(page: Path) -> set[str]:
+    """The anchors GitHub gives ``page``'s headings: lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces to ``-``; a repeated heading gets ``-1``, ``-2``..."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    for line in text.split("\n"):
+        if line.startswith("#"):
+            slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_every_link_to_a_heading_finds_it() -> None:
+    """``[text](page.md#anchor)`` and ``[text](#anchor)`` in the README and docs: the page
+    exists and has that heading (a renamed heading breaks links silently otherwise)."""
+    broken = []
+    for page in [*PAGES, API_MD]:
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+            dest = page.parent / target if target else page
+            if not dest.is_file() or anchor not in headings(dest):
+                broken.append(f"{page.name}: {target}#{anchor}")
+    assert broken == []
+
+
+def test_headings_get_githubs_anchors(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("# A `b` (c.py --d)\n## Same\n```\n# not a heading\n```\n## Same\n")
+    assert headings(page) == {"a-b-cpy---d", "same", "same-1"}
