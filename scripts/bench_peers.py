@@ -18,7 +18,7 @@ PyTorch (never tfsift's dependency): ``--torch PYTHON``, by default ``.venv-peer
 which ``bash scripts/bench/peers-venv.sh`` makes; without it they are left out.
 
 usage: .venv/bin/python scripts/bench_peers.py [--torch PYTHON] [--repeats N] [--quick]
-       [--no-docs] [--json F] [--render F]
+       [--no-docs] [--json F] [--render F] [--microbatches M --pipelines-only --no-docs]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class Settings:
     M: int = 8
     repeats: int = 3
     torch: str = str(TORCH_PYTHON)
+    pipelines_only: bool = False  # the one-process and pipeline rows, no data parallel
 
 
 QUICK = Settings(
@@ -102,10 +103,11 @@ def job(s: Settings, framework: str, ranks: int, mode: str) -> list[Result]:
 
 
 def cases(s: Settings) -> list[tuple[str, str, int, str]]:
+    chosen = [c for c in CASES if not (s.pipelines_only and c[0].startswith("data parallel"))]
     if Path(s.torch).exists():
-        return list(CASES)
+        return chosen
     say(f"no PyTorch environment at {s.torch}: the PyTorch rows are left out")
-    return [c for c in CASES if c[1] != "PyTorch"]
+    return [c for c in chosen if c[1] != "PyTorch"]
 
 
 def measure(s: Settings) -> Result:
@@ -196,18 +198,33 @@ BENCH = Benchmark(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Reads ``--torch PYTHON`` and ``--repeats N``; the rest is the shared command line's."""
+    """Reads this benchmark's own options; the rest is the shared command line's. A run of
+    other settings than the docs' table (``--microbatches``, ``--pipelines-only``) needs
+    ``--no-docs``, lest it overwrite that table."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument(
         "--torch", default=str(TORCH_PYTHON), help="PyTorch's Python (default: .venv-peers)"
     )
     own.add_argument("--repeats", type=int, help="rounds of the rotation (default 3)")
+    own.add_argument("--microbatches", type=int, help="M of the pipelines (default 8)")
+    own.add_argument(
+        "--pipelines-only", action="store_true", help="the one-process and pipeline rows only"
+    )
     known, rest = own.parse_known_args(argv)
-    if known.repeats is not None and known.repeats < 1:
-        own.error(f"--repeats must be at least 1. Received: --repeats {known.repeats}")
+    for flag, value in (("--repeats", known.repeats), ("--microbatches", known.microbatches)):
+        if value is not None and value < 1:
+            own.error(f"{flag} must be at least 1. Received: {flag} {value}")
+    other = known.microbatches is not None or known.pipelines_only
+    if other and "--no-docs" not in rest:
+        own.error("--microbatches and --pipelines-only need --no-docs (the docs keep M=8's run)")
     base = QUICK if "--quick" in rest else Settings()
-    repeats = known.repeats if known.repeats is not None else base.repeats
-    settings = dataclasses.replace(base, torch=known.torch, repeats=repeats)
+    settings = dataclasses.replace(
+        base,
+        torch=known.torch,
+        repeats=known.repeats if known.repeats is not None else base.repeats,
+        M=known.microbatches if known.microbatches is not None else base.M,
+        pipelines_only=known.pipelines_only,
+    )
     run(BENCH, argv, settings, own=own)
 
 

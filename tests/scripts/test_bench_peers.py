@@ -82,3 +82,33 @@ def test_repeats_below_one_is_refused_before_any_job(
         bench.main(["--repeats", "0", "--quick"])
     assert exit_.value.code == 2
     assert "--repeats must be at least 1. Received: --repeats 0" in capsys.readouterr().err
+
+
+def test_pipelines_only_leaves_out_the_data_parallel_rows(bench: ModuleType) -> None:
+    settings = bench.Settings(torch="/nonexistent/python", pipelines_only=True)
+    assert bench.cases(settings) == [
+        ("one process", "tfsift / Keras", 1, "reference"),
+        ("K=2 pipeline, GPipe", "tfsift", 2, "simple"),
+        ("K=2 pipeline, 1F1B", "tfsift", 2, "interleaved"),
+    ]
+
+
+@pytest.mark.parametrize("args", [["--microbatches", "16"], ["--pipelines-only"]])
+def test_other_settings_than_the_docs_table_need_no_docs(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.main([*args, "--quick"])
+    assert exit_.value.code == 2
+    expected = "--microbatches and --pipelines-only need --no-docs (the docs keep M=8's run)"
+    assert expected in capsys.readouterr().err
+
+
+def test_microbatches_below_one_is_refused(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--microbatches", "0", "--no-docs"])
+    assert (
+        "--microbatches must be at least 1. Received: --microbatches 0" in capsys.readouterr().err
+    )
