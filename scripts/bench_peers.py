@@ -117,7 +117,7 @@ def measure(s: Settings) -> Result:
         say(f"#{repeat} {key}")
         ranks = job(s, *chosen[key])
         out[key].append(statistics.median(ranks[0]["times"]))
-    return {"medians": out, "torch": s.torch if Path(s.torch).exists() else None}
+    return {"medians": out, "torch": s.torch if Path(s.torch).exists() else None, "M": s.M}
 
 
 def paired(medians: dict[str, list[float]], mine: str, other: str) -> list[float]:
@@ -161,14 +161,14 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         speedup = medians[own] / seconds if own in medians else float("nan")
         jobs = ", ".join(f"{1e3 * t:.0f}" for t in raw["medians"][key])
         rows.append([row, framework, f"{1e3 * seconds:.1f}", f"{speedup:.2f}x", jobs])
-    c = s.chain
+    c, M = s.chain, raw.get("M", s.M)  # as measured, whatever --microbatches says now
     rounds = len(next(iter(raw["medians"].values())))  # as measured, whatever --repeats says
     return "\n\n".join(
         [
             "## tfsift against its peers",
             report.provenance(meta, BENCH.command),
             f"{c.layers} x Conv2D({c.width}, 3x3, same, relu) on {c.side}x{c.side}x{c.width}, "
-            f"MSE, SGD, B={c.batch}, M={s.M} microbatches in the pipelines; one compute thread "
+            f"MSE, SGD, B={c.batch}, M={M} microbatches in the pipelines; one compute thread "
             f"per rank, ranks bound to cores; {rounds} jobs per configuration in rotating "
             f"order, each the median of {c.steps} steps after {c.warmup} warm-up steps (the "
             "slowest rank's time, steps started together).",

@@ -54,6 +54,12 @@ def test_render_counts_the_rounds_measured(bench: ModuleType) -> None:
     assert f"| {DP}: tfsift / tf.distribute MWMS | 0.980 | 2 of 3 |" in text
 
 
+def test_render_names_the_microbatches_measured(bench: ModuleType) -> None:
+    # a --render of an M=16 run names M=16 without --microbatches given again
+    text = bench.render({"medians": medians(), "M": 16}, META, bench.Settings())
+    assert "M=16 microbatches in the pipelines" in text
+
+
 META = {
     "date": "2026-11-29",
     "cores": 2,
