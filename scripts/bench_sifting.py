@@ -1062,15 +1062,16 @@ def epoch_settings(args: argparse.Namespace) -> Settings:
 def epoch_main(argv: list[str]) -> None:
     """``--epochs`` [``--tasks NAME ...``] [``--seeds N``]: a subset renders the same tables,
     so it needs ``--no-docs``, as ``--methods`` does, lest it overwrite the docs' full run."""
-    cli = epoch_options(parser(EPOCH_BENCH))
+    own = epoch_options(argparse.ArgumentParser(add_help=False))
+    cli = parser(EPOCH_BENCH, own)
     args = cli.parse_args(argv)
     if args.seeds is not None and args.seeds < 1:
         cli.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
     if (args.tasks or args.seeds) and not args.no_docs:
         cli.error("--epochs with --tasks or --seeds needs --no-docs (the docs keep the full run)")
-    rest = epoch_options(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)[1]
     # without a subset, as before: a --render of a --quick file renders the quick settings
-    run(EPOCH_BENCH, rest, settings=epoch_settings(args) if args.tasks or args.seeds else None)
+    subset = epoch_settings(args) if args.tasks or args.seeds else None
+    run(EPOCH_BENCH, argv, settings=subset, own=own)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1079,24 +1080,23 @@ def main(argv: list[str] | None = None) -> None:
         given.remove("--epochs")
         epoch_main(given)
         return
-    cli = pipeline_options(parser(BENCH))
-    cli.add_argument("--epochs", action="store_true", help="a fixed epoch budget (see above)")
-    args = cli.parse_args(argv)
+    own = pipeline_options(argparse.ArgumentParser(add_help=False))
+    own.add_argument("--epochs", action="store_true", help="a fixed epoch budget (see above)")
+    cli = parser(BENCH, own)
+    args = cli.parse_args(given)
     if args.seeds and not args.pipeline_only:
         cli.error("--seeds goes with --pipeline-only")
     if args.methods and not args.pipeline_only:
-        if "--no-docs" not in (argv if argv is not None else sys.argv[1:]):
+        if not args.no_docs:
             cli.error("--methods without --pipeline-only needs --no-docs")
-        rest = pipeline_options(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)[1]
-        run(BENCH, rest, settings=method_settings(args))
+        run(BENCH, given, settings=method_settings(args), own=own)
         return
     if args.seeds is not None and args.seeds < 1:
         cli.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
     if not args.pipeline_only:
-        run(BENCH, argv)
+        run(BENCH, given, own=own)
         return
-    rest = pipeline_options(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)[1]
-    run(BENCH, [*rest, "--no-docs"], settings=pipeline_settings(args))
+    run(BENCH, [*given, "--no-docs"], settings=pipeline_settings(args), own=own)
 
 
 BENCH = Benchmark("sifting", QUESTION, FULL, QUICK, measure, render, figures)
