@@ -313,14 +313,16 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 see ``tfsift.callbacks``), ``validation_data``, ``initial_epoch``,
                 ``steps_per_epoch``, ``validation_steps``, ``validation_batch_size``,
                 ``validation_freq``; and ``sift`` (a ``tfsift.SiftConfig``: train on the
-                batches ``tfsift.sift`` keeps, scored with the compiled loss per sample).
+                batches ``tfsift.sift`` keeps, scored with the compiled loss per sample;
+                with ``policy="infobatch"`` its ``epochs`` are ``fit``'s).
 
         Returns:
             A ``keras.callbacks.History``.
 
         Raises:
             ValueError: a dataset whose batches do not split into ``microbatches``;
-                ``validation_split`` with a dataset; ``class_weight`` with ``sift``.
+                ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
+                ``sift`` with ``policy="infobatch"`` for other ``epochs`` than ``fit``'s.
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).
             RuntimeError: the model was not compiled.
         """

@@ -28,13 +28,16 @@ recognised by their keys (``tfsift.sift.stale``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tfsift.sift.selection import FloatArray, Selection
 from tfsift.sift.stale import find_sorted
+
+if TYPE_CHECKING:
+    from tfsift.sift.config import SiftConfig
 
 
 def prunes(epoch: int, epochs: int, anneal: float) -> bool:
@@ -46,6 +49,20 @@ def prunes(epoch: int, epochs: int, anneal: float) -> bool:
         [False, True, True, True, True, True, True, False, False]
     """
     return epoch > 1 and epoch - 1 < round((1 - anneal) * epochs, 9)
+
+
+def pruning_epochs(config: SiftConfig) -> int:
+    """How many of ``config.epochs`` epochs prune (``policy="infobatch"``).
+
+    Example:
+        >>> from tfsift.sift.config import SiftConfig
+        >>> config = SiftConfig(policy="infobatch", scores="training", stale=8, epochs=8,
+        ...                     rescale="unbiased")
+        >>> pruning_epochs(config), pruning_epochs(config.replace(epochs=1))
+        (6, 0)
+    """
+    assert config.epochs is not None  # SiftConfig checks it for infobatch
+    return sum(prunes(e, config.epochs, config.anneal) for e in range(1, config.epochs + 1))
 
 
 def infobatch_keep(scores: npt.ArrayLike, prune: float, rng: np.random.Generator) -> Selection:

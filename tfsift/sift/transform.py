@@ -47,7 +47,7 @@ from tfsift.sift.config import SiftConfig
 from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
-from tfsift.sift.infobatch import InfoBatchPolicy
+from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.reader import SourceReader
@@ -122,6 +122,15 @@ def sift(
                 "policy='infobatch' prunes at each epoch's start, so it needs a finite dataset "
                 "that the loop iterates once per epoch (no .repeat()). Received: a dataset of "
                 "infinite cardinality"
+            )
+        if config.policy == "infobatch" and not pruning_epochs(config):
+            # legal (a one-epoch smoke test of a real configuration), but not what anyone wants
+            log.warning(
+                "policy='infobatch' prunes in no epoch of this run: it never prunes the first "
+                "epoch (which gives the samples their scores) nor the last anneal fraction, so "
+                "every sample is trained as without sifting. Received: epochs=%s, anneal=%s",
+                config.epochs,
+                config.anneal,
             )
         if isinstance(dataset, RowDataset) and config.policy == "infobatch":
             return IndexedSiftedDataset(IndexedSifter(dataset, config))  # pruned rows unread

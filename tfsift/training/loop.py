@@ -57,6 +57,12 @@ def fit(
     sift: SiftConfig | None = None,
 ) -> keras.callbacks.History:
     """Keras' ``fit``, pipelined and data-parallel; see ``DistributedModel.fit``."""
+    if isinstance(sift, SiftConfig) and sift.policy == "infobatch" and sift.epochs != epochs:
+        raise ValueError(
+            "policy='infobatch' stops pruning for the last anneal fraction of its epochs, so "
+            f"they must be the epochs fit trains. Received: fit(epochs={epochs}) with "
+            f"SiftConfig(epochs={sift.epochs}); pass sift=config.replace(epochs={epochs})"
+        )
     compiled, M = compiled_of(model), runtime.get().config.microbatches
     ranks = data.input_ranks(model)
     if validation_split:

@@ -4,6 +4,7 @@ restored mid-epoch, and the other policies' fallback to the streaming transform.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,26 @@ def test_a_state_restored_mid_epoch_continues_as_the_uninterrupted_run() -> None
     again.sifter.load_state(state)
     assert head + epoch(again) == want[1]
     assert epoch(again) == want[2]
+
+
+@pytest.mark.parametrize(
+    ("changes", "warned"),
+    [({"epochs": 1}, True), ({"anneal": 0.75}, True), ({"epochs": 2, "anneal": 0.5}, True),
+     ({"epochs": 2}, False), ({}, False)],
+)  # fmt: skip
+def test_a_run_that_prunes_in_no_epoch_is_told_so_when_the_transform_is_applied(
+    changes: dict[str, Any], warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    tfsift.init({})
+    cfg = config(**changes)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        sifted(cfg)
+    told = (
+        "policy='infobatch' prunes in no epoch of this run: it never prunes the first epoch "
+        "(which gives the samples their scores) nor the last anneal fraction, so every sample "
+        f"is trained as without sifting. Received: epochs={cfg.epochs}, anneal={cfg.anneal}"
+    )
+    assert caplog.messages == ([told] if warned else [])
 
 
 def test_a_state_of_another_kind_of_sifted_dataset_is_refused() -> None:

@@ -199,6 +199,21 @@ def test_fit_with_infobatch_on_arrays_plans_by_row_and_never_reads_a_pruned_row(
     assert len(read) == metrics["samples_kept"]  # the rows read are the rows trained
 
 
+def test_fit_with_infobatch_for_other_epochs_than_it_trains_fails_before_training() -> None:
+    model = compiled_model()
+    config = tfsift.SiftConfig(
+        policy="infobatch", scores="training", stale=3, epochs=3, rescale="unbiased"
+    )
+    with pytest.raises(ValueError) as err:
+        model.fit(dataset(), epochs=5, verbose=0, sift=config)
+    assert str(err.value) == (
+        "policy='infobatch' stops pruning for the last anneal fraction of its epochs, so they "
+        "must be the epochs fit trains. Received: fit(epochs=5) with SiftConfig(epochs=3); "
+        "pass sift=config.replace(epochs=5)"
+    )
+    assert model.partitioned is None  # nothing ran
+
+
 def test_a_batch_not_divisible_by_microbatches_fails_before_training() -> None:
     model = compiled_model(microbatches=3)
     with pytest.raises(ValueError) as err:
