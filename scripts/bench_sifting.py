@@ -770,6 +770,7 @@ def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
             base_s = first[0] if name == AGAIN else mean
             row["saved"] = 1 - end[0] / base_s
             row["end_samples"] = end[2]
+            row["total_steps"] = end[1]
             row["delta"] = gap(end[3], first[3], regression)
             row["delta_last"] = gap(lasts[name], lasts["none"], regression)
             # 0: never reached (steps inf)
@@ -778,12 +779,53 @@ def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
     return rows
 
 
+def prunes(epoch: int, epochs: int, anneal: float) -> bool:
+    """tfsift.sift.infobatch.prunes, restated: this script imports no TensorFlow (a test
+    holds the two equal)."""
+    return epoch > 1 and epoch - 1 < round((1 - anneal) * epochs, 9)
+
+
+def infobatch_epochs(through: float, k: float, epochs: int, anneal: float) -> float:
+    """InfoBatch's optimizer steps, in epochs of the full data, to train ``through`` epochs,
+    an epoch that prunes training the share ``k`` of the samples and any other all."""
+    total, epoch = 0.0, 1
+    while epoch - 1 < through:
+        part = min(1.0, through - (epoch - 1))
+        total += part * (k if prunes(epoch, epochs, anneal) else 1.0)
+        epoch += 1
+    return total
+
+
+def pruning_model(rows: dict[str, Result], epochs: int, anneal: float) -> Result | None:
+    """One seed's ``RECOMMENDED`` run against what its pruning alone predicts (docs/
+    sifting.md, "Why epochs rather than a target"): *target_epoch* E, the epochs no sifting
+    trained to reach the target; *k*, the share of the samples an epoch that prunes trained
+    (from the run's steps over the budget); *expected*, E over InfoBatch's steps to epoch E:
+    its speed-up in optimizer steps if a sifted epoch teaches what an unsifted one does.
+    None where no sifting never reached the target or no epoch prunes."""
+    none, run = rows.get("none", {}), rows.get(RECOMMENDED, {})
+    pruning = sum(prunes(e, epochs, anneal) for e in range(1, epochs + 1))
+    if not none.get("steps") or "total_steps" not in run or not pruning:
+        return None
+    per_epoch = none["total_steps"] / epochs
+    target_epoch = none["steps"] / per_epoch
+    k = (run["total_steps"] / per_epoch - (epochs - pruning)) / pruning
+    expected = target_epoch / infobatch_epochs(target_epoch, k, epochs, anneal)
+    return {"target_epoch": target_epoch, "k": k, "expected": expected}
+
+
 def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
     """Per ``task`` (``task@K2`` on the pipeline), per method: medians over seeds."""
     out: dict[str, list[Result]] = {}
     for key, entries in by_task(raw).items():
         regression = entries[0]["job"]["task"]["loss"] == "mse"
         per_seed = [epoch_seed_rows(e["ranks"], regression) for e in entries]
+        models = [
+            pruning_model(rows, e["job"]["task"]["epochs"], method["anneal"])
+            for rows, e in zip(per_seed, entries, strict=True)
+            for method in e["job"]["methods"]
+            if method["name"] == RECOMMENDED
+        ]
         out[key] = []
         for method in entries[0]["job"]["methods"]:
             seeds = [s[method["name"]] for s in per_seed if "saved" in s.get(method["name"], {})]
@@ -810,6 +852,9 @@ def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
                 "kept": median([x["kept_fraction"] for x in sift]) if sift else 1.0,
                 "scoring_s": median([x.get("time_scoring", 0.0) for x in sift]) if sift else 0.0,
             })  # fmt: skip
+            if method["name"] == RECOMMENDED and models and all(models):
+                keys = ("target_epoch", "k", "expected")
+                out[key][-1]["model"] = {k: [m[k] for m in models if m] for k in keys}
     return out
 
 
@@ -908,6 +953,43 @@ def epoch_floor_table(summary: dict[str, list[Result]]) -> str:
     return report.table(header, rows)
 
 
+MODEL_QUESTION = (
+    f"Does `{RECOMMENDED}`'s speed-up in optimizer steps follow from when no sifting reaches "
+    "the target? If a pruning epoch teaches what a full one does, a target no sifting "
+    "reaches E epochs in comes after InfoBatch's steps to epoch E: the first epoch whole, "
+    "each pruning epoch the share k it keeps."
+)
+
+
+def per_seed(values: list[float], spec: str = ".2f") -> str:
+    """The median, then each seed's value."""
+    return f"{median(values):{spec}} ({', '.join(f'{v:{spec}}' for v in values)})"
+
+
+def model_table(summary: dict[str, list[Result]]) -> str:
+    header = [
+        "layout: task",
+        "no sifting reaches the target in E epochs (per seed)",
+        "k, the share a pruning epoch trains",
+        "expected in optimizer steps: E / InfoBatch's steps to E (per seed)",
+        "measured in optimizer steps (per seed)",
+    ]
+    rows = []
+    for name, pipeline in (("one process", False), ("2-stage pipeline", True)):
+        for task, task_rows in on_layout(summary, pipeline):
+            row = next((r for r in task_rows if "model" in r), None)
+            if row is None:
+                continue
+            model = row["model"]
+            rows.append([
+                f"{name}: {task}", per_seed(model["target_epoch"], ".1f"),
+                f"{median(model['k']):.2f}", per_seed(model["expected"]),
+                f"{speedup_value(row['steps_speedup'])} "
+                f"({', '.join(speedup_value(x) for x in row['steps_speedups'])})",
+            ])  # fmt: skip
+    return report.table(header, rows)
+
+
 def epoch_rows(task: str, rows: list[Result]) -> list[list[str]]:
     out = []
     for row in rows:
@@ -980,6 +1062,8 @@ def epoch_render(raw: Result, meta: Result, settings: Settings) -> str:
         epoch_verdict_table(summary),
         f"Is `{RECOMMENDED}`'s end told apart from the data order's own spread?",
         epoch_floor_table(summary),
+        MODEL_QUESTION,
+        model_table(summary),
         epoch_how_text(settings),
         settings_table(settings),
         methods_table(settings),

@@ -327,6 +327,56 @@ def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_t
     assert (last["lossy"], last["lossy_last"], last["met"]) == ([], ["a", "e"], True)
 
 
+def test_infobatch_trains_the_first_epoch_whole_and_a_share_k_of_each_pruning_one(
+    bench: ModuleType,
+) -> None:
+    from tfsift.sift.infobatch import prunes
+
+    for epochs in range(1, 21):
+        for anneal in (0.0, 0.125, 0.25, 0.5, 1.0):
+            assert [bench.prunes(e, epochs, anneal) for e in range(1, epochs + 2)] == [
+                prunes(e, epochs, anneal) for e in range(1, epochs + 2)
+            ]
+    # 10 epochs annealed over the last eighth: epochs 2 to 9 prune
+    assert bench.infobatch_epochs(1.0, 0.5, 10, 0.125) == 1.0
+    assert bench.infobatch_epochs(1.5, 0.5, 10, 0.125) == pytest.approx(1.25)
+    assert bench.infobatch_epochs(3.0, 0.5, 10, 0.125) == pytest.approx(2.0)
+    assert bench.infobatch_epochs(10.0, 0.5, 10, 0.125) == pytest.approx(1 + 8 * 0.5 + 1)
+    assert bench.infobatch_epochs(0.4, 0.5, 10, 0.125) == pytest.approx(0.4)
+
+
+def test_the_pruning_model_predicts_the_steps_from_when_no_sifting_reaches_the_target(
+    bench: ModuleType,
+) -> None:
+    # 100 steps an epoch; no sifting reaches the target after 300 (E = 3); InfoBatch took
+    # 2 whole epochs and 8 pruning ones of 50 steps (k = 0.5): 3 epochs in 200 steps
+    rows = {"none": {"steps": 300, "total_steps": 1000}, "infobatch": {"total_steps": 600}}
+    assert bench.pruning_model(rows, 10, 0.125) == {
+        "target_epoch": 3.0, "k": 0.5, "expected": pytest.approx(1.5)
+    }  # fmt: skip
+    assert bench.pruning_model(rows | {"none": {"steps": 0, "total_steps": 1000}}, 10, 0.125) is (
+        None
+    )  # no sifting never reached it
+    assert bench.pruning_model(rows, 1, 0.125) is None  # no epoch prunes
+    # through epoch_summary, from the runs' curves: 10 steps a second, 2 epochs of 50 steps
+    curves = {
+        "none": curve((3, 0.5), (6, 0.9), (10, 0.9)),  # 60 steps to the target: E = 1.2
+        "infobatch": curve((3, 0.5), (5, 0.9), (8, 0.9)),  # 80 steps: k = 30 / 50
+    }
+    entry = job(list(curves), curves)
+    entry["job"]["task"]["epochs"] = 2
+    for method in entry["job"]["methods"]:
+        method["anneal"] = 0.0
+    row = bench.epoch_summary([entry])["toy"][1]
+    assert row["model"] == {
+        "target_epoch": [pytest.approx(1.2)], "k": [pytest.approx(0.6)],
+        "expected": [pytest.approx(1.2 / (1 + 0.6 * 0.2))],
+    }  # fmt: skip
+    assert row["steps_speedup"] == pytest.approx(60 / 50)
+    table = bench.model_table({"toy": [{"method": "none"}, row]})
+    assert "| one process: toy | 1.2 (1.2) | 0.60 | 1.07 (1.07) | 1.20 (1.20) |" in table
+
+
 def test_the_recommended_end_is_placed_against_the_data_orders_own_spread(
     bench: ModuleType,
 ) -> None:
