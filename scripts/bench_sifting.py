@@ -854,7 +854,7 @@ def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
             })  # fmt: skip
             if method["name"] == RECOMMENDED and models and all(models):
                 keys = ("target_epoch", "k", "expected")
-                out[key][-1]["model"] = {k: [m[k] for m in models if m] for k in keys}
+                out[key][-1]["model"] = {k: [m[k] for m in models] for k in keys}
     return out
 
 
