@@ -30,7 +30,7 @@ from tfsift.parallel.arrays import RowDataset
 from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.elements import sifted_spec, weighted
-from tfsift.sift.infobatch import InfoBatchPolicy
+from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import ReplicaGroup
@@ -134,6 +134,7 @@ class IndexedSifter:
             self._group = ReplicaGroup(runtime.get())
         self.recorder.merge(self._group)
         epoch = self.metrics.epochs
+        warn_past_the_run(epoch, self.policy.epochs)
         keys, scores = self.recorder.cache.table(epoch)
         delayed = self.batches_read < self.config.delay
         self.policy.begin_epoch(1 if delayed else epoch, keys, scores)  # epoch 1 never prunes

@@ -27,6 +27,7 @@ recognised by their keys (``tfsift.sift.stale``).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,19 @@ def prunes(epoch: int, epochs: int, anneal: float) -> bool:
         [False, True, True, True, True, True, True, False, False]
     """
     return epoch > 1 and epoch - 1 < round((1 - anneal) * epochs, 9)
+
+
+def warn_past_the_run(epoch: int, epochs: int) -> None:
+    """Logs, once, that a dataset sifted for ``epochs`` epochs is iterated for one more: its
+    anneal came before the run's end, a silent change of schedule otherwise."""
+    if epoch == epochs + 1:
+        logging.getLogger("tfsift").warning(
+            "policy='infobatch' was given epochs=%d and is iterated for epoch %d: it prunes in "
+            "no epoch past them and stopped pruning before the run's end; give SiftConfig the "
+            "epochs you train",
+            epochs,
+            epoch,
+        )
 
 
 def pruning_epochs(config: SiftConfig) -> int:

@@ -47,7 +47,7 @@ from tfsift.sift.config import SiftConfig
 from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
-from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs
+from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs, warn_past_the_run
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.reader import SourceReader
@@ -338,6 +338,7 @@ class Sifter:
         self.recorder.merge(group)
         if isinstance(self.policy, InfoBatchPolicy):
             epoch = self.metrics.epochs
+            warn_past_the_run(epoch, self.policy.epochs)
             self.policy.begin_epoch(epoch, *self.recorder.cache.table(epoch))
             self.metrics.policy = self.policy.metrics()
 

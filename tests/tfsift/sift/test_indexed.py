@@ -156,6 +156,22 @@ def test_a_run_that_prunes_in_no_epoch_is_told_so_when_the_transform_is_applied(
     assert caplog.messages == ([told] if warned else [])
 
 
+def test_an_epoch_past_the_configured_ones_is_told_once(caplog: pytest.LogCaptureFixture) -> None:
+    tfsift.init({})
+    dataset = sifted(config(epochs=2, stale=2))
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        for _ in range(2):
+            epoch(dataset)
+        assert caplog.messages == []
+        for _ in range(2):
+            epoch(dataset)
+    assert caplog.messages == [
+        "policy='infobatch' was given epochs=2 and is iterated for epoch 3: it prunes in no "
+        "epoch past them and stopped pruning before the run's end; give SiftConfig the epochs "
+        "you train"
+    ]  # once, not at epoch 4 again
+
+
 def test_a_state_of_another_kind_of_sifted_dataset_is_refused() -> None:
     tfsift.init({})
     streaming = tf.data.Dataset.from_tensor_slices(data()).batch(B, drop_remainder=True)

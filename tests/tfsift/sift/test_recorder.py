@@ -5,6 +5,7 @@ plans, errors, and a checkpoint restored mid-epoch."""
 from __future__ import annotations
 
 import doctest
+import logging
 from typing import Any
 
 import numpy as np
@@ -129,7 +130,9 @@ def test_recorded_losses_expire_after_stale_epochs_and_survive_shuffling() -> No
     assert len(fresh) == 2 * B and set(want) >= set(range(N)) - fresh  # unscored: kept
 
 
-def test_infobatch_prunes_from_the_second_epoch_and_anneals_with_weights() -> None:
+def test_infobatch_prunes_from_the_second_epoch_and_anneals_with_weights(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     config = tfsift.SiftConfig(
         policy="infobatch", scores="training", stale=4, epochs=4, prune=0.5, anneal=0.25,
         rescale="unbiased", seed=3,
@@ -144,6 +147,12 @@ def test_infobatch_prunes_from_the_second_epoch_and_anneals_with_weights() -> No
         epochs.append(got)
     assert epochs[0] == [(i, 1.0) for i in range(N)]  # epoch 1 never prunes
     assert epochs[3] == [(i, 1.0) for i in range(N)]  # nor the annealed last quarter
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        for x, _, _ in dataset:  # a fifth epoch, past the four it was given
+            dataset.record(np.array([loss_of(i) for i in ids(x)]))
+    assert [m.split(":")[0] for m in caplog.messages] == [
+        "policy='infobatch' was given epochs=4 and is iterated for epoch 5"
+    ]
     keys = ScoreCache(1).fingerprints(list(data()))  # the keys the sifter gives samples
     by_key = np.argsort(keys)  # the table's order
     for epoch in (2, 3):
