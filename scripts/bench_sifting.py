@@ -442,6 +442,12 @@ def speedup_text(row: Result) -> str:
     return f"**{speedup_value(row['speedup'])}** ({each})"
 
 
+def steps_speedup_text(row: Result) -> str:
+    """The speed-up in optimizer steps to the target, median then per seed."""
+    each = ", ".join(speedup_value(x) for x in row["steps_speedups"])
+    return f"{speedup_value(row['steps_speedup'])} ({each})"
+
+
 def speedup_value(value: float) -> str:
     """A speed-up; 0 stands for a run that never reached the target."""
     return "never" if value == 0 else f"{value:.2f}"
@@ -983,9 +989,7 @@ def model_table(summary: dict[str, list[Result]]) -> str:
             model = row["model"]
             rows.append([
                 f"{name}: {task}", per_seed(model["target_epoch"], ".1f"),
-                f"{median(model['k']):.2f}", per_seed(model["expected"]),
-                f"{speedup_value(row['steps_speedup'])} "
-                f"({', '.join(speedup_value(x) for x in row['steps_speedups'])})",
+                f"{median(model['k']):.2f}", per_seed(model["expected"]), steps_speedup_text(row),
             ])  # fmt: skip
     return report.table(header, rows)
 
@@ -1001,13 +1005,12 @@ def epoch_rows(task: str, rows: list[Result]) -> list[list[str]]:
         delta = "; ".join(delta_text(row[k], reg) for k in ("delta", "delta_last"))
         each = ", ".join(f"{100 * x:.0f}%" for x in row["saved_each"])
         none = row["method"] == "none"
-        steps = ", ".join(speedup_value(x) for x in row["steps_speedups"])
         costs = ", ".join(f"{x:.2f}" for x in row["step_costs"])
         out.append([
             name, f"{row['kept']:.2f}", f"{row['train_s']:.1f}",
             "" if none else f"**{100 * row['saved']:.0f}%** ({each})",
             "1" if none else speedup_text(row),
-            "1" if none else f"{speedup_value(row['steps_speedup'])} ({steps})",
+            "1" if none else steps_speedup_text(row),
             "1" if none else f"{row['step_cost']:.2f} ({costs})",
             metric_text(row["final"], reg), "" if none else delta,
             samples_text(row["end_samples"]), f"{row['scoring_s']:.1f}",
