@@ -90,6 +90,11 @@ class CostModel:
             action of a stage, whatever its layers (a compiled call, the gradient tape,
             Python): the simulator charges it; the solvers' cuts do not depend on it, since
             every stage pays it alike.
+        shared: groups of layer indices (ascending, two or more) that call the same
+            weights, such as a token embedding reused as the output head. `param_bytes`
+            counts them at the first call only; a stage that holds a later call but not
+            the first holds a copy (`copy_bytes`), and the copies' holders exchange their
+            gradients once a step (`exchange_time`).
 
     Raises:
         ValueError: on an empty chain, a negative, NaN or infinite cost, a duplicate
@@ -102,9 +107,11 @@ class CostModel:
     bandwidth: float = 1e9
     latency: float = 0.0
     action_overhead: float = 0.0
+    shared: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "shared", tuple(tuple(g) for g in self.shared))
         if not self.layers:
             raise ValueError("a cost model needs at least one layer. Received: layers=()")
         _check_int(self.batch_size, "batch_size", 1)
@@ -124,6 +131,37 @@ class CostModel:
                     f"layers[{index}] ({layer.name!r}) duplicates layers[{seen[layer.name]}]"
                 )
             seen[layer.name] = index
+        for group in self.shared:
+            if (
+                len(group) < 2
+                or list(group) != sorted(set(group))
+                or not all(isinstance(i, int) and 0 <= i < len(self.layers) for i in group)
+            ):
+                raise ValueError(
+                    "shared must hold groups of two or more ascending layer indices in "
+                    f"[0, {len(self.layers)}). Received: shared={self.shared!r}"
+                )
+
+    def copy_bytes(self, lo: int, hi: int) -> int:
+        """State bytes of the copies that a stage of layers [lo, hi) holds: shared weights
+        it calls whose first call lies before it (counted there by `param_bytes`)."""
+        state = self.prefix.state_bytes
+        return sum(
+            int(state[g[0] + 1] - state[g[0]])
+            for g in self.shared
+            if g[0] < lo and any(lo <= i < hi for i in g)
+        )
+
+    def exchange_time(self, bounds: Sequence[int]) -> float:
+        """Seconds a step spends exchanging the gradients of weights held on several
+        stages of `bounds` (each holder sends its gradient to the others, in parallel)."""
+        total = 0.0
+        for g in self.shared:
+            holders = {int(np.searchsorted(bounds, i, side="right")) - 1 for i in g}
+            if len(holders) > 1:
+                size = self.layers[g[0]].param_bytes
+                total += self.latency + (len(holders) - 1) * size / self.bandwidth
+        return total
 
     @property
     def num_layers(self) -> int:
@@ -171,6 +209,8 @@ class CostModel:
             "latency": self.latency,
             "action_overhead": self.action_overhead,
             "layers": [asdict(layer) for layer in self.layers],
+            # only when present: the fingerprints of models without shared weights stay
+            **({"shared": [list(g) for g in self.shared]} if self.shared else {}),
         }
 
     @classmethod
@@ -178,7 +218,7 @@ class CostModel:
         """Builds a cost model from `to_dict` output, rejecting unknown or missing keys."""
         _check_keys(
             data,
-            {*_OPTIONS, "format", "layers"},
+            {*_OPTIONS, "format", "layers", "shared"},
             {"layers"},
             "cost model",
         )
@@ -190,7 +230,8 @@ class CostModel:
             _check_keys(entry, names, names, f"layers[{index}]")
             layers.append(LayerCost(**entry))
         options = {k: data[k] for k in _OPTIONS if k in data}
-        return cls(tuple(layers), **options)
+        shared = tuple(tuple(g) for g in _as_list(data.get("shared", []), "shared"))
+        return cls(tuple(layers), shared=shared, **options)
 
     def to_json(self) -> str:
         """Indented JSON text."""

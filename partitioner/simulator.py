@@ -72,12 +72,13 @@ def stage_times(costs: CostModel, partition: Partition) -> tuple[tuple[float, ..
 def stage_memory(costs: CostModel, partition: Partition, s: int) -> tuple[int, int, int]:
     """(state, activation, input) bytes of stage s, per microbatch where it applies.
 
-    State is the weights times the optimizer multiplier; activation is what the forward
-    keeps for the backward; input is what crosses the stage's input cut (0 on stage 0).
+    State is the weights times the optimizer multiplier (copies of shared weights
+    included); activation is what the forward keeps for the backward; input is what
+    crosses the stage's input cut (0 on stage 0).
     """
     p = costs.prefix
     lo, hi = partition.validated(costs.num_layers).bounds[s : s + 2]
-    state = int(p.state_bytes[hi] - p.state_bytes[lo])
+    state = int(p.state_bytes[hi] - p.state_bytes[lo]) + costs.copy_bytes(lo, hi)
     return state, int(p.activation_bytes[hi] - p.activation_bytes[lo]), int(p.input_bytes[lo])
 
 
@@ -145,7 +146,10 @@ def simulate(
     M = 1 + max(a.microbatch for row in schedule.values() for a in row)
     validate(schedule, M)
     events = _run(costs, partition, schedule, recompute)
-    step = max((e.end for e in events), default=0.0)
+    # the holders of shared weights exchange their gradients once every backward is done
+    training = any(a.kind is Kind.BACKWARD for row in schedule.values() for a in row)
+    exchange = costs.exchange_time(partition.bounds) if training else 0.0
+    step = max((e.end for e in events), default=0.0) + exchange
     busy = busy_seconds(events, K)
     return SimResult(
         step_time=step,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -89,12 +90,14 @@ def peak_memory_estimate(
 
     State (weights times the optimizer multiplier) plus, for n_s = `in_flight` micro-
     batches: n_s stage activations, or with recompute n_s stage inputs and one set of
-    activations. Equals `simulate(...).peak_memory` for `build(pipeline, K, M)`.
+    activations. Equals `simulate(...).peak_memory` for `build(pipeline, K, M)`. A stage
+    that holds a copy of shared weights (`CostModel.shared`) counts its state too.
     """
     p = costs.prefix
     b = np.asarray(partition.validated(costs.num_layers).bounds)
     n = np.asarray(in_flight(pipeline, partition.num_stages, M), dtype=np.int64)
     state = p.state_bytes[b[1:]] - p.state_bytes[b[:-1]]
+    state = state + np.array([costs.copy_bytes(lo, hi) for lo, hi in itertools.pairwise(b)])
     acts = p.activation_bytes[b[1:]] - p.activation_bytes[b[:-1]]
     held = n * p.input_bytes[b[:-1]] + acts if recompute else n * acts
     return tuple(int(x) for x in state + held)
@@ -265,6 +268,20 @@ class _Chain:
     def L(self) -> int:
         return self.costs.num_layers
 
+    @cached_property
+    def state(self) -> Array:
+        """Prefix sums of the state a stage holds, a copy of shared weights counted at every
+        later call (`CostModel.shared`): the copies a stage holds, exactly when the calls
+        fall on different stages, as a tied embedding's do; more than it holds when two
+        calls share a stage, so a partition found under a cap always fits it."""
+        costs = self.costs
+        copies = np.zeros(costs.num_layers, dtype=np.int64)
+        for group in costs.shared:
+            first = costs.prefix.state_bytes[group[0] + 1] - costs.prefix.state_bytes[group[0]]
+            copies[list(group[1:])] += first
+        state: Array = costs.prefix.state_bytes + np.concatenate([[0], np.cumsum(copies)])
+        return state
+
     def memory(self, cap: int | None, *, recompute: bool) -> list[list[Limit]]:
         """Per-stage memory limits at `cap` bytes (no limits if cap is None)."""
         if cap is None:
@@ -274,10 +291,10 @@ class _Chain:
         for s, n in enumerate(self.n):
             if recompute:
                 start = n * p.input_bytes if s > 0 else None
-                prefix = p.state_bytes + p.activation_bytes
+                prefix = self.state + p.activation_bytes
                 limits.append([Limit.make(prefix, cap, start)])
             else:
-                prefix = p.state_bytes + n * p.activation_bytes
+                prefix = self.state + n * p.activation_bytes
                 limits.append([Limit.make(prefix, cap)])
         return limits
 

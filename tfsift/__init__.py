@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from tfsift.planning.placement import partition
     from tfsift.sift.config import SiftConfig
     from tfsift.sift.transform import sift, sift_metrics
+    from tfsift.training.reductions import clip_by_global_norm
     from tfsift.training.update import compiled_update
 
 _EXPORTS = {
@@ -49,6 +50,7 @@ _EXPORTS = {
     "StepOutput": "tfsift.pipeline.outputs",
     "allreduce": "tfsift.parallel.collectives",
     "broadcast_variables": "tfsift.parallel.collectives",
+    "clip_by_global_norm": "tfsift.training.reductions",
     "compiled_update": "tfsift.training.update",
     "dp_process_set": "tfsift.parallel.ranks",
     "dp_rank": "tfsift.parallel.ranks",
@@ -81,6 +83,7 @@ __all__ = [
     "allreduce",
     "broadcast_variables",
     "callbacks",
+    "clip_by_global_norm",
     "compiled_update",
     "dp_process_set",
     "dp_rank",

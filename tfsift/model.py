@@ -8,17 +8,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import tree
 
 from tfsift.config import Config
-from tfsift.parallel import runtime
+from tfsift.parallel import runtime, watchdog
 from tfsift.parallel.collectives import broadcast_variables
+from tfsift.parallel.comm import allgather_object
 from tfsift.pipeline import context
 from tfsift.pipeline.stage import Stage, microbatch_seconds
+from tfsift.pipeline.tied import TiedWeights, tie_stages
 from tfsift.planning import keras_internals, placement
 from tfsift.planning.bounds import plan_bounds
-from tfsift.planning.graph import Graph, check_unshared, trace
+from tfsift.planning.graph import Graph, ties, trace
 
 log = logging.getLogger("tfsift")
 Spec = tuple[tuple[int, ...], Any]
@@ -35,6 +38,7 @@ class Partitioned:
     out_specs: list[Spec]
     output_structure: Any
     config: Config  # what it was partitioned under
+    tied: TiedWeights = dataclasses.field(default_factory=TiedWeights)  # weights on 2+ stages
 
 
 @dataclasses.dataclass
@@ -47,6 +51,8 @@ class _ModelState:
     # and what a scoring call costs beyond its layers' forwards, measured on rank 0 when
     # it plans (given the traced model and a source batch's rows; ``partitioner.scoring``)
     scoring_call: Callable[[Graph, int], float] | None = None
+    # run once, on every rank, right after the model is partitioned (when_partitioned)
+    on_partitioned: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
 
 class DistributedModel(keras.Model):  # type: ignore[misc]
@@ -83,11 +89,29 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         ctx = context.current()
         if ctx is None:
             raise RuntimeError(
-                f"DistributedModel {self.name!r} can only be called inside a @tfsift.step function"
+                f"DistributedModel {self.name!r} can only be called inside a @tfsift.step "
+                "function (its layers run on the ranks of the pipeline); to compute its "
+                "outputs for data, call model.predict(x) on every rank"
             )
         if not (tf.executing_eagerly() or ctx.compiled):
             raise RuntimeError(context.GRAPH_MODE_ERROR)
         return ctx.model_call(self, args, kwargs)
+
+    def when_partitioned(self, callback: Callable[[], None]) -> None:
+        """Calls ``callback()`` once the model is partitioned (at once if it is already), on
+        every rank, after this rank's stage is built and before any step runs on it.
+
+        What depends on this rank's share of the model goes here: ``compiled_update`` builds
+        the optimizer for the stage's variables, so that a step traced afterwards reads a
+        ``LossScaleOptimizer``'s scale variable rather than its initial value.
+
+        Example:
+            >>> model.when_partitioned(lambda: optimizer.build(model.trainable_variables))
+        """
+        if self.partitioned is not None:
+            callback()
+        else:
+            self._tfsift.on_partitioned.append(callback)
 
     @property
     def partitioned(self) -> Partitioned | None:
@@ -154,10 +178,11 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             scoring_call=self._tfsift.scoring_call,
             stage_call=microbatch_seconds,
         )
-        check_unshared(graph, bounds)
+        shared = ties(graph, bounds)
         s = rt.stage
         sub = graph.stage(bounds[s], bounds[s + 1])
         stage = Stage(sub, s, recompute=recompute)
+        tied = tie_stages(shared, stage.variables, rt.pipe_comm, s, rt.config.timeout)
         _release_other_stages(graph, sub)
         # Replicas must start equal; the optimizer's slots are created equal (zeros) later.
         broadcast_variables(sub.variables())
@@ -169,9 +194,13 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _specs(graph, sub.outputs),
             graph.structure,
             rt.config,
+            tied,
         )
         self._tfsift.partitioned = part
         log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)
+        callbacks, self._tfsift.on_partitioned = self._tfsift.on_partitioned, []
+        for callback in callbacks:
+            callback()
         return part
 
     # ---- Keras' save paths on a partitioned model (issues 14, 33) -----------------------------
@@ -209,6 +238,71 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         from tfsift import training
 
         training.load_weights(self, filepath)
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Keras' ``get_weights``: the whole model's weights as NumPy arrays, in Keras' order
+        (``model.weights`` before partitioning), on every rank.
+
+        Partitioned: collective over the pipeline (every rank of it calls it, or the job
+        ends after ``timeout``): each stage contributes its variables (a weight tied
+        across stages once, from its owner). It holds every stage's weights at once; for a
+        model too big for that, save with ``tfsift.save_model`` or a checkpoint instead.
+        """
+        part = self.partitioned
+        if part is None:
+            return list(super().get_weights())
+        every = list(keras.Model.weights.fget(self))  # every stage's, freed or not
+        held = {id(v) for v in part.stage.graph.variables()}
+        mine = {i: np.asarray(v.numpy()) for i, v in enumerate(every) if id(v) in held}
+        rt = runtime.get()
+
+        def late() -> str:
+            return "the other stages of its pipeline to call get_weights (a collective)"
+
+        with watchdog.guard(rt.config.timeout, late):
+            found: dict[int, np.ndarray] = {}
+            for values in allgather_object(rt.pipe_comm, mine):
+                found.update(values)
+        return [found[i] if i in found else np.asarray(v.numpy()) for i, v in enumerate(every)]
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """Keras' ``set_weights``: ``weights`` for the whole model, in Keras' order (as
+        ``get_weights`` returns them). Partitioned, each rank assigns its stage's share, so
+        every rank must pass the same list; nothing is sent between ranks.
+
+        Raises:
+            ValueError: not one array per weight of the whole model, or a shape differs
+                (checked for all before any is assigned).
+        """
+        if self.partitioned is None:
+            super().set_weights(weights)
+            return
+        every = list(keras.Model.weights.fget(self))
+        if len(weights) != len(every):
+            raise ValueError(
+                f"set_weights expects one array per weight of the whole model {self.name!r}, "
+                f"every stage's, in Keras' order ({len(every)}). Received: {len(weights)} arrays"
+            )
+        for var, value in zip(every, weights, strict=True):
+            if tuple(var.shape) != tuple(np.shape(value)):
+                raise ValueError(
+                    f"set_weights was given another shape for {var.path!r} than the model's. "
+                    f"Received: {tuple(np.shape(value))}, model {tuple(var.shape)}"
+                )
+        for var, value in zip(every, weights, strict=True):
+            if not keras_internals.is_freed(var):  # this stage's (the others' are freed)
+                var.assign(value)
+
+    def export(self, filepath: Any, format: str = "tf_saved_model", **kwargs: Any) -> Any:
+        """Keras' ``export`` (a TensorFlow SavedModel for serving, by default).
+        Partitioned: collective, rank 0 exports the whole model, gathered from the stages
+        (the functional model ``tfsift.save_model`` writes)."""
+        if self.partitioned is None:
+            return super().export(filepath, format=format, **kwargs)
+        from tfsift import training
+
+        training.export_model(self, filepath, format=format, **kwargs)
+        return None
 
     def count_params(self) -> int:
         """The number of weights of the whole model, every stage's (as Keras counts them)."""

@@ -217,6 +217,7 @@ def check(name: str, K: int, pipeline: str, optimize: str) -> dict[str, Any]:
         "state_error": max(state_errors, default=0.0),
         "states": len(state_errors),
         "num_grads": len(grads),
+        "copies": sum(not mine for mine in model.partitioned.tied.counted),
         "total_grads": len(want),
         "loss": float(loss.reduce_mean()),
         "ref_loss": ref["loss"],

@@ -170,3 +170,43 @@ def test_format_bytes_uses_binary_units(n: int, text: str) -> None:
 
 def test_docstring_examples_run() -> None:
     assert doctest.testmod(partitioner.costs).failed == 0
+
+
+def test_shared_weights_are_held_as_copies_where_their_first_call_is_not() -> None:
+    # l0 and l3 call the same weights (a tied embedding): counted once, at l0
+    costs = chain(*(layer(f"l{i}", param_bytes=100 * (i + 1)) for i in range(4)),
+                  optimizer_multiplier=2.0, shared=((0, 3),))  # fmt: skip
+    assert costs.copy_bytes(0, 4) == 0  # one stage holds both calls: no copy
+    assert costs.copy_bytes(0, 2) == 0  # the owner
+    assert costs.copy_bytes(2, 4) == 200  # l0's state: 100 bytes x 2
+    assert costs.copy_bytes(1, 3) == 0  # calls none of them
+    assert costs.exchange_time((0, 4)) == 0.0
+
+
+def test_holders_of_shared_weights_exchange_their_gradients_once() -> None:
+    costs = chain(*(layer(f"l{i}", param_bytes=1000) for i in range(4)), bandwidth=1e3,
+                  latency=0.5, shared=((0, 3), (1, 2)))  # fmt: skip
+    assert costs.exchange_time((0, 1, 4)) == 0.5 + 1000 / 1e3  # only (0, 3) is split
+    assert costs.exchange_time((0, 2, 4)) == 2 * (0.5 + 1000 / 1e3)  # both are
+    three = chain(*(layer(f"l{i}", param_bytes=1000) for i in range(4)), bandwidth=1e3,
+                  latency=0.5, shared=((0, 1, 3),))  # fmt: skip
+    assert three.exchange_time((0, 1, 2, 4)) == 0.5 + 2 * 1000 / 1e3  # three holders
+    assert three.exchange_time((0, 2, 4)) == 0.5 + 1000 / 1e3
+
+
+def test_shared_round_trips_and_only_changes_the_fingerprint_when_present() -> None:
+    plain = chain(layer("a"), layer("b"))
+    tied = chain(layer("a"), layer("b"), shared=((0, 1),))
+    assert "shared" not in plain.to_dict()  # older fingerprints stay valid
+    assert CostModel.from_dict(json.loads(json.dumps(tied.to_dict()))) == tied
+    assert tied.fingerprint() != plain.fingerprint()
+
+
+@pytest.mark.parametrize("shared", [((0,),), ((1, 0),), ((0, 2),), ((0, 0),)])
+def test_bad_shared_groups_are_refused(shared: tuple[tuple[int, ...], ...]) -> None:
+    with pytest.raises(ValueError) as err:
+        chain(layer("a"), layer("b"), shared=shared)
+    assert str(err.value) == (
+        "shared must hold groups of two or more ascending layer indices in [0, 2). "
+        f"Received: shared={shared!r}"
+    )

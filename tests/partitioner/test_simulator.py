@@ -199,3 +199,20 @@ def test_a_recomputing_backward_pays_the_forwards_compute_but_not_its_overhead()
     costs = CostModel(layers, action_overhead=0.5)
     recomputed = simulate(costs, Partition((0, 1, 2)), build("interleaved", 2, 4), recompute=True)
     assert recomputed.step_time == 25.0  # (M + K - 1) x (F 1.5 + B 2.5 + the forward's 1.0)
+
+
+def test_shared_weights_add_their_copy_and_one_gradient_exchange_a_training_step() -> None:
+    # a and b call the same weights (10 bytes at a): stage 1 holds a copy of a's state
+    tied = CostModel(two_layers().layers, bandwidth=100.0, latency=0.25, shared=((0, 1),))
+    plain = CostModel(two_layers().layers, bandwidth=100.0, latency=0.25)
+    partition, schedule = Partition((0, 1, 2)), build("interleaved", 2, 2)
+    assert stage_memory(tied, partition, 1)[0] == stage_memory(plain, partition, 1)[0] + 4 * 10
+    assert stage_memory(tied, partition, 0) == stage_memory(plain, partition, 0)
+    trained, untied = simulate(tied, partition, schedule), simulate(plain, partition, schedule)
+    assert trained.step_time == untied.step_time + 0.25 + 10 / 100.0
+    assert trained.peak_memory == (untied.peak_memory[0], untied.peak_memory[1] + 40)
+    forward = forward_only(2, 2)  # no backward: nothing to exchange
+    assert simulate(tied, partition, forward).step_time == simulate(plain, partition,
+                                                                     forward).step_time  # fmt: skip
+    one_stage = Partition((0, 2))
+    assert stage_memory(tied, one_stage, 0)[0] == stage_memory(plain, one_stage, 0)[0]

@@ -434,3 +434,21 @@ def test_large_chain_is_solved_and_beats_equal_layer_counts() -> None:
 
 def test_docstring_examples_run() -> None:
     assert doctest.testmod(partitioner.solver).failed == 0
+
+
+def test_a_copy_of_shared_weights_counts_against_the_cap_of_the_stage_holding_it() -> None:
+    # l0 and l3 call one embedding of 2 MiB (8 MiB of state): the last stage holds a copy
+    layers = [LayerCost(f"l{i}", 1.0, 1.0, 2**20 if i else 2 * 2**20, 0, 0) for i in range(4)]
+    costs = CostModel(tuple(layers), shared=((0, 3),))
+    for bounds in ((0, 1, 4), (0, 2, 4), (0, 3, 4)):
+        peaks = peak_memory_estimate(costs, Partition(bounds), 4, pipeline="interleaved",
+                                     recompute=False)  # fmt: skip
+        assert peaks[1] == 4 * 2**20 * (4 - bounds[1]) + 8 * 2**20  # its layers and the copy
+    # without the copy (0, 2, 4) would fit 12 MiB on both stages; with it the last needs 16
+    found = solve_speed(costs, 2, 4, memory_cap=16 * 2**20)
+    assert found.bounds == (0, 2, 4)
+    assert max(peak_memory_estimate(costs, found, 4, pipeline="interleaved",
+                                    recompute=False)) <= 16 * 2**20  # fmt: skip
+    with pytest.raises(InfeasibleError) as info:
+        solve_speed(costs, 2, 4, memory_cap=16 * 2**20 - 1)
+    assert info.value.smallest_cap == 16 * 2**20  # (0, 2, 4) and (0, 3, 4) both need it

@@ -10,6 +10,7 @@ a ``@tfsift.step``).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,24 @@ def save_weights(model: DistributedModel, filepath: str | Path) -> Path:
     return path
 
 
+def export_model(model: DistributedModel, filepath: str | Path, **kwargs: Any) -> Path:
+    """``model.export`` of a partitioned model: Keras' export (a TensorFlow SavedModel for
+    serving by default) of the whole model, written by rank 0.
+
+    Collective: call it on every rank. The stages' weights are gathered into the
+    functional model ``save_model`` writes, whose ``export(filepath, **kwargs)`` rank 0
+    runs into a temporary directory, renamed to ``filepath`` when complete.
+
+    Raises:
+        ValueError: no step has run yet.
+        CheckpointError: the export could not be written.
+    """
+    model = weights.check_model(model, "model.export")
+    path = Path(filepath)
+    _write_whole(model, "model.export", path, lambda clone, to: clone.export(str(to), **kwargs))
+    return path
+
+
 def _write_whole(model: DistributedModel, caller: str, path: Path, write: Any) -> None:
     """Gathers the stages' weights (replica 0's) on rank 0, which calls ``write(clone,
     file)`` with the whole model's functional clone and a temporary name in ``path``'s
@@ -87,7 +106,12 @@ def _write_whole(model: DistributedModel, caller: str, path: Path, write: Any) -
     rt = runtime.get()
     part = weights.partitioned(model, None, caller)
     mine = collective.together(
-        rt.world, lambda: weights.values(weights.keyed(model, part)) if rt.replica == 0 else {}
+        rt.world,
+        lambda: (
+            weights.values(weights.owned(weights.keyed(model, part), part))
+            if rt.replica == 0
+            else {}
+        ),
     )
     gathered = [mine]
     if rt.world.Get_size() > 1:
@@ -178,11 +202,21 @@ def _export(
     partial = path.with_name(f".partial-{path.name}")  # the same suffix: Keras checks it
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove(partial)
         write(clone, partial)
+        if partial.is_dir():  # an export (a SavedModel directory) replaces the old one
+            _remove(path)
         os.replace(partial, path)
     except OSError as err:
-        partial.unlink(missing_ok=True)
+        _remove(partial)
         raise CheckpointError(f"writing {path} failed: {err}") from err
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _load_keras_file(model: DistributedModel, part: Partitioned, path: Path) -> None:

@@ -189,9 +189,12 @@ class CheckpointManager:
         s, r = rt.stage, rt.replica
         written: dict[str, dict[str, Any]] = {}
         if r == 0:  # one writer per stage: replicas hold equal weights
-            written[weights_file(s)] = weights.values(weights.keyed(self.model, part))
+            # a weight tied across stages once, by its owner
+            written[weights_file(s)] = weights.values(
+                weights.owned(weights.keyed(self.model, part), part)
+            )
             if self.optimizer is not None:
-                trainable = weights.trainable(self.model, part)
+                trainable = weights.owned(weights.trainable(self.model, part), part)
                 written[optimizer_file(s)] = optimizer_lib.arrays(self.optimizer, trainable)
         written[state_file(r, s)] = codec.pack(
             {

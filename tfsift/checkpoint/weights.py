@@ -68,6 +68,17 @@ def local(model: DistributedModel, part: Partitioned) -> Keyed:
     return [(keys[id(v)], v) for v in part.stage.state_variables]
 
 
+def owned(variables: Keyed, part: Partitioned) -> Keyed:
+    """``variables`` less the copies of tied weights another stage owns (saved once, by
+    their owner; every holder restores them from the same key)."""
+    if not part.tied:
+        return list(variables)
+    copies = {
+        id(v) for v, mine in zip(part.stage.variables, part.tied.counted, strict=True) if not mine
+    }
+    return [(key, var) for key, var in variables if id(var) not in copies]
+
+
 def values(variables: Keyed) -> dict[str, np.ndarray]:
     """The variables' current values by key."""
     return {key: np.asarray(var.numpy()) for key, var in variables}

@@ -1,11 +1,13 @@
-"""Data-parallel collectives over a stage's replicas, on Horovod tensor ops."""
+"""Collectives: over a stage's replicas on Horovod tensor ops, and over a pipeline's stages."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
+from mpi4py import MPI
 
 from tfsift.parallel import runtime, watchdog
 
@@ -62,3 +64,23 @@ def broadcast_variables(variables: Sequence[Any]) -> None:
         for var in variables:
             value = hvd.broadcast(tf.convert_to_tensor(var.value), root, process_set=rt.dp_set)
             var.assign(value)
+
+
+def pipeline_sum(values: np.ndarray, what: str) -> np.ndarray:
+    """The element-wise sum of ``values`` (float64) over the stages of the caller's pipeline.
+
+    Every stage of the pipeline must call it; a stage that waits longer than the config's
+    ``timeout`` for the others ends the job, saying it waited for them to ``what``.
+    """
+    rt = runtime.get()
+    values = np.ascontiguousarray(values, np.float64)
+    if rt.topology.partitions == 1:
+        return values
+    pipe, total = rt.pipe_comm, np.empty_like(values)
+    if not watchdog.wait([pipe.Iallreduce(values, total, op=MPI.SUM)], rt.config.timeout):
+        me = pipe.Get_rank()
+        watchdog.abort(
+            f"stage {me} ({watchdog.rank_name(pipe, me)}) waited {rt.config.timeout:g} s for "
+            f"the other stages of its pipeline to {what}"
+        )
+    return total

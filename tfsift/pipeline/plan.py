@@ -26,6 +26,7 @@ from tfsift.pipeline.head import Head
 from tfsift.pipeline.metrics import NONE, SharedMetrics
 from tfsift.pipeline.roles import Role
 from tfsift.pipeline.stage import Stage
+from tfsift.pipeline.tied import TiedWeights
 
 if TYPE_CHECKING:  # the model module imports this package: no import cycle at run time
     from tfsift.model import DistributedModel
@@ -54,6 +55,7 @@ class StepPlan:
         arguments: the structure of the arguments the plan was made for.
         runtime: the ``tfsift.init`` this plan belongs to.
         shared: the metrics the function updates, shared along the pipeline after a step.
+        tied: the weights this stage shares with others, whose gradients are summed.
     """
 
     K: int
@@ -74,6 +76,7 @@ class StepPlan:
     arguments: str
     runtime: Runtime
     shared: SharedMetrics = NONE
+    tied: TiedWeights = dataclasses.field(default_factory=TiedWeights)
 
     @property
     def s(self) -> int:

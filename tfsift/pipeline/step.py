@@ -271,6 +271,7 @@ def make_plan(
         arguments=describe_arguments(args, kwargs),
         runtime=rt,
         shared=metrics.find(assigned, model, rt, getattr(fn, "__qualname__", repr(fn))),
+        tied=part.tied,
     )
 
 
@@ -338,6 +339,8 @@ def _gather(result: StepResult, plan: StepPlan) -> Any:
         results = results if results is not None else shared
     assert results is not None
     grads = result.grad_sum or []
+    if grads and plan.tied:  # before the step returns: every holder gets the same sum
+        grads = plan.tied.sum_gradients(grads)
     return _merge(results, StepGradients(grads, plan.M, result.grad_mean).outputs)
 
 

@@ -129,26 +129,60 @@ class StageGraph:
         return _dedupe(found)
 
 
-def check_unshared(graph: Graph, bounds: Sequence[int]) -> None:
-    """Refuses a layer with weights called in two stages (its gradients would not be summed).
+@dataclasses.dataclass(frozen=True)
+class Tie:
+    """A layer with weights called on more than one stage (a token embedding reused as the
+    output head, say): each stage in ``stages`` holds a copy, the first one owns it."""
+
+    layer: Any
+    calls: tuple[tuple[str, int], ...]  # (node name, stage), in node order
+
+    @property
+    def stages(self) -> tuple[int, ...]:
+        return tuple(sorted({s for _, s in self.calls}))
+
+    @property
+    def owner(self) -> int:
+        """The stage that counts the weights once (a global norm) and saves them."""
+        return self.stages[0]
+
+
+def ties(graph: Graph, bounds: Sequence[int]) -> list[Tie]:
+    """The layers with weights called on more than one stage, in the order of their first call.
+
+    Each such stage holds a copy; the copies stay equal because their gradients are summed
+    over those stages before every update (``tfsift.pipeline.tied``). A copy of a variable
+    that a call updates (BatchNorm statistics, a dropout seed) would change on each stage
+    apart, so a layer with such variables is refused.
 
     Raises:
-        ValueError: naming the layer, its calls and their stages.
+        ValueError: a layer with non-trainable variables called on two stages, named with
+            its calls and their stages.
     """
-    stages: dict[int, list[tuple[str, int]]] = {}
+    calls: dict[int, list[tuple[str, int]]] = {}
+    layers: dict[int, Any] = {}
     for s in range(len(bounds) - 1):
         for gn in graph.nodes[bounds[s] : bounds[s + 1]]:
             if getattr(gn.operation, "variables", None):
-                stages.setdefault(id(gn.operation), []).append((gn.name, s))
-    for calls in stages.values():
-        if len({s for _, s in calls}) > 1:
-            where = ", ".join(f"{name!r} on stage {s}" for name, s in calls)
+                calls.setdefault(id(gn.operation), []).append((gn.name, s))
+                layers[id(gn.operation)] = gn.operation
+    found = []
+    for key, where in calls.items():
+        if len({s for _, s in where}) < 2:
+            continue
+        layer = layers[key]
+        state = [v.path for v in getattr(layer, "non_trainable_variables", [])]
+        if state:
+            on = ", ".join(f"{name!r} on stage {s}" for name, s in where)
             raise ValueError(
-                "a layer whose weights are shared by calls on different stages is not "
-                "supported (each stage would update its own copy). Keep its calls on one "
-                "stage (auto_partition=False and tfsift.partition), or use separate layers. "
-                f"Received: calls {where}"
+                "a layer called on several stages may hold only trainable weights: each "
+                "stage keeps a copy, and variables its calls update (BatchNorm statistics, "
+                "random seeds) would change on each copy apart. Keep its calls on one stage "
+                "(auto_partition=False and tfsift.partition), or use separate layers. "
+                f"Received: calls {on}; non-trainable variables {state}"
             )
+        found.append(Tie(layer, tuple(where)))
+    return found
 
 
 def trace(model: Any, example: Sequence[Any]) -> Graph:

@@ -1,18 +1,20 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs five things Keras does not expose publicly: the node that produced a
+tfsift needs six things Keras does not expose publicly: the node that produced a
 symbolic tensor (to walk a traced ``call``), re-running one node on concrete values
 with its recorded arguments, the seed generators a layer owns (to replay dropout
 masks when recomputing), freeing a variable's buffer (so a rank holds only its
-stage), and which variables code assigns inside a ``keras.StatelessScope`` (the
-metrics a step function updates). Keeping them here means a Keras upgrade is checked in one file;
+stage), which variables code assigns inside a ``keras.StatelessScope`` (the
+metrics a step function updates), and an optimizer's global-norm clipping and loss-scale
+finite check with a norm and a verdict computed over every stage (``global_reductions``).
+Keeping them here means a Keras upgrade is checked in one file;
 ``tests/tfsift/planning/test_keras_internals.py`` pins each one.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -106,3 +108,57 @@ def stateful() -> Iterator[None]:
         yield
     finally:
         global_state.set_global_attribute("stateless_scope", scope)
+
+
+def clips_by_global_norm(optimizer: Any) -> bool:
+    """Whether ``optimizer`` clips its gradients by their global norm (``global_clipnorm``)."""
+    return bool(optimizer.global_clipnorm and optimizer.global_clipnorm > 0)
+
+
+def keras_clipping(optimizer: Any) -> bool:
+    """Whether ``optimizer`` clips with Keras' own ``_clip_gradients`` (not a subclass's)."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    return type(optimizer)._clip_gradients is BaseOptimizer._clip_gradients
+
+
+def keras_finite_check(optimizer: Any) -> bool:
+    """Whether a ``LossScaleOptimizer`` decides with Keras' own ``check_finite`` and ``apply``."""
+    cls = keras.optimizers.LossScaleOptimizer
+    return type(optimizer).check_finite is cls.check_finite and type(optimizer).apply is cls.apply
+
+
+@contextlib.contextmanager
+def global_reductions(
+    optimizer: Any,
+    norm: Callable[[list[Any]], Any] | None,
+    finite: Callable[[list[Any]], Any] | None,
+) -> Iterator[None]:
+    """While tracing ``optimizer.apply`` inside the block, its global-norm clipping uses
+    ``norm(grads)`` (the norm over every stage's gradients) in Keras' own formula
+    (``base_optimizer.clip_by_global_norm``), and a ``LossScaleOptimizer`` decides with
+    ``finite(grads)`` (whether every stage's gradients are finite). ``optimizer`` is the
+    one ``apply`` is called on; the clipping is its inner optimizer's under loss scaling.
+    """
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    clipping = optimizer.inner_optimizer if scaled else optimizer
+    overrides: list[tuple[Any, str, Any]] = []
+    if norm is not None and clips_by_global_norm(clipping):
+
+        def clip(grads: list[Any]) -> list[Any]:
+            use_norm = norm(grads)
+            limit = clipping.global_clipnorm
+            scale = limit * keras.ops.minimum(1.0 / use_norm, 1.0 / limit)
+            scale = scale + (use_norm - use_norm)  # NaN for a non-finite norm, as in Keras
+            return [g if g is None else g * keras.ops.cast(scale, g.dtype) for g in grads]
+
+        overrides.append((clipping, "_clip_gradients", clip))
+    if finite is not None and scaled:
+        overrides.append((optimizer, "check_finite", finite))
+    for obj, name, value in overrides:  # instance attributes shadow the class's methods
+        object.__setattr__(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, _ in overrides:
+            object.__delattr__(obj, name)

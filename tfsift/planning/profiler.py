@@ -93,11 +93,24 @@ def profile(
             if stage_call is not None:
                 cached = _calibrated(cached, graph, example, repeats, stage_call, recompute, key)
                 STATE.profiles[key + calibration] = cached
-    names = [gn.name for gn in graph.nodes]
+    # names, weights and which calls share them are this graph's (the profile's times
+    # may come from another graph of the same layers, which may share other weights)
+    seen: set[int] = set()
     layers = tuple(
-        dataclasses.replace(c, name=n) for c, n in zip(cached.layers, names, strict=True)
+        dataclasses.replace(c, name=gn.name, param_bytes=_new_param_bytes(gn.operation, seen))
+        for c, gn in zip(cached.layers, graph.nodes, strict=True)
     )
-    return dataclasses.replace(cached, layers=layers)
+    return dataclasses.replace(cached, layers=layers, shared=shared_calls(graph))
+
+
+def shared_calls(graph: Graph) -> tuple[tuple[int, ...], ...]:
+    """Groups of node indices that call the same layer with weights (two or more calls),
+    in the order of their first call: ``CostModel.shared``."""
+    calls: dict[int, list[int]] = {}
+    for i, gn in enumerate(graph.nodes):
+        if getattr(gn.operation, "weights", None):
+            calls.setdefault(id(gn.operation), []).append(i)
+    return tuple(tuple(g) for g in calls.values() if len(g) > 1)
 
 
 def signature(graph: Graph, example: Sequence[tf.Tensor], repeats: int) -> str:

@@ -10,13 +10,14 @@ from tfsift.training.loop import (
     test_on_batch,
     train_on_batch,
 )
-from tfsift.training.saving import load_weights, save, save_weights
+from tfsift.training.saving import export_model, load_weights, save, save_weights
 
 __all__ = [
     "Compiled",
     "compile_model",
     "compiled_of",
     "evaluate",
+    "export_model",
     "fit",
     "load_weights",
     "predict",

@@ -92,7 +92,10 @@ def _train_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..
     def train_step(x: Any, y: Any, *sample_weight: Any) -> Any:
         y_pred = model(x, training=True)
         value = loss(y, y_pred, sample_weight=sample_weight[0] if sample_weight else None)
-        return gradients(value, model.trainable_variables), value, y_pred
+        # as Keras' train step: a LossScaleOptimizer's scale (or a loss_scale_factor) on the
+        # loss whose gradients are taken; the update divides it out
+        scaled = model.optimizer.scale_loss(value)
+        return gradients(scaled, model.trainable_variables), value, y_pred
 
     return train_step
 

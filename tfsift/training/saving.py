@@ -1,4 +1,4 @@
-"""Keras' ``save``, ``save_weights`` and ``load_weights`` on a partitioned DistributedModel.
+"""Keras' ``save``, ``save_weights``, ``load_weights`` and ``export`` on a partitioned model.
 
 Each is collective, as Keras callbacks call them on every rank (``ModelCheckpoint``,
 ``tfsift.callbacks.BackupAndRestore``): the stages' weights are gathered and rank 0 writes
@@ -24,6 +24,11 @@ def save(model: DistributedModel, filepath: Any, overwrite: bool = True) -> None
 def save_weights(model: DistributedModel, filepath: Any, overwrite: bool = True) -> None:
     """``model.save_weights``: one ``.weights.h5`` file of the whole model's weights."""
     export.save_weights(model, _writable(filepath, overwrite))
+
+
+def export_model(model: DistributedModel, filepath: Any, **kwargs: Any) -> None:
+    """``model.export``: Keras' export of the whole model (``tfsift.checkpoint.export``)."""
+    export.export_model(model, filepath, **kwargs)
 
 
 def load_weights(model: DistributedModel, filepath: Any) -> None:

@@ -7,7 +7,9 @@ from typing import Any
 
 import keras
 
+from tfsift.model import DistributedModel
 from tfsift.pipeline.compiled import Compiled
+from tfsift.training import reductions
 
 
 def compiled_update(
@@ -27,10 +29,23 @@ def compiled_update(
     variables gets no gradients, and ``update([])`` does nothing. The optimizer's slots
     are made eagerly at the first call, as ``apply_gradients`` makes them.
 
+    What the optimizer computes over all gradients spans the pipeline's stages, so that
+    the update equals one process's: ``global_clipnorm`` clips by the norm of every
+    stage's gradients (a weight tied across stages counted once), and a
+    ``keras.mixed_precision.LossScaleOptimizer`` skips the step, and lowers its scale, on
+    every stage when any stage's gradients are not finite. Every rank of a pipeline must
+    therefore call ``update`` at each step, a stage without variables too.
+
     Example:
         >>> update = tfsift.compiled_update(optimizer, model)
         >>> grads = tfsift.allreduce(grads)                  # doctest: +SKIP
         >>> update(grads)                                    # doctest: +SKIP
+
+    Raises:
+        TypeError: not a Keras optimizer, or not a Keras model.
+        ValueError: (at the first update, on a pipeline) an optimizer subclass with
+            clipping or a loss-scale check of its own, which tfsift cannot make span the
+            stages.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
@@ -42,12 +57,19 @@ def compiled_update(
             "compiled_update(optimizer, model) expects a keras.Model (a "
             f"tfsift.DistributedModel). Received: {type(model).__name__}"
         )
+
+    if isinstance(model, DistributedModel):
+        # Before a step is traced: a LossScaleOptimizer's scale_loss reads its scale variable
+        # once built, and bakes in its initial scale if not
+        model.when_partitioned(lambda: _build(optimizer, model.trainable_variables))
+
+    def apply_all(grads: list[Any]) -> None:
+        with reductions.spanning(optimizer, model):  # a global norm over every stage's
+            optimizer.apply(grads, model.trainable_variables)
+
     # Keras' code only: nothing for AutoGraph to convert
-    apply = Compiled(
-        lambda grads: optimizer.apply(grads, model.trainable_variables),
-        "the optimizer's update",
-        autograph=False,
-    )
+    apply = Compiled(apply_all, "the optimizer's update", autograph=False)
+    checked: list[reductions.Bystander] = []
 
     def update(grads: Sequence[Any]) -> None:
         variables = model.trainable_variables
@@ -57,10 +79,18 @@ def compiled_update(
                 f"stage of {model.name!r}, in their order ({len(variables)}). Received: "
                 f"{len(grads)} gradients"
             )
+        if not checked:
+            reductions.check(optimizer)
+            checked.append(reductions.Bystander(optimizer))
         if not variables:
+            checked[0].update()  # the other stages' global norm adds this stage's 0
             return
-        if not optimizer.built:  # its slots made eagerly, not inside the trace
-            optimizer.build(variables)
+        _build(optimizer, variables)  # its slots made eagerly, not inside the trace
         apply(list(grads))
 
     return update
+
+
+def _build(optimizer: keras.optimizers.Optimizer, variables: Sequence[Any]) -> None:
+    if not optimizer.built:
+        optimizer.build(list(variables))

@@ -54,12 +54,11 @@ def test_stages_chained_compute_the_whole_model() -> None:
     assert [len(s.trainable_variables()) for s in (first, second)] == [4, 2]
 
 
-def test_a_layer_called_on_two_stages_is_refused_by_name() -> None:
+def test_a_layer_called_on_two_stages_is_a_tie_owned_by_its_first_stage() -> None:
     import keras
-    import pytest
     import tensorflow as tf
 
-    from tfsift.planning.graph import check_unshared, trace
+    from tfsift.planning.graph import ties, trace
 
     class Tied(keras.Model):
         def __init__(self) -> None:
@@ -70,8 +69,38 @@ def test_a_layer_called_on_two_stages_is_refused_by_name() -> None:
         def call(self, x: tf.Tensor) -> tf.Tensor:
             return self.tied(self.mid(self.tied(x)))
 
-    graph = trace(Tied(), [tf.ones((2, 4))])
-    check_unshared(graph, (0, 3))  # nodes tied, mid, tied#1 on one stage
+    model = Tied()
+    graph = trace(model, [tf.ones((2, 4))])
+    assert ties(graph, (0, 3)) == []  # nodes tied, mid, tied#1 on one stage
+    assert ties(graph, (0, 1, 3)) == ties(graph, (0, 2, 3))
+    (tie,) = ties(graph, (0, 2, 3))
+    assert tie.layer is model.tied
+    assert tie.calls == (("tied", 0), ("tied#1", 1))
+    assert (tie.stages, tie.owner) == ((0, 1), 0)
+
+
+def test_a_layer_with_state_called_on_two_stages_is_refused_by_name() -> None:
+    import keras
+    import pytest
+    import tensorflow as tf
+
+    from tfsift.planning.graph import ties, trace
+
+    class Normed(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = keras.layers.BatchNormalization(name="norm")
+            self.mid = keras.layers.Dense(4, name="mid")
+
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            return self.norm(self.mid(self.norm(x)))
+
+    graph = trace(Normed(), [tf.ones((2, 4))])
+    assert ties(graph, (0, 3)) == []
     with pytest.raises(ValueError) as err:
-        check_unshared(graph, (0, 2, 3))
-    assert str(err.value).endswith("Received: calls 'tied' on stage 0, 'tied#1' on stage 1")
+        ties(graph, (0, 2, 3))
+    assert str(err.value).startswith("a layer called on several stages may hold only trainable")
+    assert str(err.value).endswith(
+        "Received: calls 'norm' on stage 0, 'norm#1' on stage 1; non-trainable variables "
+        "['norm/moving_mean', 'norm/moving_variance']"
+    )

@@ -71,3 +71,41 @@ def test_stateful_leaves_the_recorder_for_the_block() -> None:
         assert not keras_internals.is_freed(dense.kernel)  # created for real, not deferred
         a.assign(7.0)
     assert recorder.assigned == [a] and float(a.numpy()) == 3.0
+
+
+def test_global_reductions_clip_by_the_given_norm_in_keras_formula() -> None:
+    grads = [tf.constant([3.0, 4.0])]  # a norm of 5 here; the whole model's is said to be 10
+    variables = [keras.Variable([0.0, 0.0])]
+    sgd = keras.optimizers.SGD(1.0, global_clipnorm=2.0)
+    assert keras_internals.clips_by_global_norm(sgd) and keras_internals.keras_clipping(sgd)
+    with keras_internals.global_reductions(sgd, lambda g: tf.constant(10.0), None):
+        sgd.apply(grads, variables)
+    np.testing.assert_allclose(variables[0].numpy(), [-0.6, -0.8], rtol=1e-6)  # x 2 / 10
+    sgd.apply(grads, variables)  # the block is over: Keras' own norm (5) again
+    np.testing.assert_allclose(variables[0].numpy(), [-1.8, -2.4], rtol=1e-6)  # x 2 / 5
+    assert "_clip_gradients" not in vars(sgd)
+
+
+def test_global_reductions_decide_a_loss_scale_skip_by_the_given_verdict() -> None:
+    variables = [keras.Variable([1.0])]
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0)
+    assert keras_internals.keras_finite_check(scaled)
+    with keras_internals.global_reductions(scaled, None, lambda g: tf.constant(False)):
+        scaled.apply([tf.constant([4.0])], variables)  # finite here, not on another stage
+    assert variables[0].numpy() == [1.0] and float(scaled.dynamic_scale.numpy()) == 2.0
+    scaled.apply([tf.constant([4.0])], variables)  # unscaled by 2: a step of 2
+    assert variables[0].numpy() == [-1.0]
+
+
+def test_subclasses_with_their_own_clipping_or_finite_check_are_told_apart() -> None:
+    class Clips(keras.optimizers.SGD):  # type: ignore[misc]
+        def _clip_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+            return grads
+
+    class Checks(keras.optimizers.LossScaleOptimizer):  # type: ignore[misc]
+        def check_finite(self, grads: list[tf.Tensor]) -> tf.Tensor:
+            return tf.constant(True)
+
+    assert not keras_internals.keras_clipping(Clips(global_clipnorm=1.0))
+    assert not keras_internals.keras_finite_check(Checks(keras.optimizers.SGD()))
+    assert not keras_internals.clips_by_global_norm(keras.optimizers.SGD(clipnorm=1.0))

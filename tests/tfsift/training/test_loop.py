@@ -539,7 +539,37 @@ def test_a_stage_without_trainable_variables_updates_nothing() -> None:
     assert model.trainable_variables == []
     optimizer = keras.optimizers.Adam()
     tfsift.compiled_update(optimizer, model)([])
+    assert int(optimizer.iterations.numpy()) == 0  # built for no variables, never applied
+    assert not optimizer._trainable_variables
+
+
+def test_the_optimizer_is_built_for_the_stage_before_a_step_is_traced() -> None:
+    # a LossScaleOptimizer's scale_loss reads its scale variable only once built: a step
+    # traced before that would multiply by the initial scale for ever
+    tfsift.init({"microbatches": 1})
+    model = Mlp()
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    update = tfsift.compiled_update(optimizer, model)
     assert not optimizer.built
+    scales = []
+
+    @tfsift.step
+    def train(x: Any) -> Any:
+        loss = keras.ops.mean(model(x, training=True) ** 2)
+        scales.append(optimizer.built)
+        return tfsift.gradients(optimizer.scale_loss(loss), model.trainable_variables), loss
+
+    grads, _ = train(np.ones((2, 5), np.float32))
+    assert optimizer.built and all(scales)  # built when partitioned, inside the first call
+    optimizer.dynamic_scale.assign(4.0)
+    update(tfsift.allreduce(grads))
+    grads, _ = train(np.ones((2, 5), np.float32))  # the traced step reads the new scale
+    ref = model.trainable_variables[0]
+    with tf.GradientTape() as tape:
+        loss = keras.ops.mean(model.call(np.ones((2, 5), np.float32)) ** 2) * 4.0
+    np.testing.assert_allclose(
+        tfsift.allreduce(grads)[0].numpy(), tape.gradient(loss, ref).numpy(), rtol=1e-6
+    )
 
 
 def test_bad_arguments_say_what_was_expected_and_received() -> None:
@@ -562,3 +592,43 @@ def test_bad_arguments_say_what_was_expected_and_received() -> None:
         f"update(grads) expects one gradient per trainable variable of this rank's stage of "
         f"{model.name!r}, in their order (4). Received: 1 gradients"
     )
+
+
+def test_clip_by_global_norm_in_one_process_is_tensorflows() -> None:
+    model = built_model()
+    grads = [tf.fill(v.shape, 0.5) for v in model.trainable_variables]
+    clipped, norm = tfsift.clip_by_global_norm(grads, 1.0, model)
+    want, want_norm = tf.clip_by_global_norm(grads, 1.0)
+    np.testing.assert_allclose(norm.numpy(), want_norm.numpy(), rtol=1e-6)
+    for got, expected in zip(clipped, want, strict=True):
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
+    with pytest.raises(ValueError) as error:
+        tfsift.clip_by_global_norm(grads, 0.0, model)
+    assert str(error.value) == "clip_norm must be a number > 0. Received: clip_norm=0.0"
+    with pytest.raises(ValueError) as error:
+        tfsift.clip_by_global_norm(grads[:1], 1.0, model)
+    assert str(error.value) == (
+        "clip_by_global_norm(grads, clip_norm, model) expects one gradient per trainable "
+        f"variable of this rank's stage of {model.name!r} ({len(grads)}). Received: 1 gradients"
+    )
+
+
+def test_the_partitioned_model_gets_sets_and_exports_the_whole_model(tmp_path: Path) -> None:
+    model = built_model()
+    whole = model.get_weights()
+    assert [w.shape for w in whole] == [tuple(v.shape) for v in model.weights]
+    model.set_weights([w + 1 for w in whole])
+    np.testing.assert_array_equal(model.get_weights()[0], whole[0] + 1)
+    with pytest.raises(ValueError) as error:
+        model.set_weights(whole[:1])
+    assert str(error.value).startswith("set_weights expects one array per weight of the whole")
+    model.export(tmp_path / "served", verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    x = np.ones((4, 5), np.float32)
+    np.testing.assert_allclose(
+        served.serve(tf.constant(x)).numpy(), model.predict(x, verbose=0), rtol=1e-6
+    )
+    with pytest.raises(RuntimeError) as call:
+        model(x)
+    assert str(call.value).endswith("to compute its outputs for data, call model.predict(x) on "
+                                    "every rank")  # fmt: skip

@@ -1,0 +1,107 @@
+"""A GPT-style decoder trained as big-model users train one (tests/mpi_scripts/bigmodel_check.py)
+equals one process: a token embedding tied to the output head across stages, AdamW with a
+warm-up and cosine schedule and ``global_clipnorm``, mixed_float16 with a loss scale that
+overflows on one stage only, mixed_bfloat16; K = 2, K = 4 and 2 stages x 2 replicas, in
+``fit`` and in the custom loop. The whole model's ``get_weights``, ``set_weights`` and
+``export``; a checkpoint that saves the tied embedding once restores in one process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+CKPT = Path(tempfile.mkdtemp(prefix="tfsift-bigmodel-"))  # the 2-stage run's checkpoint
+atexit.register(shutil.rmtree, CKPT, True)
+ON_TWO_STAGES = mpi.TWO_STAGES.scenario("bigmodel_check.py", "2", str(CKPT), timeout=400)
+ON_FOUR_STAGES = mpi.FOUR_STAGES.scenario("bigmodel_check.py", "4", "-", "loop", timeout=300)
+ON_2X2 = mpi.CLUSTER_2X2.scenario("bigmodel_check.py", "2", "-", "loop", timeout=300)
+EXACT = 1e-5  # relative, largest over a stage's weights: float rounding, nothing more
+
+
+def check_loop(reports: mpi.Reports, K: int) -> None:
+    """Every stage's weights equal one process's after 30 clipped AdamW steps, and every
+    stage holding the tied embedding holds bitwise the same copy."""
+    assert sorted(r["stage"] for r in reports.values()) == sorted(
+        s for s in range(K) for _ in range(len(reports) // K)
+    )
+    for rep in reports.values():
+        assert rep["loop_error"] < EXACT, rep
+        assert rep["refused"] == (
+            "on a pipeline, global_clipnorm must clip by the norm over every stage's gradients, "
+            "which tfsift computes for Keras' own clipping only; OwnClipping overrides "
+            "_clip_gradients. Clip in the loop with tfsift.clip_by_global_norm(grads, "
+            "clip_norm, model) and pass an optimizer without global_clipnorm. Received: "
+            "OwnClipping(global_clipnorm=1.0)"
+        )
+        assert rep["get_weights_error"] < EXACT, rep  # the whole model on every rank
+        assert rep["get_weights_count"][0] == rep["get_weights_count"][1]
+    holders = [r["embedding"] for r in reports.values() if r["stage"] in (0, K - 1)]
+    assert len(holders) == len(reports) * 2 // K and len(set(holders)) == 1
+    assert all(r["embedding"] is None for r in reports.values() if 0 < r["stage"] < K - 1)
+
+
+@mpi.TWO_STAGES.mark
+def test_two_stages_clip_tie_and_scale_as_one_process_does() -> None:
+    reports = ON_TWO_STAGES()
+    check_loop(reports, 2)
+    for rep in reports.values():
+        assert rep["sgd_error"] < EXACT  # SGD(global_clipnorm): 50% off before
+        assert rep["fit_error"] < EXACT  # fit's update spans the stages too
+        assert rep["fp16_error"] < EXACT
+        assert rep["bf16_error"] < EXACT
+        assert rep["set_weights_error"] == 0.0
+        # steps 0 and 5 overflow on the last stage only; both stages skip them and halve
+        # the scale, which grows back after 4 good steps, as in one process
+        assert rep["fp16_scale"] == [32768.0, 32768.0]
+        assert rep["fp16_applied"] == [8, 8]
+    by_stage = {r["stage"]: r for r in reports.values()}
+    assert by_stage[0]["fp16_overflowed_here"] == 0 and by_stage[1]["fp16_overflowed_here"] == 2
+    # activations cross the cut in the compute dtype: bfloat16, half of float32's bytes
+    received = by_stage[1]["bf16_received"]
+    assert received and set(received) == {"bfloat16"}, received
+    exported = reports[0]
+    assert exported["served_error"] == 0.0  # model.export: a SavedModel of the whole model
+    assert exported["loaded_error"] == 0.0  # tfsift.save_model: a plain .keras file
+    assert exported["tied_layers"] == ["embed"] and exported["tied_calls"] == 2
+
+
+@mpi.FOUR_STAGES.mark
+def test_four_stages_clip_and_tie_the_first_and_last_stage() -> None:
+    check_loop(ON_FOUR_STAGES(), 4)
+
+
+@mpi.CLUSTER_2X2.mark
+def test_two_stages_by_two_replicas_clip_by_the_norm_of_the_averaged_gradients() -> None:
+    check_loop(ON_2X2(), 2)
+
+
+@mpi.TWO_STAGES.mark
+def test_the_tied_embedding_is_saved_once_and_restores_into_one_process() -> None:
+    from mpi_scripts.bigmodel_check import Decoder, M
+
+    import tfsift
+
+    reports = ON_TWO_STAGES()
+    (ckpt,) = CKPT.glob("ckpt-*")
+    with np.load(ckpt / "weights-s0.npz") as first, np.load(ckpt / "weights-s1.npz") as last:
+        assert "embed/embeddings" in first.files and "embed/embeddings" not in last.files
+    tfsift.init({"partitions": 1, "microbatches": M})
+    model = Decoder()
+    optimizer = keras.optimizers.AdamW(global_clipnorm=1.0)
+    manager = tfsift.CheckpointManager(model, optimizer, CKPT)
+    assert manager.restore() == 31  # saved after step 30
+    saved = {**reports[0]["saved"], **reports[1]["saved"]}
+    assert sorted(v.path for v in model.trainable_variables) == sorted(saved)
+    for v in model.trainable_variables:
+        np.testing.assert_array_equal(v.numpy(), np.array(saved[v.path], np.float32))

@@ -1,0 +1,120 @@
+"""Weights tied across stages: a copy on every stage that calls them, kept equal.
+
+A layer called on stages s1 < s2 < ... (a token embedding reused as the output head) is
+held by each of them (``tfsift.planning.graph.ties``). The copies start equal: the owner
+s1 sends its values to the other holders when the model is partitioned. They stay equal:
+at the end of every training step the holders exchange their gradients of the tied
+weights and each adds them up in stage order, so every copy is given the bitwise same
+gradient (the sum a single process computes for a layer called twice) and, with the same
+optimizer state, takes the same update. Megatron-LM keeps its input and output
+embeddings in step the same way (its "embedding group" allreduce).
+
+Replicas need nothing more: this sum runs within each pipeline, before
+``tfsift.allreduce`` averages over the replicas (both are linear). A global reduction over
+the model's gradients (a global norm) counts a tied weight once, on its owner
+(``counted``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from mpi4py import MPI
+
+from tfsift.parallel import watchdog
+from tfsift.planning.graph import Tie
+
+
+@dataclasses.dataclass(frozen=True)
+class TiedGroup:
+    """The tied weights one set of stages holds: their positions in this stage's trainable
+    variables, and the holders' communicator (ranked by stage: the owner is rank 0)."""
+
+    stages: tuple[int, ...]
+    indices: tuple[int, ...]
+    comm: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TiedWeights:
+    """This stage's share of the model's tied weights (no groups: nothing tied here).
+
+    Args:
+        groups: one per set of stages holding tied weights, that this stage is in.
+        counted: per trainable variable of the stage, whether this stage counts it in a
+            reduction over the whole model (False for a copy another stage owns).
+        timeout: seconds a holder waits for the others' gradients before ending the job.
+    """
+
+    groups: tuple[TiedGroup, ...] = ()
+    counted: tuple[bool, ...] = ()
+    timeout: float = math.inf
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def sum_gradients(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """``grads`` (one per trainable variable of the stage) with each tied weight's
+        gradient replaced by the sum of every holder's, added in stage order."""
+        out = list(grads)
+        for group in self.groups:
+            arrays = [np.ascontiguousarray(out[i].numpy()) for i in group.indices]
+            for i, total in zip(group.indices, self._exchange(group, arrays), strict=True):
+                out[i] = tf.convert_to_tensor(total)
+        return out
+
+    def _exchange(self, group: TiedGroup, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        mine = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
+        gathered = np.empty(len(group.stages) * mine.size, np.uint8)
+        request = group.comm.Iallgather([mine, MPI.BYTE], [gathered, MPI.BYTE])
+        if not watchdog.wait([request], self.timeout):
+            watchdog.abort(
+                f"stage {group.stages[group.comm.Get_rank()]} waited {self.timeout:g} s for "
+                f"stages {list(group.stages)} to exchange the gradients of the weights they share"
+            )
+        parts = gathered.reshape(len(group.stages), mine.size)
+        totals, offset = [], 0
+        for a in arrays:
+            views = [part[offset : offset + a.nbytes].view(a.dtype) for part in parts]
+            total = views[0].copy()
+            for view in views[1:]:  # in stage order on every holder: bitwise equal sums
+                total += view
+            totals.append(total.reshape(a.shape))
+            offset += a.nbytes
+        return totals
+
+
+def tie_stages(
+    ties: Sequence[Tie], variables: Sequence[Any], pipe: Any, stage: int, timeout: float
+) -> TiedWeights:
+    """Joins the holders of each set of tied weights and gives them the owner's values.
+
+    Collective over the pipeline ``pipe`` (every stage calls it with the same ``ties``,
+    at partitioning, before other stages' weights are freed). ``variables`` are this
+    stage's trainable variables, in order.
+    """
+    position = {id(v): i for i, v in enumerate(variables)}
+    counted = [True] * len(variables)
+    by_stages: dict[tuple[int, ...], list[Any]] = {}
+    for tie in ties:
+        by_stages.setdefault(tie.stages, []).extend(tie.layer.trainable_variables)
+        if stage in tie.stages and stage != tie.owner:
+            for var in tie.layer.trainable_variables:
+                counted[position[id(var)]] = False
+    groups = []
+    for stages, tied in by_stages.items():  # the same order on every stage: the graph's
+        held = stage in stages
+        comm = pipe.Split(0 if held else MPI.UNDEFINED, stage)
+        if not held:
+            continue
+        for var in tied:  # the owner's initial values, so that the copies start equal
+            value = np.ascontiguousarray(var.numpy())
+            comm.Bcast([value.reshape(-1).view(np.uint8), MPI.BYTE], root=0)
+            var.assign(value)
+        groups.append(TiedGroup(stages, tuple(position[id(v)] for v in tied), comm))
+    return TiedWeights(tuple(groups), tuple(counted), timeout)
