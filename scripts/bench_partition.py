@@ -5,8 +5,8 @@ usage: .venv/bin/python scripts/bench_partition.py [--quick] [--no-docs] [--json
 Five cost vectors (a VGG-like CNN, a GPT-2-medium-like transformer, a ResNet-50-like
 chain whose cuts inside a block carry the skip tensor, and two random heterogeneous
 chains), K in {2, 4, 8}, M = 8, the default link (1 GB/s, no latency). For each, the
-bottleneck stage time and the step-time estimate of the exact solver, the brute-force
-optimum where C(L - 1, K - 1) is small enough, and the baselines. Then the solver's run
+step-time estimate of the exact solver, the brute-force optimum where C(L - 1, K - 1) is
+small enough, and the baselines. Then the solver's run
 time on 10,000 layers x 64 stages (``--quick``: 1,000 layers).
 """
 
@@ -37,7 +37,6 @@ from partitioner import (
     step_time_estimate,
     uniform,
 )
-from partitioner.solver import stage_loads
 
 FLOPS = 20e12  # effective device speed for the analytic models, FLOP/s
 M = 8
@@ -145,7 +144,7 @@ METHODS: dict[str, Callable[[CostModel, int], Partition]] = {
 
 
 def compare(name: str, costs: CostModel, K: int) -> tuple[list[str], list[str]]:
-    """One row of step-time estimates and one of bottlenecks, in milliseconds."""
+    """One row of step-time estimates, in milliseconds."""
     started = time.perf_counter()
     exact = solve_speed(costs, K, M)
     elapsed = time.perf_counter() - started
@@ -154,16 +153,14 @@ def compare(name: str, costs: CostModel, K: int) -> tuple[list[str], list[str]]:
     if brute is not None:
         assert math.isclose(step_time_estimate(costs, brute, M), best, rel_tol=1e-9), name
     candidates = {"exact": exact, **{m: f(costs, K) for m, f in METHODS.items()}}
-    steps, necks = [name, str(costs.num_layers), str(K)], [name, str(K)]
+    steps = [name, str(costs.num_layers), str(K)]
     for method, partition in candidates.items():
         value = step_time_estimate(costs, partition, M)
-        neck = float(stage_loads(costs, partition).max())
         loss = "" if method == "exact" else f" (+{100 * (value / best - 1):.1f}%)"
         steps.append(f"{1e3 * value:.1f}{loss}")
-        necks.append(f"{1e3 * neck:.2f}")
     steps.insert(4, "= exact" if brute is not None else "n/a (too many)")
     steps.append(f"{1e3 * elapsed:.0f}")
-    return steps, necks
+    return steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,20 +223,17 @@ MODELS: list[tuple[str, Callable[[], CostModel]]] = [
 ]
 STEP_HEADER = ["model", "L", "K", "exact", "brute force", "uniform", "by_parameters",
                "block_partition", "solve ms"]  # fmt: skip
-NECK_HEADER = ["model", "K", "exact", "uniform", "by_parameters", "block_partition"]
 
 
 def measure(s: Settings) -> Result:
-    """Comparisons and bottlenecks per model and K, then the solver's timings."""
-    steps, necks = [], []
+    """Step-time estimates per model and K, then the solver's timings."""
+    steps = []
     for name, build in MODELS:
         costs = build()
         for K in STAGES:
-            step, neck = compare(name, costs, K)
-            steps.append(step)
-            necks.append(neck)
+            steps.append(compare(name, costs, K))
     machine = f"{cpu_name()}, Python {platform.python_version()}, numpy {np.__version__}"
-    return {"steps": steps, "necks": necks, "timings": scale_timing(s), "machine": machine}
+    return {"steps": steps, "timings": scale_timing(s), "machine": machine}
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
@@ -248,8 +242,6 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         f"{report.provenance(meta, BENCH.command)} {raw['machine']}.",
         f"### Step-time estimate T = sum_s t_s + (M - 1) max_s t_s, ms (M = {M})",
         report.table(STEP_HEADER, raw["steps"]),
-        "### Bottleneck stage time max_s t_s, ms",
-        report.table(NECK_HEADER, raw["necks"]),
         f"### Solver run time, {s.layers:,} random layers into {s.stages} stages",
         report.table(timing, raw["timings"]),
     ])  # fmt: skip

@@ -119,11 +119,6 @@ def run_all(settings: Settings) -> Result:
     say("single process: plain Keras vs @tfsift.step, simulator predictions")
     raw: Result = {"single": run_job(1, "single", settings.worker_config())[0]}
     raw["pipeline"] = run_grid(settings)
-    say(f"K={settings.K} M={TARGET_M} interleaved speed, without the gc.collect() workaround")
-    config = settings.worker_config(
-        M=TARGET_M, pipeline="interleaved", optimize="speed", collect=False
-    )
-    raw["no_collect"] = run_job(settings.K, "pipeline", config)
     raw["compare"] = {}
     for name, config in settings.comparisons().items():
         say(f"where we lose ({name}): {config['model']} chain, B={config['batch']}")
@@ -254,7 +249,6 @@ def dp_summary(raw: Result, settings: Settings) -> Result:
 def summary(raw: Result, settings: Settings) -> Result:
     single = raw["single"]
     keras_ms, tfsift_ms = (median_ms(single["times"][k]) for k in ("keras", "tfsift"))
-    leak = raw["no_collect"]
     return dp_summary(raw, settings) | {
         "keras_ms": keras_ms,
         "tfsift_ms": tfsift_ms,
@@ -263,8 +257,6 @@ def summary(raw: Result, settings: Settings) -> Result:
         "compute_ms": {
             p["M"]: 1000 * p["M"] * p["microbatch_compute_s"] for p in single["predictions"]
         },
-        "no_collect_ms": median_ms(leak[0]["times"]),
-        "no_collect_rss": [r["maxrss_timed_mib"] for r in leak],
         "rows": pipeline_rows(raw, settings),
         "compare": {
             name: comparison_summary(jobs, settings) for name, jobs in raw["compare"].items()
@@ -409,21 +401,7 @@ def markdown(s: Result, settings: Settings, meta: Result) -> str:
             overhead_table(s),
             "### Data parallel: 2 ranks vs 1",
             dp_table(s),
-            "### Garbage collection between steps",
-            gc_table(s, settings),
         ]
-    )
-
-
-def gc_table(s: Result, settings: Settings) -> str:
-    """The step and peak RSS with and without the gc.collect() between steps."""
-    with_gc = next(r for r in s["rows"] if (r["M"], r["pipeline"], r["optimize"]) == TIMELINE_ROW)
-    return table(
-        ["between steps", "step ms", f"peak RSS over {settings.steps} steps, rank 0 / 1 (MiB)"],
-        [
-            ["gc.collect()", f"{with_gc['step_ms']:.1f}", mib(with_gc["rss_timed_mib"])],
-            ["nothing", f"{s['no_collect_ms']:.1f}", mib(s["no_collect_rss"])],
-        ],
     )
 
 

@@ -156,7 +156,7 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
          f"{k1 / keras_s:.2f}x the first's, scaled back)", per_action),
         ("a hand-written TensorFlow loop, one tf.function call a microbatch", by_hand),
         ("the same microbatches in one hand-written tf.function", floor),
-        ("tfsift's own: @tfsift.step's less that", per_action - floor),
+        ("tfsift's own: the first row less the third", per_action - floor),
         ("a pipeline stage's action and its message (the one-process profile)", overhead),
     ]  # fmt: skip
     header = [

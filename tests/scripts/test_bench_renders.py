@@ -28,18 +28,17 @@ def test_calls_renders_a_table_per_measurement() -> None:
     assert "### Early-exit" not in text  # retired with overlap
 
 
-def test_partition_renders_its_three_tables_and_the_machine() -> None:
+def test_partition_renders_its_two_tables_and_the_machine() -> None:
     bench = scripts_module.load("bench_partition")
     raw = {
         "steps": [["VGG-16 CNN", "21", "2", "1007.3", "= exact", "1007.3 (+0.0%)", "1", "2", "1"]],
-        "necks": [["VGG-16 CNN", "2", "115.33", "115.33", "148.87", "179.42"]],
         "timings": [["speed", "10,000", "64", "8", "0.35 s", "0.39, 0.35, 0.35"]],
         "machine": "AMD EPYC, Python 3.11.7, numpy 2.4.6",
     }
     text = bench.render(raw, META, bench.Settings())
     assert scripts_module.prose(text) == []
     assert text.splitlines()[0].endswith("`. AMD EPYC, Python 3.11.7, numpy 2.4.6.")
-    assert text.count("\n|---|") == 3
+    assert text.count("\n|---|") == 2
 
 
 def pipeline_row(M: int, pipeline: str, optimize: str, step: float) -> dict[str, Any]:
@@ -63,7 +62,6 @@ def test_pipeline_renders_targets_and_tables() -> None:
         "rows": rows, "compare": {"dense": compare}, "keras_ms": 2003.9, "tfsift_ms": 2010.0,
         "overhead": 2010.0 / 2003.9 - 1, "grad_mib": 4.5, "dp_ms": 1029.7, "allreduce_ms": 25.0,
         "allreduce_gbps": 0.19, "alone_ms": 999.7, "helper_cpu": 0.03, "alone_helper_cpu": 0.0,
-        "no_collect_ms": 1191.3, "no_collect_rss": [720.0, 719.0],
     }  # fmt: skip
     text = bench.markdown(s, bench.Settings(), META)
     assert scripts_module.prose(text) == []
@@ -74,4 +72,4 @@ def test_pipeline_renders_targets_and_tables() -> None:
         "(92.0% to 94.0% in 3 jobs) of ideal; step overhead +0.3% | simple M=8: 84.0% (92.0% "
         "to 94.0% in 3 jobs) of ideal |" in text
     )
-    assert "| gc.collect() | 1208.0 | 760 / 716 |" in text
+    assert "| interleaved | 8 | speed | (0, 4, 8) | 1208.0 | 1.66 | 760 / 716 |" in text
