@@ -1,4 +1,4 @@
-"""One job of ``scripts/bench_sifting.py``: trains one task and seed with each method, in turn.
+"""One job of ``scripts/bench_sifting*.py``: trains one task and seed with each method, in turn.
 
 usage: _bench_sifting_worker.py CONFIG_JSON   (run by ``bench.harness.run_job``)
 
@@ -38,7 +38,6 @@ from bench import harness  # noqa: E402
 
 Config = dict[str, Any]
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-EXIT_PROBE_ROUNDS = 40  # scored rounds after which an early-exit run must show exit_* metrics
 
 
 # ---------------------------------------------------------------- data
@@ -257,11 +256,7 @@ class Run:
             policy=m["policy"],
             beta=float(m.get("beta", 1.0)),
             keep=float(m.get("keep", 0.5)),
-            scorer=m.get("scorer", "full"),
-            exit_after=m.get("exit_after"),
             stale=stale,
-            overlap=bool(m.get("overlap", False)),
-            leftover=m.get("leftover", "score"),
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],
@@ -301,8 +296,6 @@ class Run:
 
     def train(self) -> Config:
         B = self.task["batch"]
-        # the sifted dataset first, as a user makes it: overlap's planner (at the first
-        # step, here the warm-up's) then leaves stage 0 room for the scoring
         train = self.dataset()
         self.warm_up(self.x[:B], self.y[:B])
         self.record()
@@ -314,7 +307,7 @@ class Run:
                 if self.steps % self.task["eval_every"] == 0:  # equal on every rank
                     self.clock.stop()
                     self.record()
-                    done = self.over(epochs) or self.exit_missing()
+                    done = self.over(epochs)
                     self.clock.start()
                     if done:
                         break
@@ -328,7 +321,7 @@ class Run:
     def batches(self, train: tf.data.Dataset) -> Iterator[tuple[tf.Tensor, ...]]:
         """``train``'s batches, with one-time work taken off the clock as ``warm_up`` does
         the training step's tracing: the run's first request (the shuffle buffer's first
-        fill; early exit traces its scorer there, in the delay) and the request that ran
+        fill) and the request that ran
         the first scoring round (tracing the scoring step). Their seconds are kept.
         Batches are ``(x, y)``, or ``(x, y, weight)`` with ``rescale``."""
         iterator = iter(train)
@@ -366,14 +359,6 @@ class Run:
             return agreed(epochs >= self.task["epochs"])
         return agreed(self.clock.total >= self.budget or epochs >= self.job["max_epochs"])
 
-    def exit_missing(self) -> bool:
-        """An early-exit run that scored many rounds without exit_* metrics: not implemented."""
-        if self.method.get("scorer") != "early_exit":
-            return False
-        metrics = tfsift.sift_metrics()
-        rounds = metrics.get("samples_scored", 0) / (self.task["batch"] * self.job["score_batches"])
-        return agreed(rounds >= EXIT_PROBE_ROUNDS and not has_exit_metrics(metrics))
-
     def result(self, epochs: int) -> Config:
         metrics = tfsift.sift_metrics() if self.method["policy"] != "none" else {}
         out: Config = {"method": self.method["name"], "epochs": epochs, "curve": self.curve}
@@ -381,14 +366,7 @@ class Run:
         out["sift"] = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
         if self.flipped:
             out["flipped"] = self.flipped_seen / max(1, self.samples)
-        if self.method.get("scorer") == "early_exit" and not has_exit_metrics(metrics):
-            out["status"] = "n/a (not implemented)"
         return out
-
-
-def has_exit_metrics(metrics: Config) -> bool:
-    """Whether the early-exit scorer reported anything (its metrics are named exit_*)."""
-    return any(k.startswith("exit_") for k in metrics)
 
 
 # ---------------------------------------------------------------- the job
@@ -413,13 +391,7 @@ def run_method(
     job: Config, method: Config, data: tuple[Arrays, set[bytes]], budget: float | None
 ) -> Config:
     start = time.perf_counter()
-    try:
-        out = Run(job, method, *data, budget).train()
-    except (NotImplementedError, ValueError, TypeError) as error:
-        if method.get("scorer") != "early_exit":
-            raise
-        first = str(error).strip().splitlines()[-1][:120] if str(error).strip() else ""
-        out = {"method": method["name"], "status": f"n/a ({type(error).__name__}: {first})"}
+    out = Run(job, method, *data, budget).train()
     out["resolved"] = {k: v for k, v in method.items() if k != "name"}
     out["wall_s"] = time.perf_counter() - start
     return out
@@ -447,11 +419,10 @@ def main() -> None:
 def log_line(job: Config, result: Config) -> None:
     if tfsift.rank() != 0:
         return
-    last = result.get("curve", [[0, 0, 0, float("nan")]])[-1]
+    last = result["curve"][-1]
     print(
         f"  {job['task']['name']} seed {job['seed']} {result['method']}: "
-        f"{last[0]:.1f} s, {last[1]} steps, metric {last[3]:.4f} "
-        f"{result.get('status', '')}",
+        f"{last[0]:.1f} s, {last[1]} steps, metric {last[3]:.4f}",
         file=sys.stderr,
         flush=True,
     )

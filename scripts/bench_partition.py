@@ -5,8 +5,8 @@ usage: .venv/bin/python scripts/bench_partition.py [--quick] [--no-docs] [--json
 Five cost vectors (a VGG-like CNN, a GPT-2-medium-like transformer, a ResNet-50-like
 chain whose cuts inside a block carry the skip tensor, and two random heterogeneous
 chains), K in {2, 4, 8}, M = 8, the default link (1 GB/s, no latency). For each, the
-bottleneck stage time and the step-time estimate of the exact solver, the brute-force
-optimum where C(L - 1, K - 1) is small enough, and the baselines. Then the solver's run
+step-time estimate of the exact solver, the brute-force optimum where C(L - 1, K - 1) is
+small enough, and the baselines. Then the solver's run
 time on 10,000 layers x 64 stages (``--quick``: 1,000 layers).
 """
 
@@ -37,7 +37,6 @@ from partitioner import (
     step_time_estimate,
     uniform,
 )
-from partitioner.solver import stage_loads
 
 FLOPS = 20e12  # effective device speed for the analytic models, FLOP/s
 M = 8
@@ -58,28 +57,13 @@ def vgg(batch: int = 32) -> CostModel:
     for block, (cout, convs) in enumerate([(64, 2), (128, 2), (256, 3), (512, 3), (512, 3)]):
         for i in range(convs):
             pixels = size * size
-            layers.append(
-                layer(
-                    f"conv{block + 1}_{i + 1}",
-                    2 * 9 * cin * cout * pixels,
-                    9 * cin * cout + cout,
-                    2 * pixels * cout,
-                    pixels * cout,
-                    batch,
-                )
-            )
+            flops, params = 2 * 9 * cin * cout * pixels, 9 * cin * cout + cout
+            name = f"conv{block + 1}_{i + 1}"
+            layers.append(layer(name, flops, params, 2 * pixels * cout, pixels * cout, batch))
             cin = cout
         size //= 2
-        layers.append(
-            layer(
-                f"pool{block + 1}",
-                size * size * cout * 4,
-                0,
-                size * size * cout,
-                size * size * cout,
-                batch,
-            )
-        )
+        out = size * size * cout
+        layers.append(layer(f"pool{block + 1}", 4 * out, 0, out, out, batch))
     for i, (fin, fout) in enumerate([(25088, 4096), (4096, 4096), (4096, 1000)]):
         layers.append(layer(f"fc{i + 1}", 2 * fin * fout, fin * fout + fout, 2 * fout, fout, batch))
     return CostModel(tuple(layers), batch_size=batch)
@@ -92,31 +76,18 @@ def gpt(
     hidden = seq * d
     layers = [layer("embedding", hidden, vocab * d + seq * d, hidden, hidden, batch)]
     for b in range(blocks):
-        attention = 8 * seq * d * d + 4 * seq * seq * d
-        layers.append(
-            layer(
-                f"attn{b}", attention, 4 * d * d + 6 * d, 6 * hidden + 16 * seq * seq, hidden, batch
-            )
-        )
-        layers.append(
-            layer(f"mlp{b}", 16 * seq * d * d, 8 * d * d + 7 * d, 10 * hidden, hidden, batch)
-        )
+        attention, acts = 8 * seq * d * d + 4 * seq * seq * d, 6 * hidden + 16 * seq * seq
+        layers.append(layer(f"attn{b}", attention, 4 * d * d + 6 * d, acts, hidden, batch))
+        mlp = 16 * seq * d * d
+        layers.append(layer(f"mlp{b}", mlp, 8 * d * d + 7 * d, 10 * hidden, hidden, batch))
     layers.append(layer("lm_head", 2 * seq * d * vocab, vocab * d, seq * vocab, seq * vocab, batch))
     return CostModel(tuple(layers), batch_size=batch)
 
 
 def resnet(batch: int = 32) -> CostModel:
     """ResNet-50: three layers per bottleneck block; cuts inside a block carry the skip."""
-    layers = [
-        layer(
-            "stem",
-            2 * 49 * 3 * 64 * 112 * 112,
-            49 * 3 * 64,
-            2 * 64 * 112 * 112,
-            64 * 56 * 56,
-            batch,
-        )
-    ]
+    stem = 2 * 49 * 3 * 64 * 112 * 112
+    layers = [layer("stem", stem, 49 * 3 * 64, 2 * 64 * 112 * 112, 64 * 56 * 56, batch)]
     cin, size = 64, 56
     for stage, (width, count) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)]):
         for b in range(count):
@@ -125,15 +96,11 @@ def resnet(batch: int = 32) -> CostModel:
             pixels, cout = size * size, 4 * width
             skip = pixels * cout if b == 0 else pixels * cin  # projected or identity input
             names = [f"res{stage + 2}{chr(97 + b)}_{k}" for k in ("reduce", "conv", "expand")]
-            for name, ci, co, k in [
-                (names[0], cin, width, 1),
-                (names[1], width, width, 9),
-                (names[2], width, cout, 1),
-            ]:
+            shapes = [(cin, width, 1), (width, width, 9), (width, cout, 1)]
+            for name, (ci, co, k) in zip(names, shapes, strict=True):
                 out = pixels * co + (skip if name != names[2] else 0)
-                layers.append(
-                    layer(name, 2 * k * ci * co * pixels, k * ci * co, 3 * pixels * co, out, batch)
-                )
+                flops, acts = 2 * k * ci * co * pixels, 3 * pixels * co
+                layers.append(layer(name, flops, k * ci * co, acts, out, batch))
             cin = cout
     layers.append(layer("fc", 2 * 2048 * 1000, 2048 * 1000, 1000, 1000, batch))
     return CostModel(tuple(layers), batch_size=batch)
@@ -143,20 +110,12 @@ def random_chain(L: int, seed: int, batch: int = 16) -> CostModel:
     """Heavy-tailed times, parameters and activations; cuts of varied size."""
     rng = np.random.default_rng(seed)
     forward = rng.lognormal(-7.0, 1.0, L)
-    return CostModel(
-        tuple(
-            LayerCost(
-                f"l{i}",
-                float(forward[i]),
-                float(forward[i] * rng.uniform(1.5, 3.0)),
-                int(rng.lognormal(14, 2)),
-                int(rng.lognormal(11, 1.5)),
-                int(rng.lognormal(10, 1.5)),
-            )
-            for i in range(L)
-        ),
-        batch_size=batch,
-    )
+    layers = []
+    for i in range(L):
+        backward = float(forward[i] * rng.uniform(1.5, 3.0))
+        sizes = [int(rng.lognormal(*shape)) for shape in ((14, 2), (11, 1.5), (10, 1.5))]
+        layers.append(LayerCost(f"l{i}", float(forward[i]), backward, *sizes))
+    return CostModel(tuple(layers), batch_size=batch)
 
 
 def brute_force(costs: CostModel, K: int) -> Partition | None:
@@ -185,7 +144,7 @@ METHODS: dict[str, Callable[[CostModel, int], Partition]] = {
 
 
 def compare(name: str, costs: CostModel, K: int) -> tuple[list[str], list[str]]:
-    """One row of step-time estimates and one of bottlenecks, in milliseconds."""
+    """One row of step-time estimates, in milliseconds."""
     started = time.perf_counter()
     exact = solve_speed(costs, K, M)
     elapsed = time.perf_counter() - started
@@ -194,16 +153,14 @@ def compare(name: str, costs: CostModel, K: int) -> tuple[list[str], list[str]]:
     if brute is not None:
         assert math.isclose(step_time_estimate(costs, brute, M), best, rel_tol=1e-9), name
     candidates = {"exact": exact, **{m: f(costs, K) for m, f in METHODS.items()}}
-    steps, necks = [name, str(costs.num_layers), str(K)], [name, str(K)]
+    steps = [name, str(costs.num_layers), str(K)]
     for method, partition in candidates.items():
         value = step_time_estimate(costs, partition, M)
-        neck = float(stage_loads(costs, partition).max())
         loss = "" if method == "exact" else f" (+{100 * (value / best - 1):.1f}%)"
         steps.append(f"{1e3 * value:.1f}{loss}")
-        necks.append(f"{1e3 * neck:.2f}")
     steps.insert(4, "= exact" if brute is not None else "n/a (too many)")
     steps.append(f"{1e3 * elapsed:.0f}")
-    return steps, necks
+    return steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,38 +223,26 @@ MODELS: list[tuple[str, Callable[[], CostModel]]] = [
 ]
 STEP_HEADER = ["model", "L", "K", "exact", "brute force", "uniform", "by_parameters",
                "block_partition", "solve ms"]  # fmt: skip
-NECK_HEADER = ["model", "K", "exact", "uniform", "by_parameters", "block_partition"]
 
 
 def measure(s: Settings) -> Result:
-    """Comparisons and bottlenecks per model and K, then the solver's timings."""
-    steps, necks = [], []
+    """Step-time estimates per model and K, then the solver's timings."""
+    steps = []
     for name, build in MODELS:
         costs = build()
         for K in STAGES:
-            step, neck = compare(name, costs, K)
-            steps.append(step)
-            necks.append(neck)
+            steps.append(compare(name, costs, K))
     machine = f"{cpu_name()}, Python {platform.python_version()}, numpy {np.__version__}"
-    return {"steps": steps, "necks": necks, "timings": scale_timing(s), "machine": machine}
+    return {"steps": steps, "timings": scale_timing(s), "machine": machine}
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
     timing = ["solver", "L", "K", "M", "median", "runs (s)"]
     return "\n\n".join([
-        "## Partition solver",
         f"{report.provenance(meta, BENCH.command)} {raw['machine']}.",
-        f"Step-time estimate T = sum_s t_s + (M - 1) max_s t_s in ms (M = {M}, link 1 GB/s, "
-        "no latency; t_s includes a stage's input and output transfers). The brute-force "
-        "column enumerates all C(L - 1, K - 1) partitions when there are at most "
-        f"{BRUTE_FORCE_LIMIT:,}; the exact solver is optimal by construction otherwise. "
-        "Percentages are the loss against the exact solver.",
+        f"### Step-time estimate T = sum_s t_s + (M - 1) max_s t_s, ms (M = {M})",
         report.table(STEP_HEADER, raw["steps"]),
-        "Bottleneck stage time max_s t_s in ms (the exact solver may accept a larger "
-        "bottleneck to save transfers):",
-        report.table(NECK_HEADER, raw["necks"]),
-        f"Solver run time on {s.layers:,} random layers (uniform 0.1-1 ms forward, cut sizes "
-        f"up to 3.2 MB per microbatch) into {s.stages} stages, median of {s.repeats}:",
+        f"### Solver run time, {s.layers:,} random layers into {s.stages} stages",
         report.table(timing, raw["timings"]),
     ])  # fmt: skip
 

@@ -161,24 +161,17 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         speedup = medians[own] / seconds if own in medians else float("nan")
         jobs = ", ".join(f"{1e3 * t:.0f}" for t in raw["medians"][key])
         rows.append([row, framework, f"{1e3 * seconds:.1f}", f"{speedup:.2f}x", jobs])
-    c, M = s.chain, raw.get("M", s.M)  # as measured, whatever --microbatches says now
+    M = raw.get("M", s.M)  # as measured, whatever --microbatches says now
     rounds = len(next(iter(raw["medians"].values())))  # as measured, whatever --repeats says
     return "\n\n".join(
         [
-            "## tfsift against its peers",
             report.provenance(meta, BENCH.command),
-            f"{c.layers} x Conv2D({c.width}, 3x3, same, relu) on {c.side}x{c.side}x{c.width}, "
-            f"MSE, SGD, B={c.batch}, M={M} microbatches in the pipelines; one compute thread "
-            f"per rank, ranks bound to cores; {rounds} jobs per configuration in rotating "
-            f"order, each the median of {c.steps} steps after {c.warmup} warm-up steps (the "
-            "slowest rank's time, steps started together).",
+            f"### M={M} microbatches in the pipelines, {rounds} jobs per configuration",
             report.table(
                 ["configuration", "framework", "step ms", "speed-up over its one process", "jobs"],
                 rows,
             ),
-            "Paired by round: in each round of the rotation every configuration ran once, "
-            "minutes apart, so the ratio of two jobs of one round is the least moved by this "
-            "machine's drifting speed.",
+            "### Paired by round of the rotation",
             report.table(
                 ["tfsift's step / the other's", "median", "tfsift shorter in", "per round"],
                 paired_rows(raw["medians"]),

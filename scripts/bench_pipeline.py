@@ -119,11 +119,6 @@ def run_all(settings: Settings) -> Result:
     say("single process: plain Keras vs @tfsift.step, simulator predictions")
     raw: Result = {"single": run_job(1, "single", settings.worker_config())[0]}
     raw["pipeline"] = run_grid(settings)
-    say(f"K={settings.K} M={TARGET_M} interleaved speed, without the gc.collect() workaround")
-    config = settings.worker_config(
-        M=TARGET_M, pipeline="interleaved", optimize="speed", collect=False
-    )
-    raw["no_collect"] = run_job(settings.K, "pipeline", config)
     raw["compare"] = {}
     for name, config in settings.comparisons().items():
         say(f"where we lose ({name}): {config['model']} chain, B={config['batch']}")
@@ -254,7 +249,6 @@ def dp_summary(raw: Result, settings: Settings) -> Result:
 def summary(raw: Result, settings: Settings) -> Result:
     single = raw["single"]
     keras_ms, tfsift_ms = (median_ms(single["times"][k]) for k in ("keras", "tfsift"))
-    leak = raw["no_collect"]
     return dp_summary(raw, settings) | {
         "keras_ms": keras_ms,
         "tfsift_ms": tfsift_ms,
@@ -263,8 +257,6 @@ def summary(raw: Result, settings: Settings) -> Result:
         "compute_ms": {
             p["M"]: 1000 * p["M"] * p["microbatch_compute_s"] for p in single["predictions"]
         },
-        "no_collect_ms": median_ms(leak[0]["times"]),
-        "no_collect_rss": [r["maxrss_timed_mib"] for r in leak],
         "rows": pipeline_rows(raw, settings),
         "compare": {
             name: comparison_summary(jobs, settings) for name, jobs in raw["compare"].items()
@@ -287,35 +279,21 @@ def comparison_summary(jobs: Result, settings: Settings) -> Result:
 # ---------------------------------------------------------------- Markdown
 
 
+def mib(values: list[float]) -> str:
+    return " / ".join(f"{x:.0f}" for x in values)
+
+
 def speedup_table(s: Result) -> str:
-    header = [
-        "schedule",
-        "M",
-        "step ms",
-        "Keras, before and after: ms",
-        "K=1, same M: ms",
-        "speed-up",
-        "ideal",
-        "predicted",
-        "measured / ideal",
-        "computing, rank 0 / 1: ms",
-    ]
+    header = (
+        "schedule | M | step ms | Keras, before and after: ms | K=1, same M: ms | speed-up "
+        "| ideal | predicted | measured / ideal | computing, rank 0 / 1: ms"
+    ).split(" | ")
     rows = [
-        [
-            r["pipeline"],
-            str(r["M"]),
-            f"{r['step_ms']:.1f}",
-            f"{r['reference_ms']:.1f}",
-            f"{r['k1_ms']:.1f}",
-            f"{r['speedup']:.2f}",
-            f"{r['ideal']:.2f}",
-            f"{r['predicted']:.2f}",
-            ratio_text(r),
-            " / ".join(f"{x:.0f}" for x in r["busy_ms"]),
-        ]
-        for r in s["rows"]
-        if r["optimize"] == "speed"
-    ]
+        [r["pipeline"], str(r["M"]), f"{r['step_ms']:.1f}", f"{r['reference_ms']:.1f}",
+         f"{r['k1_ms']:.1f}", f"{r['speedup']:.2f}", f"{r['ideal']:.2f}",
+         f"{r['predicted']:.2f}", ratio_text(r), mib(r["busy_ms"])]
+        for r in s["rows"] if r["optimize"] == "speed"
+    ]  # fmt: skip
     return table(header, rows)
 
 
@@ -329,63 +307,32 @@ def ratio_text(row: Result) -> str:
 
 
 def memory_table(s: Result) -> str:
-    header = [
-        "schedule",
-        "M",
-        "optimize",
-        "bounds",
-        "step ms",
-        "speed-up",
-        "peak RSS in steps, rank 0 / 1 (MiB)",
-        "whole-run peak RSS, rank 0 / 1 (MiB)",
-        "simulator peak, stage 0 / 1 (MiB)",
-    ]
+    header = (
+        "schedule | M | optimize | bounds | step ms | speed-up | peak RSS in steps, rank "
+        "0 / 1 (MiB) | whole-run peak RSS, rank 0 / 1 (MiB) | simulator peak, stage 0 / 1 "
+        "(MiB)"
+    ).split(" | ")
     rows = [
-        [
-            r["pipeline"],
-            str(r["M"]),
-            r["optimize"],
-            str(tuple(r["bounds"])),
-            f"{r['step_ms']:.1f}",
-            f"{r['speedup']:.2f}",
-            " / ".join(f"{x:.0f}" for x in r["rss_timed_mib"]),
-            " / ".join(f"{x:.0f}" for x in r["rss_whole_mib"]),
-            " / ".join(f"{x:.0f}" for x in r["predicted_peak_mib"]),
-        ]
+        [r["pipeline"], str(r["M"]), r["optimize"], str(tuple(r["bounds"])),
+         f"{r['step_ms']:.1f}", f"{r['speedup']:.2f}", mib(r["rss_timed_mib"]),
+         mib(r["rss_whole_mib"]), mib(r["predicted_peak_mib"])]
         for r in sorted(s["rows"], key=lambda r: (r["pipeline"], r["M"], r["optimize"]))
-    ]
+    ]  # fmt: skip
     return table(header, rows)
 
 
 def comparison_table(s: Result, settings: Settings) -> str:
-    header = [
-        "case",
-        "B",
-        "M",
-        "samples per microbatch",
-        "plain Keras, B: ms",
-        "K=1, same M: ms",
-        f"K={settings.K} ({CASE_PIPELINE}): ms",
-        "speed-up",
-        "ideal",
-        "measured / ideal",
-    ]
+    header = (
+        "case | B | M | samples per microbatch | plain Keras, B: ms | K=1, same M: ms | "
+        f"K={settings.K} ({CASE_PIPELINE}): ms | speed-up | ideal | measured / ideal"
+    )
     rows = [
-        [
-            case_name(name, settings),
-            str(d["batch"]),
-            str(d["M"]),
-            str(d["batch"] // d["M"]),
-            f"{d['reference_ms']:.1f}",
-            f"{d['k1_ms']:.1f}",
-            f"{d['step_ms']:.1f}",
-            f"{d['speedup']:.2f}",
-            f"{d['ideal']:.2f}",
-            f"{d['speedup'] / d['ideal']:.0%}",
-        ]
+        [case_name(name, settings), str(d["batch"]), str(d["M"]), str(d["batch"] // d["M"]),
+         f"{d['reference_ms']:.1f}", f"{d['k1_ms']:.1f}", f"{d['step_ms']:.1f}",
+         f"{d['speedup']:.2f}", f"{d['ideal']:.2f}", f"{d['speedup'] / d['ideal']:.0%}"]
         for name, d in s["compare"].items()
-    ]
-    return table(header, rows)
+    ]  # fmt: skip
+    return table(header.split(" | "), rows)
 
 
 def case_name(name: str, settings: Settings) -> str:
@@ -395,41 +342,23 @@ def case_name(name: str, settings: Settings) -> str:
 
 
 def overhead_table(s: Result) -> str:
-    return table(
-        ["plain Keras step ms", "@tfsift.step (K=1, M=1) ms", "overhead", "target"],
-        [
-            [
-                f"{s['keras_ms']:.1f}",
-                f"{s['tfsift_ms']:.1f}",
-                f"{s['overhead']:+.1%}",
-                f"<= {OVERHEAD_TARGET:.0%}",
-            ]
-        ],
-    )
+    header = ["plain Keras step ms", "@tfsift.step (K=1, M=1) ms", "overhead", "target"]
+    row = [f"{s['keras_ms']:.1f}", f"{s['tfsift_ms']:.1f}", f"{s['overhead']:+.1%}",
+           f"<= {OVERHEAD_TARGET:.0%}"]  # fmt: skip
+    return table(header, [row])
 
 
 def dp_table(s: Result) -> str:
-    header = [
-        "1 rank, B: ms",
-        "2 ranks, B/2 each: ms",
-        "throughput ratio (ideal 2)",
-        f"allreduce of {s['grad_mib']:.1f} MiB: ms",
-        "share of step",
-        "allreduce bandwidth",
-        "1 rank, B/2 alone: ms",
-        "helper threads' CPU, 2 ranks / 1 rank (share of a core)",
-    ]
-    row = [
-        f"{s['tfsift_ms']:.1f}",
-        f"{s['dp_ms']:.1f}",
-        f"{s['tfsift_ms'] / s['dp_ms']:.2f}",
-        f"{s['allreduce_ms']:.1f}",
-        f"{s['allreduce_ms'] / s['dp_ms']:.0%}",
-        f"{s['allreduce_gbps']:.2f} GB/s",
-        f"{s['alone_ms']:.1f}",
-        f"{s['helper_cpu']:.0%} / {s['alone_helper_cpu']:.0%}",
-    ]
-    return table(header, [row])
+    header = (
+        "1 rank, B: ms | 2 ranks, B/2 each: ms | throughput ratio (ideal 2) | allreduce of "
+        f"{s['grad_mib']:.1f} MiB: ms | share of step | allreduce bandwidth | 1 rank, B/2 "
+        "alone: ms | helper threads' CPU, 2 ranks / 1 rank (share of a core)"
+    )
+    row = [f"{s['tfsift_ms']:.1f}", f"{s['dp_ms']:.1f}", f"{s['tfsift_ms'] / s['dp_ms']:.2f}",
+           f"{s['allreduce_ms']:.1f}", f"{s['allreduce_ms'] / s['dp_ms']:.0%}",
+           f"{s['allreduce_gbps']:.2f} GB/s", f"{s['alone_ms']:.1f}",
+           f"{s['helper_cpu']:.0%} / {s['alone_helper_cpu']:.0%}"]  # fmt: skip
+    return table(header.split(" | "), [row])
 
 
 def targets(s: Result) -> tuple[list[str], list[str]]:
@@ -446,109 +375,33 @@ def targets(s: Result) -> tuple[list[str], list[str]]:
     return met, missed
 
 
-def model_text(settings: Settings) -> str:
-    if settings.model == "conv":
-        return (
-            f"{settings.layers} x Conv2D({settings.width}, 3x3, padding=same, relu) on "
-            f"{settings.side}x{settings.side}x{settings.width} inputs"
-        )
-    return f"{settings.layers} x Dense({settings.width}, relu) on {settings.width} features"
-
-
-def _span(s: Result) -> str:
-    references = [r["reference_ms"] for r in s["rows"]]
-    return f"{min(references):.0f} to {max(references):.0f}"
+def targets_table(s: Result) -> str:
+    met, missed = targets(s)
+    target = (
+        f"speed-up >= {SPEED_TARGET:.0%} of ideal for M >= {TARGET_M}; step overhead <= "
+        f"{OVERHEAD_TARGET:.0%}"
+    )
+    return table(["target", "met", "missed"], [[target, "; ".join(met), "; ".join(missed)]])
 
 
 def markdown(s: Result, settings: Settings, meta: Result) -> str:
     return "\n\n".join(
         [
-            "## Pipeline speed-up, memory and step overhead",
             report.provenance(meta, BENCH.command),
-            f"Model: {model_text(settings)}, MSE loss, SGD, global batch B={settings.batch}, "
-            "float32, one compute thread per rank, each rank bound to a core. Each "
-            f"configuration runs in its own `mpirun` job; step times are the median of "
-            f"{settings.steps} timed steps after {settings.warmup} warm-up steps, each started "
-            "by a barrier and timed on the slowest rank. Reference: one process running a "
-            "plain Keras 3 train step (GradientTape, the same loss, SGD) compiled with "
-            "tf.function on the whole batch, measured in its own job right before and right "
-            f"after each pipeline job (*Keras, before and after*, their mean: {_span(s)} ms "
-            f"in this run, which drifts; the first job measured **{s['keras_ms']:.1f} ms**, "
-            f"which the other tables use). Each row the targets are about (optimize=speed, "
-            f"M >= {TARGET_M}) ran in {settings.repeats} pipeline jobs and shows the one with "
-            "the median speed-up. All ratios come from this one run.",
-            targets_text(s),
+            targets_table(s),
             f"### K={settings.K} pipeline speed-up (optimize=speed)",
             speedup_table(s),
-            "*K=1, same M*: `@tfsift.step` in one process (partitions=1) with the same M: "
-            "microbatching without pipelining (measured in the first job). *speed-up* = "
-            "*Keras, before and after* / *step ms*. "
-            "*ideal* = M*K/(M+K-1). *predicted* = the cost model's one-process step (the sum "
-            "of every layer's profiled forward+backward time at microbatch B) divided by "
-            "`make_plan(costs, K, M, ...).predicted_step_time` for costs profiled at microbatch "
-            "B/M; both profiles come from `tfsift.planning.profiler.profile` in one single-thread "
-            "process. So *predicted* includes the lower efficiency of small matrix products "
-            "and the transfers, and the runtime's cost per action as the profiler estimates "
-            "it (below what it is: see *Small models*). *computing*: the time "
-            "each rank spends in forward and backward actions during one extra step (the "
-            "rest of the step it waits for the other stage).",
             "![measured, ideal and predicted speed-up](pipeline_speedup.png)",
-            f"One measured step ({TIMELINE_ROW[1]}, M={TIMELINE_ROW[0]}, "
-            f"optimize={TIMELINE_ROW[2]}), recorded with `tfsift.timeline()`: blank is "
-            "waiting for the other stage (or a transfer); on the last stage each forward "
-            "box includes its backward (one compiled call).",
             "![a measured pipeline step](pipeline_timeline.png)",
             "### Memory: optimize=speed vs memory",
             memory_table(s),
-            "*peak RSS in steps*: `ru_maxrss` over the timed steps only (the kernel's peak "
-            "mark is reset through `/proc/self/clear_refs` after warm-up). *whole-run peak*: "
-            "`ru_maxrss` up to the end of warm-up, including TensorFlow start-up, profiling "
-            "and partitioning. *simulator peak*: `Plan.peak_memory` (weights x 4 for "
-            "gradients and Adam moments, plus the activations the schedule keeps); it does "
-            "not count the runtime. *bounds*: the stage boundaries the runtime's own plan "
-            "chose (at M=1 every split has the same simulated step time, and the speed "
-            "solver's tie-break is not by memory).",
             "### Where we lose",
             comparison_table(s, settings),
-            f"Each case in its own jobs, {CASE_PIPELINE} schedule, optimize=speed; the "
-            "reference is plain Keras on the case's whole batch B.",
             "### @tfsift.step overhead",
             overhead_table(s),
             "### Data parallel: 2 ranks vs 1",
             dp_table(s),
-            "partitions=1, B/2 samples per rank, "
-            "`tfsift.allreduce([g.accumulate() for g in grads])` (Horovod), the allreduce "
-            "timed alone on the slowest rank. *1 rank, B/2 alone*: the same per-rank work "
-            "without a partner. *helper-thread CPU*: CPU time of the threads other than the "
-            "main thread and TensorFlow's `tf_*` pools, over the wall time of the timed "
-            "steps (the garbage collections between steps included).",
-            "### Garbage collection between steps",
-            gc_table(s, settings),
-            "The tables time each step after a `gc.collect()` outside the timed window; close "
-            "numbers without it mean no step's tensors outlive it.",
         ]
-    )
-
-
-def targets_text(s: Result) -> str:
-    met, missed = targets(s)
-    return (
-        f"**Targets** (speed-up >= {SPEED_TARGET:.0%} of ideal for M >= {TARGET_M}; step "
-        f"overhead <= {OVERHEAD_TARGET:.0%}): met: {'; '.join(met) or 'none'}; missed: "
-        f"{'; '.join(missed) or 'none'}."
-    )
-
-
-def gc_table(s: Result, settings: Settings) -> str:
-    """The step and peak RSS with and without the gc.collect() between steps."""
-    with_gc = next(r for r in s["rows"] if (r["M"], r["pipeline"], r["optimize"]) == TIMELINE_ROW)
-    rss = lambda xs: " / ".join(f"{x:.0f}" for x in xs)  # noqa: E731
-    return table(
-        ["between steps", "step ms", f"peak RSS over {settings.steps} steps, rank 0 / 1 (MiB)"],
-        [
-            ["gc.collect()", f"{with_gc['step_ms']:.1f}", rss(with_gc["rss_timed_mib"])],
-            ["nothing", f"{s['no_collect_ms']:.1f}", rss(s["no_collect_rss"])],
-        ],
     )
 
 

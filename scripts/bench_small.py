@@ -1,24 +1,12 @@
 """Does pipelining a small model pay, and does tfsift predict its step?
 
-An MLP as a user would try it (the issue's: Dense(256) x 4, relu, on 256 features, MSE,
-SGD, B=128; one compute thread per rank, ranks bound to cores), in one job each:
-
-- one process: a plain Keras step, ``@tfsift.step`` with M=1, the simulator's predicted
-  K=2 step for each M, and the runtime's cost per action the profiler charges (the time
-  of a microbatch through the runtime's stage code beyond its layers' times);
-- one process, ``@tfsift.step`` with M microbatches: what microbatching alone costs, and
-  from it the cost per action, ``(t_M - t_1) / (2 (M - 1))`` (the same compute in M
-  forwards and M backwards instead of one each; one stage runs them in one compiled call,
-  a pipeline's stage makes a call per action); in turn with it, the same
-  microbatching written by hand in TensorFlow against the whole-batch Keras step, one
-  tf.function call a microbatch and all of them in one call: what the same formula gives
-  without tfsift, since a call per microbatch and smaller matrix products cost TensorFlow
-  itself (the second is the floor of tfsift's one stage, which runs them in one call);
-- K=2 stages, M microbatches: the measured step against the prediction of the plan line
-  printed at start-up (which also charges the latency of a message between the stages,
-  timed by the two stages there), and its spread
-  (median, 90th and 99th percentiles, maximum) over many steps without forced garbage
-  collections, as a training loop runs.
+An MLP as a user would try it (Dense(256) x 4, relu, on 256 features, MSE, SGD, B=128; one
+compute thread per rank, ranks bound to cores), in one job each: one process (a plain Keras
+step, ``@tfsift.step`` with M=1 and with M microbatches, the same microbatching written by
+hand in TensorFlow, Keras' and tfsift's ``fit``); and K=2 stages with M microbatches over
+many steps without forced garbage collections, against the step the plan line printed at
+start-up predicts. The cost per action is ``(t_M - t_1) / (2 (M - 1))``: the same compute
+in M forwards and M backwards instead of one each.
 
 usage: .venv/bin/python scripts/bench_small.py [--quick] [--no-docs] [--json F] [--render F]
 """
@@ -110,32 +98,22 @@ def measure(s: Settings) -> Result:
     }
 
 
-def own_cost(seconds: float) -> str:
-    """tfsift's own cost per action in one process: beyond the hand-written floor."""
-    if seconds > 0:
-        return f"tfsift's own cost per action in one process is {1e6 * seconds:.0f} us"
-    return (
-        "tfsift adds nothing measurable per action in one process (its step took "
-        f"{-1e6 * seconds:.0f} us an action less)"
-    )
-
-
 def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.2f}"
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
-    c = s.chain
     keras_s = statistics.median(raw["keras"])
     m1, mm = statistics.median(raw["tfsift_m1"]), statistics.median(raw["tfsift_m"])
     k1, km = statistics.median(raw["keras_again"]), statistics.median(raw["keras_m"])
     # M=1 and M ran in two jobs, whose speeds differ by a few percent here (as much as the
     # difference sought): M's step is taken at the first job's speed, each job's own Keras
     # step (timed in turn with it) the yardstick
-    per_action = (mm * keras_s / k1 - m1) / (2 * (s.M - 1))
-    by_hand = (km - k1) / (2 * (s.M - 1))
+    actions = 2 * (s.M - 1)  # the same compute in M forwards and M backwards, not one each
+    per_action = (mm * keras_s / k1 - m1) / actions
+    by_hand = (km - k1) / actions
     fused = statistics.median(raw["keras_m_fused"])
-    floor = (fused - k1) / (2 * (s.M - 1))
+    floor = (fused - k1) / actions
     predicted = {p["pipeline"]: p for p in raw["predictions"] if p["M"] == s.M}
     eager = statistics.median(raw["tfsift_m1_eager_update"])
     keras_fit, tfsift_fit = (
@@ -154,8 +132,7 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         (f"one process, the same M={s.M} microbatches in one hand-written tf.function",
          _ms(fused)),
     ]  # fmt: skip
-    rows = [[name, value, "", "", "", "", "", ""] for name, value in one_process]
-    lines = []
+    rows = [[name, value, *[""] * 8] for name, value in one_process]
     for pipeline, times in raw["pipelines"].items():
         t = np.asarray(times)
         med, p90, p99 = (float(np.percentile(t, q)) for q in (50, 90, 99))
@@ -168,78 +145,31 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             raw.get("startup_predicted", {}).get(pipeline)
             or predicted[pipeline.split(",")[0]]["predicted_step_s"]
         )
-        rows.append(
-            [
-                f"K=2, M={s.M}, {pipeline}",
-                _ms(med),
-                _ms(call),
-                _ms(pred),
-                f"{call / pred:.2f}",
-                _ms(p90),
-                f"{_ms(p99)} ({p99 / med:.2f}x)",
-                _ms(float(t.max())),
-            ]
-        )
-        lines.append(
-            f"{pipeline}: the step call measured {call / pred:.2f}x the prediction (target: "
-            f"within 25%; the whole step, the update included, {med / pred:.2f}x), "
-            f"p99 {p99 / med:.2f}x the median (target <= 2x), against one process's Keras "
-            f"step {keras_s / med:.2f}x as fast"
-        )
+        rows.append([
+            f"K=2, M={s.M}, {pipeline}", _ms(med), _ms(call), _ms(pred), f"{call / pred:.2f}",
+            f"{med / pred:.2f}", _ms(p90), f"{_ms(p99)} ({p99 / med:.2f}x)", _ms(float(t.max())),
+            f"{keras_s / med:.2f}",
+        ])  # fmt: skip
     overhead = next(iter(predicted.values()))["action_overhead_s"]
+    costs = [
+        (f"@tfsift.step, M={s.M} in one compiled call (target <= 150; its job's Keras step "
+         f"{k1 / keras_s:.2f}x the first's, scaled back)", per_action),
+        ("a hand-written TensorFlow loop, one tf.function call a microbatch", by_hand),
+        ("the same microbatches in one hand-written tf.function", floor),
+        ("tfsift's own: the first row less the third", per_action - floor),
+        ("a pipeline stage's action and its message (the one-process profile)", overhead),
+    ]  # fmt: skip
+    header = [
+        "configuration", "median ms", "the step call alone, median ms", "predicted ms",
+        "step call / predicted", "whole step / predicted", "p90 ms", "p99 ms", "max ms",
+        "one process's Keras step / this",
+    ]  # fmt: skip
     return "\n\n".join(
         [
-            "## Small models: predicted and measured",
             report.provenance(meta, BENCH.command),
-            f"Dense({c.width}) x {c.layers}, relu, on {c.width} features, MSE, SGD, B={c.batch}; "
-            "one compute thread per rank, ranks bound to cores. One-process rows: median of "
-            f"{c.steps} steps after {c.warmup} warm-up steps, each after a garbage collection; "
-            f"K=2 rows: {s.pipeline_steps} steps with no forced collection, the slowest rank's "
-            "time of steps started together; the optimizer's update is compiled and follows "
-            "the `@tfsift.step` call, which *the step call alone* times again as many "
-            "times. *predicted*: the step the plan line printed at the K=2 run's start "
-            "predicts, the `@tfsift.step` call's forwards and backwards: rank 0 fitted the "
-            "runtime's cost per action (its message included) and the layers' times to "
-            "prefixes of the model timed through the runtime's stage, and charged a "
-            "message's latency between the stages, timed there. *optimize=memory*: each "
-            "stage keeps only its inputs and recomputes its forward inside one compiled "
-            "backward, instead of running the backward through "
-            "the eager tape it kept; optimize=speed does so too where rank 0 timed a "
-            "microbatch through the stage faster that way (the plan line says "
-            "`optimize=speed with recompute (timed faster)`), as on this model.",
-            report.table(
-                [
-                    "configuration",
-                    "median ms",
-                    "the step call alone, median ms",
-                    "predicted ms",
-                    "step call / predicted",
-                    "p90 ms",
-                    "p99 ms",
-                    "max ms",
-                ],
-                rows,
-            ),
-            f"What microbatching costs per action (a forward or backward of one microbatch) "
-            f"in one process, where one compiled call runs all of a step's microbatches: "
-            f"**{1e6 * per_action:.0f} us** (target: <= 150 us; the M={s.M} row's job ran "
-            f"its Keras step {k1 / keras_s:.2f}x as long as the first row's, and its step "
-            f"is scaled back by that); a hand-written TensorFlow "
-            f"loop of one tf.function call a microbatch, by the same formula (its M={s.M} row "
-            f"against its Keras step, timed in turn with the row above): "
-            f"{1e6 * by_hand:.0f} us; the same microbatches in one hand-written tf.function, "
-            f"as tfsift's stage runs them: {1e6 * floor:.0f} us, what the smaller matrix "
-            f"products cost TensorFlow itself, so {own_cost(per_action - floor)}. "
-            f"On a pipeline's stage each action is a call of its own and a message: the "
-            f"one-process job's profile puts their cost at {1e6 * overhead:.0f} us (each "
-            f"K=2 job's plan line fits its own at its start). " + "; ".join(lines) + ".",
-            f"The optimizer's update: every row above makes it one compiled call, as Keras' "
-            f"step, tfsift's `fit` and the README loop (`tfsift.compiled_update`) do; left "
-            f"eager, `optimizer.apply_gradients` updates each of the "
-            f"{2 * c.layers} variables in Python: {_ms(eager)} ms a step against {_ms(m1)} "
-            f"({eager / m1:.2f}x). `fit` per step, the reading of batches and the callbacks "
-            f"included: Keras {_ms(keras_fit)} ms, tfsift {_ms(tfsift_fit)} ms "
-            f"({tfsift_fit / keras_fit:.2f}x).",
+            report.table(header, rows),
+            "### Cost per action (a forward or backward of one microbatch)",
+            report.table(["where", "microseconds"], [[n, f"{1e6 * v:.0f}"] for n, v in costs]),
         ]
     )
 

@@ -21,3 +21,11 @@ def load(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def prose(section: str) -> list[str]:
+    """The lines of a benchmark's rendered docs section that are neither a table row, a
+    heading, an image nor its provenance line: a benchmark renders tables, and the docs
+    say the rest by hand."""
+    kinds = ("|", "### ", "![", "Measured ")
+    return [line for line in section.splitlines() if line and not line.startswith(kinds)]

@@ -25,7 +25,7 @@ class Benchmark(Generic[S]):
     if given, draws the section's images from the same raw results.
     """
 
-    name: str  # scripts/bench_<name>.py; also the docs section's marker
+    name: str  # the docs section's marker; scripts/bench_<name, "-" as "_">.py
     question: str
     full: S
     quick: S
@@ -37,7 +37,7 @@ class Benchmark(Generic[S]):
 
     @property
     def command(self) -> str:
-        return f".venv/bin/python scripts/bench_{self.name}.py"
+        return f".venv/bin/python scripts/bench_{self.name.replace('-', '_')}.py"
 
 
 def parser(

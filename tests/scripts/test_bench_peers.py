@@ -49,15 +49,16 @@ def test_render_counts_the_rounds_measured(bench: ModuleType) -> None:
     # the medians of the whole run disagree with the rounds: 1.05 against 1.02 (tfsift
     # 2.9% longer), while tfsift's job was the shorter in 2 of 3 rounds
     text = bench.render({"medians": medians()}, META, bench.Settings())
-    assert "3 jobs per configuration" in text
+    assert "### M=8 microbatches in the pipelines, 3 jobs per configuration" in text
     assert f"| {DP} | tfsift | 1050.0 | 1.90x | 1050, 1500, 1000 |" in text
     assert f"| {DP}: tfsift / tf.distribute MWMS | 0.980 | 2 of 3 |" in text
+    assert scripts_module.prose(text) == []
 
 
 def test_render_names_the_microbatches_measured(bench: ModuleType) -> None:
     # a --render of an M=16 run names M=16 without --microbatches given again
     text = bench.render({"medians": medians(), "M": 16}, META, bench.Settings())
-    assert "M=16 microbatches in the pipelines" in text
+    assert "### M=16 microbatches in the pipelines, 3 jobs per configuration" in text
 
 
 META = {

@@ -1,0 +1,382 @@
+"""With the epochs no sifting trains for, how much training time does InfoBatch save?
+
+bench_sifting.py's jobs with every method training for the task's epochs (twice those of
+the time-to-target runs, so that InfoBatch, which prunes in no epoch but the first and the
+annealed last eighth, prunes in most of them), evaluated half as often, on one process and
+on the 2-stage pipeline: InfoBatch on ``tfsift.from_arrays`` against no sifting on the same
+input, and three controls of no sifting: on the tf.data input, in another data order (the
+same initial weights), and again after the others.
+
+usage: .venv/bin/python scripts/bench_sifting_epochs.py [--quick] [--no-docs] [--json P]
+           [--render P] [--tasks NAME ...] [--seeds N]   (a subset needs --no-docs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+
+from bench_sifting import (
+    ACCURACY_SLACK,
+    AGAIN,
+    INFOBATCH,
+    MSE_SLACK,
+    NONE,
+    QUICK,
+    TASKS,
+    Method,
+    Settings,
+    Task,
+    by_task,
+    jobs_of,
+    measure,
+    median,
+    seed_rows,
+    speedup_value,
+)
+
+from bench import report
+from bench.harness import Result
+from bench.main import Benchmark, parser, run
+
+RECOMMENDED = "infobatch"  # the README's configuration
+NONE_TF_DATA = "none-tf.data"  # no sifting on the tf.data input: what the input alone costs
+NONE_ORDER = "none-order"  # no sifting in another data order: what the order alone moves
+CONTROLS = (NONE_TF_DATA, NONE_ORDER, AGAIN)
+EPOCH_SPEEDUP, EPOCH_TASKS, EPOCH_FLOOR = 1.25, 3, 0.95  # the issue's bar for it
+LAST = 3  # evaluations averaged for a second view of the end
+
+
+def epoch_task(task: Task) -> Task:
+    """``task`` for twice its epochs, evaluated half as often."""
+    return dataclasses.replace(task, epochs=2 * task.epochs, eval_every=2 * task.eval_every)
+
+
+# a sifted run trains on another order too, so a gap in the end smaller than what the
+# order alone moves is no evidence
+METHODS = (
+    dataclasses.replace(NONE, source="arrays"),
+    dataclasses.replace(INFOBATCH, source="arrays"),
+    Method(NONE_TF_DATA, "none"),
+    Method(NONE_ORDER, "none", source="arrays", order=1000),
+    Method(AGAIN, "none", source="arrays"),
+)
+FULL = Settings(
+    tasks=tuple(epoch_task(t) for t in TASKS),
+    methods=METHODS,
+    pipeline_methods=METHODS,
+    fixed_epochs=True,
+    pipeline_tasks=tuple(t.name for t in TASKS),
+)
+QUICK_EPOCHS = dataclasses.replace(
+    QUICK, methods=METHODS, pipeline_methods=METHODS, fixed_epochs=True
+)
+
+
+# ---------------------------------------------------------------- summarising (pure)
+
+
+def gap(metric: float, base: float, regression: bool) -> float:
+    """``metric`` against no sifting's ``base``: the difference of accuracies, or for MSE
+    the ratio less 1."""
+    return metric / base - 1 if regression else metric - base
+
+
+def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
+    """``seed_rows``, and per run its end against no sifting's: *saved*, the share of no
+    sifting's training seconds (the mean of its two runs; for *again*, the first run's) it
+    did not need, and *delta*, its final metric less the first no-sifting run's (for MSE,
+    the ratio less 1); *delta_last*, the same of the mean of the last ``LAST`` evaluations
+    (one evaluation moves with the step it lands on). The speed-up to target splits into
+    two factors: *steps_speedup*, no sifting's optimizer steps to the target over the
+    run's (the same in every run of one seed: the runs are deterministic), and
+    *step_cost*, the run's seconds per step over no sifting's (what the machine's speed
+    moves); speed-up = steps_speedup / step_cost."""
+    rows = seed_rows(ranks, regression)
+    curves = {r["method"]: r["curve"] for r in ranks[0]["results"] if "curve" in r}
+    ends = {name: curve[-1] for name, curve in curves.items()}
+    lasts = {name: statistics.mean(p[3] for p in curve[-LAST:]) for name, curve in curves.items()}
+    first = ends["none"]
+    mean = (first[0] + ends[AGAIN][0]) / 2 if AGAIN in ends else first[0]
+    none_steps = rows["none"]["steps"]
+    for name, row in rows.items():
+        if "seconds" in row:
+            end = ends[name]
+            base_s = first[0] if name == AGAIN else mean
+            row["saved"] = 1 - end[0] / base_s
+            row["total_steps"] = end[1]
+            row["delta"] = gap(end[3], first[3], regression)
+            row["delta_last"] = gap(lasts[name], lasts["none"], regression)
+            # 0: never reached (steps inf)
+            row["steps_speedup"] = none_steps / row["steps"] if row["steps"] else math.inf
+            row["step_cost"] = row["step_s"] / (base_s / max(1, first[1]))
+    return rows
+
+
+def prunes(epoch: int, epochs: int, anneal: float) -> bool:
+    """tfsift.sift.infobatch.prunes, restated: this script imports no TensorFlow (a test
+    holds the two equal)."""
+    return epoch > 1 and epoch - 1 < round((1 - anneal) * epochs, 9)
+
+
+def infobatch_epochs(through: float, k: float, epochs: int, anneal: float) -> float:
+    """InfoBatch's optimizer steps, in epochs of the full data, to train ``through`` epochs,
+    an epoch that prunes training the share ``k`` of the samples and any other all."""
+    total, epoch = 0.0, 1
+    while epoch - 1 < through:
+        part = min(1.0, through - (epoch - 1))
+        total += part * (k if prunes(epoch, epochs, anneal) else 1.0)
+        epoch += 1
+    return total
+
+
+def pruning_model(rows: dict[str, Result], epochs: int, anneal: float) -> Result | None:
+    """One seed's ``RECOMMENDED`` run against what its pruning alone predicts (docs/
+    sifting.md, "Why epochs rather than a target"): *target_epoch* E, the epochs no sifting
+    trained to reach the target; *k*, the share of the samples an epoch that prunes trained
+    (from the run's steps over the budget); *expected*, E over InfoBatch's steps to epoch E:
+    its speed-up in optimizer steps if a sifted epoch teaches what an unsifted one does.
+    None where no sifting never reached the target or no epoch prunes."""
+    none, run = rows.get("none", {}), rows.get(RECOMMENDED, {})
+    pruning = sum(prunes(e, epochs, anneal) for e in range(1, epochs + 1))
+    if not none.get("steps") or "total_steps" not in run or not pruning:
+        return None
+    per_epoch = none["total_steps"] / epochs
+    target_epoch = none["steps"] / per_epoch
+    k = (run["total_steps"] / per_epoch - (epochs - pruning)) / pruning
+    expected = target_epoch / infobatch_epochs(target_epoch, k, epochs, anneal)
+    return {"target_epoch": target_epoch, "k": k, "expected": expected}
+
+
+SEED_KEYS = ("saved", "speedup", "steps_speedup", "step_cost", "delta", "delta_last")
+
+
+def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
+    """Per ``task`` (``task@K2`` on the pipeline), per method: medians over seeds, and each
+    seed's value of every ``SEED_KEYS`` key (``<key>s``)."""
+    out: dict[str, list[Result]] = {}
+    for key, entries in by_task(raw).items():
+        regression = entries[0]["job"]["task"]["loss"] == "mse"
+        per_seed = [epoch_seed_rows(e["ranks"], regression) for e in entries]
+        models = [
+            pruning_model(rows, e["job"]["task"]["epochs"], method["anneal"])
+            for rows, e in zip(per_seed, entries, strict=True)
+            for method in e["job"]["methods"]
+            if method["name"] == RECOMMENDED
+        ]
+        out[key] = []
+        for method in entries[0]["job"]["methods"]:
+            seeds = [s[method["name"]] for s in per_seed if "saved" in s.get(method["name"], {})]
+            if not seeds:
+                out[key].append({"method": method["name"], "status": "failed"})
+                continue
+            sift = [s["sift"] for s in seeds if s["sift"]]
+            row: Result = {"method": method["name"], "regression": regression}
+            for k in SEED_KEYS:
+                row[f"{k}s"] = [s[k] for s in seeds]
+                row[k] = median(row[f"{k}s"])
+            row["kept"] = median([x["kept_fraction"] for x in sift]) if sift else 1.0
+            if method["name"] == RECOMMENDED and models and all(models):
+                keys = ("target_epoch", "k", "expected")
+                row["model"] = {k: [m[k] for m in models if m] for k in keys}
+            out[key].append(row)
+    return out
+
+
+def on_layout(summary: dict[str, list[Result]], pipeline: bool) -> list[tuple[str, list[Result]]]:
+    """``(task, rows)`` of the tasks run on one layout (keyed ``task@K2`` on the pipeline)."""
+    return [(key.split("@")[0], rows) for key, rows in summary.items() if ("@" in key) == pipeline]
+
+
+def delta_ok(row: Result, key: str = "delta") -> bool:
+    """The final metric within 0.5 point of no sifting's (or its MSE within 2%); with
+    ``key="delta_last"``, the mean of the last ``LAST`` evaluations."""
+    return row[key] <= MSE_SLACK if row["regression"] else row[key] >= -ACCURACY_SLACK
+
+
+def epoch_verdict(summary: dict[str, list[Result]], pipeline: bool, key: str = "speedup") -> Result:
+    """The issue's bar for the recommended method on one layout: >= 1.25x to target on >= 3
+    tasks, >= 0.95x on every task, and every final metric within the target's slack; with
+    ``key="steps_speedup"``, the same bar on optimizer steps to the target (the machine's
+    speed aside)."""
+    rows = [
+        r | {"task": task}
+        for task, task_rows in on_layout(summary, pipeline)
+        for r in task_rows
+        if r["method"] == RECOMMENDED and key in r
+    ]
+    fast = [r["task"] for r in rows if r[key] >= EPOCH_SPEEDUP]
+    slow = [r["task"] for r in rows if r[key] < EPOCH_FLOOR]
+    lossy = [r["task"] for r in rows if not delta_ok(r)]
+    lossy_last = [r["task"] for r in rows if "delta_last" in r and not delta_ok(r, "delta_last")]
+    met = bool(rows) and len(fast) >= EPOCH_TASKS and not slow and not lossy
+    return {"tasks": len(rows), "fast": fast, "slow": slow, "lossy": lossy,
+            "lossy_last": lossy_last, "met": met}  # fmt: skip
+
+
+def epoch_floor(rows: list[Result]) -> Result | None:
+    """``RECOMMENDED``'s end against the order's noise: its median gap to no sifting (the
+    mean of the last ``LAST`` evaluations) and where that lies against the per-seed gaps
+    of no sifting run in another data order: "worse" or "better" outside their range,
+    "within" inside it; None without both rows."""
+    by = {r["method"]: r for r in rows if "delta_lasts" in r}
+    if RECOMMENDED not in by or NONE_ORDER not in by:
+        return None
+    gap_, spread = by[RECOMMENDED]["delta_last"], by[NONE_ORDER]["delta_lasts"]
+    sign = -1 if by[RECOMMENDED]["regression"] else 1  # + is better for accuracy
+    if sign * gap_ < min(sign * x for x in spread):
+        where = "worse"
+    elif sign * gap_ > max(sign * x for x in spread):
+        where = "better"
+    else:
+        where = "within"
+    return {"gap": gap_, "spread": spread, "where": where,
+            "regression": by[RECOMMENDED]["regression"]}  # fmt: skip
+
+
+# ---------------------------------------------------------------- tables
+
+
+def delta_text(value: float, regression: bool) -> str:
+    return f"{100 * value:+.1f}%" if regression else f"{100 * value:+.2f} pt"
+
+
+def verdict_table(summary: dict[str, list[Result]]) -> str:
+    header = [
+        "layout", f"`{RECOMMENDED}` >= {EPOCH_SPEEDUP}x to target", f"below {EPOCH_FLOOR}x",
+        "final metric past the slack", f"met (>= {EPOCH_SPEEDUP}x on >= {EPOCH_TASKS} tasks, "
+        f">= {EPOCH_FLOOR}x and the final within the slack on all)",
+        f"in optimizer steps to target: >= {EPOCH_SPEEDUP}x, below {EPOCH_FLOOR}x, met",
+        f"past the slack on the mean of the last {LAST} evaluations",
+    ]  # fmt: skip
+    rows = []
+    for name, pipeline in (("one process", False), ("2-stage pipeline", True)):
+        v = epoch_verdict(summary, pipeline)
+        s = epoch_verdict(summary, pipeline, key="steps_speedup")
+        if v["tasks"]:
+            rows.append([
+                name, f"{len(v['fast'])} of {v['tasks']}: {', '.join(v['fast']) or 'none'}",
+                ", ".join(v["slow"]) or "none", ", ".join(v["lossy"]) or "none",
+                "yes" if v["met"] else "no",
+                f"{len(s['fast'])} of {s['tasks']}; {', '.join(s['slow']) or 'none'}; "
+                + ("yes" if s["met"] else "no"),
+                ", ".join(v["lossy_last"]) or "none",
+            ])  # fmt: skip
+    return report.table(header, rows)
+
+
+def layouts(summary: dict[str, list[Result]]) -> list[tuple[str, dict[str, Result]]]:
+    """``("one process: mnist1d", rows by method)``, one process first."""
+    return [
+        (f"{'2-stage pipeline' if pipeline else 'one process'}: {task}",
+         {r["method"]: r for r in rows})
+        for pipeline in (False, True)
+        for task, rows in on_layout(summary, pipeline)
+    ]  # fmt: skip
+
+
+def model_text(row: Result) -> str:
+    """The pruning model's expected speed-up in optimizer steps, with its E and k."""
+    if "model" not in row:
+        return ""
+    m = {k: median(v) for k, v in row["model"].items()}
+    return f"{m['expected']:.2f} (E {m['target_epoch']:.1f}; k {m['k']:.2f})"
+
+
+def recommended_table(summary: dict[str, list[Result]]) -> str:
+    header = [
+        "layout: task", "kept", "training time saved", "speed-up to target",
+        "in optimizer steps", "expected from its pruning (E epochs to the target; k kept)",
+        "seconds per step / no sifting's",
+        f"end - no sifting's (mean of the last {LAST} evaluations)",
+        "no sifting in another data order: the same, per seed", "against that range",
+    ]  # fmt: skip
+    rows = []
+    for name, by in layouts(summary):
+        row, floor = by.get(RECOMMENDED, {}), epoch_floor(list(by.values()))
+        if "saved" not in row:
+            continue
+        reg = row["regression"]
+        rows.append([
+            name, f"{row['kept']:.2f}", f"{100 * row['saved']:.0f}%",
+            speedup_value(row["speedup"]), speedup_value(row["steps_speedup"]), model_text(row),
+            f"{row['step_cost']:.2f}", delta_text(row["delta_last"], reg),
+            ", ".join(delta_text(x, reg) for x in floor["spread"]) if floor else "",
+            floor["where"] if floor else "",
+        ])  # fmt: skip
+    return report.table(header, rows)
+
+
+def controls_table(summary: dict[str, list[Result]]) -> str:
+    names = {NONE_TF_DATA: "on the tf.data input", NONE_ORDER: "in another data order",
+             AGAIN: "again, after the others"}  # fmt: skip
+    header = ["layout: task", *(f"no sifting {text}" for text in names.values())]
+
+    def cell(row: Result | None) -> str:
+        if row is None or "saved" not in row:
+            return ""
+        steps = speedup_value(row["steps_speedup"])
+        return f"{100 * row['saved']:.0f}%; {speedup_value(row['speedup'])}; {steps}"
+
+    return report.table(
+        header, [[n, *(cell(by.get(c)) for c in names)] for n, by in layouts(summary)]
+    )
+
+
+def render(raw: Result, meta: Result, settings: Settings) -> str:
+    summary = epoch_summary(jobs_of(raw))
+    return "\n\n".join(
+        [
+            report.provenance(meta, BENCH.command),
+            verdict_table(summary),
+            f"### `{RECOMMENDED}` on `from_arrays` against no sifting (medians of the seeds)",
+            recommended_table(summary),
+            "### The controls: training time saved; speed-up to target; in optimizer steps",
+            controls_table(summary),
+        ]
+    )
+
+
+# ---------------------------------------------------------------- command line
+
+
+def options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--tasks", nargs="+", choices=[t.name for t in TASKS], help="these only")
+    p.add_argument("--seeds", type=int, help="seeds 0..N-1 (the docs' table: 3)")
+    return p
+
+
+def subset(args: argparse.Namespace) -> Settings:
+    """The jobs of ``--tasks`` (on both layouts) and ``--seeds``."""
+    base = QUICK_EPOCHS if args.quick else FULL
+    names = args.tasks or [t.name for t in TASKS]
+    tasks = tuple(t for t in base.tasks if t.name in names)
+    # the quick run keeps its one pipeline task; the full one runs each task on both layouts
+    pipeline = tuple(n for n in base.pipeline_tasks if n in names)
+    seeds = tuple(range(args.seeds)) if args.seeds else base.seeds
+    return dataclasses.replace(base, tasks=tasks, pipeline_tasks=pipeline, seeds=seeds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A subset (``--tasks``, ``--seeds``) renders the same tables, so it needs
+    ``--no-docs``, lest it overwrite the docs' full run."""
+    own = options(argparse.ArgumentParser(add_help=False))
+    cli = parser(BENCH, own)
+    args = cli.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        cli.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
+    if (args.tasks or args.seeds) and not args.no_docs:
+        cli.error("--tasks or --seeds needs --no-docs (the docs keep the full run)")
+    # without a subset, as before: a --render of a --quick file renders the quick settings
+    chosen = subset(args) if args.tasks or args.seeds else None
+    run(BENCH, argv, settings=chosen, own=own)
+
+
+BENCH: Benchmark[Settings] = Benchmark(
+    "sifting-epochs", __doc__.splitlines()[0], FULL, QUICK_EPOCHS, measure, render
+)
+
+if __name__ == "__main__":
+    main()

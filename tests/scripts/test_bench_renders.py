@@ -1,0 +1,75 @@
+"""The docs sections of scripts/bench_calls.py, bench_partition.py and bench_pipeline.py:
+their tables from saved results, and nothing else but headings and the provenance line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import scripts_module
+
+META = {"date": "2026-12-06", "cores": 2, "commit": "abc1234", "load_start": 0.1,
+        "load_end": 0.2, "seconds": 60.0}  # fmt: skip
+
+
+def test_calls_renders_a_table_per_measurement() -> None:
+    bench = scripts_module.load("bench_calls")
+    raw = {
+        "dispatch": {"`tf.function`, 17 tensor arguments": 499.4},
+        "update": {"Adam: `tfsift.compiled_update`": 660.0},
+        "input": {"`tfsift.from_arrays`": 59.2},
+        "trained": {"`from_arrays`, plain": {"next()": 100, "step and update": 706, "record": 1}},
+        "disk": {"`tfsift.from_rows`": [443.0, 24000, 375]},
+    }
+    text = bench.render(raw, META, bench.Settings())
+    assert scripts_module.prose(text) == []
+    assert "| `tf.function`, 17 tensor arguments | 499 |" in text
+    assert "| `from_arrays`, plain | 100 | 706 | 1 | 0.81 |" in text  # 807 us in all
+    assert "| `tfsift.from_rows` | 443 | 24000 | 375 |" in text
+    assert "### Early-exit" not in text  # retired with overlap
+
+
+def test_partition_renders_its_two_tables_and_the_machine() -> None:
+    bench = scripts_module.load("bench_partition")
+    raw = {
+        "steps": [["VGG-16 CNN", "21", "2", "1007.3", "= exact", "1007.3 (+0.0%)", "1", "2", "1"]],
+        "timings": [["speed", "10,000", "64", "8", "0.35 s", "0.39, 0.35, 0.35"]],
+        "machine": "AMD EPYC, Python 3.11.7, numpy 2.4.6",
+    }
+    text = bench.render(raw, META, bench.Settings())
+    assert scripts_module.prose(text) == []
+    assert text.splitlines()[0].endswith("`. AMD EPYC, Python 3.11.7, numpy 2.4.6.")
+    assert text.count("\n|---|") == 2
+
+
+def pipeline_row(M: int, pipeline: str, optimize: str, step: float) -> dict[str, Any]:
+    return {
+        "M": M, "pipeline": pipeline, "optimize": optimize, "step_ms": step,
+        "reference_ms": 2000.0, "k1_ms": 1990.0, "speedup": 2000.0 / step,
+        "ideal": 2 * M / (M + 1), "predicted": 1.7, "ratios": [0.93, 0.94, 0.92],
+        "busy_ms": [980.0, 1100.0], "bounds": [0, 4, 8], "rss_timed_mib": [760.0, 716.0],
+        "rss_whole_mib": [760.0, 716.0], "predicted_peak_mib": [73.0, 17.0],
+    }  # fmt: skip
+
+
+def test_pipeline_renders_targets_and_tables() -> None:
+    bench = scripts_module.load("bench_pipeline")
+    rows = [
+        pipeline_row(8, "interleaved", "speed", 1208.0),
+        pipeline_row(8, "simple", "speed", 1340.0),
+    ]
+    compare = rows[0] | {"batch": 256, "M": 8}
+    s = {
+        "rows": rows, "compare": {"dense": compare}, "keras_ms": 2003.9, "tfsift_ms": 2010.0,
+        "overhead": 2010.0 / 2003.9 - 1, "grad_mib": 4.5, "dp_ms": 1029.7, "allreduce_ms": 25.0,
+        "allreduce_gbps": 0.19, "alone_ms": 999.7, "helper_cpu": 0.03, "alone_helper_cpu": 0.0,
+    }  # fmt: skip
+    text = bench.markdown(s, bench.Settings(), META)
+    assert scripts_module.prose(text) == []
+    # interleaved: 2000 / 1208 = 1.656x of 16 / 9 ideal (93.1%) meets 90%; simple: 2000 / 1340
+    # (84.0%) misses it
+    assert (
+        "| speed-up >= 90% of ideal for M >= 8; step overhead <= 5% | interleaved M=8: 93.1% "
+        "(92.0% to 94.0% in 3 jobs) of ideal; step overhead +0.3% | simple M=8: 84.0% (92.0% "
+        "to 94.0% in 3 jobs) of ideal |" in text
+    )
+    assert "| interleaved | 8 | speed | (0, 4, 8) | 1208.0 | 1.66 | 760 / 716 |" in text
