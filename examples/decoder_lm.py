@@ -1,19 +1,23 @@
-"""Trains a character-level transformer language model on Python's own source, as 4 stages.
+"""Trains a GPT-style language model on Python's own source, the way big models are trained.
 
-Run on 4 processes, one stage each:
+Run on 4 processes, as 4 pipeline stages or as 2 stages x 2 replicas:
 
-    mpirun -np 4 python examples/char_transformer.py
+    tfsift run -np 4 python examples/decoder_lm.py
+    tfsift run -np 4 python examples/decoder_lm.py --partitions 2
 
 Offline: the text is the source of standard-library modules (``MODULES``, read from the
 running Python's library in that order, ``--chars`` in all); the last 10% of each module
-is held out for validation. The model is a GPT-style decoder: token and position
-embeddings, ``--blocks`` pre-norm blocks of causal multi-head self-attention and an MLP,
-each added to the residual stream, a final LayerNorm and a Dense layer to the 97
-characters (newline, printable ASCII, one for anything else); the partitioner cuts its
-traced graph into ``--partitions`` stages. Rank 0 prints the unigram baseline (the
-entropy of the training text's character frequencies, in bits), then every epoch the
-training loss and the validation loss in nats and bits per character, then a sampled
-continuation of ``--prompt``.
+is held out for validation. The model is a decoder: a token embedding and a learned
+position embedding, ``--blocks`` pre-norm blocks of causal multi-head self-attention and
+an MLP added to the residual stream, a final LayerNorm, and the token embedding reversed
+as the output head (``keras.layers.ReversibleEmbedding``: the head's weights are the
+embedding's, held by the first and the last stage). It trains with AdamW, a linear
+warm-up then cosine decay, ``global_clipnorm`` and ``mixed_bfloat16``, as transformers are
+trained; on a pipeline each of these is what it is in one process (docs/big-models.md).
+Rank 0 prints each epoch's training loss and the validation loss and perplexity per
+character, then a sampled continuation of ``--prompt``; ``--log-steps N`` prints the
+loss of each of the first N steps (averaged over the replicas), ``--max-steps N`` stops
+after N steps.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import tfsift
 
@@ -53,22 +56,27 @@ UNKNOWN = len(CHARS)
 VOCAB = len(CHARS) + 1
 
 
-class TokenAndPosition(keras.layers.Layer):  # type: ignore[misc]
-    """A token embedding plus a learned embedding of each position (inputs of ``length``)."""
+class Positions(keras.layers.Layer):  # type: ignore[misc]
+    """Adds a learned embedding of each of the ``length`` positions."""
 
     def __init__(self, length: int, dim: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.token = keras.layers.Embedding(VOCAB, dim)
-        self.position = self.add_weight(
-            shape=(length, dim), initializer=keras.initializers.RandomNormal(stddev=0.02)
-        )
+        self.length, self.dim = length, dim
 
-    def call(self, ids: Any) -> Any:
-        return self.token(ids) + self.position
+    def build(self, shape: Any) -> None:
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        self.table = self.add_weight(shape=(self.length, self.dim), initializer=init)
+
+    def call(self, x: Any) -> Any:
+        return x + keras.ops.cast(self.table, x.dtype)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "length": self.length, "dim": self.dim}
 
 
-class CharTransformer(tfsift.DistributedModel):
-    """Embeddings, ``blocks`` x (x + attention(norm(x)), then x + mlp(norm(x))), norm, logits.
+class DecoderLM(tfsift.DistributedModel):
+    """Embeddings, ``blocks`` x (x + attention(norm(x)), then x + mlp(norm(x))), norm, and
+    the token embedding reversed to the logits (float32, for the loss).
 
     The blocks' layers are attributes of the model (not of a block layer), so each is a
     node of the traced graph and the partitioner may cut inside a block; the residual
@@ -78,7 +86,11 @@ class CharTransformer(tfsift.DistributedModel):
     def __init__(self, length: int, dim: int, heads: int, blocks: int) -> None:
         super().__init__()
         self.blocks = blocks
-        self.embed = TokenAndPosition(length, dim, name="embed")
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        self.embed = keras.layers.ReversibleEmbedding(
+            VOCAB, dim, embeddings_initializer=init, name="token_embedding"
+        )
+        self.positions = Positions(length, dim, name="position_embedding")
         for b in range(blocks):
             setattr(self, f"norm{b}a", keras.layers.LayerNormalization(name=f"block{b}_norm_a"))
             attention = keras.layers.MultiHeadAttention(heads, dim // heads, name=f"block{b}_attn")
@@ -88,16 +100,28 @@ class CharTransformer(tfsift.DistributedModel):
             setattr(self, f"hidden{b}", hidden)
             setattr(self, f"project{b}", keras.layers.Dense(dim, name=f"block{b}_mlp_out"))
         self.norm = keras.layers.LayerNormalization(name="final_norm")
-        self.logits = keras.layers.Dense(VOCAB, name="logits")
 
     def call(self, ids: Any) -> Any:
-        x = self.embed(ids)
+        x = self.positions(self.embed(ids))
         for b in range(self.blocks):
             h = getattr(self, f"norm{b}a")(x)
             x = x + getattr(self, f"attention{b}")(h, h, use_causal_mask=True)
             h = getattr(self, f"hidden{b}")(getattr(self, f"norm{b}b")(x))
             x = x + getattr(self, f"project{b}")(h)
-        return self.logits(self.norm(x))
+        return keras.ops.cast(self.embed(self.norm(x), reverse=True), "float32")
+
+
+def optimizer(args: argparse.Namespace, steps: int) -> keras.optimizers.Optimizer:
+    """AdamW: a linear warm-up to ``--lr``, cosine decay to 0 at the last step, decoupled
+    weight decay (not of norms, biases or embeddings), gradients clipped to a global norm
+    of ``--clipnorm``."""
+    warmup = min(args.warmup, steps // 2)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=max(1, steps - warmup), warmup_target=args.lr, warmup_steps=warmup
+    )
+    adamw = keras.optimizers.AdamW(schedule, weight_decay=0.1, global_clipnorm=args.clipnorm)
+    adamw.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "embedding", "table"])
+    return adamw
 
 
 def corpus(chars: int) -> tuple[str, str]:
@@ -150,7 +174,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="per replica")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=float, default=3e-3, help="after the warm-up")
+    parser.add_argument("--warmup", type=int, default=100, help="steps")
+    parser.add_argument("--clipnorm", type=float, default=1.0, help="global gradient norm")
+    parser.add_argument("--precision", default="mixed_bfloat16", help="a Keras dtype policy")
+    parser.add_argument("--log-steps", type=int, default=0, help="print the first N steps' loss")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps")
     parser.add_argument("--prompt", default="def ", help="continued at the end")
     parser.add_argument("--generate", type=int, default=160, help="characters; 0: none")
     parser.add_argument("--temperature", type=float, default=0.8)
@@ -160,30 +189,33 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    keras.mixed_precision.set_global_policy(args.precision)
     tfsift.init({"partitions": args.partitions, "microbatches": args.microbatches})
     keras.utils.set_random_seed(0)
     train_text, validation_text = corpus(args.chars)
     x, y = windows(encode(train_text), args.seq_len)
     x_val, y_val = windows(encode(validation_text), args.seq_len)
-    train = tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y)), 4096, seed=0)
-    train = train.batch(args.batch_size, drop_remainder=True).prefetch(2)
-    model = CharTransformer(args.seq_len, args.dim, args.heads, args.blocks)
+    # each replica's batch of --batch-size comes from one permutation of the rows per epoch:
+    # R replicas take the batches one process takes with R x --batch-size
+    train = tfsift.from_arrays((x, y), batch_size=args.batch_size, seed=0)
+    steps = len(train) * args.epochs
+    model = DecoderLM(args.seq_len, args.dim, args.heads, args.blocks)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    optimizer = keras.optimizers.Adam(args.lr)
-    # the update in one compiled call: eagerly Keras updates each variable in Python
-    update = tfsift.compiled_update(optimizer, model)
+    adamw = optimizer(args, steps)
+    # the update in one compiled call; on a pipeline its global norm spans every stage
+    update = tfsift.compiled_update(adamw, model)
 
     @tfsift.step
-    def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> Any:
+    def train_step(inputs: Any, targets: Any) -> Any:
         loss = loss_fn(targets, model(inputs, training=True))
         return tfsift.gradients(loss, model.trainable_variables), loss
 
     @tfsift.step
-    def evaluate(inputs: tf.Tensor, targets: tf.Tensor) -> Any:
+    def evaluate(inputs: Any, targets: Any) -> Any:
         return loss_fn(targets, model(inputs, training=False))
 
     @tfsift.step
-    def predict(inputs: tf.Tensor) -> Any:
+    def predict(inputs: Any) -> Any:
         return model(inputs, training=False)
 
     def validation_loss() -> float:
@@ -198,27 +230,31 @@ def main() -> None:
     say = logging.getLogger("example").info if tfsift.rank() == 0 else (lambda *a: None)
     say(
         f"{tfsift.size()} ranks: {tfsift.mp_size()} stages x {tfsift.dp_size()} replicas, "
-        f"{len(x)} train / {len(x_val)} validation samples of {args.seq_len} characters; "
-        f"unigram baseline {unigram_bits(encode(train_text)):.3f} bits per character"
+        f"{len(x)} train / {len(x_val)} validation samples of {args.seq_len} characters, "
+        f"{args.precision}; unigram baseline {unigram_bits(encode(train_text)):.3f} bits"
     )
-    val = math.nan
+    val, done = math.nan, 0
     for epoch in range(args.epochs):
         start, losses = time.perf_counter(), []
         for inputs, targets in train:
             grads, loss = train_step(inputs, targets)
-            grads = tfsift.allreduce(grads)
-            if grads:
-                update(grads)
-            losses.append(float(loss.reduce_mean()))
+            update(tfsift.allreduce(grads))
+            # every replica's loss, averaged: the loss of the whole batch
+            losses.append(float(tfsift.allreduce([loss.reduce_mean()])[0]))
+            done += 1
+            if done <= args.log_steps:
+                say(f"step {done} loss {losses[-1]:.6f}")
+            if done == args.max_steps:
+                return
         val = validation_loss()
         say(
             f"epoch {epoch + 1}/{args.epochs}  loss {np.mean(losses):.4f}  validation loss "
-            f"{val:.4f} ({val / math.log(2):.3f} bits per character)  "
-            f"({time.perf_counter() - start:.1f}s)"
+            f"{val:.4f}  perplexity {math.exp(val):.2f} ({val / math.log(2):.3f} bits per "
+            f"character)  ({time.perf_counter() - start:.1f}s)"
         )
     if args.generate:
         say(f"sampled continuation of {args.prompt!r}:\n{generate(predict, args)}")
-    say(f"validation loss: {val:.4f} ({val / math.log(2):.3f} bits per character)")
+    say(f"validation loss: {val:.4f}, perplexity {math.exp(val):.2f} per character")
 
 
 def generate(predict: Any, args: argparse.Namespace) -> str:
