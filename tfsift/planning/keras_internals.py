@@ -106,3 +106,22 @@ def stateful() -> Iterator[None]:
         yield
     finally:
         global_state.set_global_attribute("stateless_scope", scope)
+
+
+def forward_backward(concrete: Any) -> tuple[Any, Any]:
+    """TensorFlow's own (forward, backward) pair for a ``tf.function``'s concrete function.
+
+    The forward (an ``AtomicFunction``) takes the concrete function's inputs then its
+    ``captured_inputs`` and returns its outputs followed by the intermediate tensors its
+    gradient reads; the backward (a ``ConcreteFunction``) takes the gradients of the float
+    outputs and, as captures, those intermediates (each one of ``concrete.graph.outputs``)
+    and returns the gradient of every input of ``concrete.graph`` (None where none flows).
+    This is the pair a ``GradientTape`` uses around a function call; tfsift calls the two
+    halves at different times to split a backward (``tfsift.pipeline.split``).
+    """
+    return concrete._delayed_rewrite_functions.forward_backward()  # type: ignore[no-any-return]
+
+
+def call_backward(backward: Any, output_grads: list[Any], captures: list[Any]) -> list[Any]:
+    """Calls the backward of ``forward_backward`` with its captures given explicitly."""
+    return list(backward._call_flat(output_grads, captures))
