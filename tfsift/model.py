@@ -35,6 +35,7 @@ class Partitioned:
     out_specs: list[Spec]
     output_structure: Any
     config: Config  # what it was partitioned under
+    pipeline: str = ""  # the schedule it was planned for (what pipeline="auto" chose)
 
 
 @dataclasses.dataclass
@@ -145,7 +146,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         # a source batch is one training batch, M microbatches of the profile's size
         scoring = self._tfsift.scored_batches * rt.config.microbatches
-        bounds, recompute = plan_bounds(
+        bounds, recompute, pipeline = plan_bounds(
             graph,
             self._tfsift.placements,
             flat,
@@ -169,6 +170,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _specs(graph, sub.outputs),
             graph.structure,
             rt.config,
+            pipeline,
         )
         self._tfsift.partitioned = part
         log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)

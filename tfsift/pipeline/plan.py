@@ -25,6 +25,7 @@ from tfsift.parallel.runtime import Runtime
 from tfsift.pipeline.head import Head
 from tfsift.pipeline.metrics import NONE, SharedMetrics
 from tfsift.pipeline.roles import Role
+from tfsift.pipeline.split import SplitBackward
 from tfsift.pipeline.stage import Stage
 
 if TYPE_CHECKING:  # the model module imports this package: no import cycle at run time
@@ -54,6 +55,8 @@ class StepPlan:
         arguments: the structure of the arguments the plan was made for.
         runtime: the ``tfsift.init`` this plan belongs to.
         shared: the metrics the function updates, shared along the pipeline after a step.
+        split: stage s's backward as B and W, where the schedule splits it
+            (``partitioner.schedule.splits_stage``); None elsewhere.
     """
 
     K: int
@@ -74,6 +77,7 @@ class StepPlan:
     arguments: str
     runtime: Runtime
     shared: SharedMetrics = NONE
+    split: SplitBackward | None = None
 
     @property
     def s(self) -> int:
