@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from partitioner.costs import CostModel, format_bytes
-from partitioner.plan import Plan, make_plan
+from partitioner.plan import AUTO, Plan, make_plan
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import SimResult, simulate_plan, stage_times
 from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_loads
@@ -58,7 +58,13 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         metavar="M",
         help="microbatches per step (default: 8)",
     )
-    plan.add_argument("--pipeline", choices=PIPELINES, default="interleaved")
+    plan.add_argument(
+        "--pipeline",
+        choices=(*PIPELINES, AUTO),
+        default="interleaved",
+        help="the schedule; auto: the one whose simulated step is the shortest within "
+        "the memory cap (default: interleaved)",
+    )
     plan.add_argument("--output", default="plan.json", help="plan file (default: plan.json)")
     plan.add_argument("--timeline", metavar="PNG", help="also draw the simulated step")
     plan.set_defaults(func=_plan)
@@ -78,7 +84,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         type=_pipelines,
         default=list(PIPELINES),
         metavar="NAME,...",
-        help="comma-separated (default: simple,interleaved)",
+        help=f"comma-separated (default: {','.join(PIPELINES)})",
     )
     simulate.add_argument(
         "--timeline",
@@ -131,6 +137,8 @@ def _plan(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         return _fail(error)
     print(format_plan(costs, plan))
+    if args.pipeline == AUTO:
+        print(f"pipeline auto: {plan.pipeline}, the shortest simulated step within the cap")
     plan.save(args.output)
     print(f"wrote {args.output}")
     if args.timeline:
@@ -167,6 +175,8 @@ def _simulate(args: argparse.Namespace) -> int:
         f"Every row runs M microbatches of {costs.batch_size} samples (the profiled size), so "
         "a step's batch and time grow with M: compare the time per sample across rows."
     )
+    for line in fastest_lines([(int(row[1]), row[0], result) for row, result in rows]):
+        print(line)
     drawn = [(f"{row[0]}, M={row[1]}", result) for row, result in rows if result is not None]
     if args.timeline and drawn:
         draw_timelines(drawn, args.timeline)
@@ -203,6 +213,29 @@ def _simulate_row(
         format_bytes(max(result.peak_memory)),
     ]
     return row, result
+
+
+def fastest_lines(rows: Sequence[tuple[int, str, SimResult | None]]) -> list[str]:
+    """Per M, the pipeline whose simulated step is the shortest among those that fit the
+    cap (`partitioner.plan.fastest_plan`'s choice among the rows), against the others.
+
+    Example:
+        >>> fastest_lines([(8, "interleaved", None)])
+        ['M=8: no pipeline fits the memory cap']
+    """
+    lines = []
+    for M in dict.fromkeys(m for m, _, _ in rows):
+        fits = [(r.step_time, max(r.peak_memory), p) for m, p, r in rows if m == M and r]
+        if not fits:
+            lines.append(f"M={M}: no pipeline fits the memory cap")
+            continue
+        step, _, best = min(fits, key=lambda f: (f[0], f[1], PIPELINES.index(f[2])))
+        others = ", ".join(f"{p} {t / step:.2f}x" for t, _, p in fits if p != best)
+        lines.append(
+            f"M={M}: fastest within the cap: {best} ({_seconds(step)}"
+            + (f"; {others} as long)" if others else ")")
+        )
+    return lines
 
 
 def format_plan(costs: CostModel, plan: Plan) -> str:

@@ -21,6 +21,10 @@ FORMAT = "tfsift.costs/1"
 _TIME_FIELDS = ("forward_time", "backward_time")
 _BYTE_FIELDS = ("param_bytes", "activation_bytes", "output_bytes")
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+# The share of a layer's backward that goes to its weight gradients when a zero-bubble
+# schedule splits it into B and W: a dense or convolution layer's input gradient and
+# weight gradient are as many multiply-adds (a layer without weights has no W).
+WEIGHT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,10 @@ class PrefixSums:
     activation_bytes: IntArray  # per microbatch (already times batch_size)
     cut: FloatArray
     input_bytes: IntArray  # per microbatch
+    weight_backward: FloatArray  # the weight gradients' seconds (WEIGHT_SHARE, layers with
+    # weights): W's part of a split backward
+    weight_grad_bytes: IntArray  # per microbatch: the output gradients of the layers with
+    # weights, which a split backward keeps from B to W
 
 
 _OPTIONS = ("batch_size", "optimizer_multiplier", "bandwidth", "latency", "action_overhead")
@@ -189,6 +197,7 @@ class CostModel:
         cut[1:-1] = self.latency + outputs[:-1] * self.batch_size / self.bandwidth
         input_bytes = np.zeros(self.num_layers + 1, dtype=np.int64)
         input_bytes[1:-1] = outputs[:-1] * self.batch_size
+        weighted = np.array([layer.param_bytes > 0 for layer in self.layers])
         return PrefixSums(
             compute=_cumsum(forward + backward),
             forward=_cumsum(forward),
@@ -197,6 +206,8 @@ class CostModel:
             activation_bytes=_cumsum(acts * self.batch_size),
             cut=cut,
             input_bytes=input_bytes,
+            weight_backward=_cumsum(np.where(weighted, backward * WEIGHT_SHARE, 0.0)),
+            weight_grad_bytes=_cumsum(np.where(weighted, outputs * self.batch_size, 0)),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from partitioner.costs import CostModel
 from partitioner.partition import Partition
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import simulate_plan
-from partitioner.solver import OPTIMIZE, solve
+from partitioner.solver import OPTIMIZE, InfeasibleError, solve
+
+AUTO = "auto"  # the pipeline whose simulated step is the shortest (`fastest_plan`)
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,8 @@ class Plan:
         bounds: K + 1 stage boundaries (see `Partition`).
         stage_layers: the layer names on each stage.
         optimize: "speed" or "memory" (which also means recompute).
-        pipeline: "interleaved" or "simple".
+        pipeline: one of `partitioner.schedule.PIPELINES` (never "auto": the pipeline
+            `fastest_plan` chose).
         microbatches: M.
         predicted_step_time: simulated seconds per step.
         predicted_bubble: simulated fraction of idle stage time.
@@ -70,7 +73,7 @@ class Plan:
                 f"stage_layers must list {sizes} layer names per stage. "
                 f"Received: stage_layers={self.stage_layers}"
             )
-        if self.optimize not in OPTIMIZE or self.pipeline not in PIPELINES:
+        if self.optimize not in OPTIMIZE or self.pipeline not in PIPELINES:  # not "auto"
             raise ValueError(
                 f"optimize must be in {list(OPTIMIZE)} and pipeline in {list(PIPELINES)}. "
                 f"Received: optimize={self.optimize!r}, pipeline={self.pipeline!r}"
@@ -169,7 +172,7 @@ def make_plan(
         M: number of microbatches.
         optimize: "speed" (`solve_speed` under `memory_cap`) or "memory" (`solve_memory`,
             simulated with recompute).
-        pipeline: "interleaved" or "simple".
+        pipeline: one of `partitioner.schedule.PIPELINES`, or "auto": `fastest_plan`.
         memory_cap: bytes per stage for optimize="speed", or None.
         scoring: forward microbatches stage 0 also runs per step in its waits (sifting's
             early exit with overlap; `solve_speed`). The predictions are the pipeline's
@@ -185,6 +188,18 @@ def make_plan(
     Raises:
         ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
     """
+    if pipeline == AUTO:
+        return fastest_plan(
+            costs,
+            K,
+            M,
+            optimize=optimize,
+            memory_cap=memory_cap,
+            scoring=scoring,
+            scoring_call=scoring_call,
+            first_stage_min=first_stage_min,
+            recompute=recompute,
+        )
     partition = solve(
         costs,
         K,
@@ -217,3 +232,33 @@ def make_plan(
         scoring_call=float(scoring_call),
         recompute=recompute,
     )
+
+
+def fastest_plan(costs: CostModel, K: int, M: int, **options: Any) -> Plan:
+    """The plan of the pipeline whose simulated step is the shortest within the memory cap.
+
+    Each of `partitioner.schedule.PIPELINES` is solved and simulated (`make_plan` with
+    ``options``); among the plans that fit ``memory_cap``, the one with the least predicted
+    step wins, then the least peak memory, then the first of `PIPELINES`: a zero-bubble
+    schedule that recomputes runs as 1F1B and loses a tie to it.
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 4, 0, 0) for i in range(4)))
+        >>> plan = fastest_plan(costs, 2, 4)
+        >>> plan.pipeline, plan.predicted_step_time
+        ('zero_bubble', 26.0)
+
+    Raises:
+        InfeasibleError: no pipeline's plan fits the cap (the first pipeline's error).
+    """
+    plans: list[Plan] = []
+    errors: list[InfeasibleError] = []
+    for pipeline in PIPELINES:
+        try:
+            plans.append(make_plan(costs, K, M, pipeline=pipeline, **options))
+        except InfeasibleError as error:
+            errors.append(error)
+    if not plans:
+        raise errors[0]
+    return min(plans, key=lambda plan: (plan.predicted_step_time, max(plan.peak_memory)))

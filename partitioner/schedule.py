@@ -2,8 +2,10 @@
 
 Letters: K stages, M microbatches, s stage index, m microbatch index. An `Action` is one
 step on one stage's rank, printed `{s}{kind}{m}`: `1F3` is the forward of microbatch 3 on
-stage 1, `2SB0` stage 2 sending microbatch 0's input gradients to stage 1. A `Schedule`
-maps each stage to its ordered actions. Builders emit compute actions only;
+stage 1, `2SB0` stage 2 sending microbatch 0's input gradients to stage 1. A backward is
+one action B, or, in a zero-bubble schedule, B (the stage's input gradients, which the
+previous stage waits for) then W (its weight gradients, which nobody waits for). A
+`Schedule` maps each stage to its ordered actions. Builders emit compute actions only;
 `add_communication` inserts the sends and receives; `validate` checks any schedule,
 including cross-stage deadlock, by an abstract execution.
 """
@@ -19,16 +21,17 @@ class Kind(StrEnum):
     """What an action does."""
 
     FORWARD = "F"
-    BACKWARD = "B"
+    BACKWARD = "B"  # the whole backward, or with W: the input gradients only
+    WEIGHT = "W"  # the weight gradients of a backward split in two
     SEND_F = "SF"  # activations of m to s + 1
     RECV_F = "RF"  # activations of m from s - 1
     SEND_B = "SB"  # input gradients of m to s - 1
     RECV_B = "RB"  # input gradients of m from s + 1
 
 
-COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD})
+COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT})
 COMPUTE_ORDER = (Kind.FORWARD, Kind.BACKWARD)
-_PATTERN = re.compile(r"(\d+)(F|B|SF|RF|SB|RB)(\d+)")
+_PATTERN = re.compile(r"(\d+)(F|B|W|SF|RF|SB|RB)(\d+)")
 
 
 @dataclass(frozen=True, order=True)
@@ -61,7 +64,7 @@ class Action:
         match = _PATTERN.fullmatch(text.strip())
         if match is None:
             raise ValueError(
-                "an action reads {stage}{F|B|SF|RF|SB|RB}{microbatch}, e.g. '1F3'. "
+                "an action reads {stage}{F|B|W|SF|RF|SB|RB}{microbatch}, e.g. '1F3'. "
                 f"Received: text={text!r}"
             )
         return cls(int(match[1]), Kind(match[2]), int(match[3]))
@@ -130,32 +133,93 @@ def interleaved(K: int, M: int) -> Schedule:
     return schedule
 
 
+def zero_bubble(K: int, M: int) -> Schedule:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each
+    backward split into B (input gradients) and W (weight gradients), W deferred.
+
+    Stage s runs 1F1B's forwards and B's in 1F1B's order (a warm-up of min(K - s - 1, M)
+    forwards, then the next forward, if any, and one B per microbatch); after its
+    (s + 1)-th B on, each B is followed by the W of the microbatch s before it, and the
+    last s W's end its row. In 1F1B the later stages idle at the end of a step while the
+    last input gradients travel back to stage 0; here a B is about half a backward, so
+    they travel sooner, and stage s fills that end with its s deferred W's. A stage holds
+    at most min(K, M) microbatches' activations (from F to W): 1F1B's peak, that of its
+    stage 0. Stage 0 computes no input gradients: its B is its whole backward and its W
+    is empty (`splits_stage`). K=3, M=4, forward 1 tick, backward 2 ticks (B 1, W 1), no
+    transfer time, as `interleaved`'s picture, which takes 18 ticks (`simulate` draws it):
+
+        tick     0  1  2  3  4  5  6  7  8  9 10 11 12 13
+        stage 0  F0 F1 F2 .  .  B0 B0 F3 B1 B1 B2 B2 B3 B3
+        stage 1  .  F0 F1 .  B0 F2 B1 W0 F3 B2 W1 B3 W2 W3
+        stage 2  .  .  F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
+
+    Args:
+        K: number of stages.
+        M: number of microbatches.
+
+    Returns:
+        The compute-only schedule; `add_communication` adds the transfers.
+    """
+    _check_sizes(K, M)
+    schedule: Schedule = {}
+    for s in range(K):
+        warmup = min(K - s - 1, M)
+        actions = [Action(s, Kind.FORWARD, m) for m in range(warmup)]
+        for m in range(M):
+            if warmup + m < M:
+                actions.append(Action(s, Kind.FORWARD, warmup + m))
+            actions.append(Action(s, Kind.BACKWARD, m))
+            if m >= s:
+                actions.append(Action(s, Kind.WEIGHT, m - s))
+        actions += [Action(s, Kind.WEIGHT, m) for m in range(max(M - s, 0), M)]
+        schedule[s] = actions
+    return schedule
+
+
 def forward_only(K: int, M: int) -> Schedule:
     """Evaluation or data scoring: every stage runs the M forwards in order."""
     _check_sizes(K, M)
     return {s: [Action(s, Kind.FORWARD, m) for m in range(M)] for s in range(K)}
 
 
-PIPELINES = ("simple", "interleaved")
+PIPELINES = ("simple", "interleaved", "zero_bubble")
+_BUILDERS = {"simple": simple, "interleaved": interleaved, "zero_bubble": zero_bubble}
 _forward_only = forward_only  # `build` has a keyword of the same name
 
 
 def build(pipeline: str, K: int, M: int, *, forward_only: bool = False) -> Schedule:
-    """The compute schedule named `pipeline` ("simple" or "interleaved")."""
+    """The compute schedule named `pipeline` (one of `PIPELINES`)."""
     if pipeline not in PIPELINES:
         raise ValueError(
             f"pipeline must be one of {list(PIPELINES)}. Received: pipeline={pipeline!r}"
         )
     if forward_only:
         return _forward_only(K, M)
-    return simple(K, M) if pipeline == "simple" else interleaved(K, M)
+    return _BUILDERS[pipeline](K, M)
+
+
+def splits_backward(schedule: Schedule) -> bool:
+    """Whether the schedule runs its backwards as B then W (it holds a W action)."""
+    return any(a.kind is Kind.WEIGHT for row in schedule.values() for a in row)
+
+
+def splits_stage(s: int, recompute: bool) -> bool:
+    """Whether stage s of a schedule that splits its backwards computes B and W apart.
+
+    Stage 0 sends no input gradients, so its B runs the whole backward and its W nothing
+    (a W right after its B, as zero-bubble schedules place it, loses nothing). A stage that
+    recomputes its forward inside its backward (``optimize="memory"``) does the same: to
+    keep W apart it would keep the recomputed activations from B to W, which that mode
+    exists not to hold, so its steps run as 1F1B's.
+    """
+    return s > 0 and not recompute
 
 
 def add_communication(schedule: Schedule) -> Schedule:
     """Inserts the transfers around every compute action (a pure pass).
 
     RF before each F on s > 0 and SF after it on s < K - 1; RB before each B on
-    s < K - 1 and SB after it on s > 0.
+    s < K - 1 and SB after it on s > 0; nothing around a W.
 
     Raises:
         ScheduleError: if the schedule already holds transfers.
@@ -224,6 +288,8 @@ def _transfers(a: Action, K: int) -> tuple[list[Action], list[Action]]:
     s, m = a.stage, a.microbatch
     if a.kind is Kind.FORWARD:
         return [Action(s, Kind.RECV_F, m)] * (s > 0), [Action(s, Kind.SEND_F, m)] * (s < K - 1)
+    if a.kind is Kind.WEIGHT:  # nobody waits for weight gradients: nothing to send
+        return [], []
     return [Action(s, Kind.RECV_B, m)] * (s < K - 1), [Action(s, Kind.SEND_B, m)] * (s > 0)
 
 
@@ -250,6 +316,8 @@ def _check_shape(schedule: Schedule, M: int) -> None:
 
 def _check_compute(schedule: Schedule, M: int) -> None:
     training = any(a.kind is Kind.BACKWARD for row in schedule.values() for a in row)
+    kinds = [Kind.FORWARD, Kind.BACKWARD] if training else [Kind.FORWARD]
+    kinds += [Kind.WEIGHT] * splits_backward(schedule)
     for s, row in schedule.items():
         first: dict[Action, int] = {}
         for index, a in enumerate(row):
@@ -257,8 +325,9 @@ def _check_compute(schedule: Schedule, M: int) -> None:
                 raise _fail(schedule, f"duplicate action {a}", {s: (index, "")})
             if a.kind is Kind.BACKWARD and Action(s, Kind.FORWARD, a.microbatch) not in first:
                 raise _fail(schedule, f"backward {a} before its forward", {s: (index, "")})
+            if a.kind is Kind.WEIGHT and Action(s, Kind.BACKWARD, a.microbatch) not in first:
+                raise _fail(schedule, f"weight gradients {a} before its backward", {s: (index, "")})
             first.setdefault(a, index)
-        kinds = [Kind.FORWARD, Kind.BACKWARD] if training else [Kind.FORWARD]
         for kind in kinds:
             for m in range(M):
                 if Action(s, kind, m) not in first:
@@ -267,6 +336,11 @@ def _check_compute(schedule: Schedule, M: int) -> None:
 
 def _missing(action: Action) -> str:
     s = action.stage
+    if action.kind is Kind.WEIGHT:
+        return (
+            f"stage {s} has no weight gradients {action} while other stages split their "
+            "backward (a schedule splits every backward into B and W or none)"
+        )
     if action.kind is Kind.BACKWARD:
         return (
             f"stage {s} has no backward {action} while other stages train "

@@ -2,7 +2,8 @@
 
 Each stage runs its compute actions in schedule order. F(s, m) starts when stage s is
 free and F(s - 1, m) has ended plus the transfer time of the cut between them; B(s, m)
-likewise waits for B(s + 1, m). Transfers are link delays: they never occupy a stage.
+likewise waits for B(s + 1, m); W(s, m) waits for nothing but stage s. Transfers are
+link delays: they never occupy a stage.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from partitioner.schedule import (
     Schedule,
     ScheduleError,
     build,
+    splits_backward,
+    splits_stage,
     validate,
 )
 
@@ -69,6 +72,29 @@ def stage_times(costs: CostModel, partition: Partition) -> tuple[tuple[float, ..
     )
 
 
+def action_seconds(
+    costs: CostModel, partition: Partition, *, split: bool = False, recompute: bool = False
+) -> tuple[dict[Kind, float], ...]:
+    """Seconds of each stage's F, B and W for one microbatch, ``action_overhead`` included.
+
+    A recomputing backward reruns the forward's layers inside its own call (their compute,
+    not a second overhead). With ``split`` (a schedule with W actions) a stage that
+    `splits_stage` gives W the weight gradients' share of its backward
+    (`partitioner.costs.WEIGHT_SHARE`) and an overhead of its own; elsewhere W is empty.
+    """
+    p, extra = costs.prefix, costs.action_overhead
+    b = partition.validated(costs.num_layers).bounds
+    seconds = []
+    for s, (forward, backward) in enumerate(stage_times(costs, partition)):
+        again = (forward - extra) * recompute
+        times = {Kind.FORWARD: forward, Kind.BACKWARD: backward + again, Kind.WEIGHT: 0.0}
+        if split and splits_stage(s, recompute):
+            weights = float(p.weight_backward[b[s + 1]] - p.weight_backward[b[s]])
+            times[Kind.BACKWARD], times[Kind.WEIGHT] = backward - weights, weights + extra
+        seconds.append(times)
+    return tuple(seconds)
+
+
 def stage_memory(costs: CostModel, partition: Partition, s: int) -> tuple[int, int, int]:
     """(state, activation, input) bytes of stage s, per microbatch where it applies.
 
@@ -89,26 +115,43 @@ def peak_memory(
 
     Without recompute each F keeps the stage activations until its B. With recompute
     each F keeps only the stage input, and the activations live transiently during every
-    F and B. A stage without backwards (evaluation) keeps nothing between actions.
+    F and B. A stage without backwards (evaluation) keeps nothing between actions. A
+    stage that splits its backward (`splits_stage`) keeps the activations until W, and
+    from B to W also the output gradients of its layers with weights.
     """
+    split = splits_backward(schedule)
+    p, b = costs.prefix, partition.validated(costs.num_layers).bounds
     return tuple(
-        _stage_peak(stage_memory(costs, partition, s), schedule[s], recompute)
+        _stage_peak(
+            stage_memory(costs, partition, s),
+            schedule[s],
+            recompute,
+            int(p.weight_grad_bytes[b[s + 1]] - p.weight_grad_bytes[b[s]])
+            if split and splits_stage(s, recompute)
+            else None,
+        )
         for s in range(partition.num_stages)
     )
 
 
-def _stage_peak(memory: tuple[int, int, int], row: list[Action], recompute: bool) -> int:
+def _stage_peak(
+    memory: tuple[int, int, int], row: list[Action], recompute: bool, grads: int | None
+) -> int:
+    """``grads``: the output gradients a split stage keeps from B to W (None: not split)."""
     state, activation, inputs = memory
     training = any(a.kind is Kind.BACKWARD for a in row)
     kept = inputs if recompute else activation
+    frees = Kind.BACKWARD if grads is None else Kind.WEIGHT
     held = peak = 0
     for a in row:
         if a.kind is Kind.FORWARD and training:
             held += kept
-        if a.kind in COMPUTE:
+        if a.kind is Kind.BACKWARD and grads is not None:
+            held += grads
+        if a.kind in COMPUTE and (a.kind is not Kind.WEIGHT or grads is not None):
             peak = max(peak, held + (activation if recompute or not training else 0))
-        if a.kind is Kind.BACKWARD:
-            held -= kept
+        if a.kind is frees:
+            held -= kept + (grads or 0)
     return state + peak
 
 
@@ -129,7 +172,8 @@ def simulate(
         partition: stage boundaries; must cover every layer of `costs`.
         schedule: one row of actions per stage; validated first.
         recompute: each B reruns the stage forward's layers first (in the same call: no
-            second ``action_overhead``) and F keeps only its input.
+            second ``action_overhead``) and F keeps only its input; no stage splits its
+            backward (`splits_stage`).
 
     Returns:
         Step time, per-stage busy and idle time, bubble fraction, peak memory and events.
@@ -183,7 +227,7 @@ def bubble_fraction(busy: Sequence[float], step_time: float) -> float:
 def _run(
     costs: CostModel, partition: Partition, schedule: Schedule, recompute: bool
 ) -> list[Event]:
-    times = stage_times(costs, partition)
+    times = action_seconds(costs, partition, split=splits_backward(schedule), recompute=recompute)
     cut = costs.prefix.cut
     b = partition.bounds
     rows = {s: [a for a in row if a.kind in COMPUTE] for s, row in schedule.items()}
@@ -198,11 +242,7 @@ def _run(
                 ready = _ready(a, end, len(rows), float(cut[b[s]]), float(cut[b[s + 1]]))
                 if ready is None:
                     break
-                forward, backward = times[s]
-                # a recomputing backward reruns the forward's layers inside its own call:
-                # their compute, not a second action's overhead
-                again = (forward - costs.action_overhead) * recompute
-                duration = forward if a.kind is Kind.FORWARD else backward + again
+                duration = times[s][a.kind]
                 start = max(free[s], ready)
                 free[s] = end[a] = start + duration
                 events.append(Event(s, a, start, free[s]))

@@ -30,7 +30,7 @@ import numpy as np
 from partitioner.costs import CostModel, format_bytes
 from partitioner.partition import Partition
 from partitioner.probe import Array, Limit, cheapest
-from partitioner.schedule import PIPELINES
+from partitioner.schedule import PIPELINES, splits_stage
 from partitioner.scoring import sifted_step_time
 
 OPTIMIZE = ("speed", "memory")
@@ -50,13 +50,27 @@ class InfeasibleError(ValueError):
         )
 
 
-def in_flight(pipeline: str, K: int, M: int) -> tuple[int, ...]:
+def in_flight(pipeline: str, K: int, M: int, *, recompute: bool = False) -> tuple[int, ...]:
     """Most microbatches a stage holds at once: M for simple (1 on its last stage, which
-    runs each backward right after its forward), min(K - s, M) for 1F1B."""
+    runs each backward right after its forward), min(K - s, M) for 1F1B, and for the
+    zero-bubble schedule min(K, M) on a stage that `splits_stage` (held from F to W), as
+    1F1B elsewhere."""
     _check_choice(pipeline, PIPELINES, "pipeline")
     if pipeline == "simple":
         return tuple(M if s < K - 1 else 1 for s in range(K))
+    if pipeline == "zero_bubble":
+        return tuple(min(K if splits_stage(s, recompute) else K - s, M) for s in range(K))
     return tuple(min(K - s, M) for s in range(K))
+
+
+def pending_weights(pipeline: str, K: int, M: int, *, recompute: bool = False) -> tuple[int, ...]:
+    """Most microbatches whose output gradients a stage keeps for a later W at once, when
+    it holds `in_flight` activations: min(s + 1, M) where the zero-bubble schedule splits
+    a stage's backward (`splits_stage`), 0 elsewhere (tests/partitioner/test_solver.py walks
+    the schedules to check both maxima fall on one action)."""
+    _check_choice(pipeline, PIPELINES, "pipeline")
+    split = pipeline == "zero_bubble"
+    return tuple(min(s + 1, M) if split and splits_stage(s, recompute) else 0 for s in range(K))
 
 
 def stage_loads(costs: CostModel, partition: Partition) -> Array:
@@ -90,16 +104,20 @@ def peak_memory_estimate(
 
     State (weights times the optimizer multiplier) plus, for n_s = `in_flight` micro-
     batches: n_s stage activations, or with recompute n_s stage inputs and one set of
-    activations. Equals `simulate(...).peak_memory` for `build(pipeline, K, M)`. A stage
-    that holds a copy of shared weights (`CostModel.shared`) counts its state too.
+    activations; plus, for d_s = `pending_weights`, d_s sets of the output gradients a
+    split backward keeps from B to W. A stage that holds a copy of shared weights
+    (`CostModel.shared`) counts its state too. Equals `simulate(...).peak_memory` for
+    `build(pipeline, K, M)`.
     """
-    p = costs.prefix
+    p, K = costs.prefix, partition.num_stages
     b = np.asarray(partition.validated(costs.num_layers).bounds)
-    n = np.asarray(in_flight(pipeline, partition.num_stages, M), dtype=np.int64)
+    n = np.asarray(in_flight(pipeline, K, M, recompute=recompute), dtype=np.int64)
+    d = np.asarray(pending_weights(pipeline, K, M, recompute=recompute), dtype=np.int64)
     state = p.state_bytes[b[1:]] - p.state_bytes[b[:-1]]
     state = state + np.array([costs.copy_bytes(lo, hi) for lo, hi in itertools.pairwise(b)])
     acts = p.activation_bytes[b[1:]] - p.activation_bytes[b[:-1]]
-    held = n * p.input_bytes[b[:-1]] + acts if recompute else n * acts
+    grads = p.weight_grad_bytes[b[1:]] - p.weight_grad_bytes[b[:-1]]
+    held = n * p.input_bytes[b[:-1]] + acts if recompute else n * acts + d * grads
     return tuple(int(x) for x in state + held)
 
 
@@ -243,7 +261,6 @@ class _Chain:
     K: int
     M: int
     pipeline: str
-    n: tuple[int, ...]
     first_min: int = 1  # least end boundary of stage 0
 
     @classmethod
@@ -262,7 +279,8 @@ class _Chain:
                 f"at most {costs.num_layers - K + 1} of {costs.num_layers} layers can be on "
                 f"stage 0. Received: first_stage_min={first_min}"
             )
-        return cls(costs, K, M, pipeline, in_flight(pipeline, K, M), first_min)
+        _check_choice(pipeline, PIPELINES, "pipeline")
+        return cls(costs, K, M, pipeline, first_min)
 
     @property
     def L(self) -> int:
@@ -287,14 +305,16 @@ class _Chain:
         if cap is None:
             return [[] for _ in range(self.K)]
         p = self.costs.prefix
+        held = in_flight(self.pipeline, self.K, self.M, recompute=recompute)
+        pending = pending_weights(self.pipeline, self.K, self.M, recompute=recompute)
         limits = []
-        for s, n in enumerate(self.n):
+        for s, (n, d) in enumerate(zip(held, pending, strict=True)):
             if recompute:
                 start = n * p.input_bytes if s > 0 else None
                 prefix = self.state + p.activation_bytes
                 limits.append([Limit.make(prefix, cap, start)])
             else:
-                prefix = self.state + n * p.activation_bytes
+                prefix = self.state + n * p.activation_bytes + d * p.weight_grad_bytes
                 limits.append([Limit.make(prefix, cap)])
         return limits
 

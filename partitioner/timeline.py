@@ -15,10 +15,11 @@ from typing import Any
 from partitioner.schedule import Action, Kind
 from partitioner.simulator import Event, SimResult
 
-COLOURS = {Kind.FORWARD: "#4C72B0", Kind.BACKWARD: "#DD8452"}
+COLOURS = {Kind.FORWARD: "#4C72B0", Kind.BACKWARD: "#DD8452", Kind.WEIGHT: "#55A868"}
 CATEGORIES = {
     Kind.FORWARD: "forward",
     Kind.BACKWARD: "backward",
+    Kind.WEIGHT: "weight gradients",
     Kind.SEND_F: "send",
     Kind.SEND_B: "send",
     Kind.RECV_F: "receive (includes the wait)",
@@ -205,7 +206,12 @@ def _save(
     grid = figure.add_gridspec(len(panels), 1, height_ratios=rows)
     for i, (events, stages, title) in enumerate(panels):
         _draw_panel(figure.add_subplot(grid[i]), events, stages, step_time, title)
-    handles = [Patch(color=c, label=_legend(k, fused_last)) for k, c in COLOURS.items()]
+    shown = {e.action.kind for events, _, _ in panels for e in events}
+    handles = [
+        Patch(color=c, label=_legend(k, fused_last))
+        for k, c in COLOURS.items()
+        if k in shown or k is not Kind.WEIGHT  # W only where a schedule splits backwards
+    ]
     figure.axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if note:
         figure.text(0.01, 0.01, note, fontsize=7, wrap=True, va="bottom")
@@ -216,7 +222,7 @@ def _save(
 def _legend(kind: Kind, fused_last: bool) -> str:
     if fused_last and kind is Kind.FORWARD:
         return "forward (last stage:\nforward + backward,\none fused call)"
-    return kind.name.lower()
+    return CATEGORIES[kind]
 
 
 def _draw_panel(

@@ -1,6 +1,7 @@
 """One rank of bench_peers.py's PyTorch rows: bench_pipeline's chain in PyTorch, timed.
 
-usage: _bench_peers_torch_worker.py MODE CONFIG_JSON  (MODE: single, gpipe, 1f1b or ddp)
+usage: _bench_peers_torch_worker.py MODE CONFIG_JSON
+       (MODE: single, gpipe, 1f1b, interleaved_1f1b, zero_bubble or ddp)
 
 Runs in a benchmark-only environment with PyTorch (never tfsift's), under ``mpirun``:
 the rank comes from Open MPI's environment and gloo connects the ranks. One compute
@@ -93,17 +94,34 @@ class Stage(nn.Module):
         return self.layers(_ChannelsLast.apply(x)).contiguous()
 
 
-def pipelined(cfg: Config, schedule: str) -> Callable[[], None]:
-    """torch.distributed.pipelining: the chain cut in two equal halves, one per rank."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+# mode: (torch's schedule class, stages a rank); ZB-H1 is the interleaved zero-bubble
+# schedule with one stage a rank
+SCHEDULES = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
+    "zero_bubble": ("ScheduleInterleavedZeroBubble", 1),
+}
 
-    half = cfg["layers"] // 2
-    layers = list(chain(cfg))
-    part = Stage(layers[:half] if RANK == 0 else layers[half:])
-    stage = PipelineStage(part, RANK, SIZE, torch.device("cpu"))
-    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    runner = kind(stage, n_microbatches=cfg["M"], loss_fn=F.mse_loss)
-    optimizer = torch.optim.SGD(part.parameters(), lr=1e-3)
+
+def pipelined(cfg: Config, schedule: str) -> Callable[[], None]:
+    """torch.distributed.pipelining: the chain cut in SIZE x v equal chunks, rank r holding
+    chunks r, r + SIZE, ... (v = 1: two halves, one per rank)."""
+    from torch.distributed import pipelining
+
+    name, v = SCHEDULES[schedule]
+    layers, chunks = list(chain(cfg)), SIZE * v
+    size = cfg["layers"] // chunks
+    parts = [Stage(layers[i * size : (i + 1) * size]) for i in range(RANK, chunks, SIZE)]
+    stages = [
+        pipelining.PipelineStage(part, i, chunks, torch.device("cpu"))
+        for part, i in zip(parts, range(RANK, chunks, SIZE), strict=True)
+    ]
+    multi = "Interleaved" in name  # the schedules that take a list of a rank's stages
+    runner = getattr(pipelining, name)(
+        stages if multi else stages[0], n_microbatches=cfg["M"], loss_fn=F.mse_loss
+    )
+    optimizer = torch.optim.SGD([p for part in parts for p in part.parameters()], lr=1e-3)
     x, y = (t.contiguous() for t in data(cfg, cfg["batch"]))
 
     def step() -> None:

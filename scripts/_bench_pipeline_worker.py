@@ -1,7 +1,7 @@
 """One rank of ``scripts/bench_pipeline.py``: times one configuration and writes JSON.
 
 usage: _bench_pipeline_worker.py MODE CONFIG_JSON  (run by bench_pipeline.py's harness)
-       (MODE: single, pipeline, dp, mwms, reference or microbatched)
+       (MODE: single, pipeline, dp, mwms, reference, microbatched or split)
 
 Letters: K stages, M microbatches, B the global batch. Every rank runs one compute
 thread; each writes its JSON report with ``bench.harness.write_rank``.
@@ -37,7 +37,9 @@ from mpi4py import MPI  # noqa: E402
 
 from bench.harness import write_rank  # noqa: E402
 from partitioner.plan import Plan, make_plan  # noqa: E402
-from tfsift.pipeline.stage import microbatch_seconds  # noqa: E402
+from tfsift.pipeline.split import SplitBackward  # noqa: E402
+from tfsift.pipeline.stage import Stage, microbatch_seconds  # noqa: E402
+from tfsift.planning.graph import trace  # noqa: E402
 from tfsift.planning.profiler import profile  # noqa: E402
 
 Config = dict[str, Any]
@@ -358,6 +360,7 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     whole = maxrss_mib()
     gc.collect()
     reset_peak_rss()
+    resting = psutil.Process().memory_info().rss / 2**20  # the peak mark starts here
     action_s, events = timeline(train)
     # the step call alone as many times again, where asked (bench_small: the prediction's
     # scope, which the user's update is outside of)
@@ -375,6 +378,7 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
         "maxrss_before_mib": before,
         "maxrss_whole_mib": whole,
         "maxrss_timed_mib": maxrss_mib(),
+        "rss_reset_mib": resting,
     }
 
 
@@ -449,6 +453,42 @@ def run_microbatched(cfg: Config) -> dict[str, Any]:
     return {"times": times.pop("tfsift")} | times
 
 
+def run_split(cfg: Config) -> dict[str, Any]:
+    """One process: the chain's second half as a later stage (its input gradients needed)
+    on a microbatch of B/M samples, its backward fused (the tape, as 1F1B runs it) and
+    split into B then W (as the zero-bubble schedule runs it), each action timed alone, in
+    alternating rounds; the gradient sum kept as a step does."""
+    tfsift.init({"partitions": 1, "microbatches": 1})
+    x, _ = data(cfg)
+    example = x[: cfg["batch"] // cfg["M"]]
+    graph = trace(Chain(cfg), [example])
+    half = len(graph) // 2
+    h = Stage(graph.stage(0, half), 0, recompute=False).forward_call([example], True)
+    stage = Stage(graph.stage(half, len(graph)), 1, recompute=False)
+    split = SplitBackward(stage)
+    grads = [tf.ones_like(y) for y in stage.forward_call(h, True)]
+    total = [tf.zeros_like(v) for v in stage.variables]
+    names = ("F", "B_fused", "F_split", "B", "W")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for round_ in range(cfg["warmup"] + cfg["steps"]):
+        clock = [time.perf_counter()]
+        _, saved = stage.forward(h, True, keep=True)
+        clock.append(time.perf_counter())
+        assert saved is not None
+        stage.backward(saved, grads, total)
+        clock.append(time.perf_counter())
+        _, kept = split.forward(h, True)
+        clock.append(time.perf_counter())
+        _, pending = split.backward_input(kept, grads)
+        clock.append(time.perf_counter())
+        split.backward_weights(pending, total)
+        clock.append(time.perf_counter())
+        if round_ >= cfg["warmup"]:  # the first calls trace
+            for name, begin, end in zip(names, clock[:-1], clock[1:], strict=True):
+                times[name].append(end - begin)
+    return {"times": times, "nodes": [half, len(graph)]}
+
+
 MODES: dict[str, Callable[[Config], dict[str, Any]]] = {
     "single": run_single,
     "pipeline": run_pipeline,
@@ -456,6 +496,7 @@ MODES: dict[str, Callable[[Config], dict[str, Any]]] = {
     "mwms": run_mwms,
     "reference": run_reference,
     "microbatched": run_microbatched,
+    "split": run_split,
 }
 
 

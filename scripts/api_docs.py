@@ -250,7 +250,7 @@ def config_keys() -> str:
     from tfsift import config
 
     choices = {
-        "pipeline": config.PIPELINES,
+        "pipeline": (*config.PIPELINES, config.AUTO),
         "optimize": config.OPTIMIZE,
         "placement_strategy": config.PLACEMENTS,
     }

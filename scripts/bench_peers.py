@@ -4,8 +4,11 @@ The pipeline benchmark's model (8 x Conv2D(128, 3x3, same, relu) on 16x16x128, M
 global batch B=128), one compute thread per rank, each rank bound to its own core:
 
 - one process: a plain Keras step (tfsift's and tf.distribute's reference) and PyTorch;
-- K=2, M=8: tfsift ``simple`` against ``torch.distributed.pipelining.ScheduleGPipe``, and
-  tfsift ``interleaved`` against ``Schedule1F1B`` (the chain cut in two equal halves);
+- K=2, M=8: tfsift ``simple`` against ``torch.distributed.pipelining.ScheduleGPipe``,
+  tfsift ``interleaved`` against ``Schedule1F1B`` and tfsift ``zero_bubble`` against
+  ``ScheduleInterleavedZeroBubble`` with one stage a rank (ZB-H1) (the chain cut in two
+  equal halves), and torch's ``ScheduleInterleaved1F1B`` with two stages a rank (the
+  chain cut in four; tfsift has no such row);
 - data parallel, 2 ranks x B/2: tfsift (Horovod) against tf.distribute's
   ``MultiWorkerMirroredStrategy`` and PyTorch DDP (gloo); and tfsift with Open MPI
   polling in its waits, as before ``import tfsift`` made it yield (``tfsift/env.py``).
@@ -49,6 +52,9 @@ CASES = (
     ("K=2 pipeline, GPipe", "PyTorch", 2, "gpipe"),
     ("K=2 pipeline, 1F1B", "tfsift", 2, "interleaved"),
     ("K=2 pipeline, 1F1B", "PyTorch", 2, "1f1b"),
+    ("K=2 pipeline, interleaved 1F1B, 2 stages a rank", "PyTorch", 2, "interleaved_1f1b"),
+    ("K=2 pipeline, zero bubble (ZB-H1)", "tfsift", 2, "zero_bubble"),
+    ("K=2 pipeline, zero bubble (ZB-H1)", "PyTorch", 2, "zero_bubble"),
     ("data parallel, 2 x B/2", "tfsift", 2, "dp"),
     ("data parallel, 2 x B/2", POLLING, 2, "dp"),
     ("data parallel, 2 x B/2", "tf.distribute MWMS", 2, "mwms"),
@@ -61,6 +67,12 @@ PAIRS = (
     ("K=2 pipeline, GPipe | tfsift", "K=2 pipeline, GPipe | PyTorch"),
     ("K=2 pipeline, 1F1B | tfsift", "K=2 pipeline, 1F1B | PyTorch"),
     ("K=2 pipeline, 1F1B | tfsift", "K=2 pipeline, GPipe | tfsift"),
+    ("K=2 pipeline, zero bubble (ZB-H1) | tfsift", "K=2 pipeline, zero bubble (ZB-H1) | PyTorch"),
+    ("K=2 pipeline, zero bubble (ZB-H1) | tfsift", "K=2 pipeline, 1F1B | tfsift"),
+    (
+        "K=2 pipeline, zero bubble (ZB-H1) | tfsift",
+        "K=2 pipeline, interleaved 1F1B, 2 stages a rank | PyTorch",
+    ),
     ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | tf.distribute MWMS"),
     ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | PyTorch"),
 )
@@ -94,7 +106,7 @@ def job(s: Settings, framework: str, ranks: int, mode: str) -> list[Result]:
         args = [mode, json.dumps(cfg | {"M": s.M, "port": free_port()})]
         return harness.run_job(TORCH_WORKER, args, ranks, timeout=600, python=s.torch)
     extra = {"M": s.M, "optimize": "speed", "pipeline": mode if ranks > 1 else "simple"}
-    if mode in ("simple", "interleaved"):
+    if mode in ("simple", "interleaved", "zero_bubble"):
         mode = "pipeline"
     extra["ports"] = [free_port() for _ in range(ranks)]
     args = [mode, json.dumps(c.worker_config(**extra))]
@@ -140,6 +152,8 @@ def paired_rows(medians: dict[str, list[float]]) -> list[list[str]]:
             f"{row}: {framework} / {other_framework}"
             if row == other_row
             else f"{framework}: {row} / {other_row}"
+            if framework == other_framework
+            else f"{framework}, {row} / {other_framework}, {other_row}"
         )
         rows.append(
             [

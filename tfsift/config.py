@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from partitioner.plan import AUTO
 from partitioner.schedule import PIPELINES
 from partitioner.solver import OPTIMIZE
 from tfsift import env
@@ -16,7 +17,7 @@ from tfsift import env
 # The choice lists have one home each: schedules and solvers in partitioner/ (which
 # cannot import tfsift), rank placements here (topology.py reads them from here).
 PLACEMENTS = ("cluster", "spread")
-__all__ = ["OPTIMIZE", "PIPELINES", "PLACEMENTS", "Config", "parse_bytes"]
+__all__ = ["AUTO", "OPTIMIZE", "PIPELINES", "PLACEMENTS", "Config", "parse_bytes"]
 _UNITS = {
     "": 1,
     "B": 1,
@@ -58,7 +59,7 @@ class Config:
         _check_int("partitions", self.partitions, 1)
         _check_int("microbatches", self.microbatches, 1)
         _check_int("profile_repeats", self.profile_repeats, 1)
-        _check_choice("pipeline", self.pipeline, PIPELINES)
+        _check_choice("pipeline", self.pipeline, (*PIPELINES, AUTO))
         _check_choice("optimize", self.optimize, OPTIMIZE)
         _check_choice("placement_strategy", self.placement_strategy, PLACEMENTS)
         _check_bool("auto_partition", self.auto_partition)

@@ -39,6 +39,7 @@ class Partitioned:
     output_structure: Any
     config: Config  # what it was partitioned under
     tied: TiedWeights = dataclasses.field(default_factory=TiedWeights)  # weights on 2+ stages
+    pipeline: str = ""  # the schedule it was planned for (what pipeline="auto" chose)
 
 
 @dataclasses.dataclass
@@ -169,7 +170,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         # a source batch is one training batch, M microbatches of the profile's size
         scoring = self._tfsift.scored_batches * rt.config.microbatches
-        bounds, recompute = plan_bounds(
+        bounds, recompute, pipeline = plan_bounds(
             graph,
             self._tfsift.placements,
             flat,
@@ -195,6 +196,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             graph.structure,
             rt.config,
             tied,
+            pipeline,
         )
         self._tfsift.partitioned = part
         log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)

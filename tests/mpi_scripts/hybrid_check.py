@@ -1,6 +1,7 @@
 """N ranks as pipelines of K stages x N/K replicas: weights after training vs one process.
 
-usage: hybrid_check.py K PLACEMENT STEPS
+usage: hybrid_check.py K PLACEMENT STEPS [PIPELINE]  (PIPELINE: the schedule, default
+       the config's)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import tensorflow as tf
 import tfsift
 from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, rel_error, training_step
 from mpi import report
+from tfsift.parallel import runtime
 
 B, M, SEED = 8, 2, 7
 
@@ -44,7 +46,8 @@ def reference(
 
 def main() -> None:
     K, placement, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    tfsift.init({"partitions": K, "microbatches": M, "placement_strategy": placement})
+    pipeline = {"pipeline": sys.argv[4]} if len(sys.argv) > 4 else {}
+    tfsift.init({"partitions": K, "microbatches": M, "placement_strategy": placement, **pipeline})
     R, r = tfsift.dp_size(), tfsift.dp_rank()
     ref, init, final = reference(steps, R)
     keras.utils.set_random_seed(SEED)
@@ -79,6 +82,7 @@ def main() -> None:
         host=socket.gethostname(),  # a simulated host's name when run on them
         stage=tfsift.mp_rank(),
         replica=r,
+        pipeline=runtime.get().config.pipeline,
         mp_size=tfsift.mp_size(),
         dp_size=R,
         shard=plain,

@@ -87,6 +87,10 @@ def check(
         "pred_shape": list(predictions.concat().shape),
         "stage": tfsift.mp_rank(),
         "only_stage_weights_kept": freed == {id(v) for v in every} - kept,
+        # whether the stage recomputed (optimize="memory", or "speed" where it timed faster)
+        "recompute": model.partitioned.stage.recompute,  # type: ignore[union-attr]
+        # the schedule it ran: the config's, or what pipeline="auto" chose
+        "planned": model.partitioned.pipeline,  # type: ignore[union-attr]
     }
 
 

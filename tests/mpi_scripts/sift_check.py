@@ -1,8 +1,8 @@
 """Every rank: sift a dataset through a pipeline (and replicas); report what each rank saw.
 
 usage: sift_check.py K PLACEMENT CASE [CASE ...]
-  CASE: POLICY,UNEVEN,TRAIN[,SCORER]. The cases run one after another in this one job (they
-  share its rank layout; each builds its model anew from the same seed) and each reports
+  CASE: POLICY,UNEVEN,TRAIN[,SCORER[,PIPELINE]]. The cases run one after another in this one
+  job (they share its rank layout; each builds its model anew from the same seed) and each reports
   what the rank saw, in order: a job costs every rank seconds of start-up.
   UNEVEN "1": replica r reads 10 + 4r source batches of its own (40% more on replica 1)
   TRAIN "1": train on the sifted batches (scoring and training interleave)
@@ -12,6 +12,7 @@ usage: sift_check.py K PLACEMENT CASE [CASE ...]
     "early_exit_overlap_keep_starved_stale" (that, with stale=1, for three epochs).
     With overlap and replicas every wait measured before has room for a unit of one
     source batch (none on a starved replica 1)
+  PIPELINE: the schedule (default: the config's)
 """
 
 from __future__ import annotations
@@ -86,7 +87,13 @@ def main() -> None:
 
 
 def run_case(
-    K: int, placement: str, policy: str, uneven_arg: str, train_arg: str, scorer: str = "full"
+    K: int,
+    placement: str,
+    policy: str,
+    uneven_arg: str,
+    train_arg: str,
+    scorer: str = "full",
+    pipeline: str = "",
 ) -> dict[str, Any]:
     uneven, train = uneven_arg == "1", train_arg == "1"
     overlap = scorer.startswith("early_exit_overlap")
@@ -100,6 +107,7 @@ def run_case(
             "microbatches": 2,
             "placement_strategy": placement,
             "profile_repeats": 1,
+            **({"pipeline": pipeline} if pipeline else {}),
         }
     )
     # a case before this one may have replaced these two: start from the library's own

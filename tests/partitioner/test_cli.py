@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from partitioner.cli import add_subcommands, main, parse_bytes
+from partitioner.cli import add_subcommands, fastest_lines, main, parse_bytes
 from partitioner.costs import CostModel, LayerCost
 from partitioner.plan import Plan
 
@@ -115,6 +115,9 @@ def test_simulate_prints_one_row_per_microbatch_count_and_pipeline(
     step, per_sample = (float(row[i]) * units[row[i + 1]] for i in (2, 4))
     assert per_sample == pytest.approx(step / (4 * 8), rel=2e-3)  # 4 microbatches of 8
     assert lines[5].startswith("Every row runs M microbatches of")
+    # one microbatch: the two schedules are one, and the tie goes to the first
+    assert lines[6].startswith("M=1: fastest within the cap: simple (")
+    assert lines[7].startswith("M=4: fastest within the cap: ")
 
 
 def test_simulate_draws_every_row_into_one_timeline(
@@ -125,7 +128,9 @@ def test_simulate_draws_every_row_into_one_timeline(
                  "--timeline", str(timeline)])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert len(lines) == 1 + 4 + 1 + 1  # header, simple and interleaved for M=2 and 4, note, wrote
+    # header, the three pipelines for M=2 and 4, the note, the fastest per M, wrote
+    assert len(lines) == 1 + 6 + 1 + 2 + 1
+    assert [line.split()[0] for line in lines[1:4]] == ["simple", "interleaved", "zero_bubble"]
     assert lines[-1] == f"wrote {timeline}"
     assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -141,6 +146,46 @@ def test_simulate_draws_nothing_when_no_row_fits_the_cap(
     assert "over the cap" in captured.out
     assert captured.err == f"nothing drawn in {timeline}: no row fits the memory cap\n"
     assert not timeline.exists()
+
+
+def test_plan_auto_picks_the_pipeline_with_the_shortest_simulated_step(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "plan.json"
+    code = main(["plan", str(costs_file), "--partitions", "2", "--microbatches", "8",
+                 "--pipeline", "auto", "--output", str(output)])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    plan = Plan.load(output)
+    steps = {}
+    for pipeline in ("simple", "interleaved", "zero_bubble"):
+        main(["plan", str(costs_file), "--partitions", "2", "--microbatches", "8",
+              "--pipeline", pipeline, "--output", str(tmp_path / f"{pipeline}.json")])  # fmt: skip
+        steps[pipeline] = Plan.load(tmp_path / f"{pipeline}.json").predicted_step_time
+    assert plan.pipeline == min(steps, key=lambda p: steps[p]) == "zero_bubble"
+    assert plan.predicted_step_time == steps["zero_bubble"] < steps["interleaved"]
+    assert "pipeline auto: zero_bubble, the shortest simulated step within the cap" in lines
+
+
+def test_the_fastest_pipeline_per_microbatch_count_fits_the_cap() -> None:
+    from partitioner.simulator import SimResult
+
+    def result(step: float, peak: int) -> SimResult:
+        return SimResult(step, (step,), (0.0,), 0.0, (peak,), ())
+
+    rows = [
+        (4, "simple", result(0.010, 9)),
+        (4, "interleaved", result(0.010, 5)),  # ties simple's step, holds less
+        (4, "zero_bubble", None),  # over the cap
+        (8, "interleaved", result(0.020, 5)),
+        (8, "zero_bubble", result(0.018, 6)),
+        (16, "zero_bubble", None),
+    ]
+    assert fastest_lines(rows) == [
+        "M=4: fastest within the cap: interleaved (10.000 ms; simple 1.00x as long)",
+        "M=8: fastest within the cap: zero_bubble (18.000 ms; interleaved 1.11x as long)",
+        "M=16: no pipeline fits the memory cap",
+    ]
 
 
 def test_subcommands_mount_on_another_parser(costs_file: Path, tmp_path: Path) -> None:

@@ -16,7 +16,10 @@ from partitioner.schedule import (
     forward_only,
     interleaved,
     simple,
+    splits_backward,
+    splits_stage,
     validate,
+    zero_bubble,
 )
 
 
@@ -30,6 +33,7 @@ def parse(*rows: str) -> Schedule:
 
 def test_action_prints_stage_kind_microbatch() -> None:
     assert str(Action(1, Kind.FORWARD, 3)) == "1F3"
+    assert str(Action(0, Kind.WEIGHT, 2)) == "0W2"
     assert str(Action(2, Kind.SEND_B, 0)) == "2SB0"
     assert str(Action(10, Kind.RECV_F, 12)) == "10RF12"
 
@@ -72,6 +76,71 @@ def test_interleaved_reference_k3_m4() -> None:
         ["1F0", "1F1", "1B0", "1F2", "1B1", "1F3", "1B2", "1B3"],
         ["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2F3", "2B3"],
     ]
+
+
+def test_zero_bubble_reference_k2_m3() -> None:
+    # stage 1 defers each W by one B; stage 0's W follows its B at once
+    assert rows(zero_bubble(2, 3)) == [
+        ["0F0", "0F1", "0B0", "0W0", "0F2", "0B1", "0W1", "0B2", "0W2"],
+        ["1F0", "1B0", "1F1", "1B1", "1W0", "1F2", "1B2", "1W1", "1W2"],
+    ]
+
+
+def test_zero_bubble_reference_k3_m4() -> None:
+    assert rows(zero_bubble(3, 4)) == [
+        ["0F0", "0F1", "0F2", "0B0", "0W0", "0F3", "0B1", "0W1", "0B2", "0W2", "0B3", "0W3"],
+        ["1F0", "1F1", "1B0", "1F2", "1B1", "1W0", "1F3", "1B2", "1W1", "1B3", "1W2", "1W3"],
+        ["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2W0", "2F3", "2B3", "2W1", "2W2", "2W3"],
+    ]
+
+
+def test_zero_bubble_reference_k4_m2() -> None:
+    # fewer microbatches than stages: the later stages' W's all wait for the end
+    assert rows(zero_bubble(4, 2)) == [
+        ["0F0", "0F1", "0B0", "0W0", "0B1", "0W1"],
+        ["1F0", "1F1", "1B0", "1B1", "1W0", "1W1"],
+        ["2F0", "2F1", "2B0", "2B1", "2W0", "2W1"],
+        ["3F0", "3B0", "3F1", "3B1", "3W0", "3W1"],
+    ]
+
+
+def test_zero_bubble_with_communication_reference_k2_m3() -> None:
+    # a W sends and receives nothing
+    assert rows(add_communication(zero_bubble(2, 3))) == [
+        ["0F0", "0SF0", "0F1", "0SF1", "0RB0", "0B0", "0W0", "0F2", "0SF2",
+         "0RB1", "0B1", "0W1", "0RB2", "0B2", "0W2"],
+        ["1RF0", "1F0", "1B0", "1SB0", "1RF1", "1F1", "1B1", "1SB1", "1W0",
+         "1RF2", "1F2", "1B2", "1SB2", "1W1", "1W2"],
+    ]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 12))
+def test_zero_bubble_runs_1f1bs_forwards_and_backwards_and_defers_w_by_s(K: int, M: int) -> None:
+    for s, row in zero_bubble(K, M).items():
+        assert [a for a in row if a.kind is not Kind.WEIGHT] == interleaved(K, M)[s]
+        weights = [a.microbatch for a in row if a.kind is Kind.WEIGHT]
+        assert weights == list(range(M))
+        for m in range(M - s):  # W of m right after the B of m + s
+            at = row.index(Action(s, Kind.BACKWARD, m + s))
+            assert row[at + 1] == Action(s, Kind.WEIGHT, m)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 12))
+def test_zero_bubble_holds_at_most_min_k_m_from_forward_to_weights(K: int, M: int) -> None:
+    for row in zero_bubble(K, M).values():
+        held = peak = 0
+        for a in row:
+            held += {Kind.FORWARD: 1, Kind.WEIGHT: -1}.get(a.kind, 0)
+            peak = max(peak, held)
+        assert peak == min(K, M)
+
+
+def test_which_stages_split_their_backward() -> None:
+    assert splits_backward(zero_bubble(2, 2)) and not splits_backward(interleaved(2, 2))
+    assert [splits_stage(s, recompute=False) for s in range(3)] == [False, True, True]
+    assert not splits_stage(1, recompute=True)
 
 
 def test_simple_reference_k3_m4() -> None:
@@ -133,9 +202,12 @@ def test_forward_only_runs_forwards_in_order() -> None:
 def test_build_dispatches_and_lists_allowed_pipelines() -> None:
     assert build("simple", 2, 3) == simple(2, 3)
     assert build("interleaved", 2, 3) == interleaved(2, 3)
+    assert build("zero_bubble", 2, 3) == zero_bubble(2, 3)
     assert build("interleaved", 2, 3, forward_only=True) == forward_only(2, 3)
+    assert build("zero_bubble", 2, 3, forward_only=True) == forward_only(2, 3)
     with pytest.raises(
-        ValueError, match=r"one of \['simple', 'interleaved'\]. Received: pipeline='1f1b'"
+        ValueError,
+        match=r"one of \['simple', 'interleaved', 'zero_bubble'\]. Received: pipeline='1f1b'",
     ):
         build("1f1b", 2, 3)
 
@@ -149,7 +221,7 @@ def test_builders_reject_empty_pipelines() -> None:
 @given(
     st.integers(1, 6),
     st.integers(1, 8),
-    st.sampled_from(["simple", "interleaved"]),
+    st.sampled_from(["simple", "interleaved", "zero_bubble"]),
     st.booleans(),
     st.booleans(),
 )
@@ -190,6 +262,13 @@ def test_add_communication_rejects_a_schedule_with_transfers() -> None:
         (parse("0B0 0F0"), 1, "backward 0B0 before its forward"),
         (parse("0F0 0F1"), 1, "microbatch in \\[0, 1\\). Received: 0F1"),
         (parse("1F0"), 1, "must have stage=0"),
+        (parse("0F0 0W0 0B0"), 1, "weight gradients 0W0 before its backward"),
+        (parse("0F0 0B0 0W0 0W0"), 1, "duplicate action 0W0"),
+        (
+            parse("0F0 0B0 0W0", "1F0 1B0"),
+            1,
+            "stage 1 has no weight gradients 1W0 while other stages split their backward",
+        ),
     ],
 )
 def test_validate_rejects_inconsistent_stages(schedule: Schedule, M: int, message: str) -> None:

@@ -216,3 +216,37 @@ def test_shared_weights_add_their_copy_and_one_gradient_exchange_a_training_step
                                                                      forward).step_time  # fmt: skip
     one_stage = Partition((0, 2))
     assert stage_memory(tied, one_stage, 0)[0] == stage_memory(plain, one_stage, 0)[0]
+
+
+def test_zero_bubble_unbalanced_with_transfers_matches_hand_computation() -> None:
+    # stage 1 splits b's backward (3 s) into B and W of 1.5 s each and sends its input
+    # gradients after B; stage 0's B is its whole backward and its W empty
+    assert timeline(two_layers(), "zero_bubble") == [
+        ("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("1F0", 2.0, 4.0), ("1B0", 4.0, 5.5),
+        ("1F1", 5.5, 7.5), ("0B0", 6.5, 8.5), ("1B1", 7.5, 9.0), ("0W0", 8.5, 8.5),
+        ("1W0", 9.0, 10.5), ("0B1", 10.0, 12.0), ("1W1", 10.5, 12.0), ("0W1", 12.0, 12.0),
+    ]  # fmt: skip
+    assert simulate(two_layers(), Partition((0, 1, 2)), build("interleaved", 2, 2)).step_time == 15
+
+
+def test_zero_bubble_recomputing_runs_as_1f1b() -> None:
+    steps = [
+        [(a, s, e) for a, s, e in timeline(two_layers(), pipeline, recompute=True) if "W" not in a]
+        for pipeline in ("zero_bubble", "interleaved")
+    ]
+    assert steps[0] == steps[1]
+
+
+@pytest.mark.parametrize(
+    "recompute, expected",
+    # stage 1 keeps 2 microbatches' activations (7) until W, and the output gradients of
+    # its layer with weights (3) from B to W; stage 0 and a recomputing stage 1 as 1F1B
+    [(False, (40 + 2 * 5, 80 + 2 * 7 + 2 * 3)), (True, (40 + 5, 80 + 1 * 100 + 7))],
+)
+def test_a_split_backward_keeps_activations_and_output_gradients_until_w(
+    recompute: bool, expected: tuple[int, int]
+) -> None:
+    first = two_layers().layers[0]
+    costs = CostModel((first, LayerCost("b", 2.0, 3.0, 20, 7, 3)), bandwidth=100.0)
+    result = simulate(costs, Partition((0, 1, 2)), build("zero_bubble", 2, 2), recompute=recompute)
+    assert result.peak_memory == expected

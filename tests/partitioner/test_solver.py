@@ -27,7 +27,7 @@ from partitioner.solver import (
 # Small integers make ties, which is where exactness bugs hide; floats cover the rest.
 times = st.one_of(st.integers(0, 6).map(float), st.floats(0, 10, allow_nan=False))
 sizes = st.one_of(st.integers(0, 4).map(lambda x: 100 * x), st.integers(0, 1000))
-pipelines = st.sampled_from(["simple", "interleaved"])
+pipelines = st.sampled_from(["simple", "interleaved", "zero_bubble"])
 
 
 @st.composite
@@ -250,8 +250,15 @@ def test_solve_memory_matches_brute_force(problem: tuple[CostModel, int, int, st
 def pareto_optimum(costs: CostModel, K: int, M: int, cap: int | None, pipeline: str) -> float:
     """Least T by a Pareto DP over (bottleneck, cut total): exact, another algorithm."""
     L, p = costs.num_layers, costs.prefix
-    # simple: M microbatches in flight, but 1 on the last stage (its B follows its F)
-    n = [(M if s < K - 1 else 1) if pipeline == "simple" else min(K - s, M) for s in range(K)]
+    # simple: M microbatches in flight, but 1 on the last stage (its B follows its F);
+    # zero_bubble: min(K, M) from F to W, and from B to W the output gradients of up to
+    # s + 1 microbatches where the stage splits its backward (s > 0)
+    n = {
+        "simple": [M if s < K - 1 else 1 for s in range(K)],
+        "interleaved": [min(K - s, M) for s in range(K)],
+        "zero_bubble": [min(K, M)] * K,
+    }[pipeline]
+    d = [min(s + 1, M) if pipeline == "zero_bubble" and s > 0 else 0 for s in range(K)]
     fronts: list[dict[int, list[tuple[float, float]]]] = [{0: [(0.0, 0.0)]}]
     for s in range(K):
         nxt: dict[int, list[tuple[float, float]]] = {}
@@ -260,10 +267,9 @@ def pareto_optimum(costs: CostModel, K: int, M: int, cap: int | None, pipeline: 
                 if s == K - 1 and j != L:
                     continue
                 state = p.state_bytes[j] - p.state_bytes[i]
-                if (
-                    cap is not None
-                    and state + n[s] * (p.activation_bytes[j] - p.activation_bytes[i]) > cap
-                ):
+                acts = p.activation_bytes[j] - p.activation_bytes[i]
+                grads = p.weight_grad_bytes[j] - p.weight_grad_bytes[i]
+                if cap is not None and state + n[s] * acts + d[s] * grads > cap:
                     continue
                 t = (
                     (p.compute[j] - p.compute[i])
@@ -396,7 +402,10 @@ def test_too_few_layers_is_an_error() -> None:
             dict(optimize="time"),
             r"optimize must be one of \['speed', 'memory'\]. Received: optimize='time'",
         ),
-        (dict(pipeline="1f1b"), r"pipeline must be one of \['simple', 'interleaved'\]"),
+        (
+            dict(pipeline="1f1b"),
+            r"pipeline must be one of \['simple', 'interleaved', 'zero_bubble'\]",
+        ),
         (dict(memory_cap=-1), "memory_cap must be an integer >= 0. Received: memory_cap=-1"),
     ],
 )

@@ -49,6 +49,7 @@ def test_a_measured_chart_labels_the_fused_last_stage_and_explains_its_bubble(
     )
     assert _legend(Kind.FORWARD, fused_last=False) == "forward"
     assert _legend(Kind.BACKWARD, fused_last=True) == "backward"
+    assert _legend(Kind.WEIGHT, fused_last=True) == "weight gradients"
 
 
 def test_draws_several_steps_into_one_png(tmp_path: Path) -> None:

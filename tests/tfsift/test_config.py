@@ -32,7 +32,8 @@ def test_unknown_key_lists_the_allowed_keys() -> None:
     [
         (
             {"pipeline": "gpipe"},
-            "pipeline must be one of 'simple', 'interleaved'. Received: pipeline='gpipe'",
+            "pipeline must be one of 'simple', 'interleaved', 'zero_bubble', 'auto'. "
+            "Received: pipeline='gpipe'",
         ),
         (
             {"optimize": "fast"},

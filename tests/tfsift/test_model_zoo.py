@@ -28,6 +28,26 @@ ON_FOUR_STAGES = mpi.FOUR_STAGES.scenario(
 )  # fmt: skip
 
 
+# the zero-bubble schedule, which splits stage 1's backward node by node into B and W
+ZERO_BUBBLE = mpi.TWO_STAGES.scenario(
+    "zoo_check.py", "2", MODELS, "zero_bubble", "speed", "all", timeout=600
+)
+
+
+@mpi.TWO_STAGES.mark
+def test_model_zoo_on_the_zero_bubble_schedule_matches_too() -> None:
+    reports = ZERO_BUBBLE()
+    assert len(reports) == 2
+    for rank, rep in reports.items():
+        assert sorted(r["model"] for r in rep["results"]) == sorted(MODELS.split(","))
+        for result in rep["results"]:
+            assert "error" not in result, (rank, result)
+            assert result["config"] == "K=2 zero_bubble speed", (rank, result)
+            assert result["grad_error"] < 1e-5, (rank, result)
+            assert result["state_error"] < 1e-5, (rank, result)
+            assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
+
+
 @mpi.TWO_STAGES.mark
 def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() -> None:
     reports = ON_TWO_STAGES()

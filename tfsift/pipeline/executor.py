@@ -6,7 +6,9 @@ What a forward or a backward means on this stage is the plan's role
 (``tfsift.pipeline.roles``): on the last stage a forward runs the user's step
 function (the "head": loss and anything else computed from the predictions) and, in
 a training step, the backward too, in one compiled call; the schedules put each
-backward right after its forward there, and the backward action finds it done. On
+backward right after its forward there, and the backward action finds it done. A
+zero-bubble schedule's W runs the weight gradients of a backward split into B and W
+(``tfsift.pipeline.split``) where the stage splits it, and nothing elsewhere. On
 stage 0 of a longer pipeline the step function runs only until the model is called,
 to learn the model input. A lone stage (K = 1) sends and receives nothing, so one call
 of the head runs all of a step's microbatches instead of the actions.
@@ -26,6 +28,7 @@ from keras import tree
 from partitioner.schedule import Action, Kind
 from tfsift.parallel.comm import BACKWARD, CHECK, FORWARD
 from tfsift.pipeline.plan import Spec, StepPlan
+from tfsift.pipeline.split import Kept, Pending
 from tfsift.pipeline.stage import Saved
 from tfsift.state import STATE
 
@@ -58,6 +61,8 @@ class Executor:
         self.inputs: dict[int, list[tf.Tensor]] = {}
         self.outputs: dict[int, list[tf.Tensor]] = {}
         self.saved: dict[int, Saved | None] = {}
+        self.kept: dict[int, Kept] = {}  # a split backward's F, for its B
+        self.pending: dict[int, Pending] = {}  # a split backward's B, for its W
         self.out_grads: dict[int, list[tf.Tensor]] = {}
         self.in_grads: dict[int, list[tf.Tensor]] = {}
         self.grad_sum: list[tf.Tensor] | None = None  # summed as backwards finish: no M copies
@@ -105,12 +110,21 @@ class Executor:
     def stage_forward(self, m: int, inputs: list[tf.Tensor]) -> None:
         """Runs the stage on microbatch ``m``, keeping what its backward needs."""
         plan = self.plan
+        if plan.split is not None:
+            self.outputs[m], self.kept[m] = plan.split.forward(inputs, plan.training)
+            return
         self.outputs[m], self.saved[m] = plan.stage.forward(
             inputs, plan.training, keep=plan.backward
         )
 
     def stage_backward(self, m: int) -> None:
-        """Backward of microbatch ``m`` from the received output gradients."""
+        """Backward of microbatch ``m`` from the received output gradients (only the input
+        gradients where the stage splits its backward)."""
+        split = self.plan.split
+        if split is not None:
+            grads = self.out_grads.pop(m)
+            self.in_grads[m], self.pending[m] = split.backward_input(self.kept.pop(m), grads)
+            return
         saved = self.saved.pop(m)
         assert saved is not None
         self.grad_sum, self.in_grads[m] = self.plan.stage.backward(
@@ -118,16 +132,26 @@ class Executor:
         )
         self.outputs.pop(m, None)
 
+    def stage_weights(self, m: int) -> None:
+        """W of microbatch ``m``: its weight gradients, added to the sum, where the stage
+        splits its backward; nothing where its B ran the whole backward."""
+        split = self.plan.split
+        if split is not None:  # KeyError if the schedule runs W before B
+            self.grad_sum = split.backward_weights(self.pending.pop(m), self.grad_sum)
+
     def _forward(self, m: int) -> None:
         self.plan.role.forward(self, m)
 
     def _backward(self, m: int) -> None:
         self.plan.role.backward(self, m)
 
+    def _weights(self, m: int) -> None:
+        self.stage_weights(m)
+
     def _send_forward(self, m: int) -> None:
         self.plan.comm.send([self._fingerprint(m)], self.plan.s + 1, CHECK, m)
         self.plan.comm.send(self.outputs[m], self.plan.s + 1, FORWARD, m)
-        if self.plan.stage.recompute or not self.plan.backward:
+        if self.plan.stage.recompute or not self.plan.backward or self.plan.split is not None:
             self.outputs.pop(m)
 
     def _recv_forward(self, m: int) -> None:
@@ -161,6 +185,7 @@ class Executor:
 _HANDLERS = {
     Kind.FORWARD: "_forward",
     Kind.BACKWARD: "_backward",
+    Kind.WEIGHT: "_weights",
     Kind.SEND_F: "_send_forward",
     Kind.RECV_F: "_recv_forward",
     Kind.SEND_B: "_send_backward",

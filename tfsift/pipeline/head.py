@@ -13,6 +13,12 @@ With one stage (K = 1) the same call runs all M microbatches of a step, one afte
 other (``Head.run_all``): nothing arrives between them, so the call's fixed cost is paid
 once a step.
 
+Where a zero-bubble schedule splits the last stage's backward (``tfsift.pipeline.split``),
+the same call runs the stage's split forward, the rest of the step function, and B: the
+input gradients, from the gradients of the loss with respect to the stage's outputs. It
+keeps, instead of adding the stage's weight gradients to the sum, what W will read; a
+loss that reads a variable directly still adds that gradient here.
+
 The step function is traced, so Python side effects in it run when it is traced,
 not every call (as in any ``tf.function``); with one stage, M times per trace. A
 function that cannot be traced (it calls ``.numpy()``, for example) runs eagerly
@@ -35,6 +41,8 @@ from keras import tree
 from tfsift.pipeline import context
 from tfsift.pipeline.compiled import Compiled, signature
 from tfsift.pipeline.outputs import divide
+from tfsift.pipeline.split import Layout as SplitLayout
+from tfsift.pipeline.split import Pending, SplitBackward
 from tfsift.pipeline.stage import Stage, add
 from tfsift.planning.autodiff import gradients, is_float
 
@@ -50,6 +58,7 @@ class HeadResult:
     results: Any  # the step function's return value, tfsift.gradients replaced by the marker
     grad_sum: list[tf.Tensor] | None  # the running sum of the stage's variable gradients
     in_grads: list[tf.Tensor]  # d loss / d stage inputs, for the previous stage
+    pending: Pending | None = None  # a split backward: what its W reads
 
 
 @dataclasses.dataclass
@@ -81,8 +90,10 @@ class Head:
         backward: bool,
         training: bool,
         compile: bool = True,
+        split: SplitBackward | None = None,
     ) -> None:
         self.stage, self.fn, self.output_structure = stage, fn, output_structure
+        self.split = split
         self.backward, self.training = backward, training
         self.compiled = compile
         self._tried = not compile
@@ -101,8 +112,14 @@ class Head:
         grad_sum: list[tf.Tensor] | None,
     ) -> HeadResult:
         """Runs one microbatch; ``inputs`` are the stage inputs (empty on stage 0)."""
-        flats, grads, in_grads, _ = self._invoke(list(inputs), [microbatch], grad_sum)
-        return HeadResult(self._rebuild(flats[0]), grads, in_grads)
+        layout = None
+        if self.split is not None and self.backward:
+            layout = self.split.layout(inputs, self.training)
+        flats, grads, in_grads, _, kept = self._invoke(
+            list(inputs), [microbatch], grad_sum, layout=layout
+        )
+        pending = None if layout is None else Pending(layout, *kept)
+        return HeadResult(self._rebuild(flats[0]), grads, in_grads, pending)
 
     def run_all(self, microbatches: Sequence[Microbatch]) -> AllResult:
         """Every microbatch of a one-stage step in one compiled call (eagerly, one loop).
@@ -113,7 +130,7 @@ class Head:
         microbatches comes out of the same call, as it would from ``accumulate()``'s.
         """
         count = tf.constant(len(microbatches)) if self.backward and len(microbatches) > 1 else None
-        flats, grads, _, means = self._invoke([], list(microbatches), None, count)
+        flats, grads, _, means, _ = self._invoke([], list(microbatches), None, count)
         return AllResult([self._rebuild(flat) for flat in flats], grads, means or None)
 
     def _invoke(
@@ -122,23 +139,28 @@ class Head:
         microbatches: list[Microbatch],
         grad_sum: list[tf.Tensor] | None,
         count: tf.Tensor | None = None,
-    ) -> tuple[list[list[tf.Tensor]], list[tf.Tensor] | None, list[tf.Tensor], list[tf.Tensor]]:
-        call = (inputs, microbatches, grad_sum, count)
+        layout: SplitLayout | None = None,
+    ) -> tuple[
+        list[list[tf.Tensor]], list[tf.Tensor] | None, list[tf.Tensor], list[tf.Tensor], Any
+    ]:
+        call = (inputs, microbatches, grad_sum, count, layout)
         self._key = signature(call)
         try:
             if isinstance(self._call, Compiled):  # the key is its signature too
-                flats, grads, in_grads, means = self._call.call_keyed(self._key, *call)
+                flats, grads, in_grads, means, kept = self._call.call_keyed(self._key, *call)
             else:
-                flats, grads, in_grads, means = self._call(*call)
+                flats, grads, in_grads, means, kept = self._call(*call)
         except context.StepFunctionError:
             raise
         except Exception as error:
             if self._tried:
                 raise
             self._fall_back(error)
-            flats, grads, in_grads, means = self._call(*call)
+            flats, grads, in_grads, means, kept = self._call(*call)
         self._tried = True
-        return list(flats), list(grads) if self.backward else None, list(in_grads), list(means)
+        # a split last stage's first microbatch may add no gradient yet (W will)
+        grads = list(grads) if self.backward and grads is not None else None
+        return list(flats), grads, list(in_grads), list(means), kept
 
     def _fall_back(self, error: Exception) -> None:
         """The first call could not trace the step function: run it eagerly from now on."""
@@ -166,22 +188,33 @@ class Head:
         microbatches: list[Microbatch],
         grad_sum: list[tf.Tensor] | None,
         count: tf.Tensor | None,
-    ) -> tuple[list[list[tf.Tensor]], list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+        layout: SplitLayout | None = None,
+    ) -> tuple[list[list[tf.Tensor]], Any, list[tf.Tensor], list[tf.Tensor], Any]:
         # The step function is called here, not in a helper: AutoGraph converts what the
         # compiled function calls, but nothing that tfsift's own modules call.
         stage = self.stage
         first = stage.index == 0
-        float_inputs = [x for x in inputs if is_float(x)]
+        float_inputs = [x for x in inputs if is_float(x) and layout is None]
         wrt_inputs = [] if first else float_inputs
+        split: list[Any] = []  # a split backward: the tape, then the split forward's results
 
         def model_call(model: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
             stage_inputs = [tf.convert_to_tensor(x) for x in tree.flatten(a)] if first else inputs
-            outputs = stage.forward_call(stage_inputs, self.training)
+            if layout is None:
+                outputs = stage.forward_call(stage_inputs, self.training)
+            else:
+                # the loss's gradients stop at the stage outputs (B and W walk the stage);
+                # a tape around the nodes' forward functions could not differentiate them
+                with split[0].stop_recording():
+                    outputs, saved = layout.forward(list(stage_inputs))
+                split[0].watch([y for y in outputs if is_float(y)])
+                split[1:] = [outputs, saved]
             return tree.pack_sequence_as(self.output_structure, outputs)
 
         flats: list[list[tf.Tensor]] = []
-        grads: list[tf.Tensor] = []
+        grads: list[tf.Tensor] | None = []
         in_grads: list[tf.Tensor] = []
+        kept: Any = ()
         previous: list[tf.Tensor] = []
         for args, kwargs in microbatches:
             if previous:
@@ -192,6 +225,7 @@ class Head:
                     args, kwargs = tf.nest.map_structure(_after, (args, kwargs))
             ctx = context.StepContext(model_call, compiled=self.compiled)
             tape = tf.GradientTape() if self.backward else None
+            split[:] = [tape]
             with tape if tape is not None else contextlib.nullcontext(), context.active(ctx):
                 if tape is not None:
                     tape.watch(float_inputs)
@@ -201,13 +235,19 @@ class Head:
             if tape is not None:
                 request = single_request(ctx.requests)
                 check_request(request, stage.variables)
+                if layout is not None:
+                    grads, in_grads, kept = _split_backward(
+                        tape, request.loss, layout, split[1:], grad_sum
+                    )
+                    continue
                 all_grads = gradients(tape, request.loss, list(stage.variables) + wrt_inputs)
                 n = len(stage.variables)
                 grads, in_grads = all_grads[:n], all_grads[n:]
                 if grad_sum is not None:
                     grads = add(grad_sum, grads)
                 grad_sum = previous = grads
-        return flats, grads, in_grads, divide(grads, count) if count is not None else []
+        means = divide(grads, count) if count is not None and grads is not None else []
+        return flats, grads, in_grads, means, kept
 
     def _flatten_results(self, results: Any) -> list[tf.Tensor]:
         """The tensors of ``results``; records how to put them back (the same every trace)."""
@@ -228,6 +268,34 @@ class Head:
         if self._key is not None:
             self._layouts[self._key] = layout
         return [leaves[i] for i in positions]
+
+
+def _split_backward(
+    tape: tf.GradientTape,
+    loss: Any,
+    layout: SplitLayout,
+    forward: list[Any],
+    grad_sum: list[tf.Tensor] | None,
+) -> tuple[list[tf.Tensor] | None, list[tf.Tensor], tuple[Any, ...]]:
+    """B of a split last stage, from the loss and ``forward`` (the split forward's outputs
+    and intermediates): (the running sum, with the gradients of variables the loss reads
+    directly; the input gradients; what W reads)."""
+    outputs, saved = forward
+    stage_vars = list(layout.split.stage.variables)
+    wanted = [y for y in outputs if is_float(y)]
+    found = tape.gradient(loss, stage_vars + wanted)
+    direct, out_grads = found[: len(stage_vars)], found[len(stage_vars) :]
+    out_grads = [
+        tf.zeros_like(y) if g is None else g for y, g in zip(wanted, out_grads, strict=True)
+    ]
+    if any(g is not None for g in direct):  # a penalty on a weight, say
+        direct = [
+            tf.zeros(tuple(v.shape), v.dtype) if g is None else tf.convert_to_tensor(g)
+            for v, g in zip(stage_vars, direct, strict=True)
+        ]
+        grad_sum = direct if grad_sum is None else add(grad_sum, direct)
+    in_grads, grads = layout.backward_input(saved, out_grads)
+    return grad_sum, list(in_grads), ([saved[i] for i in layout.weighted], list(grads))
 
 
 def _after(value: Any) -> Any:

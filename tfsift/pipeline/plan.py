@@ -25,6 +25,7 @@ from tfsift.parallel.runtime import Runtime
 from tfsift.pipeline.head import Head
 from tfsift.pipeline.metrics import NONE, SharedMetrics
 from tfsift.pipeline.roles import Role
+from tfsift.pipeline.split import SplitBackward
 from tfsift.pipeline.stage import Stage
 from tfsift.pipeline.tied import TiedWeights
 
@@ -56,6 +57,8 @@ class StepPlan:
         runtime: the ``tfsift.init`` this plan belongs to.
         shared: the metrics the function updates, shared along the pipeline after a step.
         tied: the weights this stage shares with others, whose gradients are summed.
+        split: stage s's backward as B and W, where the schedule splits it
+            (``partitioner.schedule.splits_stage``); None elsewhere.
     """
 
     K: int
@@ -77,6 +80,7 @@ class StepPlan:
     runtime: Runtime
     shared: SharedMetrics = NONE
     tied: TiedWeights = dataclasses.field(default_factory=TiedWeights)
+    split: SplitBackward | None = None
 
     @property
     def s(self) -> int:

@@ -8,9 +8,13 @@ where a forward's inputs come from and where a backward's gradients go:
 - ``MiddleStage`` (0 < s < K - 1): forward on received activations, backward on
   received gradients.
 - ``LastStage`` (s = K - 1): the head runs stage forward, the rest of the step
-  function and, in a training step, the backward, fused; the schedule's backward
-  action only checks that it ran. A lone stage (K = 1) runs no actions: one call of
-  the head runs every microbatch (``Executor.run``).
+  function and, in a training step, the backward, fused (only its B where a zero-bubble
+  schedule splits it); the schedule's backward action only checks that it ran. A lone
+  stage (K = 1) runs no actions: one call of the head runs every microbatch
+  (``Executor.run``).
+
+A W action (the weight gradients of a split backward) means the same on every stage and
+needs no role: the executor runs it where the stage split its backward.
 
 Roles hold no state (the executor does), so one role object serves every step.
 """
@@ -68,6 +72,8 @@ class LastStage:
         if ex.plan.backward:
             ex.grad_sum, ex.in_grads[m] = done.grad_sum, done.in_grads
             ex.fused.add(m)
+            if done.pending is not None:  # a split backward: W comes later
+                ex.pending[m] = done.pending
 
     def backward(self, ex: Executor, m: int) -> None:
         ex.fused.remove(m)  # ran with the forward; KeyError if the schedule is wrong

@@ -62,7 +62,7 @@ class RunLog:
     time origin) and truncates this rank's file. Use ``active(plan)``; ``close()`` runs at exit.
     """
 
-    def __init__(self, rt: Runtime, comm: Any) -> None:
+    def __init__(self, rt: Runtime, comm: Any, pipeline: str | None = None) -> None:
         cfg = rt.config
         assert cfg.log_dir is not None
         self.runtime, self._comm = rt, comm
@@ -82,7 +82,7 @@ class RunLog:
             ranks=rt.topology.pipeline(rt.replica),
             replicas=rt.topology.replicas,
             microbatches=cfg.microbatches,
-            pipeline=cfg.pipeline,
+            pipeline=pipeline or cfg.pipeline,  # what pipeline="auto" chose
             optimize=cfg.optimize,
             plan_file=os.path.abspath(cfg.plan_file) if cfg.plan_file else None,
             started=time.time(),
@@ -346,5 +346,5 @@ def active(plan: StepPlan) -> RunLog | None:
     if current is None or current.runtime is not rt:
         if current is not None:
             current.close()
-        current = STATE.run_log = RunLog(rt, plan.comm.comm)
+        current = STATE.run_log = RunLog(rt, plan.comm.comm, plan.pipeline)
     return current

@@ -23,6 +23,7 @@ from tfsift.pipeline.head import GRADS_MARKER, Head
 from tfsift.pipeline.outputs import StepGradients, StepOutput
 from tfsift.pipeline.plan import StepPlan, describe_arguments
 from tfsift.pipeline.roles import role_for
+from tfsift.pipeline.split import SplitBackward
 from tfsift.planning import keras_internals
 from tfsift.state import STATE
 
@@ -244,17 +245,21 @@ def make_plan(
     part = model.partitioned
     assert part is not None
     cfg, K = rt.config, rt.topology.partitions
-    actions = schedule.add_communication(
-        schedule.build(cfg.pipeline, K, cfg.microbatches, forward_only=not backward)
-    )
+    # the schedule the model was planned for: the config's, or what "auto" chose
+    pipeline = part.pipeline or cfg.pipeline
+    compute = schedule.build(pipeline, K, cfg.microbatches, forward_only=not backward)
+    actions = schedule.add_communication(compute)
     s = part.stage.index
+    split = None
+    if schedule.splits_backward(compute) and schedule.splits_stage(s, part.stage.recompute):
+        split = SplitBackward(part.stage)
     head = None
     if s == K - 1:
-        head = Head(part.stage, fn, part.output_structure, backward, training, compile)
+        head = Head(part.stage, fn, part.output_structure, backward, training, compile, split)
     return StepPlan(
         K=K,
         M=cfg.microbatches,
-        pipeline=cfg.pipeline,
+        pipeline=pipeline,
         optimize=cfg.optimize,
         model=model,
         stage=part.stage,
@@ -272,6 +277,7 @@ def make_plan(
         runtime=rt,
         shared=metrics.find(assigned, model, rt, getattr(fn, "__qualname__", repr(fn))),
         tied=part.tied,
+        split=split,
     )
 
 

@@ -9,8 +9,14 @@ then the plan in words, e.g.
       stage 1: dense .. dense_1 (2 nodes), 581.54 KiB weights, busy 1.51 ms (idle 30.0%), ...
 
 (each stage line ends with its peak memory). A plan file is reused only when it was
-made for this run: the same K, M, pipeline, optimize and model (its node names, in
-order); otherwise rank 0 warns what differs, solves again and overwrites the file.
+made for this run: the same K, M, pipeline (any, for ``pipeline="auto"``), optimize and
+model (its node names, in order); otherwise rank 0 warns what differs, solves again and
+overwrites the file.
+
+``pipeline="auto"`` solves and simulates every schedule and keeps the one with the
+shortest predicted step within ``memory_cap`` (``partitioner.plan.fastest_plan``); the
+plan line names it. Where nothing is profiled (one stage, ``auto_partition=False``) it
+means ``UNSOLVED_AUTO``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from partitioner.costs import format_bytes
-from tfsift.config import Config
+from tfsift.config import AUTO, Config
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import PipeComm, bcast_object, message_latency
 from tfsift.planning.graph import Graph
@@ -39,6 +45,7 @@ if TYPE_CHECKING:
     from partitioner.simulator import SimResult
 
 log = logging.getLogger("tfsift")
+UNSOLVED_AUTO = "interleaved"  # pipeline="auto" without a plan to compare schedules by
 
 
 def plan_bounds(
@@ -50,9 +57,11 @@ def plan_bounds(
     scoring: float = 0.0,
     scoring_call: Callable[[Graph, int], float] | None = None,
     stage_call: StageCall | None = None,
-) -> tuple[tuple[int, ...], bool]:
-    """The K+1 stage bounds of ``graph`` and whether the stages recompute their forward in
-    the backward (``Plan.recompute``), the same on every rank (a collective).
+) -> tuple[tuple[int, ...], bool, str]:
+    """The K+1 stage bounds of ``graph``, whether the stages recompute their forward in
+    the backward (``Plan.recompute``) and the schedule (``pipeline="auto"``: the one the
+    plan found fastest; "interleaved" where nothing is solved), the same on every rank
+    (a collective).
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
@@ -65,14 +74,16 @@ def plan_bounds(
     """
     cfg, L = rt.config, len(graph)
     memory = cfg.optimize == "memory"  # without a solved plan: recompute exactly then
+    unsolved = UNSOLVED_AUTO if cfg.pipeline == AUTO else cfg.pipeline
     if cfg.partitions > L:
         raise ValueError(
             f"too few layers to split into partitions (layers: {L}, partitions: {cfg.partitions})"
         )
     if cfg.partitions == 1:
-        return (0, L), memory
+        return (0, L), memory, unsolved
     if not cfg.auto_partition:
-        return manual_bounds(graph, placements, cfg.partitions, cfg.default_partition), memory
+        bounds = manual_bounds(graph, placements, cfg.partitions, cfg.default_partition)
+        return bounds, memory, unsolved
     # Rank 0's pipeline times a message between its stages 0 and 1 for the plan (about
     # 10 ms), before rank 0 profiles: stage 1 cannot know whether rank 0 reuses a plan
     # file, and after profiling it would wait in a receive bounded by the timeout.
@@ -94,8 +105,8 @@ def plan_bounds(
     status, payload = bcast_object(rt.world, outcome)  # the others sleep while rank 0 profiles
     if status == "error":
         raise ValueError(payload)
-    bounds, recompute = payload
-    return tuple(bounds), bool(recompute)
+    bounds, recompute, pipeline = payload
+    return tuple(bounds), bool(recompute), str(pipeline)
 
 
 def rank0_bounds(
@@ -106,10 +117,10 @@ def rank0_bounds(
     scoring_call: Callable[[Graph, int], float] | None = None,
     stage_call: StageCall | None = None,
     latency: float = 0.0,
-) -> tuple[tuple[int, ...], bool]:
+) -> tuple[tuple[int, ...], bool, str]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
-    Returns the plan's bounds and ``recompute``.
+    Returns the plan's bounds, ``recompute`` and pipeline.
 
     ``latency``: the seconds a message between stages takes (``message_latency``), which
     the simulator charges at every crossing of a stage boundary.
@@ -127,7 +138,7 @@ def rank0_bounds(
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
         _keep_for_run_log(plan, cfg)
-        return plan.bounds, plan.recompute
+        return plan.bounds, plan.recompute, plan.pipeline
     log.info(
         "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; %s"
         "the other ranks wait",
@@ -139,8 +150,11 @@ def rank0_bounds(
     recompute = cfg.optimize == "memory"
     # optimize="speed" recomputes where a small model's stage was timed faster that way,
     # and is charged as that path: not with room for scoring, planned in the waits of
-    # stages that keep tapes. Decided first, so that only that path's prefixes are timed.
-    if cfg.optimize == "speed" and stage_call is not None and not scoring:
+    # stages that keep tapes, nor with a zero-bubble schedule, whose gain is the split
+    # backward a recomputing stage does not make (partitioner.schedule.splits_stage).
+    # Decided first, so that only that path's prefixes are timed.
+    timed = not scoring and cfg.pipeline != "zero_bubble"
+    if cfg.optimize == "speed" and stage_call is not None and timed:
         profile(graph, example, cfg.profile_repeats)  # the layers' times, which it needs
         recompute = recomputing_is_faster(graph, example, cfg.profile_repeats, stage_call)
     costs = dataclasses.replace(
@@ -176,7 +190,7 @@ def rank0_bounds(
         plan.save(cfg.plan_file)
         log.info("wrote the plan to %s", cfg.plan_file)
     _keep_for_run_log(plan, cfg)
-    return plan.bounds, plan.recompute
+    return plan.bounds, plan.recompute, plan.pipeline
 
 
 def _first_weighted(graph: Graph) -> int:
@@ -224,6 +238,8 @@ def plan_differences(plan: Plan, graph: Graph, cfg: Config, scoring: float = 0.0
         "pipeline": plan.pipeline,
         "optimize": plan.optimize,
     }
+    if cfg.pipeline == AUTO:  # a plan's pipeline is what "auto" chose when it was made
+        del planned["pipeline"]
     found = [
         f"{key}: plan {value!r}, this run {getattr(cfg, key)!r}"
         for key, value in planned.items()

@@ -1,12 +1,14 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs six things Keras does not expose publicly: the node that produced a
-symbolic tensor (to walk a traced ``call``), re-running one node on concrete values
-with its recorded arguments, the seed generators a layer owns (to replay dropout
+tfsift needs seven things Keras and TensorFlow do not expose publicly: the node that
+produced a symbolic tensor (to walk a traced ``call``), re-running one node on concrete
+values with its recorded arguments, the seed generators a layer owns (to replay dropout
 masks when recomputing), freeing a variable's buffer (so a rank holds only its
 stage), which variables code assigns inside a ``keras.StatelessScope`` (the
-metrics a step function updates), and an optimizer's global-norm clipping and loss-scale
-finite check with a norm and a verdict computed over every stage (``global_reductions``).
+metrics a step function updates), an optimizer's global-norm clipping and loss-scale
+finite check with a norm and a verdict computed over every stage (``global_reductions``),
+and a ``tf.function``'s forward and backward halves, called apart to split a backward
+(``forward_backward``).
 Keeping them here means a Keras upgrade is checked in one file;
 ``tests/tfsift/planning/test_keras_internals.py`` pins each one.
 """
@@ -162,3 +164,22 @@ def global_reductions(
     finally:
         for obj, name, _ in overrides:
             object.__delattr__(obj, name)
+
+
+def forward_backward(concrete: Any) -> tuple[Any, Any]:
+    """TensorFlow's own (forward, backward) pair for a ``tf.function``'s concrete function.
+
+    The forward (an ``AtomicFunction``) takes the concrete function's inputs then its
+    ``captured_inputs`` and returns its outputs followed by the intermediate tensors its
+    gradient reads; the backward (a ``ConcreteFunction``) takes the gradients of the float
+    outputs and, as captures, those intermediates (each one of ``concrete.graph.outputs``)
+    and returns the gradient of every input of ``concrete.graph`` (None where none flows).
+    This is the pair a ``GradientTape`` uses around a function call; tfsift calls the two
+    halves at different times to split a backward (``tfsift.pipeline.split``).
+    """
+    return concrete._delayed_rewrite_functions.forward_backward()  # type: ignore[no-any-return]
+
+
+def call_backward(backward: Any, output_grads: list[Any], captures: list[Any]) -> list[Any]:
+    """Calls the backward of ``forward_backward`` with its captures given explicitly."""
+    return list(backward._call_flat(output_grads, captures))

@@ -69,6 +69,24 @@ def test_two_stages_by_two_replicas_train_like_one_process(
     assert got[pipelines[0][0]]["losses"] != got[pipelines[1][0]]["losses"]  # different shards
 
 
+# the zero-bubble schedule (a split backward on stage 1) with replicas, in the same job
+ZERO_BUBBLE = mpi.CLUSTER_2X2.scenario(
+    "hybrid_check.py", "2", "cluster", "4", "zero_bubble", timeout=600
+)
+
+
+@pytest.mark.mpi
+@mpi.CLUSTER_2X2.mark
+def test_zero_bubble_with_two_replicas_trains_like_one_process() -> None:
+    got = ZERO_BUBBLE()
+    assert sorted(got) == [0, 1, 2, 3]
+    for rank, data in got.items():
+        assert data["pipeline"] == "zero_bubble"
+        assert data["weight_error"] < 1e-5, (rank, data["weight_error"])
+    for ranks in PIPELINES["cluster"]:
+        assert sum(got[rank]["num_vars"] for rank in ranks) == 8
+
+
 def check_hosts(got: dict[int, dict[str, object]], hosts: int) -> None:
     """Ranks 0, 1 ran on the first simulated host and 2, 3 on the second (if ``hosts``)."""
     if hosts:

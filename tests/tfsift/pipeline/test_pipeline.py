@@ -34,6 +34,25 @@ EAGER_HEAD = mpi.TWO_STAGES.scenario(
 )  # fmt: skip
 
 
+# the zero-bubble schedule (B and W apart on every stage but 0, where optimize="speed"):
+# each model with M in 2, 4, 8 and both modes, each pair of those once; an eager head once
+ZERO_BUBBLE = {
+    2: mpi.TWO_STAGES.scenario(
+        "pipeline_check.py", "2", MODELS, "2,4,8", "zero_bubble", "speed,memory", "true",
+        "pairs", timeout=600,
+    ),
+    4: mpi.FOUR_STAGES.scenario(
+        "pipeline_check.py", "4", "skip,dropout", "2,4,8", "zero_bubble", "speed,memory",
+        "true", "pairs", timeout=600,
+    ),
+}  # fmt: skip
+ZERO_BUBBLE_EAGER = mpi.TWO_STAGES.scenario(
+    "pipeline_check.py", "2", "dropout", "4", "zero_bubble", "speed", "false", timeout=300
+)
+# pipeline="auto": rank 0's plan picks the schedule, and every stage runs that one
+AUTO = mpi.TWO_STAGES.scenario("pipeline_check.py", "2", "skip", "8", "auto", "speed")
+
+
 def assert_every_pair(configs: Collection[tuple[Any, ...]], *values: list[Any]) -> None:
     """Each pair of columns of ``configs`` holds every pair of those columns' ``values``."""
     for a, b in itertools.combinations(range(len(values)), 2):
@@ -72,6 +91,47 @@ def test_gradients_and_loss_match_a_single_process_run(K: int) -> None:
         # each variable lives on exactly one stage (the solver may leave a stage without any,
         # e.g. a lone reshape when profiling finds it slow)
         assert sum(per_rank) == VARIABLES[first["model"]], first
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "K",
+    [
+        pytest.param(2, marks=mpi.TWO_STAGES.mark),
+        pytest.param(4, marks=mpi.FOUR_STAGES.mark),
+    ],
+)
+def test_the_zero_bubble_schedule_matches_a_single_process_run(K: int) -> None:
+    got = ZERO_BUBBLE[K]()
+    eager = ZERO_BUBBLE_EAGER() if K == 2 else {rank: {"results": []} for rank in got}
+    assert sorted(got) == list(range(K))
+    for rank, data in got.items():
+        configs = {(r["model"], r["M"], r["optimize"]) for r in data["results"]}
+        models = sorted({c[0] for c in configs})
+        assert_every_pair(configs, models, [2, 4, 8], ["speed", "memory"])
+        assert [r["compile"] for r in eager[rank]["results"]] == [False] * (K == 2)
+        for r in data["results"] + eager[rank]["results"]:
+            label = f"rank {rank} {r['model']} K={K} M={r['M']} {r['optimize']} {r['compile']}"
+            assert r["pipeline"] == "zero_bubble", label
+            # speed keeps tapes, so every stage but 0 splits its backward into B and W;
+            # memory recomputes, and runs its backwards whole (as 1F1B)
+            assert r["recompute"] == (r["optimize"] == "memory"), label
+            assert r["grad_error"] < 1e-5, label
+            assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
+            assert r["stage"] == rank, label
+
+
+@pytest.mark.mpi
+@mpi.TWO_STAGES.mark
+def test_auto_runs_the_schedule_rank_0_planned_on_every_stage() -> None:
+    got = AUTO()
+    [planned] = {r["planned"] for data in got.values() for r in data["results"]}
+    assert planned in ("simple", "interleaved", "zero_bubble")
+    for rank, data in got.items():
+        [r] = data["results"]
+        assert r["pipeline"] == "auto", rank
+        assert r["grad_error"] < 1e-5, (rank, r)
+        assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), (rank, r)
 
 
 @pytest.mark.mpi

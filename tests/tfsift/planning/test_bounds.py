@@ -107,9 +107,9 @@ def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
 ) -> None:
     cfg = config(tmp_path)
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, recompute = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
+        bounds, recompute, pipeline = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
     plan = Plan.load(tmp_path / "plan.json")
-    assert (bounds, recompute) == (plan.bounds, plan.recompute)
+    assert (bounds, recompute, pipeline) == (plan.bounds, plan.recompute, "interleaved")
     [profiling, described, wrote] = messages(caplog)
     assert profiling == ("INFO", "profiling 4 nodes on rank 0 (1 timed runs each) to cut them "
                          "into 2 stages; the other ranks wait")  # fmt: skip
@@ -145,12 +145,53 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
     # were profiled once
     assert timed == [False, True, recomputing_faster]
     plan = Plan.load(cfg.plan_file or "")
-    assert got == (plan.bounds, recomputing_faster) and plan.recompute == recomputing_faster
+    assert got == (plan.bounds, recomputing_faster, "interleaved")
+    assert plan.recompute == recomputing_faster
     header = messages(caplog)[1][1].splitlines()[0]
     speed = (
         "optimize=speed with recompute (timed faster)" if recomputing_faster else ("optimize=speed")
     )
     assert header.startswith(f"plan: 2 stages, M=2, interleaved, {speed}: predicted step ")
+
+
+def test_zero_bubble_keeps_tapes_without_timing_the_recompute(tmp_path: Path) -> None:
+    # its gain is the split backward, which a recomputing stage does not make
+    timed: list[bool] = []
+
+    def stage_call(
+        graph: Graph, example: Any, repeats: int, recompute: bool, ends: Any
+    ) -> list[float]:
+        timed.append(recompute)
+        return [0.002 if recompute else 0.02] * len(ends)  # recomputing looks faster
+
+    cfg = config(tmp_path, pipeline="zero_bubble")
+    got = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, stage_call=stage_call)
+    assert timed == [False] and got[1:] == (False, "zero_bubble")
+
+
+def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import partitioner.plan as plan_module
+
+    chosen: list[Plan] = []
+    fastest = plan_module.fastest_plan
+
+    def recorded(*args: Any, **kwargs: Any) -> Plan:
+        chosen.append(fastest(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(plan_module, "fastest_plan", recorded)
+    graph, example = traced(units=64), [tf.zeros((1, 3))]
+    got = rank0_bounds(graph, example, config(tmp_path, pipeline="auto"))
+    [plan] = chosen
+    assert got == (plan.bounds, plan.recompute, plan.pipeline)
+    assert plan.pipeline in ("simple", "interleaved", "zero_bubble")
+    assert Plan.load(tmp_path / "plan.json") == plan
+    with caplog.at_level(logging.INFO, logger="tfsift"):  # whichever pipeline it chose
+        assert rank0_bounds(graph, example, config(tmp_path, pipeline="auto")) == got
+    assert messages(caplog)[0][1].startswith("reusing the plan in ")
+    assert len(chosen) == 1
 
 
 def test_rank0_charges_the_message_latency_at_every_stage_crossing(
@@ -216,7 +257,7 @@ def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     rank0_bounds(graph, [tf.zeros((1, 3))], config(tmp_path))
     cfg = config(tmp_path, **changes)
     with caplog.at_level(logging.WARNING, logger="tfsift"):
-        bounds, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
     assert messages(caplog) == [
         ("WARNING", f"the plan file {cfg.plan_file} was made for another run ({difference}); "
                     "solving again and overwriting it")
@@ -263,7 +304,7 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
         return 2.5e-4
 
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
     # measured once, when it solves, on the traced model and a source batch: M = 2
     # microbatches of the example's row
     assert measured == [(graph, 2)]

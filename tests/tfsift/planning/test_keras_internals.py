@@ -109,3 +109,24 @@ def test_subclasses_with_their_own_clipping_or_finite_check_are_told_apart() -> 
     assert not keras_internals.keras_clipping(Clips(global_clipnorm=1.0))
     assert not keras_internals.keras_finite_check(Checks(keras.optimizers.SGD()))
     assert not keras_internals.clips_by_global_norm(keras.optimizers.SGD(clipnorm=1.0))
+
+
+def test_a_functions_forward_keeps_what_its_backward_reads_and_the_backward_prunes() -> None:
+    dense = keras.layers.Dense(3, activation="tanh")
+    x = tf.ones((2, 4))
+    dense(x)
+    concrete = tf.function(lambda x: dense(x)).get_concrete_function(tf.TensorSpec((2, 4)))
+    forward, backward = keras_internals.forward_backward(concrete)
+    outputs = forward.call_flat(x, *concrete.captured_inputs)
+    assert len(outputs) > 1  # the output, then the intermediates the gradient reads
+    at = {id(t): i for i, t in enumerate(concrete.graph.outputs)}
+    captures = [outputs[at[id(c)]] if id(c) in at else c for c in backward.captured_inputs]
+    dy = tf.ones((2, 3))
+    grads = keras_internals.call_backward(backward, [dy], captures)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = dense(x)
+    want = tape.gradient(y, [x, dense.kernel, dense.bias], output_gradients=dy)
+    assert len(grads) == 3  # the input, then each captured variable, in capture order
+    for got, expected in zip(grads, want, strict=True):
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)

@@ -116,6 +116,30 @@ def test_pipelined_scoring_keeps_what_one_process_would_on_the_same_losses() -> 
     assert len(reports[0]["batches"]) >= 4
 
 
+# sifting while training on the zero-bubble schedule (a split backward on stage 1): the
+# same batches and losses as 1F1B's, and with early exit and overlap in stage 0's waits
+ZERO_BUBBLE = mpi.TWO_STAGES.scenario(
+    "sift_check.py", "2", "cluster", "relative,0,1,full,interleaved",
+    "relative,0,1,full,zero_bubble", "relative,0,1,early_exit_overlap,zero_bubble",
+)  # fmt: skip
+
+
+@mpi.TWO_STAGES.mark
+def test_sifting_trains_on_the_zero_bubble_schedule_as_on_1f1b() -> None:
+    interleaved, zero_bubble, overlap = (
+        {rank: rep["cases"][i] for rank, rep in ZERO_BUBBLE().items()} for i in range(3)
+    )
+    for reports in (interleaved, zero_bubble, overlap):
+        check_lock_step(reports)
+        assert reports[0]["step_losses"] == reports[1]["step_losses"]
+        assert len(reports[0]["step_losses"]) >= 4
+    assert zero_bubble[0]["batches"] == interleaved[0]["batches"]
+    np.testing.assert_allclose(
+        zero_bubble[0]["step_losses"], interleaved[0]["step_losses"], rtol=1e-5
+    )
+    assert all(np.isfinite(overlap[0]["step_losses"]))
+
+
 @pytest.mark.parametrize(
     "placement",
     [
