@@ -109,6 +109,33 @@ class MyModel(tfsift.DistributedModel):
 # page -> steps: ("block", i) runs the page's i-th Python block, ("code", src) the reader's
 # part, ("validate", i) the config of block i's tfsift.init (another rank layout).
 SCENARIOS: dict[str, list[tuple[str, Any]]] = {
+    "big-models.md": [
+        ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 2})"),
+        ("block", 0),  # a model with a tied embedding
+        (
+            "code",
+            "import numpy as np\nrng = np.random.default_rng(0)\n"
+            "tokens = rng.integers(0, 64, (32, 8)).astype('int32')\n"
+            "next_tokens = np.roll(tokens, -1, axis=1)",
+        ),
+        ("block", 1),  # fit with AdamW, a schedule and global_clipnorm
+        (
+            "code",
+            """
+optimizer = keras.optimizers.AdamW(1e-3)
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+@tfsift.step
+def train_step(ids, targets):
+    loss = loss_fn(targets, model(ids, training=True))
+    return tfsift.gradients(loss, model.trainable_variables), loss
+
+grads, loss = train_step(tokens[:8], next_tokens[:8])
+""",
+        ),
+        ("block", 2),  # clip_by_global_norm in a hand-written update
+        ("block", 3),  # mixed_float16 with a loss scale
+    ],
     "README.md": [
         ("code", IMAGES),
         ("block", 0),  # the training loop on 2 stages
