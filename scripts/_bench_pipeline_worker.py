@@ -45,6 +45,7 @@ from tfsift.planning.profiler import profile  # noqa: E402
 Config = dict[str, Any]
 Step = Callable[[], None]
 LOSS = keras.losses.MeanSquaredError()
+LM_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def chain_layers(cfg: Config) -> list[keras.layers.Layer]:
@@ -61,7 +62,10 @@ def chain_layers(cfg: Config) -> list[keras.layers.Layer]:
 
 
 def sample_shape(cfg: Config) -> tuple[int, ...]:
-    """One sample's shape: the chain's input and output are the same."""
+    """One sample's shape: the chain's input and output are the same (a transformer's
+    tokens: ``side`` of them)."""
+    if cfg["model"] == "transformer":
+        return (cfg["side"],)
     if cfg["model"] == "conv":
         return (cfg["side"], cfg["side"], cfg["width"])
     return (cfg["width"],)
@@ -80,6 +84,16 @@ class Chain(tfsift.DistributedModel):
         return x
 
 
+def model_of(cfg: Config) -> Any:
+    """The chain, or (``model="transformer"``) examples/decoder_lm.py's decoder: ``layers``
+    blocks of ``width`` on ``side`` tokens, its embedding tied to the head."""
+    if cfg["model"] != "transformer":
+        return Chain(cfg)
+    from examples.decoder_lm import DecoderLM
+
+    return DecoderLM(cfg["side"], cfg["width"], 4, cfg["layers"])
+
+
 def plain_chain(cfg: Config) -> keras.Model:
     """The same chain as a plain Keras model (no tfsift)."""
     return keras.Sequential([keras.Input(sample_shape(cfg)), *chain_layers(cfg)])
@@ -88,6 +102,11 @@ def plain_chain(cfg: Config) -> keras.Model:
 def data(cfg: Config) -> tuple[tf.Tensor, tf.Tensor]:
     rng = np.random.default_rng(0)
     shape = (cfg["batch"], *sample_shape(cfg))
+    if cfg["model"] == "transformer":
+        from examples.decoder_lm import VOCAB
+
+        ids = rng.integers(0, VOCAB, shape).astype("int32")
+        return tf.constant(ids), tf.constant(np.roll(ids, -1, axis=1))
     x = rng.normal(size=shape).astype("float32")
     y = rng.normal(size=shape).astype("float32")
     return tf.constant(x), tf.constant(y)
@@ -159,11 +178,12 @@ def tfsift_step(
     ``eager_update`` ``optimizer.apply_gradients`` (Keras updates each variable in Python).
     Also returns the model, the first call's seconds, the allreduce's times and the step
     call alone (no accumulation, allreduce nor update)."""
-    model = Chain(cfg)
+    model = model_of(cfg)
+    loss_fn = LM_LOSS if cfg["model"] == "transformer" else LOSS
 
     @tfsift.step
     def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
-        loss = LOSS(y, model(x, training=True))
+        loss = loss_fn(y, model(x, training=True))
         return tfsift.gradients(loss, model.trainable_variables), loss
 
     start = time.perf_counter()
@@ -342,6 +362,7 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     """K ranks, one stage each: times the pipelined train step. Rank 0 also reports the
     step its start-up plan line predicted (read back from a fresh plan file)."""
     plan_file = Path(tempfile.mkdtemp(prefix="tfsift-bench-plan-")) / "plan.json"
+    keras.mixed_precision.set_global_policy(cfg.get("precision", "float32"))
     tfsift.init(
         {
             "partitions": cfg["K"],
@@ -366,20 +387,39 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     # scope, which the user's update is outside of)
     repeat = cfg["steps"] if cfg.get("time_call") else 0
     calls = [synced_time(call, cfg["collect"]) for _ in range(repeat)]
-    predicted = Plan.load(plan_file).predicted_step_time if plan_file.exists() else None
+    plan = Plan.load(plan_file) if plan_file.exists() else None
     shutil.rmtree(plan_file.parent, ignore_errors=True)  # each rank made its own folder
     return timed(train, cfg) | {
+        "predicted_peak_bytes": list(plan.peak_memory) if plan else None,
+        "sent_bytes": sent_bytes(model, cfg),
         "call_times": calls,
         "action_s": action_s,
         "events": events,
         "first_step_s": first,
         "bounds": list(model.partitioned.bounds),
-        "startup_predicted_s": predicted,
+        "startup_predicted_s": plan.predicted_step_time if plan else None,
         "maxrss_before_mib": before,
         "maxrss_whole_mib": whole,
         "maxrss_timed_mib": maxrss_mib(),
         "rss_reset_mib": resting,
     }
+
+
+def sent_bytes(model: Any, cfg: Config) -> int:
+    """Bytes this stage sends a step: its activations forward (not the last stage) and the
+    gradients of its float inputs backward (not the first), for the whole batch."""
+    part, K = model.partitioned, cfg["K"]
+
+    def size(specs: list[Any], floats: bool) -> int:
+        return sum(
+            int(np.prod(shape)) * tf.as_dtype(dtype).size
+            for shape, dtype in specs
+            if not floats or tf.as_dtype(dtype).is_floating
+        )
+
+    forward = size(part.out_specs, False) if part.stage.index < K - 1 else 0
+    backward = size(part.in_specs, True) if part.stage.index > 0 else 0
+    return (forward + backward) * cfg["batch"]
 
 
 def run_dp(cfg: Config) -> dict[str, Any]:

@@ -73,3 +73,23 @@ def test_pipeline_renders_targets_and_tables() -> None:
         "to 94.0% in 3 jobs) of ideal |" in text
     )
     assert "| interleaved | 8 | speed | (0, 4, 8) | 1208.0 | 1.66 | 760 / 716 |" in text
+
+
+def precision_run(step: float, sent: int, peak: float) -> dict[str, Any]:
+    return {"times": [step, step + 0.01], "predicted": step * 0.9, "predicted_peak": [2**20, 2**21],
+            "sent": [sent, sent], "peak_mib": [peak, peak / 2]}  # fmt: skip
+
+
+def test_precision_renders_one_row_a_precision_and_their_paired_ratio() -> None:
+    bench = scripts_module.load("bench_precision")
+    fp32, bf16 = (0.10, 0.12), (0.08, 0.09)
+    rounds = [
+        {"float32": precision_run(a, 2**21, 40.0), "mixed_bfloat16": precision_run(b, 2**20, 30.0)}
+        for a, b in zip(fp32, bf16, strict=True)
+    ]
+    text = bench.render({"rounds": rounds}, META, bench.Settings())
+    assert scripts_module.prose(text) == []
+    assert "| float32 | 115.0 | 99.0 | 2.00 / 2.00 | 40 / 20 | 1.0 / 2.0 |" in text
+    assert "| mixed_bfloat16 | 90.0 | 76.5 | 1.00 / 1.00 | 30 / 15 | 1.0 / 2.0 |" in text
+    # each round's bf16 step over its fp32 step (medians of two steps), then their median
+    assert "| bf16 / fp32 (paired) | 0.785 (0.810, 0.760) | 0.773 | 0.50 / 0.50 |" in text
