@@ -104,3 +104,24 @@ def test_a_layer_with_state_called_on_two_stages_is_refused_by_name() -> None:
         "Received: calls 'norm' on stage 0, 'norm#1' on stage 1; non-trainable variables "
         "['norm/moving_mean', 'norm/moving_variance']"
     )
+
+
+def test_under_mixed_precision_a_cut_carries_the_compute_dtype_at_half_the_bytes() -> None:
+    import keras
+    import tensorflow as tf
+
+    from tfsift.planning.graph import trace
+
+    def cut_bytes(policy: str) -> tuple[int, str]:
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            model = keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(4)])
+            graph = trace(model, [tf.ones((2, 3))])
+            (crossing,) = graph.live(1)  # the first Dense's output, into the second
+            return graph.sample_bytes([crossing]), str(graph.tensors[crossing].dtype)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
+    assert cut_bytes("float32") == (8 * 4, "float32")
+    assert cut_bytes("mixed_bfloat16") == (8 * 2, "bfloat16")
+    assert cut_bytes("mixed_float16") == (8 * 2, "float16")
