@@ -70,7 +70,9 @@ def test_calling_a_distributed_model_outside_a_step_raises_with_its_name() -> No
     with pytest.raises(RuntimeError) as err:
         Net()(tf.ones((1, 3)))
     assert str(err.value) == (
-        "DistributedModel 'net' can only be called inside a @tfsift.step function"
+        "DistributedModel 'net' can only be called inside a @tfsift.step function (its layers "
+        "run on the ranks of the pipeline); to compute its outputs for data, call "
+        "model.predict(x) on every rank"
     )
 
 
