@@ -314,7 +314,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 ``steps_per_epoch``, ``validation_steps``, ``validation_batch_size``,
                 ``validation_freq``; and ``sift`` (a ``tfsift.SiftConfig``: train on the
                 batches ``tfsift.sift`` keeps, scored with the compiled loss per sample;
-                with ``policy="infobatch"`` its ``epochs`` are ``fit``'s).
+                ``sift=tfsift.SiftConfig(policy="infobatch")`` is InfoBatch over ``fit``'s
+                ``epochs``). A sifted epoch's progress bar counts the batches it trained,
+                and ``History`` gets its kept fraction, ``sift_kept``.
 
         Returns:
             A ``keras.callbacks.History``.
@@ -322,7 +324,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         Raises:
             ValueError: a dataset whose batches do not split into ``microbatches``;
                 ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
-                ``sift`` with ``policy="infobatch"`` for other ``epochs`` than ``fit``'s.
+                ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s.
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).
             RuntimeError: the model was not compiled.
         """

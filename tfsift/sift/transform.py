@@ -104,13 +104,14 @@ def sift(
 
     Raises:
         TypeError: arguments of the wrong kind.
-        ValueError: a config the scorer cannot serve, or (when the transform is applied)
-            a batch size not divisible by ``microbatches``, or an infinite dataset for
-            ``policy="infobatch"``.
+        ValueError: a config the scorer cannot serve, ``policy="infobatch"`` without
+            ``epochs``, or (when the transform is applied) a batch size not divisible by
+            ``microbatches``, or an infinite dataset for ``policy="infobatch"``.
     """
     config = SiftConfig() if config is None else config
     if not isinstance(config, SiftConfig):
         raise TypeError(f"config must be a tfsift.SiftConfig. Received: {type(config).__name__}")
+    config.check_epochs()
     if config.scores == "training":
         scorer: Scorer = NoScorer()
     else:
@@ -139,16 +140,29 @@ def sift(
     return apply
 
 
-def sift_metrics() -> dict[str, Any]:
+def sift_metrics(epoch: bool = False) -> dict[str, Any]:
     """The metrics of the sifted dataset iterated last on this rank (``{}`` if none yet).
 
-    Keys: samples_seen, samples_scored, samples_kept, samples_reused, samples_unscored,
-    kept_fraction, mean_loss_scored, mean_loss_kept, nonfinite_losses, batches_yielded,
-    epochs, time_scoring, time_selecting, time_accumulating, and ``policy/<name>`` (e.g.
-    adaptive's weights).
+    Example:
+        >>> for epoch in range(3):
+        ...     for x, y in train:
+        ...         ...
+        ...     print(tfsift.sift_metrics(epoch=True)["kept_fraction"])   # this epoch's
+
+    Args:
+        epoch: the figures of the current epoch (the one being iterated, or the last one
+            ended) instead of the totals since the dataset was made.
+
+    Returns:
+        A dict. Keys: samples_seen, samples_scored, samples_kept, samples_reused,
+        samples_unscored, kept_fraction, mean_loss_scored and mean_loss_kept (None where
+        no loss was scored, or with ``scores="training"`` ranked), nonfinite_losses,
+        batches_yielded, epochs (the epochs begun, in both views), time_scoring,
+        time_selecting, time_accumulating, and ``policy/<name>`` (e.g. adaptive's weights,
+        InfoBatch's ``pruned`` and ``reweighted`` in the current epoch's plan).
     """
     metrics = STATE.sift_metrics
-    return {} if metrics is None else dict(metrics.as_dict())
+    return {} if metrics is None else dict(metrics.as_dict(epoch))
 
 
 def _scorer(
@@ -286,7 +300,7 @@ class Sifter:
         group = self._replicas()
         resume, self._resume = self._resume, None
         if resume is None:
-            self.metrics.epochs += 1
+            self.metrics.begin_epoch()
             self.epoch_read, self.buffer = 0, SampleBuffer()
             self._begin_epoch(group)
         else:
@@ -617,6 +631,10 @@ class SiftedDataset(PythonDataset):
             RuntimeError: if no batch was yielded since the last record.
         """
         self.sifter.record(losses)
+
+    def planned_batches(self) -> int | None:
+        """None: the batches an epoch yields are known at its end (its rounds decide)."""
+        return None
 
     def prefetch(self, buffer_size: Any, name: str | None = None) -> SiftedDataset:
         """Prefetches the source batches; the sifting rounds stay in lock-step."""
