@@ -68,6 +68,23 @@ def stage_loads(costs: CostModel, partition: Partition) -> Array:
     return t
 
 
+def stage_transfers(costs: CostModel, partition: Partition) -> list[float]:
+    """The seconds of each stage's input and output cuts per microbatch (``stage_loads``
+    less the compute).
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> layers = tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 100) for i in range(3))
+        >>> costs = CostModel(layers, bandwidth=100.0, latency=0.5)
+        >>> stage_transfers(costs, Partition((0, 1, 2, 3)))
+        [1.5, 3.0, 1.5]
+    """
+    p = costs.prefix
+    b = np.asarray(partition.validated(costs.num_layers).bounds)
+    loads = stage_loads(costs, partition) - (p.compute[b[1:]] - p.compute[b[:-1]])
+    return [float(t) for t in loads]
+
+
 def step_time_estimate(costs: CostModel, partition: Partition, M: int) -> float:
     """T = sum_s t_s + (M - 1) max_s t_s, the step time of a balanced pipeline formula.
 
