@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from partitioner.costs import format_bytes
+from partitioner.costs import format_bytes, format_seconds
 from tfsift.config import Config
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import PipeComm, bcast_object, message_latency
@@ -134,7 +134,7 @@ def rank0_bounds(
         len(graph),
         cfg.profile_repeats,
         cfg.partitions,
-        f"a message between stages takes {_seconds(latency)}; " if latency > 0 else "",
+        f"a message between stages takes {format_seconds(latency)}; " if latency > 0 else "",
     )
     recompute = cfg.optimize == "memory"
     # optimize="speed" recomputes where a small model's stage was timed faster that way,
@@ -248,10 +248,10 @@ def no_gain(costs: CostModel, M: int, predicted: float) -> str:
     if predicted <= alone:
         return ""
     return (
-        f"pipelining does not pay for this model: predicted step {_seconds(predicted)} "
-        f"against about {_seconds(alone)} in one process (the layers' compute is "
-        f"{_seconds(alone - 2 * costs.action_overhead)} a step, and each of a stage's "
-        f"forwards and backwards costs the runtime about {_seconds(costs.action_overhead)}); "
+        f"pipelining does not pay for this model: predicted step {format_seconds(predicted)} "
+        f"against about {format_seconds(alone)} in one process (the layers' compute is "
+        f"{format_seconds(alone - 2 * costs.action_overhead)} a step, and each of a stage's "
+        f"forwards and backwards costs the runtime about {format_seconds(costs.action_overhead)}); "
         "use fewer microbatches, a larger batch or partitions=1"
     )
 
@@ -263,11 +263,11 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         f"plan: {len(plan.stage_layers)} stages, M={plan.microbatches}, {plan.pipeline}, "
         f"optimize={plan.optimize}"
         + (" with recompute (timed faster)" if plan.recompute and plan.optimize == "speed" else "")
-        + f": predicted step {_seconds(plan.predicted_step_time)}, "
+        + f": predicted step {format_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
         + (
             f"; stage 0 left room for {plan.scoring:g} sifting forwards per step in its waits, "
-            f"{_seconds(plan.scoring_call)} a call beyond them (not in the prediction)"
+            f"{format_seconds(plan.scoring_call)} a call beyond them (not in the prediction)"
             if plan.scoring
             else ""
         )
@@ -276,7 +276,7 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         busy = ""
         if result is not None and result.step_time > 0:
             idle = result.idle[s] / result.step_time
-            busy = f", busy {_seconds(result.busy[s])} (idle {idle:.1%})"
+            busy = f", busy {format_seconds(result.busy[s])} (idle {idle:.1%})"
         lines.append(
             f"  stage {s}: {names[0]} .. {names[-1]} ({len(names)} node{'s' * (len(names) > 1)}), "
             f"{format_bytes(weight_bytes[s])} weights{busy}, "
@@ -323,10 +323,6 @@ def _model_difference(planned: list[str], graph: Graph) -> str:
         f"model: plan {len(planned)} nodes, this model {len(names)} nodes, first "
         f"different at node {at} (plan {planned[at]!r}, this model {names[at]!r})"
     )
-
-
-def _seconds(value: float) -> str:
-    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
 
 def manual_bounds(
