@@ -12,7 +12,8 @@ from partitioner.costs import CostModel
 from partitioner.partition import Partition
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import simulate_plan
-from partitioner.solver import OPTIMIZE, solve
+from partitioner.solver import OPTIMIZE, peak_memory_estimate, solve
+from partitioner.ties import settle
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,10 @@ def make_plan(
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
 
+    With optimize="speed" (no ``scoring``), a partition within `partitioner.ties.NEAR_TIE`
+    of the fastest that moves fewer bytes across its cuts is taken instead (`settle`): a
+    near-tie would otherwise be decided by the profile's noise, another cut each run.
+
     Args:
         costs: the cost model.
         K: number of stages.
@@ -196,6 +201,13 @@ def make_plan(
         scoring_call=scoring_call,
         first_stage_min=first_stage_min,
     )
+    if optimize == "speed" and not scoring:
+
+        def fits(p: Partition) -> bool:
+            peak = peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=False)
+            return memory_cap is None or max(peak) <= memory_cap
+
+        partition = settle(costs, partition, M, fits, first_stage_min)
     if recompute is None:
         recompute = optimize == "memory"
     elif optimize == "memory" and not recompute:
