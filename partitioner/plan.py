@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,12 @@ class Plan:
         predicted_bubble: simulated fraction of idle stage time.
         peak_memory: simulated peak bytes per stage.
         cost_fingerprint: `CostModel.fingerprint()` of the costs it was solved for.
-        scoring: the sifting forwards per step stage 0 was planned to run in its waits
-            (`solve_speed`; 0: none). Plan files without it mean 0.
-        scoring_call: the fixed seconds of a scoring call it was planned with (measured
-            when it was planned, like the costs; `partitioner.scoring`). Plan files
-            without it mean 0.
+        scoring: the forwards of its own per step stage 0 was planned to run in its waits
+            (sifting's early exit with overlap; `make_plan`; 0: none). Plan files without
+            it mean 0.
+        scoring_call: the fixed seconds of such a call it was planned with (measured
+            when it was planned, like the costs; `partitioner.experimental.scoring`).
+            Plan files without it mean 0.
         recompute: whether each stage recomputes its forward inside its backward instead of
             keeping a tape: always with optimize="memory"; with "speed" where the caller
             found that faster (`make_plan`'s ``recompute``). Plan files without it mean
@@ -159,6 +161,7 @@ def make_plan(
     memory_cap: int | None = None,
     scoring: float = 0.0,
     scoring_call: float = 0.0,
+    step_time: Callable[..., float] | None = None,
     first_stage_min: int = 1,
     recompute: bool | None = None,
 ) -> Plan:
@@ -177,9 +180,12 @@ def make_plan(
         pipeline: "interleaved" or "simple".
         memory_cap: bytes per stage for optimize="speed", or None.
         scoring: forward microbatches stage 0 also runs per step in its waits (sifting's
-            early exit with overlap; `solve_speed`). The predictions are the pipeline's
-            without the scoring (`partitioner.scoring.sifted_step_time` adds it).
-        scoring_call: fixed seconds of one scoring call beyond its forwards.
+            early exit with overlap), which the partition leaves room for: it is ranked
+            by ``step_time(costs, partition, M, pipeline=..., scoring=..., call=...)``
+            (`solve_speed`'s objective; `partitioner.experimental.scoring.
+            sifted_step_time`). The predictions are the pipeline's without that work.
+        scoring_call: fixed seconds of one such call beyond its forwards.
+        step_time: what ranks the partitions with ``scoring``; required with it.
         first_stage_min: stage 0 holds at least this many layers (`solve_speed`).
         recompute: whether the stages recompute their forward inside their backward; by
             default exactly with optimize="memory". With "speed", True keeps the fastest
@@ -190,6 +196,7 @@ def make_plan(
     Raises:
         ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
     """
+    objective = _objective(costs, M, pipeline, scoring, scoring_call, step_time)
     partition = solve(
         costs,
         K,
@@ -197,11 +204,10 @@ def make_plan(
         optimize=optimize,
         pipeline=pipeline,
         memory_cap=memory_cap,
-        scoring=scoring,
-        scoring_call=scoring_call,
+        objective=objective,
         first_stage_min=first_stage_min,
     )
-    if optimize == "speed" and not scoring:
+    if optimize == "speed" and objective is None:
 
         def fits(p: Partition) -> bool:
             peak = peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=False)
@@ -229,3 +235,40 @@ def make_plan(
         scoring_call=float(scoring_call),
         recompute=recompute,
     )
+
+
+def _objective(
+    costs: CostModel,
+    M: int,
+    pipeline: str,
+    scoring: float,
+    call: float,
+    step_time: Callable[..., float] | None,
+) -> Callable[[Partition], float] | None:
+    """``step_time`` of a partition with ``scoring`` forwards on stage 0, or None without."""
+    for name, value, what in (
+        ("scoring", scoring, "stage 0's scoring forwards per step"),
+        ("scoring_call", call, "seconds of a scoring call's fixed cost"),
+    ):
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError(
+                f"{name} must be a finite number >= 0 ({what}). Received: {name}={value!r}"
+            )
+    if not scoring:
+        return None
+    if step_time is None:
+        raise ValueError(
+            "scoring (stage 0's forwards of its own per step) needs step_time, what ranks "
+            "the partitions with it (partitioner.experimental.scoring.sifted_step_time). "
+            f"Received: scoring={scoring}, step_time=None"
+        )
+
+    def objective(partition: Partition) -> float:
+        return step_time(costs, partition, M, pipeline=pipeline, scoring=scoring, call=call)
+
+    return objective

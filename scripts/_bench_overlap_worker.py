@@ -76,7 +76,11 @@ def sifted(train: tf.data.Dataset, model: ConvNet, per_sample: Any, name: str, j
     if options is None and name.endswith(OWN_CUT):
         # plain training on the plan made with room for scoring (plan_differences compares
         # the scoring it was made for): the source batches per step the policy reads
-        model._tfsift.scored_batches = 1 / tfsift.SiftConfig(**job["policy"]).expected_kept()
+        from partitioner.experimental.scoring import sifted_step_time
+        from tfsift import hooks
+
+        kept = tfsift.SiftConfig(**job["policy"]).expected_kept()
+        hooks.reserve_stage0(model, hooks.Reservation(1 / kept, sifted_step_time))
     if options is None:
         return train
     fixed = {"exit_after": "first", "score_batches": job["score_batches"]}

@@ -8,8 +8,8 @@ Four tables, one process, one compute thread:
   microbatch can usefully be.
 - *early exit*: the calls the early-exit scorer makes per round, and where overlap puts
   them, on bench_overlap's 4-convolution model (exit after the first convolution, B=128,
-  g=8): the costs ``tfsift/sift/overlap.py``'s ``WaitModel`` estimates and the comments
-  in ``tfsift/sift/early_exit.py`` cite.
+  g=8): the costs ``tfsift/sift/experimental/overlap.py``'s ``WaitModel`` estimates and
+  the comments in ``tfsift/sift/experimental/early_exit.py`` cite.
 - *input*: what the training loop's ``next()`` costs per batch on MNIST-1D-sized data in
   memory (24,000 x 40 floats, B=64), read through tf.data or ``tfsift.from_arrays``, plain
   and sifted by InfoBatch from recorded losses: what a small model pays per step for its
@@ -185,7 +185,7 @@ def exit_cases(calls: int, rounds: int) -> dict[str, float]:
 
     import tfsift
     from tfsift.parallel import runtime
-    from tfsift.sift.early_exit import EarlyExitScorer
+    from tfsift.sift.experimental.early_exit import EarlyExitScorer
     from tfsift.sift.replicas import ReplicaGroup
 
     tfsift.init({})

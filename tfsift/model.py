@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 from keras import tree
 
+from tfsift import hooks
 from tfsift.config import Config
 from tfsift.parallel import runtime
 from tfsift.parallel.collectives import broadcast_variables
@@ -41,12 +42,6 @@ class Partitioned:
 class _ModelState:
     placements: dict[int, int] = dataclasses.field(default_factory=dict)
     partitioned: Partitioned | None = None
-    # source batches stage 0 scores per step in its waits (sifting with early exit and
-    # overlap, set by tfsift.sift before the first step): the planner lightens stage 0
-    scored_batches: float = 0.0
-    # and what a scoring call costs beyond its layers' forwards, measured on rank 0 when
-    # it plans (given the traced model and a source batch's rows; ``partitioner.scoring``)
-    scoring_call: Callable[[Graph, int], float] | None = None
 
 
 class DistributedModel(keras.Model):  # type: ignore[misc]
@@ -143,15 +138,12 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             return self.partitioned
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
-        # a source batch is one training batch, M microbatches of the profile's size
-        scoring = self._tfsift.scored_batches * rt.config.microbatches
         bounds, recompute = plan_bounds(
             graph,
             self._tfsift.placements,
             flat,
             rt,
-            scoring=scoring,
-            scoring_call=self._tfsift.scoring_call,
+            reservation=hooks.stage0_reservation(self),  # room for work of a feature's
             stage_call=microbatch_seconds,
         )
         check_unshared(graph, bounds)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from partitioner.costs import CostModel
     from partitioner.plan import Plan
     from partitioner.simulator import SimResult
+    from tfsift.hooks import Reservation
 
 log = logging.getLogger("tfsift")
 
@@ -47,8 +48,7 @@ def plan_bounds(
     example: Sequence[tf.Tensor],
     rt: runtime.Runtime,
     *,
-    scoring: float = 0.0,
-    scoring_call: Callable[[Graph, int], float] | None = None,
+    reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
 ) -> tuple[tuple[int, ...], bool]:
     """The K+1 stage bounds of ``graph`` and whether the stages recompute their forward in
@@ -56,10 +56,10 @@ def plan_bounds(
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
-    ``scoring``: forward microbatches stage 0 runs per step in its waits (sifting with
-    early exit and overlap), which the solver leaves room for (``solve_speed``);
-    ``scoring_call(graph, rows)`` measures a scoring call's fixed seconds on a source
-    batch of ``rows`` (M microbatches of the example's size), on rank 0 when it solves.
+    ``reservation``: work stage 0 runs per step in its waits (``tfsift.hooks``), which
+    the solver leaves room for with optimize="speed" (``solve_speed``'s objective);
+    its ``call_seconds(graph, rows)`` measures a call's fixed seconds on a source batch
+    of ``rows`` (M microbatches of the example's size), on rank 0 when it solves.
     ``stage_call`` times a microbatch through the runtime's stage code, for the cost per
     action the plan charges (``profile``).
     """
@@ -87,7 +87,7 @@ def plan_bounds(
         try:
             outcome = (
                 "ok",
-                rank0_bounds(graph, example, cfg, scoring, scoring_call, stage_call, latency),
+                rank0_bounds(graph, example, cfg, reservation, stage_call, latency),
             )
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
@@ -102,8 +102,7 @@ def rank0_bounds(
     graph: Graph,
     example: Sequence[tf.Tensor],
     cfg: Config,
-    scoring: float = 0.0,
-    scoring_call: Callable[[Graph, int], float] | None = None,
+    reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
     latency: float = 0.0,
 ) -> tuple[tuple[int, ...], bool]:
@@ -121,8 +120,10 @@ def rank0_bounds(
     from partitioner.plan import make_plan
     from partitioner.simulator import simulate_plan
 
-    # room for scoring is a speed objective (solve_speed); a memory plan ignores it
-    scoring = scoring if cfg.optimize == "speed" else 0.0
+    # room on stage 0 is a speed objective (solve_speed); a memory plan ignores it
+    reserved = reservation if cfg.optimize == "speed" else None
+    # a source batch is one training batch: M microbatches of the profile's size
+    scoring = reserved.forwards * cfg.microbatches if reserved is not None else 0.0
     plan = _reusable_plan(graph, cfg, scoring)
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
@@ -148,7 +149,7 @@ def rank0_bounds(
         latency=latency,
     )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
-    call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
+    call = _call_seconds(reserved.call_seconds, graph, rows) if reserved is not None else 0.0
     plan = make_plan(
         costs,
         cfg.partitions,
@@ -158,6 +159,7 @@ def rank0_bounds(
         memory_cap=cfg.memory_cap,
         scoring=scoring,
         scoring_call=call,
+        step_time=reserved.step_time if reserved is not None else None,
         # the default exit ends stage 0: keep a learnt layer before it, or the exit head
         # would score the raw input (the solver once left only a reshape there)
         first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)

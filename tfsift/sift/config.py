@@ -103,7 +103,7 @@ class SiftConfig:
             forgets).
         overlap: early_exit only; score the next round on stage 0, one source batch at a
             time, while it waits for gradients in the next training steps, where a batch
-            is expected to fit in the wait (``tfsift.sift.overlap``), with the weights
+            is expected to fit in the wait (``tfsift.sift.experimental.overlap``), with the weights
             before those steps' updates.
         leftover: overlap only; what becomes of a prepared round's source batches that
             no wait had room to score: ``"score"`` scores them between steps, where

@@ -44,7 +44,6 @@ from tfsift.parallel.arrays import RowDataset
 from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.buffer import SampleBuffer
 from tfsift.sift.config import SiftConfig
-from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
 from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs, warn_past_the_run
@@ -182,7 +181,9 @@ def _scorer(
                 f"stale reuses losses, but policy {config.policy!r} needs fresh logits. "
                 f"Received: stale={config.stale}, policy={config.policy!r}"
             )
-        if config.scorer == "early_exit":
+        if config.scorer == "early_exit":  # the experimental part, only when asked for
+            from tfsift.sift.experimental.early_exit import EarlyExitScorer
+
             return EarlyExitScorer(model_or_step, per_sample_loss, config, needs_logits)
         return FullScorer(model_or_step, per_sample_loss, needs_logits)
     if getattr(model_or_step, "tfsift_step", False):

@@ -376,7 +376,7 @@ def test_early_exit_refuses_a_layer_outside_stage_0_and_a_scoring_step() -> None
 
 
 def test_spearman_is_one_for_the_same_order_and_minus_one_reversed() -> None:
-    from tfsift.sift.early_exit import spearman
+    from tfsift.sift.experimental.early_exit import spearman
 
     a = np.array([0.3, 0.1, 0.9, 0.5])
     assert spearman(a, a * 2 + 1) == pytest.approx(1.0)
