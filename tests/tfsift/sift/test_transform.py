@@ -431,13 +431,6 @@ def test_stale_with_a_policy_that_needs_logits_is_refused() -> None:
     )
 
 
-def test_kept_positions_map_to_the_rows_scored_this_round() -> None:
-    from tfsift.sift.transform import _positions_in
-
-    scored = np.array([1, 4, 5])  # rows 0, 1, 2 of the scorer's batch
-    assert _positions_in(scored, np.array([0, 4, 5, 7]), 8).tolist() == [1, 2]
-
-
 @pytest.mark.parametrize("scorer", ["full", "early_exit"])
 def test_a_sifter_restored_mid_epoch_yields_what_the_uninterrupted_one_would(
     scorer: str,
