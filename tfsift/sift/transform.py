@@ -8,6 +8,9 @@ adds the kept samples to a buffer that yields full batches of B::
     source ─► round: read g batches ─► agree [ready, more] ─► yield n full batches
                      ─► score (pipeline forward) ─► allgather losses ─► select ─► buffer
 
+The epoch loop is the ``Sifter``'s, here; a round's scoring and selection are
+``tfsift.sift.rounds``'.
+
 Lock-step: a round's scoring runs only when the consumer asks for the next batch
 and none is ready, so it always sees the weights of the last optimizer update.
 Iterating the sifted dataset directly (``for x, y in train``) runs the rounds on the
