@@ -6,15 +6,20 @@ signals of the ten digits, harder than MNIST for a small model. Run
     horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py               # 2 stages
     horovodrun -np 4 -H localhost:4 python examples/sift_mnist1d.py               # 2 x 2
     horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py --policy none # baseline
-    horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py --scorer early_exit \
-        --overlap --leftover keep     # score on stage 0 while it waits; keep what no wait scored
+    horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py --policy relative
+    horovodrun -np 2 -H localhost:2 python examples/sift_mnist1d.py --policy relative \
+        --scorer early_exit --overlap --leftover keep   # score on stage 0 while it waits
 
-Every rank scores candidate batches with a forward-only pass through the pipeline,
-keeps samples by the Selective-Backprop relative rule (``--beta``), refills batches of
-``--batch`` and trains on those; every epoch rank 0 prints the kept fraction, the
-training loss and the held-out accuracy. ``--scorer early_exit`` scores with stage 0's
-layers and a small head instead (``tfsift.SiftConfig``), ``--overlap`` while stage 0 waits
+By default InfoBatch (``SiftConfig(policy="infobatch", epochs=...)``, the method that
+pays: docs/sifting.md) prunes part of the well-learnt samples at each epoch's start; the
+arrays are read by ``tfsift.from_arrays``, so a pruned sample is never read, and each
+step hands its per-sample losses back as the samples' scores. Any other ``--policy``
+scores candidate batches with a forward-only pass through the pipeline and keeps samples
+by that rule (``relative``: Selective-Backprop, ``--beta``); ``--scorer early_exit``
+scores with stage 0's layers and a small head instead, ``--overlap`` while stage 0 waits
 for gradients, and ``--leftover keep`` keeps unscored what no wait had room to score.
+Every epoch rank 0 prints the epoch's kept fraction, the training loss and the held-out
+accuracy.
 """
 
 from __future__ import annotations
@@ -68,9 +73,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="B, per replica")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--policy", default="relative", help="a SiftConfig policy, or none")
-    parser.add_argument("--beta", type=float, default=1.0)
-    parser.add_argument("--delay", type=int, default=10, help="source batches unsifted")
+    parser.add_argument("--policy", default="infobatch", help="a SiftConfig policy, or none")
+    parser.add_argument("--beta", type=float, default=1.0, help="relative only")
+    parser.add_argument("--delay", type=int, default=10, help="forward scores: batches unsifted")
     parser.add_argument("--scorer", default="full", choices=["full", "early_exit"])
     parser.add_argument("--overlap", action="store_true", help="early exit in stage 0's waits")
     parser.add_argument("--leftover", default="score", choices=["score", "keep"])
@@ -97,28 +102,32 @@ def main() -> None:
         return tfsift.gradients(loss, model.trainable_variables), loss
 
     @tfsift.step
+    def weighted_step(images: tf.Tensor, labels: tf.Tensor, weights: tf.Tensor) -> Any:
+        losses = per_sample(labels, model(images, training=True))  # one per sample
+        grads = tfsift.gradients(keras.ops.mean(weights * losses), model.trainable_variables)
+        return grads, losses  # unweighted: the samples' scores
+
+    @tfsift.step
     def predict(images: tf.Tensor) -> Any:
         return model(images, training=False)
 
-    source = tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y)), 4096, args.seed)
-    train = source.batch(args.batch, drop_remainder=True)
-    if args.policy != "none":
-        config = tfsift.SiftConfig(
-            policy=args.policy, beta=args.beta, delay=args.delay, seed=args.seed,
-            scorer=args.scorer, overlap=args.overlap, leftover=args.leftover,
-        )  # fmt: skip
-        train = train.apply(tfsift.sift(model, per_sample, config))
+    train = sifted(args, model, per_sample, x, y)
     start = time.perf_counter()
     for epoch in range(args.epochs):
         losses = []
-        for images, labels in train:
-            grads, loss = train_step(images, labels)
+        for batch in train:
+            if args.policy == "infobatch":
+                grads, loss = weighted_step(*batch)
+                train.record(loss)  # this batch's losses: its samples' scores next epoch
+                losses.append(float(np.mean(loss.concat())))
+            else:
+                grads, loss = train_step(*batch)
+                losses.append(float(loss.reduce_mean()))
             grads = tfsift.allreduce(grads)
             if grads:
                 update(grads)
-            losses.append(float(loss.reduce_mean()))
         accuracy = evaluate(predict, x_test, y_test, args.batch * 4)
-        metrics = tfsift.sift_metrics()
+        metrics = tfsift.sift_metrics(epoch=True)
         kept, unscored = metrics.get("kept_fraction", 1.0), metrics.get("samples_unscored", 0)
         if tfsift.rank() == 0:
             print(
@@ -127,6 +136,26 @@ def main() -> None:
                 + (f", kept unscored {unscored}" if args.leftover == "keep" else ""),
                 flush=True,
             )
+
+
+def sifted(
+    args: argparse.Namespace, model: Any, per_sample: Any, x: np.ndarray, y: np.ndarray
+) -> Any:
+    """The training batches: InfoBatch on the arrays by row, or a tf.data input sifted by a
+    forward-scored policy, or (``--policy none``) not sifted."""
+    if args.policy == "infobatch":
+        config = tfsift.SiftConfig(policy="infobatch", epochs=args.epochs, seed=args.seed)
+        train = tfsift.from_arrays((x, y), args.batch, seed=args.seed)
+        return train.apply(tfsift.sift(config=config))
+    source = tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y)), 4096, args.seed)
+    train = source.batch(args.batch, drop_remainder=True)
+    if args.policy == "none":
+        return train
+    config = tfsift.SiftConfig(
+        policy=args.policy, beta=args.beta, delay=args.delay, seed=args.seed,
+        scorer=args.scorer, overlap=args.overlap, leftover=args.leftover,
+    )  # fmt: skip
+    return train.apply(tfsift.sift(model, per_sample, config))
 
 
 def evaluate(predict: Any, x: np.ndarray, y: np.ndarray, batch: int) -> float:

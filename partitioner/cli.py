@@ -15,7 +15,7 @@ from partitioner.costs import CostModel, format_bytes
 from partitioner.plan import AUTO, Plan, make_plan
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import SimResult, simulate_plan, stage_times
-from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_loads
+from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_transfers
 from partitioner.timeline import draw_timeline, draw_timelines
 
 _UNITS = {
@@ -30,6 +30,14 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+# What `python -m partitioner --help` tells a user (the module docstring is for its readers).
+DESCRIPTION = (
+    "Cuts a model into pipeline stages from its cost file (written by `tfsift profile`) and "
+    "prints what to expect: `plan` solves one partition, prints each stage's layers, compute, "
+    "transfers, idle share and peak memory, and writes the plan file that "
+    "tfsift.init({'plan_file': ...}) reads; `simulate` compares microbatch counts and "
+    "pipelines. The same commands are `tfsift plan` and `tfsift simulate`."
+)
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 
 
@@ -96,7 +104,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry point: `python -m partitioner plan COSTS.json --partitions 4`."""
-    parser = argparse.ArgumentParser(prog="python -m partitioner", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m partitioner", description=DESCRIPTION)
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     code: int = args.func(args)
@@ -241,12 +249,14 @@ def fastest_lines(rows: Sequence[tuple[int, str, SimResult | None]]) -> list[str
 def format_plan(costs: CostModel, plan: Plan) -> str:
     """The stage table of a plan, then its predicted step time and bubble.
 
-    Per stage: its layers, their parameter bytes, the compute and transfer seconds of one
-    microbatch, the fraction of the simulated step it idles, and its peak memory.
+    Per stage: its layers, their parameter bytes, the compute seconds of one microbatch
+    (the runtime's ``action_overhead`` per forward and backward included), the seconds of
+    its input and output transfers, the fraction of the simulated step it idles, and its
+    peak memory.
     """
     partition = plan.partition
-    totals = stage_loads(costs, partition)
     compute = stage_times(costs, partition)
+    transfers = stage_transfers(costs, partition)
     result = simulate_plan(
         costs, partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
     )
@@ -261,7 +271,7 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
                 str(len(names)),
                 format_bytes(params),
                 _seconds(forward + backward),
-                _seconds(float(totals[s]) - forward - backward),
+                _seconds(transfers[s]),
                 f"{result.idle[s] / result.step_time:.1%}" if result.step_time > 0 else "-",
                 format_bytes(plan.peak_memory[s]),
             ]

@@ -278,6 +278,16 @@ def format_bytes(n: float) -> str:
     return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
 
 
+def format_seconds(seconds: float) -> str:
+    """A time as the planner's log and ``tfsift timeline`` print it: ms below a second.
+
+    Example:
+        >>> format_seconds(0.0123), format_seconds(0.412), format_seconds(16.0)
+        ('12.3 ms', '412 ms', '16 s')
+    """
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
 def _cumsum(values: npt.NDArray[Any]) -> Any:
     return np.concatenate([np.zeros(1, dtype=values.dtype), np.cumsum(values)])
 

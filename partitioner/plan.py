@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ from partitioner.costs import CostModel
 from partitioner.partition import Partition
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import simulate_plan
-from partitioner.solver import OPTIMIZE, InfeasibleError, solve
+from partitioner.solver import OPTIMIZE, InfeasibleError, peak_memory_estimate, solve
+from partitioner.ties import settle
 
 AUTO = "auto"  # the pipeline whose simulated step is the shortest (`fastest_plan`)
 
@@ -39,11 +41,12 @@ class Plan:
         predicted_bubble: simulated fraction of idle stage time.
         peak_memory: simulated peak bytes per stage.
         cost_fingerprint: `CostModel.fingerprint()` of the costs it was solved for.
-        scoring: the sifting forwards per step stage 0 was planned to run in its waits
-            (`solve_speed`; 0: none). Plan files without it mean 0.
-        scoring_call: the fixed seconds of a scoring call it was planned with (measured
-            when it was planned, like the costs; `partitioner.scoring`). Plan files
-            without it mean 0.
+        scoring: the forwards of its own per step stage 0 was planned to run in its waits
+            (sifting's early exit with overlap; `make_plan`; 0: none). Plan files without
+            it mean 0.
+        scoring_call: the fixed seconds of such a call it was planned with (measured
+            when it was planned, like the costs; `partitioner.experimental.scoring`).
+            Plan files without it mean 0.
         recompute: whether each stage recomputes its forward inside its backward instead of
             keeping a tape: always with optimize="memory"; with "speed" where the caller
             found that faster (`make_plan`'s ``recompute``). Plan files without it mean
@@ -161,10 +164,15 @@ def make_plan(
     memory_cap: int | None = None,
     scoring: float = 0.0,
     scoring_call: float = 0.0,
+    step_time: Callable[..., float] | None = None,
     first_stage_min: int = 1,
     recompute: bool | None = None,
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
+
+    With optimize="speed" (no ``scoring``), a partition within `partitioner.ties.NEAR_TIE`
+    of the fastest that moves fewer bytes across its cuts is taken instead (`settle`): a
+    near-tie would otherwise be decided by the profile's noise, another cut each run.
 
     Args:
         costs: the cost model.
@@ -175,9 +183,12 @@ def make_plan(
         pipeline: one of `partitioner.schedule.PIPELINES`, or "auto": `fastest_plan`.
         memory_cap: bytes per stage for optimize="speed", or None.
         scoring: forward microbatches stage 0 also runs per step in its waits (sifting's
-            early exit with overlap; `solve_speed`). The predictions are the pipeline's
-            without the scoring (`partitioner.scoring.sifted_step_time` adds it).
-        scoring_call: fixed seconds of one scoring call beyond its forwards.
+            early exit with overlap), which the partition leaves room for: it is ranked
+            by ``step_time(costs, partition, M, pipeline=..., scoring=..., call=...)``
+            (`solve_speed`'s objective; `partitioner.experimental.scoring.
+            sifted_step_time`). The predictions are the pipeline's without that work.
+        scoring_call: fixed seconds of one such call beyond its forwards.
+        step_time: what ranks the partitions with ``scoring``; required with it.
         first_stage_min: stage 0 holds at least this many layers (`solve_speed`).
         recompute: whether the stages recompute their forward inside their backward; by
             default exactly with optimize="memory". With "speed", True keeps the fastest
@@ -197,9 +208,11 @@ def make_plan(
             memory_cap=memory_cap,
             scoring=scoring,
             scoring_call=scoring_call,
+            step_time=step_time,
             first_stage_min=first_stage_min,
             recompute=recompute,
         )
+    objective = _objective(costs, M, pipeline, scoring, scoring_call, step_time)
     partition = solve(
         costs,
         K,
@@ -207,10 +220,16 @@ def make_plan(
         optimize=optimize,
         pipeline=pipeline,
         memory_cap=memory_cap,
-        scoring=scoring,
-        scoring_call=scoring_call,
+        objective=objective,
         first_stage_min=first_stage_min,
     )
+    if optimize == "speed" and objective is None:
+
+        def fits(p: Partition) -> bool:
+            peak = peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=False)
+            return memory_cap is None or max(peak) <= memory_cap
+
+        partition = settle(costs, partition, M, fits, first_stage_min)
     if recompute is None:
         recompute = optimize == "memory"
     elif optimize == "memory" and not recompute:
@@ -262,3 +281,40 @@ def fastest_plan(costs: CostModel, K: int, M: int, **options: Any) -> Plan:
     if not plans:
         raise errors[0]
     return min(plans, key=lambda plan: (plan.predicted_step_time, max(plan.peak_memory)))
+
+
+def _objective(
+    costs: CostModel,
+    M: int,
+    pipeline: str,
+    scoring: float,
+    call: float,
+    step_time: Callable[..., float] | None,
+) -> Callable[[Partition], float] | None:
+    """``step_time`` of a partition with ``scoring`` forwards on stage 0, or None without."""
+    for name, value, what in (
+        ("scoring", scoring, "stage 0's scoring forwards per step"),
+        ("scoring_call", call, "seconds of a scoring call's fixed cost"),
+    ):
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError(
+                f"{name} must be a finite number >= 0 ({what}). Received: {name}={value!r}"
+            )
+    if not scoring:
+        return None
+    if step_time is None:
+        raise ValueError(
+            "scoring (stage 0's forwards of its own per step) needs step_time, what ranks "
+            "the partitions with it (partitioner.experimental.scoring.sifted_step_time). "
+            f"Received: scoring={scoring}, step_time=None"
+        )
+
+    def objective(partition: Partition) -> float:
+        return step_time(costs, partition, M, pipeline=pipeline, scoring=scoring, call=call)
+
+    return objective

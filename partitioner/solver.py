@@ -7,13 +7,12 @@ per microbatch: its forward and backward plus its input cut (s > 0) and output c
 Both solvers are exact: every candidate they skip is provably no better (up to a
 relative float tolerance of 1e-12 on B).
 
-Sifting with early exit and overlap gives stage 0 more work: per step it also runs its
-forward on the candidates it scores (``scoring`` = S forward microbatches), in units that
-start only where a wait for gradients has room for them. The speed objective is then
-`partitioner.scoring.sifted_step_time`: the simulated step plus the scoring no wait
-holds, so a lighter stage 0, whose waits are longer, leaves room for the scoring. That
-search is exact with 2 stages; with more, among the fastest partitions for each end of
-stage 0 (`solve_speed`).
+Work of its own on stage 0 (sifting's early exit with overlap scores candidates there,
+in its waits for gradients) makes the cut that leaves its waits room the faster one: the
+speed solver then takes an ``objective`` that ranks partitions with that work
+(`partitioner.experimental.scoring.sifted_step_time`) and returns, of the fastest
+partitions for each end of stage 0, the one it ranks first: exact with 2 stages
+(`solve_speed`).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -31,11 +31,11 @@ from partitioner.costs import CostModel, format_bytes
 from partitioner.partition import Partition
 from partitioner.probe import Array, Limit, cheapest
 from partitioner.schedule import PIPELINES, splits_stage
-from partitioner.scoring import sifted_step_time
 
 OPTIMIZE = ("speed", "memory")
 _EPSILON = 1e-12
 _LOW_SPLIT = 0.25
+Objective = Callable[[Partition], float]  # a partition's seconds per step, work included
 
 
 class InfeasibleError(ValueError):
@@ -81,6 +81,23 @@ def stage_loads(costs: CostModel, partition: Partition) -> Array:
     t[1:] = t[1:] + p.cut[b[1:-1]]
     t[:-1] = t[:-1] + p.cut[b[1:-1]]
     return t
+
+
+def stage_transfers(costs: CostModel, partition: Partition) -> list[float]:
+    """The seconds of each stage's input and output cuts per microbatch (``stage_loads``
+    less the compute).
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> layers = tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 100) for i in range(3))
+        >>> costs = CostModel(layers, bandwidth=100.0, latency=0.5)
+        >>> stage_transfers(costs, Partition((0, 1, 2, 3)))
+        [1.5, 3.0, 1.5]
+    """
+    p = costs.prefix
+    b = np.asarray(partition.validated(costs.num_layers).bounds)
+    loads = stage_loads(costs, partition) - (p.compute[b[1:]] - p.compute[b[:-1]])
+    return [float(t) for t in loads]
 
 
 def step_time_estimate(costs: CostModel, partition: Partition, M: int) -> float:
@@ -129,20 +146,18 @@ def solve(
     optimize: str = "speed",
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
-    scoring: float = 0.0,
-    scoring_call: float = 0.0,
+    objective: Objective | None = None,
     first_stage_min: int = 1,
 ) -> Partition:
     """`solve_speed` under `memory_cap`, or `solve_memory` checked against it.
 
     With optimize="memory" the cap applies to the recompute peak of the least-memory
-    partition, and InfeasibleError names that peak if it does not fit. ``scoring``
-    (stage 0's scoring forwards per step) applies to optimize="speed" only.
+    partition, and InfeasibleError names that peak if it does not fit. ``objective``
+    (work of its own on stage 0) applies to optimize="speed" only.
     """
     _check_choice(optimize, OPTIMIZE, "optimize")
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
-    _check_scoring(scoring, scoring_call)
     if optimize == "speed":
         return solve_speed(
             costs,
@@ -150,14 +165,13 @@ def solve(
             M,
             pipeline=pipeline,
             memory_cap=memory_cap,
-            scoring=scoring,
-            scoring_call=scoring_call,
+            objective=objective,
             first_stage_min=first_stage_min,
         )
-    if scoring:
+    if objective is not None:
         raise ValueError(
-            "scoring (stage 0's sifting forwards per step) shapes the speed objective; "
-            f"optimize='memory' minimises memory. Received: optimize='memory', scoring={scoring}"
+            "an objective (work of its own on stage 0) ranks partitions by speed; "
+            "optimize='memory' minimises memory. Received: optimize='memory' with an objective"
         )
     partition = solve_memory(costs, K, M, pipeline=pipeline, first_stage_min=first_stage_min)
     peak = max(peak_memory_estimate(costs, partition, M, pipeline=pipeline, recompute=True))
@@ -173,12 +187,11 @@ def solve_speed(
     *,
     pipeline: str = "interleaved",
     memory_cap: int | None = None,
-    scoring: float = 0.0,
-    scoring_call: float = 0.0,
+    objective: Objective | None = None,
     first_stage_min: int = 1,
 ) -> Partition:
     """The partition with the least `step_time_estimate` whose stages fit `memory_cap`
-    (with ``scoring``: the least `sifted_step_time`).
+    (with ``objective``: the one it ranks first of the fastest for each end of stage 0).
 
     Branch and bound over the bottleneck B: a probe minimises the total cut cost among
     partitions with max_s t_s <= B (or < B) by an exact DP, and intervals of B are split
@@ -186,11 +199,12 @@ def solve_speed(
     O(K (L log L + band)), where the band holds the starts whose pass depends on their
     own cut cost; realistic chains need a few dozen probes.
 
-    With ``scoring`` S > 0 it takes, for each end b_1 of stage 0, the fastest partition
-    (least T) that ends stage 0 there, and returns the one of these with the least
-    `sifted_step_time`: L - K + 1 searches and simulations. The scoring depends on the
-    other stages only through stage 0's waits, which the fastest rest of the chain keeps
-    long; with K = 2 the rest is one stage and the result is exact.
+    With an ``objective`` it takes, for each end b_1 of stage 0, the fastest partition
+    (least T) that ends stage 0 there, and returns the one of these the objective ranks
+    first: L - K + 1 searches and objectives. Work on stage 0 (sifting's scoring,
+    `partitioner.experimental.scoring`) depends on the other stages only through stage
+    0's waits, which the fastest rest of the chain keeps long; with K = 2 the rest is one
+    stage and the result is exact.
 
     Example:
         >>> from partitioner.costs import LayerCost
@@ -204,10 +218,8 @@ def solve_speed(
         M: number of microbatches.
         pipeline: "interleaved" (1F1B) or "simple" (GPipe), for the memory model.
         memory_cap: bytes each stage may hold without recompute, or None.
-        scoring: forward microbatches stage 0 also runs per step, in its waits (sifting's
-            early exit with overlap: M / kept fraction when the exit ends stage 0).
-        scoring_call: fixed seconds of one scoring call beyond its forwards (the exit
-            head, the call, reading the losses); with ``scoring`` only.
+        objective: a partition's seconds per step with stage 0's own work, e.g.
+            ``functools.partial(sifted_step_time, costs, M=M, ...)`` of the partition.
         first_stage_min: stage 0 holds at least this many layers (its end boundary is at
             least this), e.g. so that an exit at stage 0's end follows a learnt layer.
 
@@ -222,10 +234,9 @@ def solve_speed(
     chain = _Chain.make(costs, K, M, pipeline, first_stage_min)
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
-    _check_scoring(scoring, scoring_call)
     memory = chain.memory(memory_cap, recompute=False)
-    if scoring:
-        best = _fastest_scoring(chain, memory, scoring, scoring_call)
+    if objective is not None:
+        best = _fastest_ranked(chain, memory, objective)
     else:
         best = _fastest(chain, memory)
     if best is None:
@@ -352,10 +363,10 @@ def _fastest(chain: _Chain, memory: list[list[Limit]]) -> Partition | None:
     return search.best
 
 
-def _fastest_scoring(
-    chain: _Chain, memory: list[list[Limit]], scoring: float, call: float
+def _fastest_ranked(
+    chain: _Chain, memory: list[list[Limit]], objective: Objective
 ) -> Partition | None:
-    """The fastest partition for each end of stage 0, then the least `sifted_step_time`."""
+    """The fastest partition for each end of stage 0, then the least ``objective``."""
     index = np.arange(chain.L + 1, dtype=np.float64)  # a limit on where stage 0 ends
     best: Partition | None = None
     best_time = math.inf
@@ -364,9 +375,7 @@ def _fastest_scoring(
         found = _fastest(at, [[*memory[0], Limit.make(index, float(end))], *memory[1:]])
         if found is None:
             continue  # no partition with that end fits the memory cap
-        value = sifted_step_time(
-            chain.costs, found, chain.M, pipeline=chain.pipeline, scoring=scoring, call=call
-        )
+        value = objective(found)
         if value < best_time:
             best, best_time = found, value
     return best
@@ -477,22 +486,6 @@ def _smallest_cap(chain: _Chain, *, recompute: bool) -> int:
 def _check_count(value: int, name: str, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}")
-
-
-def _check_scoring(scoring: float, call: float = 0.0) -> None:
-    for name, value, what in (
-        ("scoring", scoring, "stage 0's scoring forwards per step"),
-        ("scoring_call", call, "seconds of a scoring call's fixed cost"),
-    ):
-        if (
-            not isinstance(value, (int, float))
-            or isinstance(value, bool)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise ValueError(
-                f"{name} must be a finite number >= 0 ({what}). Received: {name}={value!r}"
-            )
 
 
 def _check_choice(value: str, allowed: tuple[str, ...], name: str) -> None:

@@ -69,8 +69,16 @@ def test_what_the_blocks_claim_holds(pages: dict[int, dict[str, Any]]) -> None:
         assert readme["history"] == ["accuracy", "loss", "val_accuracy", "val_loss"]
         assert "policy/pruned" in readme["sifted"]
         # the InfoBatch loop on tfsift.from_arrays: planned by row, the third epoch pruned
-        kind, pruned = got["sifting.md"]["findings"]["by_row"]
+        sifting = got["sifting.md"]["findings"]
+        kind, pruned = sifting["by_row"]
         assert kind == "IndexedSiftedDataset" and pruned > 0
+        # fit with InfoBatch in one line: the first epoch trains everything, the next prune
+        assert sifting["fit_kept"][0] == 1.0 and max(sifting["fit_kept"][1:]) < 1.0
+        # the last epoch's metrics, which prunes: a mean where there is one, never NaN
+        epoch = sifting["epoch"]
+        mean = epoch["mean_loss_scored"]
+        assert epoch["epochs"] == 3 and (mean is None or mean == mean)  # NaN != NaN
+        assert 0 < epoch["kept_fraction"] < 1 and epoch["batches_yielded"] > 0
         # the same on tfsift.from_rows: load read exactly the rows trained, and fewer
         assert got["sifting.md"]["findings"]["from_rows"] == [True, True]
         ckpt = got["checkpoints.md"]["findings"]

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
+from tfsift import hooks
 from tfsift.config import Config
 from tfsift.parallel import runtime, watchdog
 from tfsift.parallel.collectives import broadcast_variables
@@ -46,12 +47,6 @@ class Partitioned:
 class _ModelState:
     placements: dict[int, int] = dataclasses.field(default_factory=dict)
     partitioned: Partitioned | None = None
-    # source batches stage 0 scores per step in its waits (sifting with early exit and
-    # overlap, set by tfsift.sift before the first step): the planner lightens stage 0
-    scored_batches: float = 0.0
-    # and what a scoring call costs beyond its layers' forwards, measured on rank 0 when
-    # it plans (given the traced model and a source batch's rows; ``partitioner.scoring``)
-    scoring_call: Callable[[Graph, int], float] | None = None
     # run once, on every rank, right after the model is partitioned (when_partitioned)
     on_partitioned: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
@@ -168,15 +163,12 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             return self.partitioned
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
-        # a source batch is one training batch, M microbatches of the profile's size
-        scoring = self._tfsift.scored_batches * rt.config.microbatches
         bounds, recompute, pipeline = plan_bounds(
             graph,
             self._tfsift.placements,
             flat,
             rt,
-            scoring=scoring,
-            scoring_call=self._tfsift.scoring_call,
+            reservation=hooks.stage0_reservation(self),  # room for work of a feature's
             stage_call=microbatch_seconds,
         )
         shared = ties(graph, bounds)
@@ -410,7 +402,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 ``steps_per_epoch``, ``validation_steps``, ``validation_batch_size``,
                 ``validation_freq``; and ``sift`` (a ``tfsift.SiftConfig``: train on the
                 batches ``tfsift.sift`` keeps, scored with the compiled loss per sample;
-                with ``policy="infobatch"`` its ``epochs`` are ``fit``'s).
+                ``sift=tfsift.SiftConfig(policy="infobatch")`` is InfoBatch over ``fit``'s
+                ``epochs``). A sifted epoch's progress bar counts the batches it trained,
+                and ``History`` gets its kept fraction, ``sift_kept``.
 
         Returns:
             A ``keras.callbacks.History``.
@@ -418,7 +412,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         Raises:
             ValueError: a dataset whose batches do not split into ``microbatches``;
                 ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
-                ``sift`` with ``policy="infobatch"`` for other ``epochs`` than ``fit``'s.
+                ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s.
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).
             RuntimeError: the model was not compiled.
         """

@@ -2,14 +2,16 @@
 
 tfsift keeps a few things per process: the runtime ``tfsift.init`` set up (config,
 rank layout, communicators), the ``tfsift.timeline()`` recordings and
-``tfsift.partition()`` blocks open now, the step running now, and the last sifted
-dataset's metrics. Everything else a step needs is built once
-into its immutable plan (``tfsift.pipeline.plan``) and passed down.
+``tfsift.partition()`` blocks open now, the step running now, the last sifted
+dataset's metrics, and what the runtime's hooks were given (``tfsift.hooks``).
+Everything else a step needs is built once into its immutable plan
+(``tfsift.pipeline.plan``) and passed down.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 
@@ -23,8 +25,10 @@ class ProcessState:
         partitions: indices of open ``tfsift.partition()`` blocks, innermost last.
         running_step: the name of the ``@tfsift.step`` function running now, if any.
         sift_metrics: the metrics of the sifted dataset iterated last.
-        idle_task: work for stage 0 to run while it waits for gradients in training
-            steps (``SiftConfig(overlap=True)``), a ``tfsift.parallel.comm.IdleWork``.
+        stage0_wait: the work stage 0 runs while it waits for gradients in training
+            steps, a ``tfsift.parallel.comm.IdleWork`` (``tfsift.hooks``).
+        reservations: the work reserved on stage 0 of each model, for the planner
+            (``tfsift.hooks``), by model (weakly: a model that goes takes its own).
         run_log: the open ``tfsift.pipeline.runlog.RunLog`` (``log_dir``), if any.
         profiles: cost models measured so far, by graph signature
             (``tfsift.planning.profiler.signature``) and calibration, and the seconds of
@@ -37,7 +41,10 @@ class ProcessState:
     partitions: list[int] = dataclasses.field(default_factory=list)
     running_step: str | None = None
     sift_metrics: Any = None
-    idle_task: Any = None
+    stage0_wait: Any = None
+    reservations: weakref.WeakKeyDictionary[Any, Any] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary
+    )
     run_log: Any = None
     profiles: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -57,7 +64,8 @@ def reset() -> None:
     STATE.partitions.clear()
     STATE.running_step = None
     STATE.sift_metrics = None
-    STATE.idle_task = None
+    STATE.stage0_wait = None
+    STATE.reservations.clear()
     if STATE.run_log is not None:
         STATE.run_log.close()
     STATE.run_log = None

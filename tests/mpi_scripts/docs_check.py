@@ -6,10 +6,11 @@ usage: docs_check.py
   blocks in the page's order, on the 2 ranks of one job (a process takes one rank layout,
   and every page's ``tfsift.init`` but one asks for 2 ranks). Between the blocks come the
   reader's own parts, which a page leaves to the reader: data, a model where it says
-  ``MyModel()``, a ``weighted_step``. A block is never edited. The one block whose
-  ``tfsift.init`` asks for another layout (4 stages) has its config validated by
-  ``Config.from_dict``, the code ``tfsift.init`` runs first. Each rank reports, by page,
-  the blocks it ran and validated, and what the page's claims can be checked against.
+  ``MyModel()``, a training step the page names but does not show. A block is never
+  edited. The one block whose ``tfsift.init`` asks for another layout (4 stages) has its
+  config validated by ``Config.from_dict``, the code ``tfsift.init`` runs first. Each rank
+  reports, by page, the blocks it ran and validated, and what the page's claims can be
+  checked against.
 """
 
 from __future__ import annotations
@@ -45,25 +46,19 @@ dataset = tf.data.Dataset.from_tensor_slices(
 PER_SAMPLE = """
 per_sample_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 """
-WEIGHTED_STEP = (
-    PER_SAMPLE
-    + """
-@tfsift.step
-def weighted_step(x, y, w):
-    losses = per_sample_loss(y, model(x, training=True))
-    grads = tfsift.gradients(tf.reduce_mean(w * losses), model.trainable_variables)
-    return grads, losses
-"""
-)
-TRAIN_STEP = """
-model = MyModel()
-optimizer = keras.optimizers.Adam(1e-3)
-
+FORWARD_STEP = """
 @tfsift.step
 def forward_backward(x, y):
     loss = tf.reduce_mean(per_sample_loss(y, model(x, training=True)))
     return tfsift.gradients(loss, model.trainable_variables), loss
 """
+TRAIN_STEP = (
+    """
+model = MyModel()
+optimizer = keras.optimizers.Adam(1e-3)
+"""
+    + FORWARD_STEP
+)
 # the from_arrays block's "same loop": its epochs, the third pruned by row
 FROM_ARRAYS_EPOCHS = """
 for epoch in range(N):
@@ -146,8 +141,7 @@ grads, loss = train_step(tokens[:8], next_tokens[:8])
             "tfsift.SiftConfig(policy='relative', beta=1.0)))",
         ),
         ("block", 1),  # checkpoints and export
-        ("code", WEIGHTED_STEP),
-        ("block", 2),  # infobatch on training scores
+        ("block", 2),  # infobatch on training scores, its step defined
         ("code", "test = tfsift.shard(dataset.take(32)).batch(32, drop_remainder=True)"),
         ("block", 3),  # fit, evaluate
     ],
@@ -210,19 +204,23 @@ PLACED = [name for name in ("body", "head") if held & {id(v) for v in getattr(tw
     ],
     "sifting.md": [
         ("code", "import keras, tfsift\ntfsift.init({'partitions': 2, 'microbatches': 4})"),
-        ("code", "N_SAMPLES = 128\nB = 32\n" + FEATURES + DENSE_MODEL + PER_SAMPLE),
-        ("code", TRAIN_STEP),
-        ("block", 0),  # forward-scored relative
-        ("block", 1),  # relative on training scores
-        ("code", "N = 3\n" + WEIGHTED_STEP),
-        ("block", 2),  # infobatch
+        ("code", "N_SAMPLES = 128\nB = 32\nN = 3\n" + FEATURES + DENSE_MODEL + "model = MyModel()"),
         ("code", "x_train, y_train = (np.stack([t.numpy() for t in a]) for a in zip(*dataset))"),
-        ("block", 3),  # infobatch on tfsift.from_arrays
+        ("block", 0),  # fit with InfoBatch in one line
+        ("block", 1),  # the InfoBatch loop on tfsift.from_arrays, its step defined
+        ("code", FORWARD_STEP),
+        ("block", 2),  # forward-scored relative
+        ("block", 3),  # relative on training scores
+        ("block", 4),  # infobatch through tf.data
+        ("block", 5),  # infobatch on tfsift.from_arrays
         ("code", FROM_ARRAYS_EPOCHS),
         ("code", FROM_ROWS_FILES),
-        ("block", 4),  # infobatch on tfsift.from_rows
+        ("block", 6),  # infobatch on tfsift.from_rows
         ("code", FROM_ROWS_EPOCHS),
-        ("block", 5),  # importance weights in the loss
+        # the metrics block's run: a dataset sifted afresh, for its N epochs
+        ("code", "train = tfsift.from_arrays((x_train, y_train), batch_size=B)"),
+        ("code", "train = train.apply(tfsift.sift(config=config))"),
+        ("block", 7),  # an epoch's metrics
     ],
 }
 
@@ -236,7 +234,8 @@ FINDINGS: dict[str, str] = {
     "migrating.md": "{'placed': PLACED, 'merged': list(map(int, predictions.shape)), "
     "'start': start}",
     "sifting.md": "{'loss': float(loss.reduce_mean()), 'sifted': sorted(tfsift.sift_metrics()), "
-    "'by_row': by_row, 'from_rows': from_rows}",
+    "'by_row': by_row, 'from_rows': from_rows, 'fit_kept': history.history['sift_kept'], "
+    "'epoch': epoch_metrics}",
 }
 
 

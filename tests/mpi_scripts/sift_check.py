@@ -25,9 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
-import tfsift.sift.overlap as overlap_module
+import tfsift.sift.experimental.overlap as overlap_module
 from mpi import report
-from tfsift.sift.exit_head import ExitHead
+from tfsift.sift.experimental.exit_head import ExitHead
 
 N, B, SEED = 384, 16, 5
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)

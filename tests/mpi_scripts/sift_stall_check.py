@@ -21,7 +21,7 @@ import tensorflow as tf
 
 import tfsift
 from mpi import report
-from tfsift.sift.early_exit import EarlyExitScorer
+from tfsift.sift.experimental.early_exit import EarlyExitScorer
 
 layout, sleeper, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 pipeline = layout == "pipeline"

@@ -73,6 +73,23 @@ def test_plan_prints_the_stage_table_and_writes_the_plan(
     plan.check(CostModel.load(costs_file))
 
 
+def test_plan_prints_each_stages_transfers_apart_from_the_per_action_overhead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a plain CNN's profile: 0.58 ms a forward or backward action, cuts of a few us; the
+    # transfers were the stage's load less its compute with that overhead: -1157.2 us
+    layers = tuple(LayerCost(f"conv{i}", 1e-3, 2e-3, 4096, 1024, 256) for i in range(4))
+    costs = tmp_path / "costs.json"
+    CostModel(layers, batch_size=8, bandwidth=1e9, latency=2e-6, action_overhead=5.8e-4).save(costs)
+    code = main(["plan", str(costs), "--partitions", "2", "--output", str(tmp_path / "p.json")])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    cut = 2e-6 + 8 * 256 / 1e9  # latency + a microbatch's bytes over the bandwidth
+    assert [line.split()[9:11] for line in lines[1:3]] == [[f"{cut * 1e6:.1f}", "us"]] * 2
+    # compute holds the overhead: 2 layers' forward and backward, plus two actions
+    assert lines[1].split()[7:9] == [f"{(2 * 3e-3 + 2 * 5.8e-4) * 1e3:.3f}", "ms"]
+
+
 def test_plan_reports_an_infeasible_cap(
     costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -206,3 +223,14 @@ def test_runs_as_a_module(module: str, costs_file: Path, tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1].split()[:2] == ["simple", "2"]
+
+
+def test_help_tells_a_user_what_the_commands_do_not_how_they_are_mounted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Cuts a model into pipeline stages from its cost file" in text
+    assert "The same commands are `tfsift plan` and `tfsift simulate`" in text
+    assert "add_subcommands" not in text and "func" not in text

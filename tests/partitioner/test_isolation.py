@@ -17,6 +17,7 @@ class Blocker:
 
 sys.meta_path.insert(0, Blocker())
 import partitioner, partitioner.cli, partitioner.plan, partitioner.timeline
+import partitioner.experimental.scoring, partitioner.ties
 from partitioner import CostModel, LayerCost, make_plan, simulate, build
 from partitioner.timeline import draw_timeline
 

@@ -1,10 +1,12 @@
 import doctest
+import math
 from pathlib import Path
 
 import pytest
 
 import partitioner.plan
 from partitioner.costs import CostModel, LayerCost
+from partitioner.experimental.scoring import sifted_step_time
 from partitioner.plan import Plan, make_plan
 from partitioner.schedule import build
 from partitioner.simulator import simulate
@@ -45,7 +47,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 def test_a_plan_for_scoring_on_stage_0_keeps_it_and_older_files_mean_none() -> None:
     equal = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
-    plan = make_plan(equal, 2, 4, scoring=8.0, scoring_call=1.0)
+    plan = make_plan(equal, 2, 4, scoring=8.0, scoring_call=1.0, step_time=sifted_step_time)
     # solver test: stage 0 lightened
     assert (plan.bounds, plan.scoring, plan.scoring_call) == ((0, 1, 4), 8.0, 1.0)
     assert Plan.from_json(plan.to_json()) == plan
@@ -56,6 +58,44 @@ def test_a_plan_for_scoring_on_stage_0_keeps_it_and_older_files_mean_none() -> N
     del older["bounds"]
     with pytest.raises(ValueError, match="a plan has exactly the keys"):
         Plan.from_dict(older)  # the defaults fill what is older, not what is missing
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(scoring=-1.0),
+            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
+            "Received: scoring=-1.0",
+        ),
+        (
+            dict(scoring=math.inf),
+            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
+            "Received: scoring=inf",
+        ),
+        (
+            dict(scoring=2.0, scoring_call=-0.5, step_time=sifted_step_time),
+            "scoring_call must be a finite number >= 0 (seconds of a scoring call's fixed "
+            "cost). Received: scoring_call=-0.5",
+        ),
+        (
+            dict(scoring=2.0),
+            "scoring (stage 0's forwards of its own per step) needs step_time, what ranks "
+            "the partitions with it (partitioner.experimental.scoring.sifted_step_time). "
+            "Received: scoring=2.0, step_time=None",
+        ),
+        (
+            dict(scoring=2.0, step_time=sifted_step_time, optimize="memory"),
+            "an objective (work of its own on stage 0) ranks partitions by speed; "
+            "optimize='memory' minimises memory. Received: optimize='memory' with an objective",
+        ),
+    ],
+)
+def test_bad_scoring_says_what_it_expects(kwargs: dict[str, object], message: str) -> None:
+    equal = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(2)))
+    with pytest.raises(ValueError) as info:
+        make_plan(equal, 2, 2, **kwargs)  # type: ignore[arg-type]
+    assert str(info.value) == message
 
 
 @pytest.mark.parametrize("pipeline", ["simple", "interleaved"])

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 import partitioner.solver
 from partitioner.costs import CostModel, LayerCost
+from partitioner.experimental.scoring import sifted_step_time
 from partitioner.partition import Partition
 from partitioner.schedule import build
-from partitioner.scoring import sifted_step_time
 from partitioner.simulator import simulate
 from partitioner.solver import (
     InfeasibleError,
+    Objective,
     peak_memory_estimate,
     solve,
     solve_memory,
@@ -98,6 +99,11 @@ def sifted(costs: CostModel, p: Partition, M: int, pipeline: str, S: float, c: f
     return sifted_step_time(costs, p, M, pipeline=pipeline, scoring=S, call=c)
 
 
+def ranked(costs: CostModel, M: int, pipeline: str, S: float, c: float) -> Objective:
+    """The objective of S scoring forwards a step on stage 0 in calls of fixed cost c."""
+    return lambda p: sifted(costs, p, M, pipeline, S, c)
+
+
 @settings(max_examples=150, deadline=None)
 @given(problems(max_stages=2), st.data(), scorings, calls, st.booleans())
 def test_solve_speed_with_scoring_matches_brute_force_on_two_stages(
@@ -115,8 +121,8 @@ def test_solve_speed_with_scoring_matches_brute_force_on_two_stages(
     cap = int(sorted(memory.values())[len(memory) // 2]) if capped else None
     fits = [p for p in allowed if cap is None or memory[p] <= cap]
     found = solve_speed(
-        costs, K, M, pipeline=pipeline, memory_cap=cap, scoring=scoring, scoring_call=call,
-        first_stage_min=least,
+        costs, K, M, pipeline=pipeline, memory_cap=cap,
+        objective=ranked(costs, M, pipeline, scoring, call), first_stage_min=least,
     )  # fmt: skip
     assert found.bounds[1] >= least and (cap is None or memory[found] <= cap)
     best = min(sifted(costs, p, M, pipeline, scoring, call) for p in fits)
@@ -136,8 +142,9 @@ def test_solve_speed_with_scoring_takes_the_best_fastest_partition_per_end_of_st
     cap = int(sorted(memory.values())[len(memory) // 2]) if capped else None
     fits = [p for p in memory if cap is None or memory[p] <= cap]
     found = solve_speed(
-        costs, K, M, pipeline=pipeline, memory_cap=cap, scoring=scoring, scoring_call=call
-    )
+        costs, K, M, pipeline=pipeline, memory_cap=cap,
+        objective=ranked(costs, M, pipeline, scoring, call),
+    )  # fmt: skip
     assert cap is None or memory[found] <= cap
     worst_of_fastest = []
     for end in {p.bounds[1] for p in fits}:
@@ -190,49 +197,29 @@ def test_scoring_on_stage_0_moves_layers_off_it() -> None:
     costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
     assert solve_speed(costs, 2, 4).bounds == (0, 2, 4)
     assert sifted(costs, Partition((0, 2, 4)), 4, "interleaved", 8, 1.0) == 47.0
-    assert solve_speed(costs, 2, 4, scoring=8, scoring_call=1.0).bounds == (0, 1, 4)
+    objective = ranked(costs, 4, "interleaved", 8, 1.0)
+    assert solve_speed(costs, 2, 4, objective=objective).bounds == (0, 1, 4)
     assert sifted(costs, Partition((0, 1, 4)), 4, "interleaved", 8, 1.0) == 39.0
-    assert solve(costs, 2, 4, scoring=8, scoring_call=1.0).bounds == (0, 1, 4)
+    assert solve(costs, 2, 4, objective=objective).bounds == (0, 1, 4)
 
 
 def test_a_call_cost_that_no_wait_holds_keeps_the_fastest_cut() -> None:
     # a call of 9 s fits in no wait of either cut: all the scoring runs between steps,
     # and the fastest pipeline is best (30 + 16 + 9 = 55 s against 39 + 8 + 9 = 56 s)
     costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
-    assert solve_speed(costs, 2, 4, scoring=8, scoring_call=9.0).bounds == (0, 2, 4)
+    objective = ranked(costs, 4, "interleaved", 8, 9.0)
+    assert solve_speed(costs, 2, 4, objective=objective).bounds == (0, 2, 4)
     assert sifted(costs, Partition((0, 2, 4)), 4, "interleaved", 8, 9.0) == 55.0
     assert sifted(costs, Partition((0, 1, 4)), 4, "interleaved", 8, 9.0) == 56.0
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (
-            dict(scoring=-1.0),
-            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
-            "Received: scoring=-1.0",
-        ),
-        (
-            dict(scoring=math.inf),
-            "scoring must be a finite number >= 0 (stage 0's scoring forwards per step). "
-            "Received: scoring=inf",
-        ),
-        (
-            dict(scoring=2.0, scoring_call=-0.5),
-            "scoring_call must be a finite number >= 0 (seconds of a scoring call's fixed "
-            "cost). Received: scoring_call=-0.5",
-        ),
-        (
-            dict(scoring=2.0, optimize="memory"),
-            "scoring (stage 0's sifting forwards per step) shapes the speed objective; "
-            "optimize='memory' minimises memory. Received: optimize='memory', scoring=2.0",
-        ),
-    ],
-)
-def test_bad_scoring_says_what_it_expects(kwargs: dict[str, object], message: str) -> None:
+def test_an_objective_ranks_speed_alone() -> None:
     with pytest.raises(ValueError) as info:
-        solve(chain([1.0, 1.0]), 2, 2, **kwargs)  # type: ignore[arg-type]
-    assert str(info.value) == message
+        solve(chain([1.0, 1.0]), 2, 2, optimize="memory", objective=lambda p: 0.0)
+    assert str(info.value) == (
+        "an objective (work of its own on stage 0) ranks partitions by speed; "
+        "optimize='memory' minimises memory. Received: optimize='memory' with an objective"
+    )
 
 
 @settings(max_examples=100, deadline=None)

@@ -17,6 +17,7 @@ LAYERS = {
     "tfsift.env": 0,
     "tfsift.config": 0,
     "tfsift.state": 0,
+    "tfsift.hooks": 0,  # the runtime's hooks (their registry is in the process state)
     "tfsift.logs": 0,
     "tfsift.parallel": 1,
     "tfsift.planning": 2,
@@ -142,3 +143,29 @@ def test_partitioner_never_imports_tfsift() -> None:
     for path in sorted((ROOT / "partitioner").rglob("*.py")):
         imported = run_time_imports(ast.parse(path.read_text()))
         assert [m for m in imported if m.split(".")[0] == "tfsift"] == [], path
+
+
+def test_sifts_core_reaches_its_experimental_part_only_when_a_config_asks() -> None:
+    """``tfsift.sift.experimental`` (early exit, overlap) is imported by no module when it
+    loads, and lazily only by sifting's core (``transform``: ``scorer="early_exit"``)."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name.startswith("tfsift.sift.experimental"):
+            continue
+        module = ast.parse(path.read_text())
+        at_load = run_time_imports(ast.Module(body=_module_level(module.body), type_ignores=[]))
+        anywhere = run_time_imports(module)
+        assert not [m for m in at_load if m.startswith("tfsift.sift.experimental")], name
+        if not name.startswith("tfsift.sift"):
+            assert not [m for m in anywhere if m.startswith("tfsift.sift.experimental")], name
+
+
+def test_the_experimental_part_reaches_the_runtime_through_its_hooks_only() -> None:
+    """No attribute written on the model for the planner, no process state for the executor:
+    ``tfsift.hooks`` (documented and tested in tests/tfsift/test_hooks.py) instead."""
+    for path in sorted((PACKAGE / "sift" / "experimental").glob("*.py")):
+        text = path.read_text()
+        imported = run_time_imports(ast.parse(text))
+        assert "tfsift.state" not in imported, path
+        assert "._tfsift" not in text, path
+    assert "_tfsift." not in (PACKAGE / "planning" / "bounds.py").read_text()

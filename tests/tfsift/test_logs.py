@@ -81,3 +81,24 @@ def test_with_root_handlers_lines_go_there_once_carrying_the_rank(
     finally:
         logging.getLogger().removeHandler(root)
     assert (ours.getvalue(), theirs.getvalue()) == ("", "2|WARNING|hello\n")
+
+
+def test_no_log_message_repeats_the_prefix_the_handler_writes() -> None:
+    """``[tfsift rank 0] tfsift: saved checkpoint``: the handler names tfsift already."""
+    import ast
+    from pathlib import Path
+
+    root = Path(logs.__file__).parent
+    doubled = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("debug", "info", "warning", "error", "exception")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("tfsift: ")
+            ):
+                doubled.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert doubled == []

@@ -126,7 +126,7 @@ def test_a_step_function_that_cannot_be_traced_runs_eagerly_with_a_warning(
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(
-        "tfsift: the @tfsift.step function could not be compiled with tf.function ("
+        "the @tfsift.step function could not be compiled with tf.function ("
     )
     assert "it runs eagerly instead, which is slower" in warnings[0]
     # the first call's probe (zero predictions: loss ln 3), then every microbatch eagerly
@@ -217,7 +217,7 @@ def test_a_python_number_that_changes_every_call_warns_once(
     warnings = [m for m in caplog.messages if "different argument signatures" in m]
     assert len(warnings) == 1
     assert warnings[0].startswith(
-        "tfsift: the @tfsift.step function "
+        "the @tfsift.step function "
         "'test_a_python_number_that_changes_every_call_warns_once.<locals>.train' has been "
         "traced for 8 different argument signatures"
     )

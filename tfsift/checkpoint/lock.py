@@ -97,7 +97,7 @@ def acquire(directory: Path) -> Owner | None:
                 atexit.register(release, path)
                 return me
         except OSError as err:
-            log.warning("tfsift: cannot lock checkpoint directory %s: %s", directory, err)
+            log.warning("cannot lock checkpoint directory %s: %s", directory, err)
             return None
         exists, other = _holder(path)
         if not exists:  # its owner removed it since: try again
@@ -171,7 +171,7 @@ def _in_use(directory: Path, path: Path, other: Owner | None) -> str:
 
 def _take_over(directory: Path, path: Path, other: Owner) -> None:
     log.warning(
-        "tfsift: taking over checkpoint directory %s from a job that is no longer running "
+        "taking over checkpoint directory %s from a job that is no longer running "
         "(killed?): its lock %s names %s",
         directory,
         path,

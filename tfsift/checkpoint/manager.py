@@ -140,7 +140,7 @@ class CheckpointManager:
             raise CheckpointError(
                 f"checkpoint {final} was not saved (the earlier ones are untouched): {err}"
             ) from err
-        log.info("tfsift: saved checkpoint %s", final)
+        log.info("saved checkpoint %s", final)
         return final
 
     def restore(self) -> int | None:
@@ -161,7 +161,7 @@ class CheckpointManager:
         rt = runtime.get()
         found = collective.on_root(rt.world, lambda: _as_text(latest_valid(self.directory)))
         if found is None:
-            log.info("tfsift: no checkpoint in %s; starting afresh", self.directory)
+            log.info("no checkpoint in %s; starting afresh", self.directory)
             return None
         self._check_shared(rt)
         ckpt = collective.together(rt.world, lambda: Checkpoint(Path(found)))
@@ -171,7 +171,7 @@ class CheckpointManager:
                 rt.world, lambda: weights.partitioned(self.model, m.inputs, "restore")
             )
             collective.together(rt.world, lambda: self._load(ckpt, rt, part))
-        log.info("tfsift: restored checkpoint %s", found)
+        log.info("restored checkpoint %s", found)
         return m.step + 1
 
     def _check_shared(self, rt: runtime.Runtime) -> None:
@@ -238,7 +238,7 @@ class CheckpointManager:
 
 def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime) -> None:
     log.warning(
-        "tfsift: %s was saved with %d replica(s) x %d stage(s) and is restored into %d x %d: "
+        "%s was saved with %d replica(s) x %d stage(s) and is restored into %d x %d: "
         "every replica takes replica 0's variables (BatchNorm statistics included) and "
         "optimizer state; the sifting and random-generator states start afresh",
         source,

@@ -67,5 +67,5 @@ def latest_valid(directory: Path) -> Path | None:
         found = manifest_lib.problems(path)
         if not found:
             return path
-        log.warning("tfsift: skipping damaged checkpoint %s: %s", path, "; ".join(found))
+        log.warning("skipping damaged checkpoint %s: %s", path, "; ".join(found))
     return None

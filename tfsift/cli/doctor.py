@@ -24,6 +24,14 @@ from typing import Any
 from tfsift import env
 from tfsift.parallel import devices
 
+# What `tfsift doctor --help` tells a user (the module docstring is for its readers).
+DESCRIPTION = (
+    "Checks what tfsift needs on this machine (Python, TensorFlow, Keras, mpi4py, Horovod, "
+    "mpirun, the CPU cores, the GPUs, matplotlib for the charts) and prints one line per "
+    "check, with how to fix anything missing or mismatched. Exits 1 when a required piece "
+    "is missing, 0 otherwise. With -np N it also checks that N ranks started on this host "
+    "can each have a GPU of its own."
+)
 SETUP = "bash scripts/setup.sh"
 TF_VERSION = "2.21."  # pinned in constraints.txt; Horovod is built against it
 KERAS_VERSION = "3.15."  # planning/keras_internals.py reads private Keras 3.15 APIs
@@ -57,7 +65,7 @@ def add_subcommand(commands: Any) -> None:
     cmd = commands.add_parser(
         "doctor",
         help="check TensorFlow, Keras, Horovod, MPI, CPUs and GPUs; say how to fix each",
-        description=__doc__,
+        description=DESCRIPTION,
     )
     cmd.add_argument(
         "-np",

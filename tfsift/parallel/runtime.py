@@ -78,8 +78,12 @@ def init(config: Mapping[str, Any] | Config | None = None) -> Runtime:
     if old is not None and old.config == cfg:
         return old
     world = MPI.COMM_WORLD
-    topology = Topology(world.Get_size(), cfg.partitions, cfg.placement_strategy)
     rank = world.Get_rank()
+    try:
+        topology = Topology(world.Get_size(), cfg.partitions, cfg.placement_strategy)
+    except ValueError as err:
+        _say_once(err, rank)  # every rank meets the same launch error
+        raise
     use_hvd = cfg.horovod if cfg.horovod is not None else topology.replicas > 1
     if not use_hvd and topology.replicas > 1:
         raise ValueError(
@@ -191,6 +195,22 @@ def _limit_horovod_stalls(timeout: float) -> None:
     env.set_default(env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, str(seconds))
     # Horovod ignores a shutdown time shorter than its warning time (default 60 s).
     env.set_default(env.HOROVOD_STALL_CHECK_TIME_SECONDS, str(min(60, seconds)))
+
+
+def _say_once(error: BaseException, rank: int) -> None:
+    """If ``error`` ends the script uncaught, rank 0 prints its message in one line and the
+    other ranks, which raised the same, print nothing: one message instead of a traceback
+    per rank. Any other uncaught exception goes to the hook there was."""
+    before = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if value is not error:
+            before(kind, value, tb)
+        elif rank == 0:
+            sys.stderr.write(f"tfsift.init: {error}\n")
+            sys.stderr.flush()
+
+    sys.excepthook = hook
 
 
 def _install_abort_hook(rank: int) -> None:

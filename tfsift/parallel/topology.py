@@ -38,15 +38,13 @@ class Topology:
                 f"Received: placement_strategy={self.placement!r}"
             )
         if self.size % self.partitions:
-            hint = (
-                f"; launch {self.partitions} or a multiple of {self.partitions} processes, e.g. "
-                f"mpirun -np {self.partitions} python train.py, horovodrun -np "
-                f"{self.partitions} -H localhost:{self.partitions} python train.py or tfsift "
-                f"run -np {self.partitions} train.py"
-            )
+            K = self.partitions
+            n = K if self.size < K else self.size // K * K  # the launch nearest below
+            first = f"{K} or a multiple of {K}" if self.size < K else f"a multiple of {K}"
             raise ValueError(
-                f"world size {self.size} is not divisible by partitions={self.partitions}"
-                + (hint if self.size < self.partitions else "")
+                f"world size {self.size} is not divisible by partitions={K}; launch {first} "
+                f"processes, e.g. mpirun -np {n} python train.py, horovodrun -np {n} -H "
+                f"localhost:{n} python train.py or tfsift run -np {n} train.py"
             )
 
     @property

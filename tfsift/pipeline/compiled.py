@@ -88,7 +88,7 @@ class Compiled:
     def _warn(self, key: Hashable, traced: int) -> None:
         # tf.function warns about frequent retracing only for calls it dispatches itself
         log.warning(
-            "tfsift: %s has been traced for %d different argument signatures; each new "
+            "%s has been traced for %d different argument signatures; each new "
             "shape or Python value (a number passed to the step function, say) costs a "
             "trace. Pass values that change between calls as tensors. Latest signature: %s",
             self.name,

@@ -26,11 +26,11 @@ import tensorflow as tf
 from keras import tree
 
 from partitioner.schedule import Action, Kind
+from tfsift import hooks
 from tfsift.parallel.comm import BACKWARD, CHECK, FORWARD
 from tfsift.pipeline.plan import Spec, StepPlan
 from tfsift.pipeline.split import Kept, Pending
 from tfsift.pipeline.stage import Saved
-from tfsift.state import STATE
 
 Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
 Timed = list[tuple[Action, float, float]]
@@ -167,9 +167,9 @@ class Executor:
 
     def _recv_backward(self, m: int) -> None:
         specs = self._shapes(self.plan.grad_specs, m)
-        # Stage 0 waits for gradients from the later stages; sifting with overlap
-        # registers its next round's scoring as work to fill those waits.
-        idle = STATE.idle_task if self.plan.s == 0 else None
+        # Stage 0 waits for gradients from the later stages: work offered for those waits
+        # (tfsift.hooks; sifting's early exit with overlap scores its next round) runs then.
+        idle = hooks.stage0_wait() if self.plan.s == 0 else None
         self.out_grads[m] = self.plan.comm.recv(specs, self.plan.s + 1, BACKWARD, m, idle=idle)
 
     def _fingerprint(self, m: int) -> np.ndarray:

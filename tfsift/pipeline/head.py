@@ -165,7 +165,7 @@ class Head:
     def _fall_back(self, error: Exception) -> None:
         """The first call could not trace the step function: run it eagerly from now on."""
         log.warning(
-            "tfsift: the @tfsift.step function could not be compiled with tf.function "
+            "the @tfsift.step function could not be compiled with tf.function "
             "(%s: %s); it runs eagerly instead, which is slower. Make it "
             "tf.function-compatible, or use @tfsift.step(compile=False) to skip this attempt.",
             type(error).__name__,

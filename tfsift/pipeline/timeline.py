@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from partitioner.costs import format_seconds
 from partitioner.schedule import Action
 from partitioner.simulator import Event, bubble_fraction, busy_seconds
 from partitioner.timeline import (
@@ -69,7 +70,7 @@ class StepTimeline:
         return bubble_fraction(self.busy(), self.step_time)
 
     def summary(self, simulated_bubble: float | None = None) -> str:
-        """``"measured step 0.0123 s, measured bubble 23.4% (simulated 18.0%)"``.
+        """``"measured step 12.3 ms, measured bubble 23.4% (simulated 18.0%)"``.
 
         Args:
             simulated_bubble: the plan's ``predicted_bubble``, when known: from the plan
@@ -77,7 +78,7 @@ class StepTimeline:
                 first step.
         """
         bubble = format_bubble(self.bubble_fraction, simulated_bubble)
-        return f"measured step {self.step_time:.4g} s, {bubble}"
+        return f"measured step {format_seconds(self.step_time)}, {bubble}"
 
     def to_chrome_trace(self, path: str | Path, simulated_bubble: float | None = None) -> None:
         """Writes this step as a Chrome/Perfetto trace JSON (open it in ui.perfetto.dev).
@@ -93,7 +94,9 @@ class StepTimeline:
     def draw(self, path: str | Path, title: str = "") -> None:
         """Writes a PNG Gantt chart of the forwards and backwards to ``path``, with a note
         on what the measured bubble counts (``MEASURED_NOTE``)."""
-        summary = f"measured step {self.step_time:.4g} s, bubble {self.bubble_fraction:.1%}"
+        summary = (
+            f"measured step {format_seconds(self.step_time)}, bubble {self.bubble_fraction:.1%}"
+        )
         draw_events(
             self.events,
             self.stages,

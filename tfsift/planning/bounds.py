@@ -32,7 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from partitioner.costs import format_bytes
+from partitioner.costs import format_bytes, format_seconds
 from tfsift.config import AUTO, Config
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import PipeComm, bcast_object, message_latency
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from partitioner.costs import CostModel
     from partitioner.plan import Plan
     from partitioner.simulator import SimResult
+    from tfsift.hooks import Reservation
 
 log = logging.getLogger("tfsift")
 UNSOLVED_AUTO = "interleaved"  # pipeline="auto" without a plan to compare schedules by
@@ -54,8 +55,7 @@ def plan_bounds(
     example: Sequence[tf.Tensor],
     rt: runtime.Runtime,
     *,
-    scoring: float = 0.0,
-    scoring_call: Callable[[Graph, int], float] | None = None,
+    reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
 ) -> tuple[tuple[int, ...], bool, str]:
     """The K+1 stage bounds of ``graph``, whether the stages recompute their forward in
@@ -65,10 +65,10 @@ def plan_bounds(
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
-    ``scoring``: forward microbatches stage 0 runs per step in its waits (sifting with
-    early exit and overlap), which the solver leaves room for (``solve_speed``);
-    ``scoring_call(graph, rows)`` measures a scoring call's fixed seconds on a source
-    batch of ``rows`` (M microbatches of the example's size), on rank 0 when it solves.
+    ``reservation``: work stage 0 runs per step in its waits (``tfsift.hooks``), which
+    the solver leaves room for with optimize="speed" (``solve_speed``'s objective);
+    its ``call_seconds(graph, rows)`` measures a call's fixed seconds on a source batch
+    of ``rows`` (M microbatches of the example's size), on rank 0 when it solves.
     ``stage_call`` times a microbatch through the runtime's stage code, for the cost per
     action the plan charges (``profile``).
     """
@@ -98,7 +98,7 @@ def plan_bounds(
         try:
             outcome = (
                 "ok",
-                rank0_bounds(graph, example, cfg, scoring, scoring_call, stage_call, latency),
+                rank0_bounds(graph, example, cfg, reservation, stage_call, latency),
             )
         except (OSError, ValueError) as err:
             outcome = ("error", str(err))
@@ -113,8 +113,7 @@ def rank0_bounds(
     graph: Graph,
     example: Sequence[tf.Tensor],
     cfg: Config,
-    scoring: float = 0.0,
-    scoring_call: Callable[[Graph, int], float] | None = None,
+    reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
     latency: float = 0.0,
 ) -> tuple[tuple[int, ...], bool, str]:
@@ -132,8 +131,10 @@ def rank0_bounds(
     from partitioner.plan import make_plan
     from partitioner.simulator import simulate_plan
 
-    # room for scoring is a speed objective (solve_speed); a memory plan ignores it
-    scoring = scoring if cfg.optimize == "speed" else 0.0
+    # room on stage 0 is a speed objective (solve_speed); a memory plan ignores it
+    reserved = reservation if cfg.optimize == "speed" else None
+    # a source batch is one training batch: M microbatches of the profile's size
+    scoring = reserved.forwards * cfg.microbatches if reserved is not None else 0.0
     plan = _reusable_plan(graph, cfg, scoring)
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
@@ -145,7 +146,7 @@ def rank0_bounds(
         len(graph),
         cfg.profile_repeats,
         cfg.partitions,
-        f"a message between stages takes {_seconds(latency)}; " if latency > 0 else "",
+        f"a message between stages takes {format_seconds(latency)}; " if latency > 0 else "",
     )
     recompute = cfg.optimize == "memory"
     # optimize="speed" recomputes where a small model's stage was timed faster that way,
@@ -162,7 +163,7 @@ def rank0_bounds(
         latency=latency,
     )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
-    call = _call_seconds(scoring_call, graph, rows) if scoring else 0.0
+    call = _call_seconds(reserved.call_seconds, graph, rows) if reserved is not None else 0.0
     plan = make_plan(
         costs,
         cfg.partitions,
@@ -172,6 +173,7 @@ def rank0_bounds(
         memory_cap=cfg.memory_cap,
         scoring=scoring,
         scoring_call=call,
+        step_time=reserved.step_time if reserved is not None else None,
         # the default exit ends stage 0: keep a learnt layer before it, or the exit head
         # would score the raw input (the solver once left only a reshape there)
         first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
@@ -264,10 +266,10 @@ def no_gain(costs: CostModel, M: int, predicted: float) -> str:
     if predicted <= alone:
         return ""
     return (
-        f"pipelining does not pay for this model: predicted step {_seconds(predicted)} "
-        f"against about {_seconds(alone)} in one process (the layers' compute is "
-        f"{_seconds(alone - 2 * costs.action_overhead)} a step, and each of a stage's "
-        f"forwards and backwards costs the runtime about {_seconds(costs.action_overhead)}); "
+        f"pipelining does not pay for this model: predicted step {format_seconds(predicted)} "
+        f"against about {format_seconds(alone)} in one process (the layers' compute is "
+        f"{format_seconds(alone - 2 * costs.action_overhead)} a step, and each of a stage's "
+        f"forwards and backwards costs the runtime about {format_seconds(costs.action_overhead)}); "
         "use fewer microbatches, a larger batch or partitions=1"
     )
 
@@ -279,11 +281,11 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         f"plan: {len(plan.stage_layers)} stages, M={plan.microbatches}, {plan.pipeline}, "
         f"optimize={plan.optimize}"
         + (" with recompute (timed faster)" if plan.recompute and plan.optimize == "speed" else "")
-        + f": predicted step {_seconds(plan.predicted_step_time)}, "
+        + f": predicted step {format_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
         + (
             f"; stage 0 left room for {plan.scoring:g} sifting forwards per step in its waits, "
-            f"{_seconds(plan.scoring_call)} a call beyond them (not in the prediction)"
+            f"{format_seconds(plan.scoring_call)} a call beyond them (not in the prediction)"
             if plan.scoring
             else ""
         )
@@ -292,7 +294,7 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         busy = ""
         if result is not None and result.step_time > 0:
             idle = result.idle[s] / result.step_time
-            busy = f", busy {_seconds(result.busy[s])} (idle {idle:.1%})"
+            busy = f", busy {format_seconds(result.busy[s])} (idle {idle:.1%})"
         lines.append(
             f"  stage {s}: {names[0]} .. {names[-1]} ({len(names)} node{'s' * (len(names) > 1)}), "
             f"{format_bytes(weight_bytes[s])} weights{busy}, "
@@ -339,10 +341,6 @@ def _model_difference(planned: list[str], graph: Graph) -> str:
         f"model: plan {len(planned)} nodes, this model {len(names)} nodes, first "
         f"different at node {at} (plan {planned[at]!r}, this model {names[at]!r})"
     )
-
-
-def _seconds(value: float) -> str:
-    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
 
 def manual_bounds(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 POLICIES = (
     "relative",
@@ -33,6 +33,10 @@ SCORES = ("forward", "training")
 LEFTOVERS = ("score", "keep")
 LOSS_KINDS = ("auto", "softmax_crossentropy", "squared_error")
 TRAINING_SCORE_BATCHES = 8  # score_batches=None with scores="training"
+AUTO = "auto"  # rescale's default: InfoBatch's weights with policy="infobatch", else none
+# The fields whose default follows from others (resolved in __post_init__), and the value
+# that asks for it: ``replace`` resolves them again unless it is given them.
+IMPLIED: dict[str, object] = {"scores": None, "rescale": AUTO, "score_batches": None, "stale": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +48,24 @@ class SiftConfig:
         >>> config.replace(keep=0.5).keep
         0.5
 
+        InfoBatch in one line: training scores, its weights, a score table that lasts the
+        run; ``fit`` gives it its ``epochs``, a custom loop names them.
+
+        >>> config = SiftConfig(policy="infobatch", epochs=10)
+        >>> config.scores, config.rescale, config.stale, config.prune, config.anneal
+        ('training', 'unbiased', 10, 0.5, 0.125)
+
+    A field left at a default that follows from others (``scores``, ``rescale``,
+    ``score_batches``, ``stale``) is resolved when the config is made and again by
+    ``replace``; a value given explicitly is kept, and refused where it conflicts.
+
     Fields:
         policy: the selection rule; ``"relative"`` is Selective-Backprop (keep sample i
             with probability P_i from its loss percentile), ``"adaptive"`` is
             AdaSelection over ``methods``, ``"infobatch"`` is InfoBatch (prune part of the
-            samples below the mean score at each epoch's start; needs ``scores="training"``
-            and ``epochs``), every other name keeps the fraction ``keep``.
+            samples below the mean score at each epoch's start, by training scores; it
+            needs ``epochs``, which ``fit`` fills in), every other name keeps the fraction
+            ``keep``.
         beta: relative only; the exponent in P_i = max(min_prob, p_i ** beta).
             Larger keeps fewer: the long-run kept fraction is 1 / (1 + beta).
         history: relative only; how many recent losses the percentiles come from.
@@ -64,7 +80,8 @@ class SiftConfig:
         rescale: how the training step reweights kept samples' losses by their keep
             probabilities (``Selection.probs``): None leaves them unweighted,
             ``"unbiased"`` weighs each by 1 / P_i and ``"normalized"`` by 1 / P_i
-            divided by the weights' mean.
+            divided by the weights' mean; ``"auto"``: ``"unbiased"`` (InfoBatch's
+            weights) with ``policy="infobatch"``, else None.
         score_batches: g, source batches read (and scored in one forward pass) per
             round; None: 1 with forward scores (the freshest), 8 with training scores
             (a round then computes nothing, so only its fixed cost, about a millisecond
@@ -80,10 +97,13 @@ class SiftConfig:
             output to predictions.
         exit_lr: early_exit only; the learning rate of the exit head.
         stale: epochs a sample's score is reused before it is scored again (0: every
-            epoch).
+            epoch); with ``scores="training"``, the epochs a recorded loss stays usable
+            (at least 1). None: 0 with forward scores, 1 with training scores, and with
+            ``policy="infobatch"`` its ``epochs`` (the reference's table, which never
+            forgets).
         overlap: early_exit only; score the next round on stage 0, one source batch at a
             time, while it waits for gradients in the next training steps, where a batch
-            is expected to fit in the wait (``tfsift.sift.overlap``), with the weights
+            is expected to fit in the wait (``tfsift.sift.experimental.overlap``), with the weights
             before those steps' updates.
         leftover: overlap only; what becomes of a prepared round's source batches that
             no wait had room to score: ``"score"`` scores them between steps, where
@@ -96,7 +116,8 @@ class SiftConfig:
             run's ``log_dir`` from ``tfsift.init``, if set; else not written).
         loss_kind: which closed form the grad_norm method uses for the gradient at the
             logits; ``"auto"`` picks from the labels (see ``tfsift.sift.scores``).
-        scores: where the losses the policy ranks come from: ``"forward"`` scores the
+        scores: where the losses the policy ranks come from (None: ``"training"`` with
+            ``policy="infobatch"``, else ``"forward"``): ``"forward"`` scores the
             candidates with a forward pass (``scorer``); ``"training"`` runs none and uses
             the loss each sample had when it was last trained, handed back by
             ``SiftedDataset.record`` after each step (a sample never trained, or last
@@ -104,7 +125,8 @@ class SiftConfig:
         prune: infobatch only; r, the fraction of the samples below the mean score pruned
             at each epoch's start (the kept ones among them weigh 1 / (1 - r)).
         anneal: infobatch only; the last fraction of ``epochs`` trained without pruning.
-        epochs: infobatch only; the number of epochs the run trains.
+        epochs: infobatch only; the number of epochs the run trains (None: ``fit``'s
+            ``epochs``; ``tfsift.sift`` in a loop of your own needs them).
     """
 
     policy: str = "relative"
@@ -116,26 +138,39 @@ class SiftConfig:
     methods: tuple[str, ...] = METHODS
     eta: float = 1.0
     curriculum_T: float = 1000.0
-    rescale: str | None = None
+    rescale: str | None = AUTO
     score_batches: int | None = None
     drop_remainder: bool = True
     scorer: str = "full"
     exit_after: str | None = None
     exit_head: object = None
     exit_lr: float = 1e-3
-    stale: int = 0
+    stale: int | None = None
     overlap: bool = False
     leftover: str = "score"
     seed: int = 0
     log_dir: str | None = None
     loss_kind: str = "auto"
-    scores: str = "forward"
+    scores: str | None = None
     prune: float = 0.5
     anneal: float = 0.125
     epochs: int | None = None
+    # the IMPLIED fields this config left to follow from the others (set per instance)
+    _implied: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
+        implied = frozenset(k for k, v in IMPLIED.items() if getattr(self, k) == v)
+        object.__setattr__(self, "_implied", implied)
         _check_choice("policy", self.policy, POLICIES)
+        if self.epochs is not None:
+            _check_int("epochs", self.epochs, 1)
+        self._resolve("scores", "training" if self.policy == "infobatch" else "forward")
+        _check_choice("scores", self.scores, SCORES)
+        self._resolve("rescale", "unbiased" if self.policy == "infobatch" else None)
+        training = self.scores == "training"
+        self._resolve("score_batches", TRAINING_SCORE_BATCHES if training else 1)
+        infobatch_stale = self.epochs if self.policy == "infobatch" and self.epochs else 1
+        self._resolve("stale", infobatch_stale if training else 0)
         _check_positive("beta", self.beta)
         _check_int("history", self.history, 1)
         _check_int("delay", self.delay, 0)
@@ -145,9 +180,6 @@ class SiftConfig:
         _check_positive("eta", self.eta)
         _check_positive("curriculum_T", self.curriculum_T)
         _check_optional_choice("rescale", self.rescale, RESCALES)
-        if self.score_batches is None:
-            g = TRAINING_SCORE_BATCHES if self.scores == "training" else 1
-            object.__setattr__(self, "score_batches", g)
         _check_int("score_batches", self.score_batches, 1)
         _check_bool("drop_remainder", self.drop_remainder)
         _check_choice("scorer", self.scorer, SCORERS)
@@ -159,15 +191,17 @@ class SiftConfig:
         _check_int("seed", self.seed, 0)
         _check_optional_name("log_dir", self.log_dir)
         _check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
-        _check_choice("scores", self.scores, SCORES)
         _check_fraction("prune", self.prune)
         _check_unit("anneal", self.anneal)
-        if self.epochs is not None:
-            _check_int("epochs", self.epochs, 1)
-        if self.scores == "training":
+        if training:
             self._check_training()
         if self.policy == "infobatch":
             self._check_infobatch()
+
+    def _resolve(self, name: str, value: object) -> None:
+        """Sets field ``name`` to ``value`` if it was left to follow from the others."""
+        if name in self._implied:
+            object.__setattr__(self, name, value)
 
     def _check_overlap(self) -> None:
         """overlap needs the early exit; leftover needs overlap."""
@@ -199,7 +233,7 @@ class SiftConfig:
                 f"not keep. Received: scores='training', policy={self.policy!r}, "
                 f"methods={self.methods!r}"
             )
-        if self.stale < 1:
+        if self.stale == 0:  # resolved and checked >= 0 before
             raise ValueError(
                 "scores='training' uses the loss a sample had when it was last trained, an "
                 "epoch or more before it comes again; stale must be >= 1 (the epochs such a "
@@ -207,16 +241,11 @@ class SiftConfig:
             )
 
     def _check_infobatch(self) -> None:
-        """InfoBatch prunes by training losses, over a run of known length, weighted."""
+        """InfoBatch prunes by training losses, weighted (its epochs: ``check_epochs``)."""
         if self.scores != "training":
             raise ValueError(
                 "policy='infobatch' prunes by the loss each sample had when it was last "
                 f"trained; it needs scores='training'. Received: scores={self.scores!r}"
-            )
-        if self.epochs is None:
-            raise ValueError(
-                "policy='infobatch' stops pruning for the last anneal fraction of the run; it "
-                "needs epochs (how many epochs you train). Received: epochs=None"
             )
         if self.rescale is None:
             raise ValueError(
@@ -225,9 +254,29 @@ class SiftConfig:
                 "rescale='unbiased' (InfoBatch's weights) or 'normalized'. Received: rescale=None"
             )
 
+    def check_epochs(self) -> None:
+        """Refuses InfoBatch without ``epochs``, where no ``fit`` gives it its own.
+
+        Raises:
+            ValueError: ``policy="infobatch"`` and ``epochs=None``.
+        """
+        if self.policy == "infobatch" and self.epochs is None:
+            raise ValueError(
+                "policy='infobatch' stops pruning for the last anneal fraction of the run; it "
+                "needs epochs (how many epochs you train; fit passes its own). "
+                "Received: epochs=None"
+            )
+
     def replace(self, **changes: Any) -> SiftConfig:
-        """A copy with `changes` applied, validated again."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` applied, validated again; the fields that followed from
+        others follow from them again unless ``changes`` names them.
+
+        Example:
+            >>> SiftConfig(policy="infobatch").replace(epochs=20).stale
+            20
+        """
+        implied: dict[str, Any] = {k: IMPLIED[k] for k in self._implied if k not in changes}
+        return dataclasses.replace(self, **implied, **changes)
 
     def expected_kept(self) -> float:
         """The long-run fraction of scored samples the policy keeps (delay aside).

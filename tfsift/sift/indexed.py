@@ -45,7 +45,9 @@ class IndexedSifter:
     plan, epoch."""
 
     def __init__(self, source: RowDataset, config: SiftConfig) -> None:
-        assert config.epochs is not None and config.policy == "infobatch"  # SiftConfig checks
+        # SiftConfig resolves stale, and tfsift.sift checks the epochs
+        assert config.epochs is not None and config.stale is not None
+        assert config.policy == "infobatch"
         rt = runtime.get()
         self.source, self.config, self.M = source, config, rt.config.microbatches
         self.policy = InfoBatchPolicy(config.prune, config.anneal, config.epochs, config.seed)
@@ -54,6 +56,7 @@ class IndexedSifter:
         self.keys = np.arange(source.rows, dtype=np.float64)  # every sample's key: its row
         self.batches_read = 0  # over all epochs: counts the delay
         self.position = 0  # batches yielded in the current epoch
+        self.planned: int | None = None  # the batches the current epoch yields after resume
         self._resume: int | None = None
         self._group: ReplicaGroup | None = None
         log_dir = config.log_dir or rt.config.log_dir
@@ -107,7 +110,7 @@ class IndexedSifter:
         STATE.sift_metrics = self.metrics
         resume, self._resume = self._resume, None
         if resume is None:
-            self.metrics.epochs += 1
+            self.metrics.begin_epoch()
             self._begin_epoch()
         rows, probs = self._order()
         # the epoch's keys and weights made once: a batch is emitted right after a training
@@ -116,6 +119,7 @@ class IndexedSifter:
         inverse = (1.0 / probs).astype(np.float32) if self.config.rescale else None
         bounds = self._bounds(len(rows))
         self.position = resume or 0
+        self.planned = len(bounds) - 1 - self.position
         while self.position < len(bounds) - 1:
             lo, hi = bounds[self.position], bounds[self.position + 1]
             self.position += 1
@@ -191,6 +195,10 @@ class IndexedSiftedDataset(PythonDataset):
         """Hands back the per-sample losses of the batch this dataset yielded last
         (see ``SiftedDataset.record``)."""
         self.sifter.record(losses)
+
+    def planned_batches(self) -> int | None:
+        """The batches the epoch being iterated yields (planned at its start)."""
+        return self.sifter.planned
 
     def prefetch(self, buffer_size: Any, name: str | None = None) -> IndexedSiftedDataset:
         """The dataset itself: its batches are gathered when asked for, from memory."""

@@ -70,8 +70,7 @@ def pruning_epochs(config: SiftConfig) -> int:
 
     Example:
         >>> from tfsift.sift.config import SiftConfig
-        >>> config = SiftConfig(policy="infobatch", scores="training", stale=8, epochs=8,
-        ...                     rescale="unbiased")
+        >>> config = SiftConfig(policy="infobatch", epochs=8)
         >>> pruning_epochs(config), pruning_epochs(config.replace(epochs=1))
         (6, 0)
     """

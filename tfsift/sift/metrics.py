@@ -6,7 +6,7 @@ loss came from the ``stale`` cache instead, ``samples_unscored`` those kept with
 loss (overlap with ``leftover="keep"``), ``samples_kept`` those that entered the
 refill buffer (every sample during the delay). ``kept_fraction`` is kept / seen.
 Mean losses are over the finite losses of scored samples and of the kept ones among
-them. Times are wall-clock seconds this rank spent scoring (the
+them (None where there are none). Times are wall-clock seconds this rank spent scoring (the
 forward pass and its collectives), selecting (the policy and the replicas'
 agreement) and accumulating (copying samples into and out of the buffer).
 """
@@ -18,10 +18,30 @@ from typing import Any
 
 import numpy as np
 
+# The fields that add up over batches: an epoch's figure is the total less its start's.
+COUNTERS = (
+    "samples_seen",
+    "samples_scored",
+    "samples_kept",
+    "samples_reused",
+    "samples_unscored",
+    "nonfinite_losses",
+    "batches_yielded",
+    "rounds",
+    "loss_sum_scored",
+    "loss_sum_kept",
+    "finite_scored",
+    "finite_kept",
+    "time_scoring",
+    "time_selecting",
+    "time_accumulating",
+)
+
 
 @dataclasses.dataclass
 class SiftMetrics:
-    """Running totals since the sifted dataset was made (across epochs)."""
+    """Running totals since the sifted dataset was made (across epochs), and the totals
+    at the current epoch's start (``begin_epoch``), which make an epoch's figures."""
 
     samples_seen: int = 0
     samples_scored: int = 0
@@ -41,6 +61,12 @@ class SiftMetrics:
     time_accumulating: float = 0.0
     policy: dict[str, float] = dataclasses.field(default_factory=dict)
     scorer: dict[str, float] = dataclasses.field(default_factory=dict)
+    at_epoch_start: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def begin_epoch(self) -> None:
+        """Counts a new epoch, whose figures start from the totals now."""
+        self.epochs += 1
+        self.at_epoch_start = {name: getattr(self, name) for name in COUNTERS}
 
     def record(self, losses: np.ndarray, kept: np.ndarray, scored: int) -> None:
         """Adds one group: its losses, the indices kept, how many were scored (not reused)."""
@@ -52,31 +78,36 @@ class SiftMetrics:
         self.finite_kept += len(kept)
         self.loss_sum_kept += float(losses[kept].sum())
 
-    def as_dict(self) -> dict[str, Any]:
-        """The metrics as plain numbers (what ``tfsift.sift_metrics()`` returns)."""
+    def as_dict(self, epoch: bool = False) -> dict[str, Any]:
+        """The metrics as plain numbers (what ``tfsift.sift_metrics()`` returns): the
+        totals, or with ``epoch`` the current epoch's (the one being iterated, or the last
+        one ended)."""
+        start = self.at_epoch_start if epoch else {}
+        n = {name: getattr(self, name) - start.get(name, 0) for name in COUNTERS}
+        seen, kept = n["samples_seen"], n["samples_kept"]
         out: dict[str, Any] = {
-            "samples_seen": self.samples_seen,
-            "samples_scored": self.samples_scored,
-            "samples_kept": self.samples_kept,
-            "samples_reused": self.samples_reused,
-            "samples_unscored": self.samples_unscored,
-            "kept_fraction": self.samples_kept / self.samples_seen if self.samples_seen else 0.0,
-            "mean_loss_scored": _mean(self.loss_sum_scored, self.finite_scored),
-            "mean_loss_kept": _mean(self.loss_sum_kept, self.finite_kept),
-            "nonfinite_losses": self.nonfinite_losses,
-            "batches_yielded": self.batches_yielded,
+            "samples_seen": seen,
+            "samples_scored": n["samples_scored"],
+            "samples_kept": kept,
+            "samples_reused": n["samples_reused"],
+            "samples_unscored": n["samples_unscored"],
+            "kept_fraction": kept / seen if seen else 0.0,
+            "mean_loss_scored": _mean(n["loss_sum_scored"], n["finite_scored"]),
+            "mean_loss_kept": _mean(n["loss_sum_kept"], n["finite_kept"]),
+            "nonfinite_losses": n["nonfinite_losses"],
+            "batches_yielded": n["batches_yielded"],
             "epochs": self.epochs,
-            "time_scoring": self.time_scoring,
-            "time_selecting": self.time_selecting,
-            "time_accumulating": self.time_accumulating,
+            "time_scoring": n["time_scoring"],
+            "time_selecting": n["time_selecting"],
+            "time_accumulating": n["time_accumulating"],
         }
         out.update({f"policy/{k}": v for k, v in self.policy.items()})
         out.update(self.scorer)
         return out
 
 
-def _mean(total: float, count: int) -> float:
-    return total / count if count else float("nan")
+def _mean(total: float, count: int) -> float | None:
+    return total / count if count else None
 
 
 class ScalarLog:

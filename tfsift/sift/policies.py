@@ -15,8 +15,8 @@ keep the k samples with
     coreset_mean      the losses closest to the batch's mean loss
 
 with ties to the lower index. ``relative`` (``tfsift.sift.relative``) and ``adaptive``
-(``tfsift.sift.adaptive``) carry state across steps. ``make_policy`` builds any of them
-behind one interface, `Policy`.
+(``tfsift.sift.experimental.adaptive``) carry state across steps. ``make_policy`` builds
+any of them behind one interface, `Policy`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tfsift.sift.adaptive import AdaptivePolicy
 from tfsift.sift.config import METHODS, SiftConfig
 from tfsift.sift.relative import LossHistory, RelativePolicy, relative_probabilities
 from tfsift.sift.scores import adaboost_alphas, grad_norms
@@ -43,7 +42,6 @@ from tfsift.sift.selection import (
 )
 
 __all__ = [
-    "AdaptivePolicy",
     "FractionPolicy",
     "LossHistory",
     "Policy",
@@ -101,7 +99,9 @@ def make_policy(config: SiftConfig) -> Policy:
     """
     if config.policy == "relative":
         return RelativePolicy(config.beta, config.history, config.min_prob)
-    if config.policy == "adaptive":
+    if config.policy == "adaptive":  # AdaSelection: the experimental part, when asked for
+        from tfsift.sift.experimental.adaptive import AdaptivePolicy
+
         return AdaptivePolicy(
             config.methods, config.keep, config.eta, config.curriculum_T, config.loss_kind
         )

@@ -8,6 +8,9 @@ adds the kept samples to a buffer that yields full batches of B::
     source ─► round: read g batches ─► agree [ready, more] ─► yield n full batches
                      ─► score (pipeline forward) ─► allgather losses ─► select ─► buffer
 
+The epoch loop is the ``Sifter``'s, here; a round's scoring and selection are
+``tfsift.sift.rounds``'.
+
 Lock-step: a round's scoring runs only when the consumer asks for the next batch
 and none is ready, so it always sees the weights of the last optimizer update.
 Iterating the sifted dataset directly (``for x, y in train``) runs the rounds on the
@@ -44,18 +47,17 @@ from tfsift.parallel.arrays import RowDataset
 from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.buffer import SampleBuffer
 from tfsift.sift.config import SiftConfig
-from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
-from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs, warn_past_the_run
+from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
-from tfsift.sift.policies import Policy, check_losses, make_policy
+from tfsift.sift.policies import Policy, make_policy
 from tfsift.sift.reader import SourceReader
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import COUNTS, FULL_BATCHES, REMAINDER, ReplicaGroup
-from tfsift.sift.scorer import FullScorer, NoScorer, Scorer, Scores, StepScorer
+from tfsift.sift.rounds import Leaves, Rounds
+from tfsift.sift.scorer import FullScorer, NoScorer, Scorer, StepScorer
 from tfsift.sift.selection import Selection
-from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
@@ -104,13 +106,14 @@ def sift(
 
     Raises:
         TypeError: arguments of the wrong kind.
-        ValueError: a config the scorer cannot serve, or (when the transform is applied)
-            a batch size not divisible by ``microbatches``, or an infinite dataset for
-            ``policy="infobatch"``.
+        ValueError: a config the scorer cannot serve, ``policy="infobatch"`` without
+            ``epochs``, or (when the transform is applied) a batch size not divisible by
+            ``microbatches``, or an infinite dataset for ``policy="infobatch"``.
     """
     config = SiftConfig() if config is None else config
     if not isinstance(config, SiftConfig):
         raise TypeError(f"config must be a tfsift.SiftConfig. Received: {type(config).__name__}")
+    config.check_epochs()
     if config.scores == "training":
         scorer: Scorer = NoScorer()
     else:
@@ -139,16 +142,29 @@ def sift(
     return apply
 
 
-def sift_metrics() -> dict[str, Any]:
+def sift_metrics(epoch: bool = False) -> dict[str, Any]:
     """The metrics of the sifted dataset iterated last on this rank (``{}`` if none yet).
 
-    Keys: samples_seen, samples_scored, samples_kept, samples_reused, samples_unscored,
-    kept_fraction, mean_loss_scored, mean_loss_kept, nonfinite_losses, batches_yielded,
-    epochs, time_scoring, time_selecting, time_accumulating, and ``policy/<name>`` (e.g.
-    adaptive's weights).
+    Example:
+        >>> for epoch in range(3):
+        ...     for x, y in train:
+        ...         ...
+        ...     print(tfsift.sift_metrics(epoch=True)["kept_fraction"])   # this epoch's
+
+    Args:
+        epoch: the figures of the current epoch (the one being iterated, or the last one
+            ended) instead of the totals since the dataset was made.
+
+    Returns:
+        A dict. Keys: samples_seen, samples_scored, samples_kept, samples_reused,
+        samples_unscored, kept_fraction, mean_loss_scored and mean_loss_kept (None where
+        no loss was scored, or with ``scores="training"`` ranked), nonfinite_losses,
+        batches_yielded, epochs (the epochs begun, in both views), time_scoring,
+        time_selecting, time_accumulating, and ``policy/<name>`` (e.g. adaptive's weights,
+        InfoBatch's ``pruned`` and ``reweighted`` in the current epoch's plan).
     """
     metrics = STATE.sift_metrics
-    return {} if metrics is None else dict(metrics.as_dict())
+    return {} if metrics is None else dict(metrics.as_dict(epoch))
 
 
 def _scorer(
@@ -168,7 +184,9 @@ def _scorer(
                 f"stale reuses losses, but policy {config.policy!r} needs fresh logits. "
                 f"Received: stale={config.stale}, policy={config.policy!r}"
             )
-        if config.scorer == "early_exit":
+        if config.scorer == "early_exit":  # the experimental part, only when asked for
+            from tfsift.sift.experimental.early_exit import EarlyExitScorer
+
             return EarlyExitScorer(model_or_step, per_sample_loss, config, needs_logits)
         return FullScorer(model_or_step, per_sample_loss, needs_logits)
     if getattr(model_or_step, "tfsift_step", False):
@@ -195,31 +213,23 @@ def _scorer(
 
 
 class Sifter:
-    """The state of one sifted dataset: policy, metrics, replica group, round counter."""
+    """The epoch loop of one sifted dataset: reads rounds of source batches, has them
+    sifted (``tfsift.sift.rounds``), buffers the kept samples and yields full batches,
+    in step with the other replicas."""
 
     def __init__(self, element_spec: Any, scorer: Scorer, config: SiftConfig) -> None:
         rt = runtime.get()
-        self.config, self.scorer = config, scorer
+        self.config = config
         assert config.score_batches is not None  # SiftConfig resolves None
         self.g = config.score_batches  # source batches per round
         self.element_spec = element_spec
-        self.M, self.replica = rt.config.microbatches, rt.replica
+        self.M = rt.config.microbatches
+        self.rounds = Rounds(config, scorer, _policy(config), element_spec, rt.replica)
         self.batch_size = _static_batch(element_spec)
         _check_divisible(self.batch_size, self.M)
         scorer.expect(element_spec)
-        self.policy = _policy(config)
-        self.metrics = SiftMetrics()
-        self.rounds = 0  # source rounds over all epochs: seeds each round's draws
         self.batches_read = 0  # source batches over all epochs: counts the delay
         self._group: ReplicaGroup | None = None
-        self.cache = ScoreCache(config.stale) if config.stale else None
-        # scores="training" (which needs stale >= 1): the losses the loop records
-        self.recorder: Recorder | None = None
-        if self.cache is not None and config.scores == "training":
-            self.recorder = Recorder(self.cache)
-        # with stale: the last round's first leaf, its keys, which have a fresh loss, and
-        # those losses (looked up once, for overlap's decision and for the round alike)
-        self._looked: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.epoch_read = 0  # source batches read in the current epoch
         self.buffer = SampleBuffer()
         self._resume: tuple[int, SampleBuffer] | None = None
@@ -229,18 +239,49 @@ class Sifter:
         log_dir = config.log_dir or rt.config.log_dir  # the run's, unless sifting has its own
         self._log = ScalarLog(log_dir) if log_dir and rt.rank == 0 else None
 
+    @property
+    def batch_size(self) -> int | None:
+        """B, the source batch size (None until the first batch, for a dynamic one)."""
+        return self.rounds.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        self.rounds.batch_size = value
+        self.rounds.scorer.batch_size = value
+
+    @property
+    def scorer(self) -> Scorer:
+        """What scores the candidates (the rounds')."""
+        return self.rounds.scorer
+
+    @property
+    def policy(self) -> Policy | InfoBatchPolicy:
+        """What selects among them (the rounds')."""
+        return self.rounds.policy
+
+    @property
+    def recorder(self) -> Recorder | None:
+        """The losses the loop records, with ``scores="training"`` (the rounds')."""
+        return self.rounds.recorder
+
+    @property
+    def metrics(self) -> SiftMetrics:
+        """The dataset's counters (the rounds')."""
+        return self.rounds.metrics
+
     def state(self) -> dict[str, Any]:
         """Everything needed to continue exactly from the last batch yielded: plain NumPy
         arrays, numbers and strings (for ``tfsift.CheckpointManager``)."""
+        cache = self.rounds.cache
         return {
             "policy": self.policy.state(),
-            "rounds": self.rounds,
+            "rounds": self.rounds.count,
             "batches_read": self.batches_read - self._unsifted,
             "batch_size": self.batch_size,
             "epoch_read": self.epoch_read - self._unsifted,
             "buffer": self.buffer.state(),
             "metrics": dataclasses.asdict(self.metrics),
-            "cache": None if self.cache is None else self.cache.state(),
+            "cache": None if cache is None else cache.state(),
             "scorer": self.scorer.state(),
             "recorder": None if self.recorder is None else self.recorder.state(),
         }
@@ -260,11 +301,11 @@ class Sifter:
                 "Received: the state of a dataset sifted by row"
             )
         self.policy.load_state(state["policy"])
-        self.rounds, self.batches_read = int(state["rounds"]), int(state["batches_read"])
+        self.rounds.count, self.batches_read = int(state["rounds"]), int(state["batches_read"])
         self.batch_size = state["batch_size"]
-        self.metrics = SiftMetrics(**state["metrics"])
-        if self.cache is not None and state["cache"] is not None:
-            self.cache.load_state(state["cache"])
+        self.rounds.metrics = SiftMetrics(**state["metrics"])
+        if self.rounds.cache is not None and state["cache"] is not None:
+            self.rounds.cache.load_state(state["cache"])
         self.scorer.load_state(state["scorer"])
         if self.recorder is not None and state.get("recorder") is not None:
             self.recorder.load_state(state["recorder"])
@@ -286,9 +327,9 @@ class Sifter:
         group = self._replicas()
         resume, self._resume = self._resume, None
         if resume is None:
-            self.metrics.epochs += 1
+            self.metrics.begin_epoch()
             self.epoch_read, self.buffer = 0, SampleBuffer()
-            self._begin_epoch(group)
+            self.rounds.begin_epoch(group)
         else:
             self.epoch_read, self.buffer = resume
             source = source.skip(self.epoch_read)
@@ -302,14 +343,15 @@ class Sifter:
                 n, more = group.agree(ready, COUNTS)
                 if n and more and self.config.overlap and self.batches_read > self.config.delay:
                     assert leaves is not None
-                    if self._scored_whole(leaves):
+                    if self.rounds.scored_whole(leaves):
                         self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
                 for _ in range(n):
                     yield self._emit(buffer, B)
                 if not more:  # the shortest shard ended: every replica stops here
                     break
                 assert leaves is not None
-                self._round(leaves, buffer, group)
+                delayed = self.batches_read <= self.config.delay
+                self._accumulate(buffer, *self.rounds.sift(leaves, group, delayed))
                 self._unsifted = 0
                 self._dry = 0 if n else self._dry + 1
                 if self._dry == STARVED_ROUNDS and not self._starved_warned:
@@ -330,18 +372,6 @@ class Sifter:
             )
         self.recorder.record(losses, self.metrics.epochs)
 
-    def _begin_epoch(self, group: ReplicaGroup) -> None:
-        """With training scores: the records of the last epoch join the table, and
-        InfoBatch draws this epoch's plan from it."""
-        if self.recorder is None:
-            return
-        self.recorder.merge(group)
-        if isinstance(self.policy, InfoBatchPolicy):
-            epoch = self.metrics.epochs
-            warn_past_the_run(epoch, self.policy.epochs)
-            self.policy.begin_epoch(epoch, *self.recorder.cache.table(epoch))
-            self.metrics.policy = self.policy.metrics()
-
     def _replicas(self) -> ReplicaGroup:
         if self._group is None:
             self._group = ReplicaGroup(runtime.get())
@@ -358,174 +388,14 @@ class Sifter:
         if self.batch_size is None:
             self.batch_size = reader.first_size
             _check_divisible(self.batch_size, self.M)
-        self.scorer.batch_size = self.batch_size
         self.batches_read += count
         self.epoch_read += count
         self._unsifted = count  # read, not yet sifted: a saved state reads them again
         return leaves
 
-    def _round(self, leaves: list[np.ndarray], buffer: SampleBuffer, group: ReplicaGroup) -> None:
-        """Scores one group of source batches and buffers the samples the policy keeps."""
-        if self.recorder is not None:
-            self._recorded_round(leaves, buffer, group)
-            return
-        n = int(leaves[0].shape[0])
-        self.metrics.samples_seen += n
-        if self.batches_read <= self.config.delay:
-            self.scorer.warm(tree.pack_sequence_as(self.element_spec, leaves))
-            self._accumulate(buffer, leaves, np.arange(n), np.ones(n))
-            self.metrics.samples_kept += n
-            return
+    def _accumulate(self, buffer: SampleBuffer, leaves: Leaves, kept: Selection) -> None:
         start = time.perf_counter()
-        scores, scored = self._scores(leaves, n)
-        scores, unscored = _scored_part(scores, n)
-        scored = scored[: len(scores.losses)]
-        everyone = group.allgather(scores.losses)
-        selected = time.perf_counter()
-        self.metrics.time_scoring += selected - start
-        policy = self._round_policy()
-        policy.observe(np.concatenate(everyone))
-        rng = np.random.default_rng([self.config.seed, self.replica, self.rounds])
-        chosen = (
-            policy.select(scores.losses, rng, scores.logits, scores.labels)
-            if len(scores.losses)
-            else Selection.empty()  # no wait had room: the whole round is kept unscored
-        )
-        self.rounds += 1
-        self._note_nonfinite(scores.losses)
-        self.metrics.record(scores.losses, chosen.indices, len(scored))
-        self.metrics.samples_kept += len(chosen) + len(unscored)
-        self.metrics.samples_unscored += len(unscored)
-        self.metrics.policy = self.policy.metrics()
-        self.metrics.scorer = dict(self.scorer.metrics)
-        self.metrics.time_selecting += time.perf_counter() - selected
-        start = time.perf_counter()
-        self.scorer.learn(_positions_in(scored, chosen.indices, n))
-        self.metrics.time_scoring += time.perf_counter() - start
-        indices = np.concatenate([chosen.indices, unscored])
-        probs = np.concatenate([chosen.probs, np.ones(len(unscored))])
-        self._accumulate(buffer, leaves, indices, probs)
-
-    def _round_policy(self) -> Policy:
-        """The policy that selects within a round (not InfoBatch, which SiftConfig allows
-        only with scores="training" and which selects by the epoch's plan)."""
-        assert not isinstance(self.policy, InfoBatchPolicy)
-        return self.policy
-
-    def _recorded_round(
-        self, leaves: list[np.ndarray], buffer: SampleBuffer, group: ReplicaGroup
-    ) -> None:
-        """A round with training scores: selects by the recorded losses, no forward."""
-        assert self.recorder is not None and self.cache is not None
-        n, start = int(leaves[0].shape[0]), time.perf_counter()
-        self.metrics.samples_seen += n
-        keys = self.cache.fingerprints(leaves)
-        self.recorder.merge(group)  # the steps' records since the last round
-        if self.batches_read <= self.config.delay:
-            chosen = Selection(np.arange(n, dtype=np.int64), np.ones(n))
-        else:
-            fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
-            chosen = self._select_recorded(keys, fresh, losses, group)
-            self.rounds += 1
-            scored = np.flatnonzero(fresh)
-            self._note_nonfinite(losses[scored])
-            self.metrics.record(losses[scored], np.flatnonzero(np.isin(scored, chosen.indices)), 0)
-            self.metrics.samples_reused += len(scored)
-            self.metrics.samples_unscored += n - len(scored)
-            self.metrics.policy = self.policy.metrics()
-        self.metrics.samples_kept += len(chosen)
-        self.metrics.time_selecting += time.perf_counter() - start
-        self._accumulate(buffer, [*leaves, keys], chosen.indices, chosen.probs)
-
-    def _select_recorded(
-        self, keys: np.ndarray, fresh: np.ndarray, losses: np.ndarray, group: ReplicaGroup
-    ) -> Selection:
-        """The kept samples of a round with training scores: InfoBatch's epoch plan, or the
-        policy among the samples with a fresh loss plus every sample without one."""
-        if isinstance(self.policy, InfoBatchPolicy):
-            return self.policy.select_keys(keys)
-        scored, unscored = np.flatnonzero(fresh), np.flatnonzero(~fresh)
-        self.policy.observe(np.concatenate(group.allgather(losses[scored])))
-        rng = np.random.default_rng([self.config.seed, self.replica, self.rounds])
-        chosen = self.policy.select(losses[scored], rng) if len(scored) else Selection.empty()
-        return Selection.of(
-            np.concatenate([scored[chosen.indices], unscored]),
-            np.concatenate([chosen.probs, np.ones(len(unscored))]),
-        )
-
-    def _scores(self, leaves: list[np.ndarray], n: int) -> tuple[Scores, np.ndarray]:
-        """The group's losses, and which positions were scored now (the rest reused)."""
-        if self._scored_whole(leaves):
-            scores = self._score(tree.pack_sequence_as(self.element_spec, leaves), n)
-            if self.cache is not None:  # with leftover="keep", only what was scored
-                keys, k = self._lookup(leaves)[0], n if scores.scored is None else scores.scored
-                self.cache.store(keys[:k], scores.losses[:k], self.metrics.epochs)
-            return scores, np.arange(n)
-        if self.cache is None:
-            # A round shorter than g batches (where the delay ends, at an epoch's end) is
-            # padded with copies of its first sample to g batches: every scoring call then
-            # has one shape, so nothing is traced again mid-training (a trace of a pipeline
-            # stage costs seconds); the copies' losses are dropped.
-            full = (self.batch_size or n) * self.g
-            return self._score_rows(leaves, np.arange(n), full), np.arange(n)
-        keys, fresh, losses = self._lookup(leaves)
-        need = np.flatnonzero(~fresh)
-        if len(need):
-            # pad to whole source batches, so the scorer sees at most g batch sizes
-            B = self.batch_size or len(need)
-            losses[need] = self._score_rows(leaves, need, len(need) + -len(need) % B).losses
-            self.cache.store(keys[need], losses[need], self.metrics.epochs)
-        self.metrics.samples_reused += n - len(need)
-        return Scores(losses), need
-
-    def _scored_whole(self, leaves: list[np.ndarray]) -> bool:
-        """Whether the round of ``leaves`` is scored whole, in one call of these very
-        arrays: it has g source batches and (with ``stale``) no sample with a fresh loss.
-        Only such a round is prepared for overlap, as the scorer finds a prepared round by
-        its arrays: any other is scored from copies (padded, or the rows not fresh), and
-        a prepared one would be scored in stage 0's waits for nothing."""
-        n = int(leaves[0].shape[0])
-        if n < (self.batch_size or n) * self.g:
-            return False
-        return self.cache is None or not self._lookup(leaves)[1].any()
-
-    def _lookup(self, leaves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The round's keys, which samples have a fresh loss, and those losses (``stale``)."""
-        assert self.cache is not None
-        if self._looked is not None and self._looked[0] is leaves[0]:
-            return self._looked[1:]
-        keys = self.cache.fingerprints(leaves)
-        fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
-        self._looked = (leaves[0], keys, fresh, losses)
-        return keys, fresh, losses
-
-    def _score_rows(self, leaves: list[np.ndarray], rows: np.ndarray, size: int) -> Scores:
-        """The scores of samples ``rows``, scored padded to ``size`` samples with copies of
-        the first (a shape the scorer has seen); the copies' scores are dropped."""
-        padded = np.concatenate([rows, np.repeat(rows[:1], size - len(rows))])
-        element = tree.pack_sequence_as(self.element_spec, [leaf[padded] for leaf in leaves])
-        return _first(self._score(element, size), len(rows))
-
-    def _score(self, element: Element, n: int) -> Scores:
-        running = STATE.running_step
-        if running is not None:
-            raise RuntimeError(
-                "tfsift.sift: the sifted dataset was asked for a batch while the @tfsift.step "
-                f"function {running!r} was running: something reads it ahead of training (a "
-                ".prefetch() or a parallel .map() after tfsift.sift). Sifting scores with the "
-                "current weights, so it must run in lock-step with the training loop: apply "
-                "prefetch and map before tfsift.sift, or call .prefetch() on the sifted "
-                "dataset itself (it then prefetches the source batches)."
-            )
-        scores = self.scorer(element)
-        check_losses(scores.losses, n)
-        return scores
-
-    def _accumulate(
-        self, buffer: SampleBuffer, leaves: list[np.ndarray], indices: np.ndarray, probs: Any
-    ) -> None:
-        start = time.perf_counter()
-        buffer.add(leaves, indices, np.asarray(probs))
+        buffer.add(leaves, kept.indices, kept.probs)
         self.metrics.time_accumulating += time.perf_counter() - start
 
     def _emit(self, buffer: SampleBuffer, n: int) -> Element:
@@ -573,17 +443,6 @@ class Sifter:
             change,
         )
 
-    def _note_nonfinite(self, losses: np.ndarray) -> None:
-        bad = int((~np.isfinite(losses)).sum())
-        if bad and self.metrics.nonfinite_losses == 0:
-            log.warning(
-                "tfsift.sift: %d of %d scored samples have a NaN or infinite loss; they are "
-                "never kept (their gradient would destroy the weights) and are counted in "
-                "sift_metrics()['nonfinite_losses']",
-                bad,
-                len(losses),
-            )
-
     def output_signature(self) -> Any:
         """The sifted elements' spec: the source's with an unknown batch size (+ weight)."""
         return sifted_spec(self.element_spec, self.config.rescale)
@@ -618,6 +477,10 @@ class SiftedDataset(PythonDataset):
         """
         self.sifter.record(losses)
 
+    def planned_batches(self) -> int | None:
+        """None: the batches an epoch yields are known at its end (its rounds decide)."""
+        return None
+
     def prefetch(self, buffer_size: Any, name: str | None = None) -> SiftedDataset:
         """Prefetches the source batches; the sifting rounds stay in lock-step."""
         return SiftedDataset(self.sifter, self.source.prefetch(buffer_size, name=name))
@@ -647,27 +510,3 @@ def _check_divisible(batch: int | None, M: int) -> None:
             f"the sifted dataset's batch size must be divisible by microbatches={M}, since "
             f"every sifted batch has that size. Received: batch size {batch}"
         )
-
-
-def _scored_part(scores: Scores, n: int) -> tuple[Scores, np.ndarray]:
-    """The scores of the samples that were scored, and the positions of those that were
-    not (overlap with ``leftover="keep"``: the last ones of the round, kept unscored)."""
-    if scores.scored is None:
-        return scores, np.arange(0, dtype=np.int64)
-    return _first(scores, scores.scored), np.arange(scores.scored, n, dtype=np.int64)
-
-
-def _first(scores: Scores, n: int) -> Scores:
-    """The scores of the first ``n`` samples."""
-    logits = None if scores.logits is None else scores.logits[:n]
-    labels = None if scores.labels is None else scores.labels[:n]
-    return Scores(scores.losses[:n], logits, labels)
-
-
-def _positions_in(scored: np.ndarray, kept: np.ndarray, n: int) -> np.ndarray:
-    """Where the kept samples sit among the ones scored this round (the scorer's rows)."""
-    where = np.full(n, -1)
-    where[scored] = np.arange(len(scored))
-    rows: np.ndarray = where[kept]
-    kept_rows: np.ndarray = rows[rows >= 0]
-    return kept_rows

@@ -24,6 +24,7 @@ from tfsift.training import data
 from tfsift.training.callbacks import for_rank
 from tfsift.training.compiled import Compiled, compiled_of, predict_step_of
 from tfsift.training.logs import metric_results, replica_mean
+from tfsift.training.progress import SiftedProgbar
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
@@ -57,6 +58,8 @@ def fit(
     sift: SiftConfig | None = None,
 ) -> keras.callbacks.History:
     """Keras' ``fit``, pipelined and data-parallel; see ``DistributedModel.fit``."""
+    if isinstance(sift, SiftConfig) and sift.policy == "infobatch" and sift.epochs is None:
+        sift = sift.replace(epochs=epochs)  # InfoBatch's schedule is fit's run
     if isinstance(sift, SiftConfig) and sift.policy == "infobatch" and sift.epochs != epochs:
         raise ValueError(
             "policy='infobatch' stops pruning for the last anneal fraction of its epochs, so "
@@ -85,12 +88,14 @@ def fit(
         validation_data = data.validation(
             validation_data, validation_batch_size or batch_size, M, ranks
         )
-    record = None
+    record, progbar = None, None
     if sift is not None:
         train = train.apply(sift_transform(model, compiled.per_sample_loss, sift))
         record = _recorder(compiled, train) if sift.scores == "training" else None
+        # a sifted epoch trains the batches its kept samples fill: the bar counts them
+        progbar = SiftedProgbar(train.planned_batches, steps_per_epoch)
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
-    cbs = _callbacks(model, callbacks, verbose, epochs=epochs, steps=steps)
+    cbs = _callbacks(model, callbacks, verbose, progbar, epochs=epochs, steps=steps)
     model.stop_training = False
     # the sifted dataset, for tfsift.callbacks.BackupAndRestore to save and restore its state
     # (object's setattr: Keras would track a dataset among the model's dependencies)
@@ -103,6 +108,8 @@ def fit(
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
         epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs, record)
+        if sift is not None:
+            epoch_logs.update(_sift_logs(train))
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             val = _test_loop(model, compiled, validation_data, validation_steps, cbs)
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
@@ -234,15 +241,24 @@ def _returned(logs: Logs, return_dict: bool) -> Any:
 
 
 def _callbacks(
-    model: DistributedModel, callbacks: Any, verbose: Any, **params: Any
+    model: DistributedModel,
+    callbacks: Any,
+    verbose: Any,
+    progbar: keras.callbacks.ProgbarLogger | None = None,
+    **params: Any,
 ) -> keras.callbacks.CallbackList:
-    """The user's callbacks with Keras' History, and Keras' progress bar on rank 0 only."""
+    """The user's callbacks with Keras' History, and a progress bar on rank 0 only:
+    ``progbar`` where given and the user's callbacks have none, else Keras' own."""
     if isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
     rank = runtime.get().rank
     verbose = (1 if verbose == "auto" else verbose) if rank == 0 else 0
+    callbacks = for_rank(list(callbacks or []), rank)
+    own = any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks)
+    if progbar is not None and verbose != 0 and not own:
+        callbacks.append(progbar)
     return keras.callbacks.CallbackList(
-        for_rank(list(callbacks or []), rank),
+        callbacks,
         add_history=True,
         add_progbar=verbose != 0,
         model=model,
@@ -288,6 +304,13 @@ def _train_batch(
     if record is not None:
         record(y, y_pred)
     return _update(compiled, tracker, loss, y_pred, y, weight)
+
+
+def _sift_logs(train: Any) -> Logs:
+    """``sift_kept``: the fraction of the epoch's samples the sifted dataset ``train`` kept,
+    averaged over the replicas (each keeps its own under most policies)."""
+    kept = train.sifter.metrics.as_dict(epoch=True)["kept_fraction"]
+    return replica_mean({"sift_kept": kept})
 
 
 def _recorder(compiled: Compiled, train: Any) -> Record:

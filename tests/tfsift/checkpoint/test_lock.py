@@ -134,7 +134,7 @@ def test_a_lock_whose_process_is_gone_is_taken_over_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="tfsift"):
         ckpt.save(0)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
-        f"tfsift: taking over checkpoint directory {tmp_path} from a job that is no longer "
+        f"taking over checkpoint directory {tmp_path} from a job that is no longer "
         f"running (killed?): its lock {tmp_path / lock.LOCK} names {described}"
     ]
     assert owner_of(tmp_path)["pid"] == os.getpid()
@@ -176,4 +176,4 @@ def test_a_directory_that_cannot_be_written_is_not_locked(
     with caplog.at_level(logging.WARNING, logger="tfsift"):
         assert lock.acquire(tmp_path / "file" / "ckpt") is None
     (message,) = [r.getMessage() for r in caplog.records]
-    assert message.startswith(f"tfsift: cannot lock checkpoint directory {tmp_path}/file/ckpt: ")
+    assert message.startswith(f"cannot lock checkpoint directory {tmp_path}/file/ckpt: ")

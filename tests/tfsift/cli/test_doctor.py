@@ -226,3 +226,16 @@ def test_tf32_is_reported_where_tensorflow_uses_it(
 
 def test_tf32_without_a_gpu_is_not_used(stack: pytest.MonkeyPatch) -> None:
     assert doctor.check_tf32() == doctor.Check("tf32", True, "not used (no GPU)", required=False)
+
+
+def test_help_tells_a_user_what_doctor_checks_not_how_it_is_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tfsift.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Checks what tfsift needs on this machine" in text
+    assert "Exits 1 when a required piece is missing" in text
+    assert "_import" not in text and "``" not in text  # the module docstring's internals

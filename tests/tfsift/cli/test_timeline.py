@@ -166,7 +166,7 @@ def test_a_missing_rank_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 STEP_LINE = re.compile(
     r"step (\d) \(training_step\.<locals>\.forward_backward, call (\d), training\): measured "
-    r"step \S+ s, measured bubble \d+\.\d% \(simulated (\d+\.\d)%\)"
+    r"step \S+ m?s, measured bubble \d+\.\d% \(simulated (\d+\.\d)%\)"
 )
 
 

@@ -32,7 +32,13 @@ def test_every_rank_is_exactly_one_stage_of_one_replica(placement: str, size: in
 def test_world_size_must_be_divisible_by_partitions() -> None:
     with pytest.raises(ValueError) as err:
         Topology(3, 2)
-    assert str(err.value) == "world size 3 is not divisible by partitions=2"
+    assert str(err.value) == (
+        "world size 3 is not divisible by partitions=2; launch a multiple of 2 processes, e.g. "
+        "mpirun -np 2 python train.py, horovodrun -np 2 -H localhost:2 python train.py or "
+        "tfsift run -np 2 train.py"
+    )
+    with pytest.raises(ValueError, match=r"e\.g\. mpirun -np 6 python train\.py"):
+        Topology(7, 3)  # the launch nearest below
 
 
 def test_rank_out_of_range_is_named() -> None:

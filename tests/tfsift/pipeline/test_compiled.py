@@ -89,7 +89,7 @@ def test_many_signatures_warn_once_naming_the_latest(caplog: pytest.LogCaptureFi
             compiled(x, float(k))
     last = float(RETRACE_WARNING - 1)
     assert caplog.messages == [
-        f"tfsift: test_many_signatures_warn_once_naming_the_latest.<locals>.scale has been "
+        f"test_many_signatures_warn_once_naming_the_latest.<locals>.scale has been "
         f"traced for {RETRACE_WARNING} different argument signatures; each new shape or "
         "Python value (a number passed to the step function, say) costs a trace. Pass values "
         "that change between calls as tensors. Latest signature: "

@@ -202,7 +202,7 @@ def test_a_function_that_cannot_be_traced_runs_eagerly_after_one_warning(
     assert (
         caplog.records[0]
         .getMessage()
-        .startswith("tfsift: the @tfsift.step function could not be compiled with tf.function (")
+        .startswith("the @tfsift.step function could not be compiled with tf.function (")
     )
     assert run.compiled is False
     want_loss, want_grads = reference(model, x, y)

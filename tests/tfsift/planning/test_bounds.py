@@ -12,8 +12,10 @@ import tensorflow as tf
 
 import tfsift
 from partitioner.costs import format_bytes
+from partitioner.experimental.scoring import sifted_step_time
 from partitioner.plan import Plan
 from tfsift.config import Config
+from tfsift.hooks import Reservation
 from tfsift.planning import bounds as bounds_module
 from tfsift.planning.bounds import describe, manual_bounds, plan_differences, rank0_bounds, weights
 from tfsift.planning.graph import Graph, trace
@@ -303,8 +305,10 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
         measured.append((traced, rows))
         return 2.5e-4
 
+    # 2 source batches a step (tfsift.hooks): 4 forwards of M = 2 microbatches
+    room = Reservation(2.0, sifted_step_time, call)
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, room)
     # measured once, when it solves, on the traced model and a source batch: M = 2
     # microbatches of the example's row
     assert measured == [(graph, 2)]
@@ -320,7 +324,7 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
         "beyond them (not in the prediction)"
     ) in messages(caplog)[2][1].splitlines()[0]
     assert plan_differences(plan, graph, cfg, 4.0) == []
-    rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+    rank0_bounds(graph, [tf.zeros((1, 3))], cfg, room)
     assert len(measured) == 1  # the plan is reused with the cost it was made with
 
 
@@ -334,7 +338,7 @@ def test_a_call_cost_that_cannot_be_measured_plans_without_it_and_says_why(
 
     cfg = config(tmp_path)
     with caplog.at_level(logging.WARNING, logger="tfsift"):
-        rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+        rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, Reservation(2.0, sifted_step_time, call))
     assert messages(caplog) == [
         (
             "WARNING",
@@ -361,7 +365,8 @@ def test_room_for_scoring_keeps_a_learnt_layer_on_stage_0(tmp_path: Path) -> Non
 
     graph = trace(Wide(), [tf.zeros((8, 8, 8))])
     assert [n.name for n in graph.nodes][:2] == ["reshape", "a"]
-    assert rank0_bounds(graph, [tf.zeros((8, 8, 8))], config(tmp_path), 1e4)[0][1] == 2
+    room = Reservation(5e3, sifted_step_time)  # 1e4 forwards a step
+    assert rank0_bounds(graph, [tf.zeros((8, 8, 8))], config(tmp_path), room)[0][1] == 2
 
 
 def test_a_memory_plan_ignores_room_for_scoring(
@@ -369,7 +374,7 @@ def test_a_memory_plan_ignores_room_for_scoring(
 ) -> None:
     graph = traced()
     cfg = config(tmp_path, optimize="memory")
-    rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0)
+    rank0_bounds(graph, [tf.zeros((1, 3))], cfg, Reservation(2.0, sifted_step_time))
     assert Plan.load(cfg.plan_file or "").scoring == 0.0
     with caplog.at_level(logging.WARNING, logger="tfsift"):
         rank0_bounds(graph, [tf.zeros((1, 3))], cfg)  # reused: nothing differs

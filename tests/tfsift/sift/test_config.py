@@ -122,19 +122,21 @@ def test_choices_are_module_constants() -> None:
         ({"scores": "training", "stale": 2, "policy": "adaptive"}, "the grad_norm method "
          "needs the model's logits, which scores='training' does not keep. Received: "
          "scores='training', policy='adaptive', methods=" + repr(METHODS)),
-        ({"scores": "training"}, "scores='training' uses the loss a sample had when it was "
-         "last trained, an epoch or more before it comes again; stale must be >= 1 (the "
-         "epochs such a loss stays usable). Received: scores='training', stale=0"),
-        ({"policy": "infobatch", "epochs": 8, "stale": 8, "rescale": "unbiased"},
+        ({"scores": "training", "stale": 0}, "scores='training' uses the loss a sample had "
+         "when it was last trained, an epoch or more before it comes again; stale must be "
+         ">= 1 (the epochs such a loss stays usable). Received: scores='training', stale=0"),
+        ({"policy": "infobatch", "epochs": 8, "scores": "forward"},
          "policy='infobatch' prunes by the loss each sample had when it was last trained; "
          "it needs scores='training'. Received: scores='forward'"),
-        ({"policy": "infobatch", "scores": "training", "stale": 8, "rescale": "unbiased"},
-         "policy='infobatch' stops pruning for the last anneal fraction of the run; it "
-         "needs epochs (how many epochs you train). Received: epochs=None"),
-        ({"policy": "infobatch", "scores": "training", "stale": 8, "epochs": 8},
+        ({"policy": "infobatch", "epochs": 8, "rescale": None},
          "policy='infobatch' weighs the kept samples below the mean score by 1 / (1 - "
          "prune), which the training step must apply; it needs rescale='unbiased' "
          "(InfoBatch's weights) or 'normalized'. Received: rescale=None"),
+        ({"policy": "infobatch", "stale": 0}, "scores='training' uses the loss a sample had "
+         "when it was last trained, an epoch or more before it comes again; stale must be "
+         ">= 1 (the epochs such a loss stays usable). Received: scores='training', stale=0"),
+        ({"policy": "infobatch", "epochs": "8"}, "epochs must be an integer >= 1. Received: "
+         "epochs='8'"),
     ],
 )  # fmt: skip
 def test_invalid_field_raises_with_constraint_and_value(
@@ -166,6 +168,55 @@ def test_training_scores_and_infobatch_are_accepted_with_what_they_need() -> Non
     assert relative.expected_kept() == 0.25
     adaptive = SiftConfig(policy="adaptive", scores="training", stale=1, methods=("big_loss",))
     assert adaptive.methods == ("big_loss",)
+
+
+def test_infobatch_implies_training_scores_its_weights_and_a_table_for_the_run() -> None:
+    config = SiftConfig(policy="infobatch", epochs=10)
+    assert (config.scores, config.rescale, config.stale, config.score_batches) == (
+        "training",
+        "unbiased",
+        10,
+        8,
+    )
+    assert (config.prune, config.anneal) == (0.5, 0.125)
+    assert config == SiftConfig(
+        policy="infobatch", scores="training", rescale="unbiased", stale=10, epochs=10
+    )
+    # what is given is kept: the other weights, a table that forgets
+    given = SiftConfig(policy="infobatch", epochs=10, rescale="normalized", stale=2)
+    assert (given.rescale, given.stale) == ("normalized", 2)
+
+
+def test_training_scores_imply_a_table_of_one_epoch() -> None:
+    config = SiftConfig(policy="relative", beta=1.0, scores="training")
+    assert (config.stale, config.score_batches, config.rescale) == (1, 8, None)
+    assert SiftConfig(rescale="auto").rescale is None
+
+
+def test_replace_resolves_again_what_followed_from_the_others() -> None:
+    config = SiftConfig(policy="infobatch")  # fit fills in its epochs
+    assert config.stale == 1
+    assert config.replace(epochs=20).stale == 20
+    relative = SiftConfig(policy="infobatch", epochs=4).replace(policy="relative")
+    assert (relative.scores, relative.rescale, relative.stale, relative.score_batches) == (
+        "forward",
+        None,
+        0,
+        1,
+    )
+    # a value given stays given through replace
+    assert SiftConfig(policy="infobatch", epochs=4, stale=2).replace(epochs=9).stale == 2
+
+
+def test_infobatch_without_epochs_is_refused_where_no_fit_gives_them() -> None:
+    SiftConfig(policy="infobatch", epochs=3).check_epochs()
+    SiftConfig().check_epochs()
+    with pytest.raises(ValueError) as caught:
+        SiftConfig(policy="infobatch").check_epochs()
+    assert str(caught.value) == (
+        "policy='infobatch' stops pruning for the last anneal fraction of the run; it needs "
+        "epochs (how many epochs you train; fit passes its own). Received: epochs=None"
+    )
 
 
 def test_unknown_method_lists_every_method() -> None:

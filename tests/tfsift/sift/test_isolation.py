@@ -1,4 +1,5 @@
-"""Sifting's selection runs where TensorFlow, Keras, mpi4py and Horovod cannot be imported."""
+"""Sifting's selection (and the experimental part's wait model) runs where TensorFlow, Keras,
+mpi4py and Horovod cannot be imported."""
 
 import subprocess
 import sys
@@ -31,6 +32,10 @@ from tfsift.sift.infobatch import InfoBatchPolicy, infobatch_keep
 
 infobatch_keep([1.0, 2.0, float("nan")], 0.5, np.random.default_rng(0))
 InfoBatchPolicy(0.5, 0.125, 8).begin_epoch(2, np.arange(3.0), np.array([1.0, 2.0, 6.0]))
+# the experimental part's pure piece too: when stage 0 may score in its waits
+from tfsift.sift.experimental.overlap import BATCH, WaitModel
+
+WaitModel().batches(0, 0.0, 1, BATCH)
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
 print("loaded:", loaded)
 """

@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tfsift.sift.adaptive
 import tfsift.sift.config
+import tfsift.sift.experimental.adaptive
 import tfsift.sift.policies
 import tfsift.sift.relative
 import tfsift.sift.scores
 import tfsift.sift.selection
 from tfsift.sift.config import METHODS, POLICIES, SiftConfig
+from tfsift.sift.experimental.adaptive import AdaptivePolicy
 from tfsift.sift.policies import (
-    AdaptivePolicy,
     FractionPolicy,
     RelativePolicy,
     choose,
@@ -210,7 +210,7 @@ def test_selection_is_sorted_unique_finite_and_at_most_k(
 @pytest.mark.parametrize(
     "module",
     [
-        tfsift.sift.adaptive,
+        tfsift.sift.experimental.adaptive,
         tfsift.sift.config,
         tfsift.sift.policies,
         tfsift.sift.relative,

@@ -376,7 +376,7 @@ def test_early_exit_refuses_a_layer_outside_stage_0_and_a_scoring_step() -> None
 
 
 def test_spearman_is_one_for_the_same_order_and_minus_one_reversed() -> None:
-    from tfsift.sift.early_exit import spearman
+    from tfsift.sift.experimental.early_exit import spearman
 
     a = np.array([0.3, 0.1, 0.9, 0.5])
     assert spearman(a, a * 2 + 1) == pytest.approx(1.0)
@@ -429,13 +429,6 @@ def test_stale_with_a_policy_that_needs_logits_is_refused() -> None:
         "stale reuses losses, but policy 'grad_norm' needs fresh logits. Received: stale=2, "
         "policy='grad_norm'"
     )
-
-
-def test_kept_positions_map_to_the_rows_scored_this_round() -> None:
-    from tfsift.sift.transform import _positions_in
-
-    scored = np.array([1, 4, 5])  # rows 0, 1, 2 of the scorer's batch
-    assert _positions_in(scored, np.array([0, 4, 5, 7]), 8).tolist() == [1, 2]
 
 
 @pytest.mark.parametrize("scorer", ["full", "early_exit"])

@@ -46,6 +46,7 @@ def test_fit_equals_the_step_loop_with_one_history_on_every_rank(K: int) -> None
         assert rep["kept_fraction"] == 0.5
     assert first["history"]["loss"][-1] < first["history"]["loss"][0]
     assert len(first["sifted"]["loss"]) == 2
+    assert first["sifted"]["sift_kept"] == [0.5, 0.5]  # each epoch's, over the replicas
     if K == 2:  # one pipeline: both stages return the last stage's predictions
         np.testing.assert_array_equal(reports[0]["predicted"], reports[1]["predicted"])
         assert {r["stage"] for r in reports.values()} == {0, 1}

@@ -5,6 +5,7 @@ update, in the README's loop; tests/mpi_scripts/fit_check.py runs the multi-rank
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,11 @@ def test_fit_with_sift_trains_on_the_kept_samples() -> None:
     history = model.fit(dataset(), epochs=2, verbose=0, sift=config)
     assert len(history.history["loss"]) == 2
     assert tfsift.sift_metrics()["kept_fraction"] == pytest.approx(0.5)
+    assert history.history["sift_kept"] == pytest.approx([0.5, 0.5])
+    epoch, total = tfsift.sift_metrics(epoch=True), tfsift.sift_metrics()
+    assert (epoch["samples_seen"], epoch["samples_kept"], epoch["epochs"]) == (N, N // 2, 2)
+    assert total["samples_seen"] == 2 * N
+    assert epoch["mean_loss_kept"] > epoch["mean_loss_scored"] > 0  # big_loss: the larger
 
 
 def test_fit_with_training_scores_hands_each_steps_losses_back_and_scores_nothing() -> None:
@@ -176,7 +182,7 @@ def test_fit_with_training_scores_hands_each_steps_losses_back_and_scores_nothin
 
 
 def test_fit_with_infobatch_on_arrays_plans_by_row_and_never_reads_a_pruned_row(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tfsift.parallel.arrays import ArrayDataset
 
@@ -188,22 +194,31 @@ def test_fit_with_infobatch_on_arrays_plans_by_row_and_never_reads_a_pruned_row(
         lambda self, rows: (read.extend(rows.tolist()), gather(self, rows))[1],
     )
     model = compiled_model()
-    config = tfsift.SiftConfig(
-        policy="infobatch", scores="training", stale=3, epochs=3, anneal=0.0, rescale="unbiased"
-    )
+    config = tfsift.SiftConfig(policy="infobatch", anneal=0.0)  # fit's epochs, its weights
     x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
-    model.fit(x, y, batch_size=B, epochs=3, verbose=0, sift=config)
+    history = model.fit(x, y, batch_size=B, epochs=3, verbose=1, sift=config)
     metrics = tfsift.sift_metrics()
     assert metrics["samples_scored"] == 0 and metrics["samples_reused"] == 2 * N
     assert metrics["policy/pruned"] > 0 and metrics["samples_kept"] < 3 * N
     assert len(read) == metrics["samples_kept"]  # the rows read are the rows trained
+    # each epoch's bar counts the batches it trained, not the first epoch's 4
+    epoch = tfsift.sift_metrics(epoch=True)
+    trained = [N // B, None, epoch["batches_yielded"]]
+    trained[1] = metrics["batches_yielded"] - trained[0] - trained[2]
+    assert trained[1] < N // B and trained[2] < N // B
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # Keras' colours
+    bars = [re.findall(r"(\d+/\d+) ━", epoch) for epoch in out.split("Epoch ")[1:]]
+    assert [bar[-1] for bar in bars] == [f"{n}/{n}" for n in trained], out
+    assert bars[1][0] == f"1/{trained[1]}"  # planned at the epoch's start, by row
+    # History: the fraction of each epoch's samples kept
+    assert history.history["sift_kept"] == pytest.approx([1.0, *(n * B / N for n in trained[1:])])
+    assert epoch["samples_seen"] == N and epoch["kept_fraction"] == trained[2] * B / N
+    assert epoch["mean_loss_scored"] is None  # ranked by the table, nothing scored: no NaN
 
 
 def test_fit_with_infobatch_for_other_epochs_than_it_trains_fails_before_training() -> None:
     model = compiled_model()
-    config = tfsift.SiftConfig(
-        policy="infobatch", scores="training", stale=3, epochs=3, rescale="unbiased"
-    )
+    config = tfsift.SiftConfig(policy="infobatch", epochs=3)
     with pytest.raises(ValueError) as err:
         model.fit(dataset(), epochs=5, verbose=0, sift=config)
     assert str(err.value) == (

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from tfsift.sift.adaptive import AdaptivePolicy, grad_norm_scores, method_scores
+from tfsift.sift.experimental.adaptive import AdaptivePolicy, grad_norm_scores, method_scores
 
 NAN = float("nan")
 

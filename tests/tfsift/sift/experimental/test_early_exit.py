@@ -12,13 +12,13 @@ import pytest
 import tensorflow as tf
 
 import tfsift
+from tfsift import hooks
 from tfsift.parallel import runtime
 from tfsift.planning.graph import trace
-from tfsift.sift import early_exit
-from tfsift.sift.early_exit import LOW_OVERLAP, EarlyExitScorer, cheap_exit, spearman
-from tfsift.sift.overlap import BATCH, FINISH, UPDATE, WaitModel
+from tfsift.sift.experimental import early_exit
+from tfsift.sift.experimental.early_exit import LOW_OVERLAP, EarlyExitScorer, cheap_exit, spearman
+from tfsift.sift.experimental.overlap import BATCH, FINISH, UPDATE, WaitModel
 from tfsift.sift.replicas import ReplicaGroup
-from tfsift.state import STATE
 
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
@@ -127,7 +127,7 @@ def test_a_round_scored_batch_by_batch_during_steps_equals_one_scored_whole() ->
     chunked.learn(kept)
     whole.learn(kept)
     chunked.prepare(second)
-    idle = STATE.idle_task
+    idle = hooks.stage0_wait()
     assert idle is not None
     assert idle.run(0, 0.0) is False  # no wait seen yet: nothing may run
     idle.arrived(0, 60.0, True)  # microbatch 0's gradients took a minute to come
@@ -172,7 +172,7 @@ def test_a_wait_with_room_for_the_whole_round_scores_it_in_one_unit() -> None:
         s(second)
         s.learn(kept)
     units.prepare(third)
-    idle = STATE.idle_task
+    idle = hooks.stage0_wait()
     assert idle is not None
     idle.arrived(0, 60.0, True)
     idle.waits.unit(0.001, UPDATE)  # a call of one source batch takes a millisecond
@@ -195,7 +195,7 @@ def test_a_unit_that_met_a_new_signature_says_nothing_about_a_units_cost() -> No
     s = overlap_scorer(first)
     s.learn(np.array([0, 2, 5]))
     s.prepare(second)
-    idle = STATE.idle_task
+    idle = hooks.stage0_wait()
     assert idle is not None
     idle.arrived(0, 60.0, True)
     assert idle.run(0, 0.0) is True  # the first call that also learns: a new signature
@@ -209,12 +209,12 @@ def test_a_prepared_round_not_sifted_next_is_scored_again() -> None:
     first, second, third = batches()
     s, fresh = overlap_scorer(first), scorer(first)
     s.prepare(second)
-    assert STATE.idle_task is not None
-    STATE.idle_task.arrived(1, 60.0, True)
-    assert STATE.idle_task.run(1, 0.0) is True
+    assert hooks.stage0_wait() is not None
+    hooks.stage0_wait().arrived(1, 60.0, True)
+    assert hooks.stage0_wait().run(1, 0.0) is True
     np.testing.assert_allclose(s(third).losses, fresh(third).losses, rtol=1e-6)
     assert s.metrics["overlapped_rounds"] == 0.0
-    assert STATE.idle_task.run(1, 0.0) is False  # the round was dropped: no work left
+    assert hooks.stage0_wait().run(1, 0.0) is False  # the round was dropped: no work left
 
 
 def score_one_batch(s: EarlyExitScorer) -> None:
@@ -231,7 +231,7 @@ def test_what_no_wait_scored_is_scored_in_one_call_and_new_sizes_trace_nothing()
     expected = whole(second).losses
     for leftover in range(9):
         s.prepare(second)
-        idle = STATE.idle_task
+        idle = hooks.stage0_wait()
         assert idle is not None
         for _ in range(8 - leftover):
             score_one_batch(s)
@@ -293,7 +293,7 @@ def test_overlap_that_finds_no_room_in_the_waits_says_so_once(
     with caplog.at_level(logging.WARNING, logger="tfsift"):
         for _ in range(6):
             s.prepare(second)
-            idle = STATE.idle_task
+            idle = hooks.stage0_wait()
             assert idle is not None
             idle.arrived(0, 60.0, True)
             for _ in range(units):
@@ -391,7 +391,8 @@ def test_overlap_at_stage_0s_end_asks_the_planner_for_room(
     model = Deep()
     config = tfsift.SiftConfig(scorer="early_exit", **changes)
     tfsift.sift(model, PER_SAMPLE, config)
-    assert model._tfsift.scored_batches == batches
+    reserved = hooks.stage0_reservation(model)  # what the planner reads (tfsift.hooks)
+    assert (reserved.forwards if reserved else 0.0) == batches
 
 
 @pytest.mark.parametrize("exit_after, measured", [(None, True), ("a", False)])
@@ -405,7 +406,8 @@ def test_overlap_at_stage_0s_end_gives_the_planner_a_calls_cost_before_any_step(
     x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
     source = tf.data.Dataset.from_tensor_slices((x, np.arange(32) % 3)).batch(16)
     source.apply(tfsift.sift(model, PER_SAMPLE, config))
-    call = model._tfsift.scoring_call
+    reserved = hooks.stage0_reservation(model)
+    call = reserved.call_seconds if reserved else None
     assert (call is not None) == measured
     if call is not None:  # rank 0 calls it with the traced model when it solves
         assert 0.0 < call(trace(model, [tf.constant(x[:4])]), 16) < 1.0

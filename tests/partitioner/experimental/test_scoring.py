@@ -2,18 +2,18 @@ import doctest
 
 import pytest
 
-import partitioner.scoring
+import partitioner.experimental.scoring
 from partitioner.costs import CostModel, LayerCost
+from partitioner.experimental.scoring import sifted_step_time, stage_waits, unheld
 from partitioner.partition import Partition
 from partitioner.schedule import build
-from partitioner.scoring import sifted_step_time, stage_waits, unheld
 from partitioner.simulator import simulate
 
 EQUAL = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(partitioner.scoring).failed == 0
+    assert doctest.testmod(partitioner.experimental.scoring).failed == 0
 
 
 def test_stage_0_waits_before_its_backwards_on_the_1f1b_schedule() -> None:

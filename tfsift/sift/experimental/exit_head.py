@@ -14,8 +14,8 @@ the updated head). So the step is spread over the calls that score the next roun
     round r+2's calls:  apply mean(r), score b1 + grads(r+1, b1) | ...
 
 A call then costs a scoring and the gradient of as many batches' kept rows as it scores
-(a unit of overlap may score several, ``tfsift.sift.overlap``), the first of a round also
-the optimizer's update, and every call of a round scores with the same head
+(a unit of overlap may score several, ``tfsift.sift.experimental.overlap``), the first
+of a round also the optimizer's update, and every call of a round scores with the same head
 (the one learnt from the rounds up to two before), however overlap split the round.
 With several replicas the mean is averaged at the round, where the losses are gathered
 anyway, over the replicas whose calls learnt something (all of them join it). With
@@ -426,11 +426,11 @@ class _NoGroup:
 def call_seconds(
     y: Any, out_shape: tuple[int, ...], loss: Callable[..., Any], repeats: int = CALL_REPEATS
 ) -> float:
-    """The fixed cost of an overlap unit's call, for the planner (``partitioner.scoring``):
-    the median seconds of ``ExitHead.score`` scoring one source batch (labels ``y``) and
-    learning one, with the default head on a feature of width 1 and no layers before it,
-    so that what it times is the call, the head and reading the losses, not a layer's
-    forward (the profile has those).
+    """The fixed cost of an overlap unit's call, for the planner
+    (``partitioner.experimental.scoring``): the median seconds of ``ExitHead.score``
+    scoring one source batch (labels ``y``) and learning one, with the default head on a
+    feature of width 1 and no layers before it, so that what it times is the call, the
+    head and reading the losses, not a layer's forward (the profile has those).
     """
     n = int(np.asarray(y).shape[0])
     x, labels = tf.zeros((n, 1)), tf.convert_to_tensor(y)

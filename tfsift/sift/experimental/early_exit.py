@@ -21,6 +21,7 @@ reported as ``exit_spearman``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -30,13 +31,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from partitioner.experimental.scoring import sifted_step_time
+from tfsift import hooks
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import StageBroadcast
 from tfsift.planning.graph import StageGraph
 from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
-from tfsift.sift.exit_head import ExitHead, call_seconds
-from tfsift.sift.overlap import BATCH, FINISH, UPDATE, WaitModel
+from tfsift.sift.experimental.exit_head import ExitHead, call_seconds
+from tfsift.sift.experimental.overlap import BATCH, FINISH, UPDATE, WaitModel
 from tfsift.sift.replicas import DEFAULT_EXIT, ReplicaGroup
 from tfsift.sift.scorer import (
     FullScorer,
@@ -46,7 +49,6 @@ from tfsift.sift.scorer import (
     partition_for_training,
     training_microbatch,
 )
-from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
 # Rounds between two Spearman checks against the full loss. A check runs the full model
@@ -88,11 +90,13 @@ class EarlyExitScorer(Scorer):
         self.scored_while_waiting = 0  # their source batches scored during training steps
         self.scored_chunks = 0  # of so many prepared source batches
         self.prepared_rounds = 0  # rounds prepared and sifted (advice after ADVICE_AFTER)
+        self._reservation: hooks.Reservation | None = None
         if config.overlap and config.exit_after is None and model.partitioned is None:
             # The default exit ends stage 0, so scoring costs stage 0 a forward of its own
             # layers per source batch, 1 / kept of them per step: the planner (at the first
             # step) then leaves it room in its waits by giving it fewer layers.
-            model._tfsift.scored_batches = 1 / config.expected_kept()
+            self._reservation = hooks.Reservation(1 / config.expected_kept(), sifted_step_time)
+            hooks.reserve_stage0(model, self._reservation)
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""
@@ -161,7 +165,7 @@ class EarlyExitScorer(Scorer):
     def prepare(self, element: Any) -> None:
         """With ``overlap``: stage 0 scores ``element`` while the next training steps
         wait for gradients, in units of as many source batches as are expected to fit in
-        the wait (``tfsift.sift.overlap``); the round that follows scores the rest."""
+        the wait (``tfsift.sift.experimental.overlap``); the round that follows scores the rest."""
         if not self.config.overlap:
             return
         x, y = _pair(element)
@@ -170,7 +174,7 @@ class EarlyExitScorer(Scorer):
         if self._stage != 0 or not B or n % B:
             return  # a round of a partial batch is scored whole, when it is sifted
         self._prepared = _Prepared(x, y, B)
-        STATE.idle_task = self._idle
+        hooks.offer_stage0_wait(self._idle)
 
     def _take_prepared(
         self, x: Any
@@ -204,7 +208,7 @@ class EarlyExitScorer(Scorer):
 
     def learn(self, kept: np.ndarray) -> None:
         """The head learns the kept samples of the last scoring, during the next round's
-        scoring calls (``tfsift.sift.exit_head``)."""
+        scoring calls (``tfsift.sift.experimental.exit_head``)."""
         if self._stage != 0:
             return
         if self._last is None:
@@ -248,15 +252,16 @@ class EarlyExitScorer(Scorer):
         on rank 0, times a scoring call's fixed cost (``exit_head.call_seconds``) on
         labels shaped as the dataset's, whether the first step comes before the first
         round or after it."""
-        if not self.model._tfsift.scored_batches or self.model.partitioned is not None:
+        if self._reservation is None or self.model.partitioned is not None:
             return
         labels = _pair(element_spec)[1]
 
         def measure(graph: Any, rows: int) -> float:
             y = np.zeros((rows, *labels.shape[1:]), labels.dtype.as_numpy_dtype)
-            return call_seconds(y, _out_shape(graph), self.loss)
+            return float(call_seconds(y, _out_shape(graph), self.loss))
 
-        self.model._tfsift.scoring_call = measure
+        self._reservation = dataclasses.replace(self._reservation, call_seconds=measure)
+        hooks.reserve_stage0(self.model, self._reservation)
 
     def _build(self, x: Any) -> None:
         if self._built:

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
-from tfsift.sift.exit_head import ExitHead, call_seconds
+from tfsift.sift.experimental.exit_head import ExitHead, call_seconds
 from tfsift.sift.replicas import ReplicaGroup
 
 PER_SAMPLE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfsift.sift.overlap import BATCH, FINISH, MARGIN, SMOOTHING, UPDATE, WaitModel
+from tfsift.sift.experimental.overlap import BATCH, FINISH, MARGIN, SMOOTHING, UPDATE, WaitModel
 
 
 def test_nothing_runs_before_a_wait_was_seen() -> None:

@@ -15,7 +15,7 @@ cost is fixed (one source batch took 0.38 ms to score, eight in one call 1.35 ms
 many calls of one, and what no wait had room for is scored at the round, where every
 stage waits for it (with ``SiftConfig(leftover="keep")`` it is kept unscored instead).
 The first unit of a round also applies the exit head's update
-(``tfsift.sift.exit_head``): when that update learnt the whole round at once it took
+(``tfsift.sift.experimental.exit_head``): when that update learnt the whole round at once it took
 3.5x a plain unit, and one estimate for both let it start where only a plain unit fits
 and then kept plain units out of waits they fit, so each kind has its own estimates. A
 third kind takes the head's gradient sums after a round's last unit (``FINISH``,
