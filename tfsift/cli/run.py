@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfsift.cli import restarts
+from tfsift.cli import hosts, restarts
 from tfsift.env import TFSIFT_EXIT_GRACE, TFSIFT_RESTART_COUNT, exit_grace
 from tfsift.parallel.launch import mpirun_command
 
@@ -404,27 +404,14 @@ def _check_slots(np: int, lists: list[tuple[str, str]], flags: Sequence[str]) ->
     as horovodrun does, unless ``--oversubscribe`` asks for more."""
     if not lists or {"-oversubscribe", "--oversubscribe"} & set(flags):
         return
-    slots = sum(_slots(name, hosts) for name, hosts in lists)
+    slots = sum(h.slots for name, text in lists for h in hosts.parse_list(text, name))
     if np > slots:
-        given = " ".join(f"{name} {hosts}" for name, hosts in lists)
+        given = " ".join(f"{name} {text}" for name, text in lists)
         raise ValueError(
             "-np must not exceed the slots the hosts give (host:n gives n, a bare host 1; "
             f"--oversubscribe allows more). Received: -np {np} exceeds the {slots} slots "
             f"given by {given}"
         )
-
-
-def _slots(name: str, hosts: str) -> int:
-    total = 0
-    for entry in hosts.split(","):
-        _, colon, count = entry.rpartition(":")
-        if not colon:
-            total += 1
-        elif count.isdigit() and int(count) > 0:
-            total += int(count)
-        else:
-            raise ValueError(f"{name} takes host:n[,host:n], n >= 1. Received: {name} {hosts}")
-    return total
 
 
 def _check_restarts(parsed: RunArgs) -> None:
