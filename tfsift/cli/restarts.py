@@ -46,8 +46,11 @@ class Outcome:
         return self.returncode != 0
 
     def describe(self) -> str:
-        """``exit code 1, ZeroDivisionError: division by zero``, for the messages."""
-        return f"exit code {self.returncode}, {self.error or NO_ERROR}"
+        """``exit code 1, ZeroDivisionError: division by zero``, for the messages (``killed
+        by signal 9`` where the launcher was ended by one)."""
+        code = self.returncode
+        status = f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
+        return f"{status}, {self.error or NO_ERROR}"
 
 
 def repeats(previous: Outcome | None, latest: Outcome) -> bool:

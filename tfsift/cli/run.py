@@ -35,6 +35,13 @@ tfsift.callbacks.BackupAndRestore). Each end is one line on stderr, ``tfsift run
 identically, with the same exit code and the same first Python error line (``ValueError:
 ...``, the first exception a rank printed), is a bug in the script: it stops the run
 after the first restart. Ctrl-C stops it too (docs/failures.md, Restarts).
+
+``--min-np M`` (with ``--restarts`` and hosts): before each restart, every host is probed
+with ssh, and the job is relaunched on those that answer, with the largest multiple of M
+ranks their slots and ``-np`` allow (at least M; all the hosts and ``-np`` again once they
+all answer). The script, restarted on fewer replicas, restores its checkpoint into that
+layout; ``tfsift.from_arrays(..., global_batch_size=G)`` keeps the global batch and the
+place in the epoch (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfsift.cli import hosts, restarts
+from tfsift.cli import hosts, restarts, shrink
 from tfsift.env import TFSIFT_EXIT_GRACE, TFSIFT_RESTART_COUNT, exit_grace
 from tfsift.parallel.launch import mpirun_command
 
@@ -172,13 +179,25 @@ def run(args: argparse.Namespace) -> int:
     # the user chose a level: all of it
     quiet = env[TF_CPP_MIN_LOG_LEVEL] == QUIET_TF and TF_CPP_MIN_LOG_LEVEL not in os.environ
 
+    given = shrink.Layout(parsed.np, parsed.mpirun_flags)
+    current = given
+
     def launch(attempt: int) -> restarts.Outcome:
         if parsed.restarts:
             env[TFSIFT_RESTART_COUNT] = str(attempt)
-        return launch_once(parsed, env, quiet)
+        where = dataclasses.replace(parsed, np=current.np, mpirun_flags=current.mpirun_flags)
+        return launch_once(where, env, quiet)
+
+    def before_restart(attempt: int) -> str | None:
+        nonlocal current
+        if parsed.min_np is None:
+            return None
+        shrunk = current != given
+        current, said = shrink.relaunch(given, parsed.min_np)
+        return said or (f"on every host given again, with -np {given.np}" if shrunk else None)
 
     try:
-        return restarts.attempts(parsed.restarts, launch, say)
+        return restarts.attempts(parsed.restarts, launch, say, before_restart)
     except KeyboardInterrupt:
         say("interrupted; not restarting")
         return 130
