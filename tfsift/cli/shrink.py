@@ -59,14 +59,15 @@ def without_hosts(flags: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def relaunch(given: Layout, min_np: int, probe: Probe = hosts.reachability) -> tuple[Layout, str]:
-    """Where the next attempt runs, and what to say about it ("" when on every host given).
+def relaunch(given: Layout, min_np: int, probe: Probe | None = None) -> tuple[Layout, str]:
+    """Where the next attempt runs, and what to say about it ("" when on every host given);
+    ``probe``: what says which hosts ssh reaches (``hosts.reachability``, looked up now).
 
     Raises:
         RuntimeError: the hosts that answer have fewer than ``min_np`` slots.
     """
     listed = given_hosts(given.mpirun_flags)
-    reach = probe(list(dict.fromkeys(h.name for h in listed)))
+    reach = (probe or hosts.reachability)(list(dict.fromkeys(h.name for h in listed)))
     lost = {name: why for name, why in reach.items() if why is not None}
     if not lost:
         return given, ""

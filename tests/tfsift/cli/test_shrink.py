@@ -196,3 +196,31 @@ def test_a_2x2_job_that_loses_host_2_finishes_on_host_1_as_2x1(
     print(f"resumed at step {first} on 2 x 1; the final weights differ by {worst:.2g} at most")
     for key, value in want_final.items():
         np.testing.assert_allclose(have_final[key], value, rtol=0, atol=1e-6, err_msg=key)
+
+
+def test_tfsift_run_shrinks_at_one_restart_and_grows_back_at_the_next(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from tfsift.cli import main, run
+
+    launched: list[tuple[int, tuple[str, ...]]] = []
+    probes = iter([{"b": TIMED_OUT}, {}])  # b lost at the first restart, back at the second
+
+    def command(parsed: run.RunArgs) -> list[str]:
+        launched.append((parsed.np, parsed.mpirun_flags))
+        code = 0 if len(launched) == 3 else 3
+        return [sys.executable, "-c", f"raise SystemExit({code})"]
+
+    monkeypatch.setattr(run, "command", command)
+    monkeypatch.setattr(shrink.hosts, "reachability", lambda names: probe_with(next(probes))(names))
+    argv = ["run", "--restarts", "2", "--min-np", "1", "-np", "2", "-H", "a:1,b:1", "t.py"]
+    assert main(argv) == 0
+    assert launched == [(2, ("--host", "a:1,b:1")), (1, ("--host", "a:1")),
+                        (2, ("--host", "a:1,b:1"))]  # fmt: skip
+    assert capfd.readouterr().err.splitlines() == [
+        f"tfsift run: attempt 1 of 3 failed (exit code 3, {NO_ERROR}); starting attempt 2 of 3 "
+        f"on a:1 with -np 1 instead of 2 (b unreachable: {TIMED_OUT})",
+        f"tfsift run: attempt 2 of 3 failed (exit code 3, {NO_ERROR}); starting attempt 3 of 3 "
+        "on every host given again, with -np 2",
+        "tfsift run: attempt 3 of 3 succeeded",
+    ]
