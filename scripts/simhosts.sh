@@ -14,6 +14,9 @@
 #                                    with the stand-in ssh first on PATH (it runs a command
 #                                    "on" a host by entering that host's namespace) and Open
 #                                    MPI's TCP traffic kept to the simulated hosts' subnet
+#                                    (OMPI_MCA_btl_tcp_if_include and _oob_tcp_if_include set
+#                                    to 10.251.0.0/24, as a cluster names its interface:
+#                                    docs/cluster.md)
 #
 # TFSIFT_SIMHOSTS_PRIVATE=DIR: every host sees its own empty DIR (a tmpfs mounted there
 # for that host's processes only): a directory that is not shared between hosts.
@@ -73,5 +76,5 @@ case "${1:-}" in
     exec "$HERE/simhosts-bin/on-host" "${PREFIX}1" env PATH="$HERE/simhosts-bin:$PATH" \
       OMPI_MCA_btl_tcp_if_include="$NET.0/24" OMPI_MCA_oob_tcp_if_include="$NET.0/24" "$@"
     ;;
-  *) sed -n '2,21p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,22p' "$0" >&2; exit 2 ;;
 esac

@@ -8,6 +8,11 @@ from collections.abc import Callable
 #: JSON string, or path to a JSON file, read by ``tfsift.init()`` when no config is passed.
 TFSIFT_CONFIG = "TFSIFT_CONFIG"
 
+#: Set by ``tfsift run --restarts N`` for the ranks (exported to every host): how many times
+#: the job was restarted before this attempt, ``0`` the first (torchrun's
+#: ``TORCHELASTIC_RESTART_COUNT``); a script may read it, tfsift does not.
+TFSIFT_RESTART_COUNT = "TFSIFT_RESTART_COUNT"
+
 #: Seconds a rank that leaves the script waits for every other rank to leave too before it
 #: decides it left early and ends the job (``docs/failures.md``); default ``EXIT_GRACE``.
 TFSIFT_EXIT_GRACE = "TFSIFT_EXIT_GRACE"

@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 from tfsift.parallel.launch import mpirun_command  # noqa: E402
 
 Result = dict[str, Any]
+SIMHOSTS = ROOT / "scripts" / "simhosts.sh"  # simulated hosts: network namespaces
 OUT_DIR = "TFSIFT_BENCH_OUT"  # where a worker rank writes rank<r>.json
 # A rank stands in for a device: one compute thread each, so that K ranks on K cores
 # compare with one process on one core.
@@ -69,6 +70,7 @@ def run_job(
     bind: str = "core",
     python: str = sys.executable,
     env: dict[str, str] | None = None,
+    hosts: str | None = None,
 ) -> list[Result]:
     """Runs ``worker args`` on ``np`` ranks and returns each rank's JSON, by rank.
 
@@ -77,13 +79,16 @@ def run_job(
     only if it fails. Ranks are bound to a core each (``bind``, mpirun's ``--bind-to``).
     With ``mpi=False`` (``np`` must be 1) it runs without ``mpirun``. ``python`` runs
     the worker: another environment's (a peer framework's) for a peer's worker; ``env``
-    adds variables to the job's environment.
+    adds variables to the job's environment. ``hosts`` (mpirun's ``--host`` list) runs
+    the job on the simulated hosts (``scripts/simhosts.sh exec``, which must have made them).
     A job still running after ``timeout`` seconds is terminated and reported as failed.
     """
     argv = [str(worker), *args]
     if not mpi and np != 1:
         raise ValueError(f"a job without mpirun runs one process. Received: np={np}")
     cmd = launch_command(np, argv, bind, python) if mpi else [python, *argv]
+    if hosts is not None:
+        cmd = ["bash", str(SIMHOSTS), "exec", *cmd[:3], "--host", hosts, *cmd[3:]]
     with tempfile.TemporaryDirectory(prefix="tfsift-bench-") as folder:
         out = Path(folder)
         tail = _run(cmd, environment({**(env or {}), OUT_DIR: str(out)}), timeout)

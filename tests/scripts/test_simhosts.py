@@ -56,3 +56,22 @@ def test_bad_arguments_say_what_was_expected() -> None:
     got = simhosts("up", "zero")
     assert got.returncode == 2
     assert "simhosts: up needs a number of hosts 1-99. Received: 'zero'" in got.stderr
+
+
+def test_ssh_to_a_host_whose_link_is_down_fails_as_ssh_does(two_hosts: int) -> None:
+    def ssh() -> subprocess.CompletedProcess[str]:
+        return simhosts("exec", "ssh", "-o", "ConnectTimeout=2", mpi.address(2), "hostname")
+
+    link = ["ip", "-n", "tfsift-h2", "link", "set", "tfsift0"]
+    subprocess.run([*link, "down"], check=True)
+    try:
+        cut = ssh()
+    finally:
+        subprocess.run([*link, "up"], check=True)
+    assert cut.returncode == 255 and cut.stdout == ""
+    assert cut.stderr in (
+        f"ssh: connect to host 10.251.0.2 port 22: {why}\n"
+        for why in ("Connection timed out", "No route to host")
+    ), cut.stderr
+    back = ssh()
+    assert (back.returncode, back.stdout) == (0, "tfsift-h2\n"), back.stderr

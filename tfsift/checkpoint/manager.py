@@ -20,7 +20,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tfsift.checkpoint import codec, collective, files, lock, random_state, shared, weights
+from tfsift.checkpoint import (
+    codec,
+    collective,
+    files,
+    lock,
+    random_state,
+    relayout,
+    shared,
+    weights,
+)
 from tfsift.checkpoint import optimizer as optimizer_lib
 from tfsift.checkpoint.files import CheckpointError, FileEntry
 from tfsift.checkpoint.manifest import (
@@ -150,7 +159,8 @@ class CheckpointManager:
         ones are skipped with a warning naming the file). A model that has not run a step
         is partitioned first, for the inputs the manifest records. Weights are matched by
         layer path, so the checkpoint may come from another partitioning or replica
-        count; the sifting and random states are restored when R and K are unchanged.
+        count; the sifting and random states are restored when R and K are unchanged,
+        and the sifting state of a dataset sifted by row under any layout.
 
         Raises:
             ValueError: the checkpoint does not fit this model (a layer path is missing
@@ -226,8 +236,11 @@ class CheckpointManager:
         if self.optimizer is not None:
             _load_optimizer(self.optimizer, weights.trainable(self.model, part), ckpt)
         if (m.replicas, m.partitions) != (rt.topology.replicas, rt.topology.partitions):
+            sift = None if self.sifter is None else relayout.sift_state(ckpt, m.replicas, rt)
+            if self.sifter is not None and sift is not None:
+                self.sifter.load_state(sift)
             if rt.rank == 0:
-                _warn_other_layout(source, m, rt)
+                _warn_other_layout(source, m, rt, sift is not None)
             return
         state = codec.unpack(ckpt.arrays(state_file(rt.replica, rt.stage)))
         weights.assign(weights.local(self.model, part), state["variables"], source)
@@ -236,16 +249,23 @@ class CheckpointManager:
             self.sifter.load_state(state["sift"])
 
 
-def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime) -> None:
+def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime, sifted: bool) -> None:
+    sifting = (
+        "the sifting state of the dataset sifted by row carries over (tfsift.checkpoint."
+        "relayout); the random-generator states start afresh"
+        if sifted
+        else "the sifting and random-generator states start afresh"
+    )
     log.warning(
         "%s was saved with %d replica(s) x %d stage(s) and is restored into %d x %d: "
         "every replica takes replica 0's variables (BatchNorm statistics included) and "
-        "optimizer state; the sifting and random-generator states start afresh",
+        "optimizer state; %s",
         source,
         m.replicas,
         m.partitions,
         rt.topology.replicas,
         rt.topology.partitions,
+        sifting,
     )
 
 

@@ -2,9 +2,11 @@
 
 Each check is a small function returning a ``Check``; ``run`` calls them in order, prints
 one line each (and the fix under anything wrong) and exits 1 when a required piece is
-missing; ``-np N`` also checks that N ranks on this host can have one GPU each. The
-checks import TensorFlow and Horovod only through ``_import``, so a test can pretend any
-of them is absent.
+missing; ``-np N`` also checks that N ranks on this host can have one GPU each, and
+``-H host1,host2`` (or ``--hostfile``) checks the hosts of a job across them
+(``tfsift.cli.preflight``: ssh, the same versions, MPI between them, and with
+``--checkpoint-dir`` a shared directory). The checks import TensorFlow and Horovod only
+through ``_import``, so a test can pretend any of them is absent.
 """
 
 from __future__ import annotations
@@ -74,6 +76,22 @@ def add_subcommand(commands: Any) -> None:
         metavar="N",
         help="ranks you will start on this host: check that each can have its own GPU",
     )
+    cmd.add_argument(
+        "-H",
+        "--host",
+        dest="hosts",
+        metavar="HOST[:N],...",
+        help="the job's hosts: check that ssh reaches each, that each has the same Python, "
+        "tfsift, TensorFlow, Keras, Horovod and mpi4py, and that MPI connects them",
+    )
+    cmd.add_argument(
+        "--hostfile", metavar="FILE", help="the job's hosts from an Open MPI hostfile, as -H"
+    )
+    cmd.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="with -H or --hostfile: check that every host sees this directory (shared)",
+    )
     cmd.set_defaults(func=run)
 
 
@@ -83,8 +101,35 @@ def run(args: argparse.Namespace | None = None) -> int:
 
     import_tensorflow_quietly()  # TensorFlow's start-up lines, filtered as tfsift run does
     checks = [probe() for probe in probes(getattr(args, "np", None))]
+    names = host_names(args)
+    if names:
+        from tfsift.cli import preflight
+
+        checks += preflight.checks(names, getattr(args, "checkpoint_dir", None))
     print(format_report(checks))
     return 1 if any(c.required and not c.ok for c in checks) else 0
+
+
+def host_names(args: argparse.Namespace | None) -> list[str]:
+    """The hosts ``-H`` or ``--hostfile`` name (slots dropped), in order, each once.
+
+    Raises:
+        SystemExit: ``--checkpoint-dir`` without hosts, or a bad host list or hostfile.
+    """
+    from tfsift.cli import hosts
+
+    listed, path = getattr(args, "hosts", None), getattr(args, "hostfile", None)
+    try:
+        found = hosts.parse_list(listed) if listed else []
+        found += hosts.parse_hostfile(path) if path else []
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"tfsift doctor: {err}") from None
+    if getattr(args, "checkpoint_dir", None) and not found:
+        raise SystemExit(
+            "tfsift doctor: --checkpoint-dir is checked across the hosts -H or --hostfile "
+            "names. Received: --checkpoint-dir without hosts"
+        )
+    return list(dict.fromkeys(h.name for h in found))
 
 
 def probes(ranks: int | None = None) -> list[Callable[[], Check]]:

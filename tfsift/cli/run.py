@@ -25,6 +25,23 @@ line (``STARTUP_NOISE``). Everything else passes through unchanged. When a rank'
 says tfsift is aborting the job and mpirun is still running ``TFSIFT_EXIT_GRACE`` seconds
 later (across hosts it waits for the daemon of a host the network lost), ``tfsift run``
 ends mpirun and its children, saying so.
+
+``--restarts N`` (tfsift run's own flag, torchrun's ``--max-restarts``): when the job
+fails (a rank exits non-zero or is killed, the watchdog ends it, a host drops), the same
+command is launched again, up to N times, with ``TFSIFT_RESTART_COUNT`` (0, 1, ...) set
+for the ranks; the script resumes from its last complete checkpoint (CheckpointManager,
+tfsift.callbacks.BackupAndRestore). Each end is one line on stderr, ``tfsift run: attempt
+1 of 3 failed (exit code 137, ...); starting attempt 2 of 3``. A failure that repeats
+identically, with the same exit code and the same first Python error line (``ValueError:
+...``, the first exception a rank printed), is a bug in the script: it stops the run
+after the first restart. Ctrl-C stops it too (docs/failures.md, Restarts).
+
+``--min-np M`` (with ``--restarts`` and hosts): before each restart, every host is probed
+with ssh, and the job is relaunched on those that answer, with the largest multiple of M
+ranks their slots and ``-np`` allow (at least M; all the hosts and ``-np`` again once they
+all answer). The script, restarted on fewer replicas, restores its checkpoint into that
+layout; ``tfsift.from_arrays(..., global_batch_size=G)`` keeps the global batch and the
+place in the epoch (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -43,7 +60,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfsift.env import TFSIFT_EXIT_GRACE, exit_grace
+from tfsift.cli import hosts, restarts, shrink
+from tfsift.env import TFSIFT_EXIT_GRACE, TFSIFT_RESTART_COUNT, exit_grace
 from tfsift.parallel.launch import mpirun_command
 
 # TensorFlow's C++ log threshold: 2 hides INFO and WARNING (the start-up lines), keeps
@@ -97,9 +115,10 @@ _HOST_LISTS = ("-H", "-host", "--host")  # the flags that list hosts with their 
 _SWITCHES = ("--oversubscribe", "--allow-run-as-root")  # mpirun_command's flags without values
 # What names a Python interpreter as the first word of the command, as horovodrun users type it.
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
+_RESTARTS, _MIN_NP = "--restarts", "--min-np"  # tfsift run's own flags, not mpirun's
 _USAGE = (
-    "tfsift run -np N [-H HOST:N,...] [MPIRUN FLAGS] [python] SCRIPT.py [ARGS] | "
-    "tfsift run -np N [FLAGS] [python | --] -m MODULE"
+    "tfsift run -np N [-H HOST:N,...] [--restarts N [--min-np N]] [MPIRUN FLAGS] [python] "
+    "SCRIPT.py [ARGS] | tfsift run -np N [FLAGS] [python | --] -m MODULE"
 )
 
 
@@ -112,12 +131,17 @@ class RunArgs:
         mpirun_flags: every other argument before the script, in order, for mpirun.
         script: the script and its arguments (or ``-m module ...``), for Python.
         python: the path of the interpreter the user named, or None for tfsift's own.
+        restarts: ``--restarts``: how many times a failed job is launched again.
+        min_np: ``--min-np``: relaunch on the hosts still reachable, with at least this
+            many ranks (None: always on the hosts given).
     """
 
     np: int
     mpirun_flags: tuple[str, ...]
     script: tuple[str, ...]
     python: str | None = None
+    restarts: int = 0
+    min_np: int | None = None
 
     @property
     def hosts_given(self) -> bool:
@@ -142,7 +166,8 @@ def add_subcommand(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Launches the job and returns mpirun's exit code."""
+    """Launches the job (again after a failure, up to ``--restarts`` times) and returns
+    mpirun's exit code of the last attempt."""
     if not args.argv or args.argv[0] in ("-h", "--help"):
         args.run_parser.print_help()
         return 0 if args.argv else 2
@@ -153,12 +178,51 @@ def run(args: argparse.Namespace) -> int:
     env = environment(os.environ)
     # the user chose a level: all of it
     quiet = env[TF_CPP_MIN_LOG_LEVEL] == QUIET_TF and TF_CPP_MIN_LOG_LEVEL not in os.environ
+
+    given = shrink.Layout(parsed.np, parsed.mpirun_flags)
+    current = given
+
+    def launch(attempt: int) -> restarts.Outcome:
+        if parsed.restarts:
+            env[TFSIFT_RESTART_COUNT] = str(attempt)
+        where = dataclasses.replace(parsed, np=current.np, mpirun_flags=current.mpirun_flags)
+        return launch_once(where, env, quiet)
+
+    def before_restart(attempt: int) -> str | None:
+        nonlocal current
+        if parsed.min_np is None:
+            return None
+        shrunk = current != given
+        current, said = shrink.relaunch(given, parsed.min_np)
+        return said or (f"on every host given again, with -np {given.np}" if shrunk else None)
+
+    try:
+        return restarts.attempts(parsed.restarts, launch, say, before_restart)
+    except KeyboardInterrupt:
+        say("interrupted; not restarting")
+        return 130
+
+
+def launch_once(parsed: RunArgs, env: Mapping[str, str], quiet: bool) -> restarts.Outcome:
+    """Runs mpirun once, forwarding the ranks' stderr; how it ended."""
+    watch = restarts.ErrorWatch()
     with subprocess.Popen(command(parsed), env=env, stderr=subprocess.PIPE) as proc:
         assert proc.stderr is not None
         ender = LingerGuard(proc, exit_grace())
-        forward(proc.stderr, sys.stderr.buffer, quiet=quiet, seen=ender.seen)
+
+        def seen(line: bytes) -> None:
+            ender.seen(line)
+            watch.seen(line)
+
+        forward(proc.stderr, sys.stderr.buffer, quiet=quiet, seen=seen)
     ender.cancel()
-    return proc.returncode
+    return restarts.Outcome(proc.returncode, watch.error)
+
+
+def say(message: str) -> None:
+    """One line of ``tfsift run``'s own on stderr, among the ranks' lines."""
+    sys.stderr.write(f"tfsift run: {message}\n")
+    sys.stderr.flush()
 
 
 # A rank's line when tfsift ends the job (the abort hook, the watchdog, the exit check)
@@ -192,12 +256,11 @@ class LingerGuard:
     def _end(self) -> None:
         if self.proc.poll() is not None:
             return
-        sys.stderr.write(
-            f"tfsift run: mpirun had not ended {self.grace:g} s after a rank aborted the job "
+        say(
+            f"mpirun had not ended {self.grace:g} s after a rank aborted the job "
             f"(a host may be unreachable: its daemon never confirms); ending mpirun "
-            f"({TFSIFT_EXIT_GRACE} sets the wait)\n"
+            f"({TFSIFT_EXIT_GRACE} sets the wait)"
         )
-        sys.stderr.flush()
         # its children first (the ssh to the lost host, local daemons): they hold the
         # output pipes open, and nothing else would end them
         for pid in descendants(self.proc.pid):
@@ -250,29 +313,38 @@ def parse(argv: Sequence[str]) -> RunArgs:
     """Splits ``-np N [mpirun flags] [python] script.py [args]`` (or ``... -- -m module``).
 
     Example:
-        >>> parse(["-np", "2", "-H", "a:2", "python", "t.py", "-v"])
-        RunArgs(np=2, mpirun_flags=('--host', 'a:2'), script=('t.py', '-v'), python=None)
+        >>> parse(["-np", "2", "-H", "a:2", "python", "t.py", "-v"])  # doctest: +ELLIPSIS
+        RunArgs(np=2, mpirun_flags=('--host', 'a:2'), script=('t.py', '-v'), python=None, ...)
+        >>> parse(["--restarts", "3", "-np", "2", "t.py"]).restarts
+        3
 
     Raises:
-        ValueError: no script, no valid ``-np``, or more ranks than the ``-H`` slots.
+        ValueError: no script, no valid ``-np``, more ranks than the ``-H`` slots, or
+            ``--restarts``/``--min-np`` without a valid value or the flags they need.
     """
     flags, python, script = _split_command(list(argv))
-    np: int | None = None
+    values: dict[str, int] = {}
     rest: list[str] = []
     i = 0
     while i < len(flags):
         name, eq, value = flags[i].partition("=")
-        if name not in _NP:
+        key = "-np" if name in _NP else name
+        if key not in ("-np", _RESTARTS, _MIN_NP):
             rest.append(flags[i])
         elif eq or i + 1 < len(flags):
-            np = _count(value if eq else flags[i + 1])
+            values[key] = _count(key, value if eq else flags[i + 1], 0 if key == _RESTARTS else 1)
             i += 0 if eq else 1
         i += 1
-    if np is None:
+    if "-np" not in values:
         raise ValueError(f"-np N is required. Received: {' '.join(argv)}")
+    np = values["-np"]
     rest, lists = _hosts(rest)
     _check_slots(np, lists, rest)
-    return RunArgs(np, tuple(rest), tuple(script), python)
+    parsed = RunArgs(
+        np, tuple(rest), tuple(script), python, values.get(_RESTARTS, 0), values.get(_MIN_NP)
+    )
+    _check_restarts(parsed)
+    return parsed
 
 
 def command(parsed: RunArgs) -> list[str]:
@@ -290,6 +362,7 @@ def command(parsed: RunArgs) -> list[str]:
     dropped |= {"--oversubscribe"} if parsed.hosts_given else set()
     launcher = [f for f in launcher if f not in dropped]
     export = ["-x", TF_CPP_MIN_LOG_LEVEL]
+    export += ["-x", TFSIFT_RESTART_COUNT] if parsed.restarts else []
     return [*launcher, *export, *parsed.mpirun_flags, parsed.python or python, *parsed.script]
 
 
@@ -350,9 +423,9 @@ def _check_slots(np: int, lists: list[tuple[str, str]], flags: Sequence[str]) ->
     as horovodrun does, unless ``--oversubscribe`` asks for more."""
     if not lists or {"-oversubscribe", "--oversubscribe"} & set(flags):
         return
-    slots = sum(_slots(name, hosts) for name, hosts in lists)
+    slots = sum(h.slots for name, text in lists for h in hosts.parse_list(text, name))
     if np > slots:
-        given = " ".join(f"{name} {hosts}" for name, hosts in lists)
+        given = " ".join(f"{name} {text}" for name, text in lists)
         raise ValueError(
             "-np must not exceed the slots the hosts give (host:n gives n, a bare host 1; "
             f"--oversubscribe allows more). Received: -np {np} exceeds the {slots} slots "
@@ -360,24 +433,32 @@ def _check_slots(np: int, lists: list[tuple[str, str]], flags: Sequence[str]) ->
         )
 
 
-def _slots(name: str, hosts: str) -> int:
-    total = 0
-    for entry in hosts.split(","):
-        _, colon, count = entry.rpartition(":")
-        if not colon:
-            total += 1
-        elif count.isdigit() and int(count) > 0:
-            total += int(count)
-        else:
-            raise ValueError(f"{name} takes host:n[,host:n], n >= 1. Received: {name} {hosts}")
-    return total
+def _check_restarts(parsed: RunArgs) -> None:
+    """``--min-np`` shrinks a restarted job onto the hosts left: it needs restarts, hosts,
+    and at most ``-np`` ranks."""
+    if parsed.min_np is None:
+        return
+    if not parsed.restarts:
+        raise ValueError(
+            f"{_MIN_NP} applies when a failed job is restarted: give --restarts N (N >= 1) "
+            f"too. Received: {_MIN_NP} {parsed.min_np} without --restarts"
+        )
+    if not parsed.hosts_given:
+        raise ValueError(
+            f"{_MIN_NP} relaunches on the hosts still reachable: name them with -H or "
+            f"--hostfile. Received: {_MIN_NP} {parsed.min_np} without hosts"
+        )
+    if parsed.min_np > parsed.np:
+        raise ValueError(
+            f"{_MIN_NP} must not exceed -np. Received: {_MIN_NP} {parsed.min_np}, -np {parsed.np}"
+        )
 
 
-def _count(text: str) -> int:
+def _count(flag: str, text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"-np must be an integer >= 1. Received: -np {text}")
+        value = least - 1
+    if value < least:
+        raise ValueError(f"{flag} must be an integer >= {least}. Received: {flag} {text}")
     return value

@@ -20,6 +20,17 @@ Order: epoch e (1 the first) permutes the rows with ``default_rng([seed, e])`` (
 permutation with ``shuffle=False``) and deals them round-robin to the R data-parallel
 replicas, each keeping ``n // R`` (the rest is left out of that epoch); every rank of
 a pipeline computes the same order, with no message. Each iteration is the next epoch.
+
+Global batches: step t of an epoch takes replica r's rows ``r + R i`` of the permutation,
+``i`` in ``[t B, (t + 1) B)``, so the R replicas together take its rows ``[t G, (t + 1)
+G)``, G = R B, whatever R is. With ``global_batch_size=G`` (each replica takes B = G / R),
+a job relaunched on fewer replicas trains the same samples at the same step, and an epoch
+has ``n // G`` steps on any layout: a step number is a position in the data that every
+layout shares (``RowDataset.start_at``)::
+
+    permutation:  p0 p1 p2 p3 | p4 p5 p6 p7 | ...     G = 4
+    R = 2, B = 2: r0 p0 p2, r1 p1 p3 | r0 p4 p6, r1 p5 p7 | ...
+    R = 1, B = 4: r0 p0 p1 p2 p3     | r0 p4 p5 p6 p7     | ...
 """
 
 from __future__ import annotations
@@ -52,7 +63,36 @@ class RowDataset(PythonDataset):
         self.replicas, self.replica = rt.topology.replicas, rt.replica
         self.share = rows // self.replicas  # rows per replica and epoch
         self.epochs = 0  # epochs begun
+        self._skip = 0  # batches the next epoch leaves out at its start (start_at)
         super().__init__(spec, cardinality=self.share // batch_size)
+
+    @property
+    def global_batch(self) -> int:
+        """G, the samples a step takes over all replicas: R times the batch size."""
+        return self.batch_size * self.replicas
+
+    def start_at(self, step: int) -> None:
+        """Makes the next pass over the dataset start at step ``step``, counted from the
+        first epoch's first batch: epoch ``step // S + 1`` (S batches per epoch), at its
+        batch ``step % S``; each pass after it is the next epoch, as before.
+
+        For a custom loop resuming from a checkpoint: ``train.start_at(ckpt.restore() or
+        0)``. With ``global_batch_size``, S and each step's samples are the same on any
+        number of replicas, so a job relaunched on fewer hosts takes up the epoch where
+        the saved one stopped, no sample trained twice or left out. (A dataset sifted by
+        row keeps its position in its own checkpointed state instead.)
+
+        Example:
+            >>> train = tfsift.from_arrays((x, y), global_batch_size=256)  # doctest: +SKIP
+            >>> train.start_at(ckpt.restore() or 0)                         # doctest: +SKIP
+
+        Raises:
+            ValueError: ``step`` is negative.
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"start_at: step must be an int >= 0. Received: {step!r}")
+        per_epoch = self.share // self.batch_size
+        self.epochs, self._skip = int(step) // per_epoch, int(step) % per_epoch
 
     def order(self, epoch: int, rows: np.ndarray | None = None) -> np.ndarray:
         """This replica's rows of epoch ``epoch``: ``rows`` (default: all), permuted with
@@ -72,7 +112,8 @@ class RowDataset(PythonDataset):
     def _elements(self) -> Iterator[Any]:
         self.epochs += 1
         rows, B = self.order(self.epochs), self.batch_size
-        for start in range(0, len(rows) - B + 1, B):
+        first, self._skip = self._skip * B, 0
+        for start in range(first, len(rows) - B + 1, B):
             yield self.gather(rows[start : start + B])
 
 
@@ -94,7 +135,14 @@ class ArrayDataset(RowDataset):
         return tree.pack_sequence_as(self.data, [leaf[rows] for leaf in self.leaves])
 
 
-def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0) -> ArrayDataset:
+def from_arrays(
+    data: Any,
+    batch_size: int | None = None,
+    *,
+    global_batch_size: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+) -> ArrayDataset:
     """In-memory arrays as this replica's shard of batches, gathered by row.
 
     The same batches as ``tfsift.shard(tf.data.Dataset.from_tensor_slices(data),
@@ -103,7 +151,11 @@ def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int =
     ``tfsift.sift`` with ``policy="infobatch"`` leaves pruned samples out of the epoch
     without reading them. Each pass over it is the next epoch: epoch e permutes the rows
     with ``default_rng([seed, e])``, then deals them to the replicas (``n // R`` each);
-    every replica yields ``n // R // batch_size`` batches.
+    every replica yields ``n // R // batch_size`` batches. ``global_batch_size=G`` in
+    place of ``batch_size`` gives each replica ``G / R``: the same samples at every step
+    on any number of replicas, for a job that may be relaunched on fewer hosts
+    (``tfsift run --min-np``, docs/cluster.md); ``train.start_at(step)`` makes the next
+    pass start at a step of its epoch, for a custom loop that resumes from a checkpoint.
 
     Example:
         >>> train = tfsift.from_arrays((x_train, y_train), batch_size=128)
@@ -113,16 +165,20 @@ def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int =
     Args:
         data: an array, or a tuple or dict of arrays (NumPy, or anything ``np.asarray``
             takes), one sample per row, all with the same number of rows.
-        batch_size: B, divisible by the config's ``microbatches``.
+        batch_size: B, each replica's batch, divisible by the config's ``microbatches``.
+        global_batch_size: G, the batch of a step over all R replicas, in place of
+            ``batch_size``: each replica takes G / R, divisible by ``microbatches``.
         shuffle: permute the rows at each epoch (False: row order, dealt to replicas).
         seed: the permutations' seed.
 
     Raises:
-        ValueError: arrays of unequal lengths or without rows, a batch size that is not a
-            positive multiple of ``microbatches``, or fewer rows per replica than a batch.
+        TypeError: a batch size that is not an int.
+        ValueError: arrays of unequal lengths or without rows, neither or both batch
+            sizes, a batch size that is not a positive multiple of ``microbatches`` (a
+            global one: of R times ``microbatches``), or fewer rows per replica than a batch.
     """
-    _check_int("from_arrays", "batch_size", batch_size)
-    return ArrayDataset(data, int(batch_size), bool(shuffle), int(seed))
+    B = _batch_size("from_arrays", batch_size, global_batch_size)
+    return ArrayDataset(data, B, bool(shuffle), int(seed))
 
 
 class RowsDataset(RowDataset):
@@ -170,8 +226,9 @@ class RowsDataset(RowDataset):
 def from_rows(
     load: Callable[[np.ndarray], Any],
     rows: int,
-    batch_size: int,
+    batch_size: int | None = None,
     *,
+    global_batch_size: int | None = None,
     shuffle: bool = True,
     seed: int = 0,
     element_spec: Any = None,
@@ -200,7 +257,9 @@ def from_rows(
             ``element_spec`` it is called once when the dataset is made, on rows
             ``0 .. batch_size - 1``, to learn them.
         rows: how many samples there are.
-        batch_size: B, divisible by the config's ``microbatches``.
+        batch_size: B, each replica's batch, divisible by the config's ``microbatches``.
+        global_batch_size: G, the batch of a step over all R replicas, in place of
+            ``batch_size`` (as ``from_arrays``'s).
         shuffle: permute the rows at each epoch (False: row order, dealt to replicas).
         seed: the permutations' seed.
         element_spec: a batch's structure of ``tf.TensorSpec``, as ``tf.data`` would
@@ -211,8 +270,9 @@ def from_rows(
     Raises:
         TypeError: ``load`` is not callable, ``rows`` or ``batch_size`` is not an int, or
             ``element_spec`` is not made of ``tf.TensorSpec``.
-        ValueError: ``rows`` < 1, a batch size that is not a positive multiple of
-            ``microbatches``, fewer rows per replica than a batch, an ``element_spec``
+        ValueError: ``rows`` < 1, neither or both batch sizes, a batch size that is not
+            a positive multiple of ``microbatches`` (a global one: of R times
+            ``microbatches``), fewer rows per replica than a batch, an ``element_spec``
             shape that is not a batch's, or a ``load`` whose result has not one row per
             index (or changes structure, dtypes or row shapes between calls, or differs
             from ``element_spec``).
@@ -223,11 +283,11 @@ def from_rows(
             f"{type(load).__name__}"
         )
     _check_int("from_rows", "rows", rows)
-    _check_int("from_rows", "batch_size", batch_size)
+    B = _batch_size("from_rows", batch_size, global_batch_size)
     if rows < 1:
         raise ValueError(f"from_rows: rows must be at least 1. Received: rows={rows}")
-    spec = None if element_spec is None else _batch_spec(element_spec, int(batch_size))
-    return RowsDataset(load, int(rows), int(batch_size), bool(shuffle), int(seed), spec)
+    spec = None if element_spec is None else _batch_spec(element_spec, B)
+    return RowsDataset(load, int(rows), B, bool(shuffle), int(seed), spec)
 
 
 def _layout(batch: Any) -> Any:
@@ -265,6 +325,31 @@ def _batch_spec(spec: Any, batch_size: int) -> Any:
                 f"Received: {s}"
             )
     return _spec(spec, batch_size)  # its first dimension batch_size
+
+
+def _batch_size(what: str, batch_size: Any, global_batch_size: Any) -> int:
+    """Each replica's batch: ``batch_size``, or ``global_batch_size`` shared by the R
+    replicas (which R times ``microbatches`` must divide)."""
+    if (batch_size is None) == (global_batch_size is None):
+        raise ValueError(
+            f"{what} takes batch_size (each replica's) or global_batch_size (all replicas' "
+            f"together), one of them. Received: batch_size={batch_size!r}, "
+            f"global_batch_size={global_batch_size!r}"
+        )
+    if batch_size is not None:
+        _check_int(what, "batch_size", batch_size)
+        return int(batch_size)
+    _check_int(what, "global_batch_size", global_batch_size)
+    rt = runtime.get()
+    R, M = rt.topology.replicas, rt.config.microbatches
+    if global_batch_size < 1 or global_batch_size % (R * M):
+        raise ValueError(
+            f"{what}: global_batch_size must be a positive multiple of replicas x "
+            f"microbatches = {R} x {M}, since each of the {R} replica(s) takes an equal "
+            f"share, split into {M} microbatches. Received: global_batch_size="
+            f"{global_batch_size}"
+        )
+    return int(global_batch_size) // R
 
 
 def _check_int(what: str, name: str, value: Any) -> None:

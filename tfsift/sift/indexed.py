@@ -20,6 +20,7 @@ pipeline's ranks yield the same batches. The score table is the streaming path's
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,11 +34,12 @@ from tfsift.sift.elements import sifted_spec, weighted
 from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
 from tfsift.sift.metrics import ScalarLog, SiftMetrics
 from tfsift.sift.recorder import Recorder
+from tfsift.sift.relayout import ROWS as ROWS  # marks a saved state as this sifter's
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
 
-ROWS = "rows"  # marks a saved state as this sifter's, not the streaming one's
+log = logging.getLogger("tfsift")
 
 
 class IndexedSifter:
@@ -70,6 +72,7 @@ class IndexedSifter:
             "batches_read": self.batches_read,
             "position": self.position,
             "rows": self.source.rows,
+            "global_batch": self.source.global_batch,
             "metrics": dataclasses.asdict(self.metrics),
             "cache": self.recorder.cache.state(),
             "recorder": self.recorder.state(),
@@ -98,6 +101,17 @@ class IndexedSifter:
         self.recorder.cache.load_state(state["cache"])
         self.recorder.load_state(state["recorder"])
         self._resume = int(state["position"])
+        saved = int(state.get("global_batch", self.source.global_batch))
+        if saved != self.source.global_batch and self._resume:
+            log.warning(
+                "tfsift: the sifting state was saved %d batches into its epoch by a job whose "
+                "replicas took %d samples a step together, and this one's take %d: the rest "
+                "of the epoch may train some samples twice and leave others out. Give "
+                "from_arrays or from_rows global_batch_size, the same in every job",
+                self._resume,
+                saved,
+                self.source.global_batch,
+            )
 
     def start_next_epoch(self) -> None:
         """After ``load_state`` of a state saved at an epoch's end: the next pass starts

@@ -74,6 +74,36 @@ def test_bad_command_lines_say_what_is_wrong(argv: list[str], message: str) -> N
     assert str(err.value) == message
 
 
+def test_restarts_and_min_np_are_tfsift_runs_own_flags(user_machine: None) -> None:
+    argv = ["-np", "2", "--restarts", "2", "-H", "a:1,b:1", "--min-np=1", "t.py", "--restarts"]
+    parsed = parse(argv)
+    assert parsed == RunArgs(2, ("--host", "a:1,b:1"), ("t.py", "--restarts"), None, 2, 1)
+    # the ranks learn the attempt, on every host
+    assert command(parsed) == [*DEFAULTS, "-x", "TFSIFT_RESTART_COUNT", "--host", "a:1,b:1",
+                               PY, "t.py", "--restarts"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["-np", "2", "--restarts", "-1", "t.py"],
+      "--restarts must be an integer >= 0. Received: --restarts -1"),
+     (["-np", "2", "--restarts", "1", "--min-np", "0", "-H", "a:2", "t.py"],
+      "--min-np must be an integer >= 1. Received: --min-np 0"),
+     (["-np", "2", "--min-np", "1", "-H", "a:2", "t.py"],
+      "--min-np applies when a failed job is restarted: give --restarts N (N >= 1) too. "
+      "Received: --min-np 1 without --restarts"),
+     (["-np", "2", "--restarts", "1", "--min-np", "1", "t.py"],
+      "--min-np relaunches on the hosts still reachable: name them with -H or --hostfile. "
+      "Received: --min-np 1 without hosts"),
+     (["-np", "2", "--restarts", "1", "--min-np", "4", "-H", "a:2,b:2", "t.py"],
+      "--min-np must not exceed -np. Received: --min-np 4, -np 2")],
+)  # fmt: skip
+def test_bad_restart_flags_say_what_is_wrong(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse(argv)
+    assert str(err.value) == message
+
+
 @pytest.mark.parametrize(
     "argv, tail",
     [(["-np", "2", "python", "train.py", "--lr", "3"], [PY, "train.py", "--lr", "3"]),

@@ -259,3 +259,68 @@ def test_from_rows_strings_of_any_width_are_one_dtype() -> None:
 
     train = tfsift.from_rows(load, N, B, shuffle=False)
     assert [b.numpy().astype(str).tolist() for b in train][-1] == names[-4 - B : -4].tolist()
+
+
+def fake_runtime(monkeypatch: pytest.MonkeyPatch, replicas: int, replica: int, M: int = 1) -> None:
+    fake = SimpleNamespace(
+        topology=SimpleNamespace(replicas=replicas),
+        replica=replica,
+        config=SimpleNamespace(microbatches=M),
+    )
+    monkeypatch.setattr(arrays.runtime, "get", lambda: fake)
+
+
+def test_a_global_batch_takes_the_same_samples_at_each_step_on_any_number_of_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    G = 12
+    steps: dict[int, list[set[int]]] = {}
+    for R in (1, 2, 3, 4):
+        union: list[set[int]] = []
+        for r in range(R):
+            fake_runtime(monkeypatch, R, r, M=1)
+            train = tfsift.from_arrays(data(), global_batch_size=G, seed=3)
+            assert (train.batch_size, train.global_batch) == (G // R, G)
+            for t, (x, _) in enumerate(train):
+                if r == 0:
+                    union.append(set())
+                union[t] |= set(rows_of(x))
+        steps[R] = union
+    perm = np.random.default_rng([3, 1]).permutation(N)
+    want = [set(perm[t * G : (t + 1) * G].tolist()) for t in range(N // G)]
+    assert steps == {1: want, 2: want, 3: want, 4: want}
+
+
+def test_start_at_resumes_the_epoch_at_that_step_and_goes_on_with_the_next() -> None:
+    tfsift.init({})
+    x, y = data()
+    whole = tfsift.from_arrays((x, y), 8, seed=2)
+    batches = [rows_of(b[0]) for _ in range(3) for b in whole]  # 12 batches an epoch
+    later = tfsift.from_arrays((x, y), global_batch_size=8, seed=2)
+    later.start_at(17)  # epoch 2, its 6th batch
+    resumed = [rows_of(b[0]) for _ in range(2) for b in later]
+    assert resumed == batches[17:]
+    with pytest.raises(ValueError, match=r"start_at: step must be an int >= 0. Received: -1"):
+        later.start_at(-1)
+
+
+def test_a_global_batch_size_is_checked_against_the_replicas_and_microbatches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_runtime(monkeypatch, replicas=2, replica=0, M=4)
+    with pytest.raises(ValueError) as err:
+        tfsift.from_arrays(data(), global_batch_size=12)
+    assert str(err.value) == (
+        "from_arrays: global_batch_size must be a positive multiple of replicas x "
+        "microbatches = 2 x 4, since each of the 2 replica(s) takes an equal share, split "
+        "into 4 microbatches. Received: global_batch_size=12"
+    )
+    for given in ({}, {"batch_size": 8, "global_batch_size": 16}):
+        with pytest.raises(ValueError) as err:
+            tfsift.from_rows(lambda rows: rows, N, **given)  # type: ignore[arg-type]
+        assert str(err.value) == (
+            "from_rows takes batch_size (each replica's) or global_batch_size (all replicas' "
+            f"together), one of them. Received: batch_size={given.get('batch_size')}, "
+            f"global_batch_size={given.get('global_batch_size')}"
+        )
+    assert tfsift.from_rows(lambda rows: rows, N, global_batch_size=16).batch_size == 8

@@ -1,0 +1,284 @@
+"""What does crossing hosts cost a 2-stage x 2-replica job, and which placement suits a slow link?
+
+Two simulated hosts (``scripts/simhosts.sh``) whose link is shaped inside their
+namespaces with ``tc`` (``tbf`` for a rate; ``netem`` for a delay, where the kernel has
+it), and a job of 4 ranks for each of three configurations:
+
+- one host: the 4 ranks on host 1 (their messages in shared memory), the reference;
+- 2 hosts, ``placement_strategy="cluster"``: each replica's two stages on one host, so the
+  replicas' gradient allreduce crosses the link;
+- 2 hosts, ``"spread"``: each replica's stages on the two hosts, so every pipeline
+  message (a microbatch's activations forward, its gradients back) crosses it.
+
+The model is a chain of Dense(width) layers cut in the middle (the same cut in every
+job), MSE, SGD, one compute thread per rank. For each link (the bare veth, 1 Gbit/s,
+100 Mbit/s) and configuration, in rotating order: the median step (the slowest rank's,
+steps started together), the bytes the hosts sent over the link per step (their
+``tfsift0`` counters: payload, TCP/IP headers and MPI's own messages), and the
+prediction of what crosses: the partitioner's cut bytes (``CostModel.prefix.input_bytes``,
+2 M messages per pipeline and step) and its time per message at the link's rate
+(``CostModel.cut_time``) for ``spread``; a ring allreduce of each stage's gradients,
+2 (R - 1) times its bytes in all, for ``cluster`` (the partitioner does not model the
+allreduce). Every configuration runs 4 ranks on this machine's cores alike: on 2 cores
+the steps are slower than on 4, and the cost of the link is the difference between the
+rows of one link.
+
+Needs root (network namespaces, tc). usage:
+    sudo .venv/bin/python scripts/bench_hosts.py [--quick] [--no-docs] [--json F] [--render F]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+from collections.abc import Sequence
+
+from bench import harness, report
+from bench.harness import ROOT, SIMHOSTS, Result, say
+from bench.main import Benchmark, run
+from partitioner.costs import CostModel, LayerCost
+
+WORKER = ROOT / "scripts" / "_bench_hosts_worker.py"
+IFACE = "tfsift0"  # the simulated hosts' link (scripts/simhosts.sh)
+NAMESPACES = ("tfsift-h1", "tfsift-h2")
+ONE_HOST, CLUSTER, SPREAD = "one host", "2 hosts, cluster", "2 hosts, spread"
+# (configuration, placement, mpirun's --host list): 4 ranks, 2 stages x 2 replicas
+CASES = (
+    (ONE_HOST, "cluster", "10.251.0.1:4"),
+    (CLUSTER, "cluster", "10.251.0.1:2,10.251.0.2:2"),
+    (SPREAD, "spread", "10.251.0.1:2,10.251.0.2:2"),
+)
+R = 2  # replicas
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A link shape: a rate (Mbit/s) and a one-way delay (ms), None for the bare veth's."""
+
+    name: str
+    rate_mbit: float | None = None
+    delay_ms: float | None = None
+
+    @property
+    def bandwidth(self) -> float | None:
+        """Bytes per second, or None (unshaped)."""
+        return None if self.rate_mbit is None else self.rate_mbit * 1e6 / 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    layers: int = 4
+    width: int = 1024
+    batch: int = 64  # each replica's
+    M: int = 4
+    warmup: int = 3
+    steps: int = 20
+    repeats: int = 3
+    links: tuple[Link, ...] = (
+        Link("the bare veth (unshaped)"),
+        Link("1 Gbit/s", rate_mbit=1000),
+        Link("100 Mbit/s", rate_mbit=100),
+    )
+
+    def worker_config(self, placement: str) -> Result:
+        fields = ("layers", "width", "batch", "M", "warmup", "steps")
+        return {f: getattr(self, f) for f in fields} | {"placement": placement}
+
+
+QUICK = Settings(
+    width=128, batch=16, M=2, warmup=1, steps=3, repeats=1,
+    links=(Link("the bare veth (unshaped)"), Link("100 Mbit/s", rate_mbit=100)),
+)  # fmt: skip
+
+
+def tc_commands(link: Link, namespace: str) -> list[list[str]]:
+    """The ``tc`` lines that shape ``namespace``'s outgoing link as ``link`` says: ``tbf``
+    for a rate (a burst of 10 ms of it, at least 32 KiB; packets queue up to 100 ms),
+    ``netem`` for a delay, ``tbf`` below ``netem`` for both; none for the bare link.
+
+    Example:
+        >>> " ".join(tc_commands(Link("slow", rate_mbit=100), "h1")[0][4:])
+        'tc qdisc replace dev tfsift0 root tbf rate 100mbit burst 125000 latency 100ms'
+    """
+    tc = ["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", IFACE]
+    bandwidth = link.bandwidth
+    tbf = []
+    if link.rate_mbit is not None and bandwidth is not None:
+        burst = max(32768, int(bandwidth / 100))
+        tbf = ["tbf", "rate", f"{link.rate_mbit:g}mbit", "burst", str(burst), "latency", "100ms"]
+    if link.delay_ms is None:
+        return [[*tc, "root", *tbf]] if tbf else []
+    netem = [[*tc, "root", "handle", "1:", "netem", "delay", f"{link.delay_ms:g}ms"]]
+    return netem + ([[*tc, "parent", "1:1", "handle", "10:", *tbf]] if tbf else [])
+
+
+def unshape_commands(namespace: str) -> list[str]:
+    return ["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", IFACE, "root"]
+
+
+def costs(s: Settings, link: Link) -> CostModel:
+    """The partitioner's cost model of the chain at one microbatch (B / M samples), with
+    the link's rate and delay; compute times are left at 0 (only the transfers are read)."""
+    params = 4 * (s.width * s.width + s.width)  # float32 kernel and bias
+    layer = LayerCost("dense", 0.0, 0.0, params, 0, output_bytes=4 * s.width)
+    return CostModel(
+        tuple(dataclasses.replace(layer, name=f"dense{i}") for i in range(s.layers)),
+        batch_size=s.batch // s.M,
+        bandwidth=link.bandwidth or 1e9,
+        latency=(link.delay_ms or 0.0) / 1e3,
+    )
+
+
+def predicted(s: Settings, case: str, link: Link) -> tuple[float, float | None]:
+    """What crosses the link per step (bytes, both ways together), and the seconds that
+    takes at the link's rate, one way (None on the unshaped link).
+
+    ``spread``: each of the R pipelines sends M microbatches' activations forward over
+    the cut and M gradients back, each the partitioner's cut bytes and ``cut_time``.
+    ``cluster``: each stage's 2 replicas average their gradients in a ring allreduce; with
+    one replica on each host, each sends its stage's gradient bytes once, 2 (R - 1) S in all.
+
+    Example:
+        >>> s = Settings(layers=2, width=4, batch=8, M=2)
+        >>> predicted(s, SPREAD, Link("x")), predicted(s, CLUSTER, Link("x"))
+        ((512.0, None), (320.0, None))
+    """
+    if case == ONE_HOST:
+        return 0.0, None
+    model = costs(s, link)
+    cut = s.layers // 2
+    if case == SPREAD:
+        messages = R * s.M  # each way
+        total = 2.0 * messages * float(model.prefix.input_bytes[cut])
+        seconds = messages * model.cut_time(cut - 1)
+    else:
+        grads = float(sum(layer.param_bytes for layer in model.layers))
+        total = 2.0 * (R - 1) * grads
+        seconds = (R - 1) * grads / model.bandwidth + model.latency
+    return total, seconds if link.bandwidth is not None else None
+
+
+def crossing_bytes(reports: Sequence[Result]) -> float:
+    """The bytes the hosts sent over the link per timed step: each host's counter, read
+    by the lowest rank on it."""
+    first: dict[str, Result] = {}
+    for got in sorted(reports, key=lambda r: r["rank"]):
+        first.setdefault(got["host"], got)
+    steps = len(reports[0]["times"])
+    return float(sum(got["bytes"]["tx_bytes"] for got in first.values())) / steps
+
+
+def simhosts(*args: str) -> None:
+    done = subprocess.run(["bash", str(SIMHOSTS), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"bench_hosts: simhosts.sh {' '.join(args)} failed: {done.stdout}{done.stderr}"
+        )
+
+
+def shape(link: Link) -> None:
+    for namespace in NAMESPACES:
+        subprocess.run(unshape_commands(namespace), capture_output=True, check=False)
+        for cmd in tc_commands(link, namespace):
+            subprocess.run(cmd, check=True)
+
+
+def measure(s: Settings) -> Result:
+    simhosts("check")
+    simhosts("up", "2")
+    out: dict[str, dict[str, list[Result]]] = {}
+    try:
+        for link in s.links:
+            shape(link)
+            jobs: dict[str, list[Result]] = {name: [] for name, _, _ in CASES}
+            cases = {name: (placement, hosts) for name, placement, hosts in CASES}
+            for repeat, name in harness.rotations(list(cases), s.repeats):
+                say(f"#{repeat} {link.name} | {name}")
+                placement, hosts = cases[name]
+                args = [json.dumps(s.worker_config(placement))]
+                reports = harness.run_job(WORKER, args, 4, bind="none", hosts=hosts, timeout=900)
+                step = statistics.median(reports[0]["times"])
+                jobs[name].append({"step_s": step, "bytes": crossing_bytes(reports)})
+            out[link.name] = jobs
+    finally:
+        simhosts("down")  # the shaping goes with the namespaces
+    return {"links": out}
+
+
+def rows(s: Settings, link: Link, jobs: dict[str, list[Result]]) -> list[list[str]]:
+    """One row per configuration: its median step, against one host's, and the bytes
+    measured and predicted to cross per step."""
+    step = {name: statistics.median(j["step_s"] for j in got) for name, got in jobs.items()}
+    out = []
+    for name, _, _ in CASES:
+        if name not in jobs:
+            continue
+        measured = statistics.median(j["bytes"] for j in jobs[name])
+        total, seconds = predicted(s, name, link)
+        out.append(
+            [
+                name,
+                f"{1e3 * step[name]:.1f}",
+                f"{step[name] / step[ONE_HOST]:.2f}x" if ONE_HOST in step else "",
+                {ONE_HOST: "nothing", CLUSTER: "the allreduce", SPREAD: "the stages' messages"}[
+                    name
+                ],
+                f"{measured / 1e6:.2f}",
+                f"{total / 1e6:.2f}",
+                "" if seconds is None else f"{1e3 * seconds:.1f}",
+            ]
+        )
+    return out
+
+
+def answer(link: Link, jobs: dict[str, list[Result]]) -> str:
+    """Which 2-host placement had the shorter step on ``link``, and by how much."""
+    if CLUSTER not in jobs or SPREAD not in jobs:
+        return ""
+    cluster = statistics.median(j["step_s"] for j in jobs[CLUSTER])
+    spread = statistics.median(j["step_s"] for j in jobs[SPREAD])
+    faster, slower = (SPREAD, CLUSTER) if spread < cluster else (CLUSTER, SPREAD)
+    ratio = max(cluster, spread) / min(cluster, spread)
+    fast, slow = (name.split(", ")[1] for name in (faster, slower))
+    return f"- {link.name}: `{fast}` ({ratio:.2f}x shorter step than `{slow}`)"
+
+
+def render(raw: Result, meta: Result, s: Settings) -> str:
+    links = {link.name: link for link in s.links}
+    parts = [
+        "## The cost of crossing hosts",
+        report.provenance(meta, f"sudo {BENCH.command}"),
+        f"2 stages x 2 replicas of {s.layers} x Dense({s.width}), relu, cut in the middle; "
+        f"MSE, SGD, B={s.batch} per replica, M={s.M}; 4 ranks, one compute thread each, on "
+        f"{meta['cores']} cores in every configuration; {s.repeats} job(s) per configuration "
+        f"in rotating order, each the median of {s.steps} steps after {s.warmup}. Bytes: "
+        "what the hosts sent over the link per step (measured: their counters; predicted: "
+        "the partitioner's cut bytes for the stages' messages, a ring allreduce for the "
+        "replicas'), and the seconds the prediction takes at the link's rate, one way.",
+        "Which 2-host placement had the shorter step:",
+        "\n".join(
+            filter(None, (answer(links[n], j) for n, j in raw["links"].items() if n in links))
+        ),
+    ]
+    header = ["configuration", "step ms", "vs one host", "crosses the link",
+              "MB/step measured", "MB/step predicted", "predicted link ms"]  # fmt: skip
+    for name, jobs in raw["links"].items():
+        if name in links:
+            parts += [f"**{name}**", report.table(header, rows(s, links[name], jobs))]
+    return "\n\n".join(parts)
+
+
+BENCH = Benchmark(
+    name="hosts",
+    question=__doc__.splitlines()[0],
+    full=Settings(),
+    quick=QUICK,
+    measure=measure,
+    render=render,
+)
+
+
+if __name__ == "__main__":
+    run(BENCH)
