@@ -104,7 +104,7 @@ class IndexedSifter:
         saved = int(state.get("global_batch", self.source.global_batch))
         if saved != self.source.global_batch and self._resume:
             log.warning(
-                "tfsift: the sifting state was saved %d batches into its epoch by a job whose "
+                "the sifting state was saved %d batches into its epoch by a job whose "
                 "replicas took %d samples a step together, and this one's take %d: the rest "
                 "of the epoch may train some samples twice and leave others out. Give "
                 "from_arrays or from_rows global_batch_size, the same in every job",
