@@ -31,7 +31,7 @@ from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.elements import sifted_spec, weighted
 from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
-from tfsift.sift.metrics import ScalarLog, SiftMetrics
+from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_nonfinite
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.stale import ScoreCache
@@ -139,10 +139,16 @@ class IndexedSifter:
         delayed = self.batches_read < self.config.delay
         self.policy.begin_epoch(1 if delayed else epoch, keys, scores)  # epoch 1 never prunes
         # this replica's share of the epoch's candidates (the plan is over all of them)
-        R, scored = self.source.replicas, int(np.isfinite(scores).sum())
+        fresh = self.recorder.cache.fresh(epoch)
+        R, scored = self.source.replicas, int(fresh.sum())
         self.metrics.samples_seen += self.source.share
         self.metrics.samples_reused += scored // R
         self.metrics.samples_unscored += (self.source.rows - scored) // R
+        # a NaN loss recorded is counted whole, not shared out: one must never round to 0
+        bad = int((fresh & ~np.isfinite(scores)).sum())
+        if runtime.get().rank == 0:  # every rank holds the same table: one warning
+            warn_nonfinite(self.metrics, bad, scored, kept=True)
+        self.metrics.nonfinite_losses += bad
         self.metrics.policy = self.policy.metrics()
 
     def _order(self) -> tuple[np.ndarray, np.ndarray]:

@@ -48,7 +48,7 @@ from tfsift.sift.early_exit import EarlyExitScorer
 from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
 from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs, warn_past_the_run
-from tfsift.sift.metrics import ScalarLog, SiftMetrics
+from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_nonfinite
 from tfsift.sift.policies import Policy, check_losses, make_policy
 from tfsift.sift.reader import SourceReader
 from tfsift.sift.recorder import Recorder
@@ -574,15 +574,10 @@ class Sifter:
         )
 
     def _note_nonfinite(self, losses: np.ndarray) -> None:
+        """Warns, the first time, of NaN or infinite ``losses`` (``metrics.record`` counts
+        them)."""
         bad = int((~np.isfinite(losses)).sum())
-        if bad and self.metrics.nonfinite_losses == 0:
-            log.warning(
-                "tfsift.sift: %d of %d scored samples have a NaN or infinite loss; they are "
-                "never kept (their gradient would destroy the weights) and are counted in "
-                "sift_metrics()['nonfinite_losses']",
-                bad,
-                len(losses),
-            )
+        warn_nonfinite(self.metrics, bad, len(losses), isinstance(self.policy, InfoBatchPolicy))
 
     def output_signature(self) -> Any:
         """The sifted elements' spec: the source's with an unknown batch size (+ weight)."""
