@@ -31,7 +31,7 @@ from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.elements import sifted_spec, weighted
 from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
-from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_nonfinite
+from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_empty_epoch, warn_nonfinite
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.stale import ScoreCache
@@ -56,6 +56,7 @@ class IndexedSifter:
         self.position = 0  # batches yielded in the current epoch
         self._resume: int | None = None
         self._group: ReplicaGroup | None = None
+        self._empty_warned = False  # an epoch that yielded no batch was told of
         log_dir = config.log_dir or rt.config.log_dir
         self._log = ScalarLog(log_dir) if log_dir and rt.rank == 0 else None
 
@@ -120,6 +121,11 @@ class IndexedSifter:
             lo, hi = bounds[self.position], bounds[self.position + 1]
             self.position += 1
             yield self._emit(rows[lo:hi], keys[lo:hi], None if inverse is None else inverse[lo:hi])
+        empty = len(bounds) == 1 and resume is None
+        if empty and not self._empty_warned and runtime.get().rank == 0:  # once, from rank 0
+            self._empty_warned = True
+            rows = f"{self.source.share} rows on this replica"
+            warn_empty_epoch(self.metrics.epochs, rows, self.config.policy)
         if self._log is not None:
             self._log.flush()
 

@@ -99,6 +99,20 @@ def warn_nonfinite(metrics: SiftMetrics, bad: int, of: int, kept: bool = False) 
         )
 
 
+def warn_empty_epoch(epoch: int, candidates: str, policy: str) -> None:
+    """Logs that epoch ``epoch`` of a sifted dataset yielded no batch, so nothing was
+    trained: its source gave none (``candidates``, what the epoch had to sift, is ""),
+    or the policy kept less than a batch of it."""
+    if candidates:
+        why = f"policy={policy!r} kept less than a batch of its {candidates}"
+    else:
+        why = (
+            "its source dataset is empty (a .take(0), a filter that keeps nothing, a shard "
+            "smaller than a batch with drop_remainder=True?)"
+        )
+    log.warning("tfsift.sift: epoch %d yielded no batch, so nothing was trained: %s", epoch, why)
+
+
 def _mean(total: float, count: int) -> float:
     return total / count if count else float("nan")
 

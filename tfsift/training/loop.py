@@ -8,6 +8,7 @@ rank at the same epoch). Only rank 0 shows Keras' progress bar.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from tfsift.model import DistributedModel
 
 Logs = dict[str, float]
+log = logging.getLogger("tfsift")
 
 
 # hands a step's labels and predictions back to a sifted dataset (scores="training")
@@ -103,8 +105,12 @@ def fit(
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
         epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs, record)
+        if not epoch_logs:  # no batch: the logs of a step are never empty
+            _ran_dry(model, epoch, first=epoch == initial_epoch)
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
-            val = _test_loop(model, compiled, validation_data, validation_steps, cbs)
+            val = _test_loop(
+                model, compiled, validation_data, validation_steps, cbs, "fit's validation_data"
+            )
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         if model.stop_training:
@@ -133,7 +139,7 @@ def evaluate(
         x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model)
     )
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
-    logs = _test_loop(model, compiled, dataset, steps, cbs)
+    logs = _test_loop(model, compiled, dataset, steps, cbs, "evaluate")
     if return_dict:
         return logs
     values = list(logs.values())
@@ -307,6 +313,7 @@ def _test_loop(
     dataset: Any,
     steps: int | None,
     cbs: keras.callbacks.CallbackList,
+    what: str,
 ) -> Logs:
     tracker = _reset(compiled)
     logs: Logs = {}
@@ -316,8 +323,29 @@ def _test_loop(
         loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
         logs = _update(compiled, tracker, loss, y_pred, y, weight)
         cbs.on_test_batch_end(n, logs)
+    if not logs:  # as predict: a loss of nothing is no number to report
+        raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
     cbs.on_test_end(logs)
     return dict(logs)
+
+
+def _ran_dry(model: DistributedModel, epoch: int, first: bool) -> None:
+    """An epoch of ``fit`` that trained no batch: an error in the first epoch (nothing
+    would be trained at all), else a warning, and training stops, as Keras stops when its
+    input runs out."""
+    if first:
+        raise ValueError(
+            f"fit's training data yielded no batch in epoch {epoch + 1}, the first it trains: "
+            "check the dataset (a .take(0), a filter that keeps nothing, fewer samples per "
+            "replica than one batch with drop_remainder=True). Received: an empty dataset"
+        )
+    log.warning(
+        "tfsift: fit's training data yielded no batch in epoch %d (a dataset that can be "
+        "iterated only once, a generator's?, or sifting that kept less than a batch): "
+        "training stops here, as Keras stops when its input runs out",
+        epoch + 1,
+    )
+    model.stop_training = True
 
 
 def _reset(compiled: Compiled) -> keras.metrics.Mean:

@@ -207,6 +207,33 @@ def test_nan_losses_are_counted_and_warned_once_on_every_infobatch_path(
     assert len(weights) > N // 16 and set(weights) == {1.0}  # kept, as if unscored
 
 
+def test_an_empty_epoch_is_told_once_on_every_infobatch_path(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tfsift.init({})
+    empty = tf.data.Dataset.from_tensor_slices(data()).take(0)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        streaming = tfsift.shard(empty).batch(B, drop_remainder=True)
+        streaming = streaming.apply(tfsift.sift(config=config()))
+        assert [len(epoch(streaming)) for _ in range(2)] == [0, 0]
+    assert caplog.messages == [
+        "tfsift.shard: every replica's shard is empty, so every epoch over it yields nothing. "
+        "Received: a dataset of 0 element(s) for 1 replica(s)",
+        "tfsift.sift: epoch 1 yielded no batch, so nothing was trained: its source dataset is "
+        "empty (a .take(0), a filter that keeps nothing, a shard smaller than a batch with "
+        "drop_remainder=True?)",
+    ]  # once, not again in epoch 2
+    caplog.clear()
+    x, y = data()
+    by_row = tfsift.from_arrays((x[:B], y[:B]), B).apply(tfsift.sift(config=config()))
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        assert [len(epoch(by_row)) for _ in range(2)] == [B, 0]  # epoch 2 prunes: < B left
+    assert caplog.messages == [
+        "tfsift.sift: epoch 2 yielded no batch, so nothing was trained: policy='infobatch' "
+        f"kept less than a batch of its {B} rows on this replica"
+    ]
+
+
 def test_a_state_of_another_kind_of_sifted_dataset_is_refused() -> None:
     tfsift.init({})
     streaming = tf.data.Dataset.from_tensor_slices(data()).batch(B, drop_remainder=True)

@@ -254,6 +254,46 @@ def test_evaluate_and_predict_refuse_single_samples_as_fit_does() -> None:
         model.evaluate(tf.data.Dataset.from_tensor_slices((x, y)), verbose=0)
 
 
+def test_an_empty_dataset_fails_fit_and_evaluate_naming_it() -> None:
+    model = compiled_model()
+    empty = dataset().take(0)
+    with pytest.raises(ValueError) as err:
+        model.fit(empty, epochs=2, verbose=0)
+    assert str(err.value) == (
+        "fit's training data yielded no batch in epoch 1, the first it trains: check the "
+        "dataset (a .take(0), a filter that keeps nothing, fewer samples per replica than one "
+        "batch with drop_remainder=True). Received: an empty dataset"
+    )
+    model.fit(dataset(), epochs=1, verbose=0)
+    for what, call in [
+        ("evaluate", lambda: model.evaluate(empty, verbose=0)),
+        ("fit's validation_data", lambda: model.fit(dataset(), validation_data=empty, verbose=0)),
+    ]:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == f"{what} read no batch from the dataset. Received: an empty dataset"
+
+
+def test_an_input_that_runs_dry_after_an_epoch_stops_fit_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = compiled_model()
+    once = iter(list(dataset()))  # a generator's data: iterated once, then empty
+    spec = dataset().element_spec
+    with caplog.at_level("WARNING", logger="tfsift"):
+        history = model.fit(
+            tf.data.Dataset.from_generator(lambda: once, output_signature=spec),
+            epochs=4,
+            verbose=0,
+        )
+    assert len(history.history["loss"]) == 1  # epoch 2 trained nothing, and fit stopped there
+    assert caplog.messages == [
+        "tfsift: fit's training data yielded no batch in epoch 2 (a dataset that can be "
+        "iterated only once, a generator's?, or sifting that kept less than a batch): training "
+        "stops here, as Keras stops when its input runs out"
+    ]
+
+
 def test_fit_before_compile_says_to_compile() -> None:
     tfsift.init({})
     with pytest.raises(RuntimeError, match=r"model.compile\(optimizer="):
