@@ -271,7 +271,9 @@ def test_an_empty_dataset_fails_fit_and_evaluate_naming_it() -> None:
     ]:
         with pytest.raises(ValueError) as err:
             call()
-        assert str(err.value) == f"{what} read no batch from the dataset. Received: an empty dataset"
+        assert str(err.value) == (
+            f"{what} read no batch from the dataset. Received: an empty dataset"
+        )
 
 
 def test_an_input_that_runs_dry_after_an_epoch_stops_fit_with_a_warning(
