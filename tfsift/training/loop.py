@@ -168,13 +168,38 @@ def predict(
     outputs = []
     for n, (inputs, _, _) in enumerate(data.batches(dataset, steps)):
         cbs.on_predict_batch_begin(n)
-        out = tree.map_structure(lambda o: o.concat().numpy(), predict_step(inputs))
+        first = n == 0 and model.partitioned is None
+        step = _tracing(model, predict_step, dataset) if first else predict_step
+        out = tree.map_structure(lambda o: o.concat().numpy(), step(inputs))
         outputs.append(out)
         cbs.on_predict_batch_end(n, {"outputs": out})
     cbs.on_predict_end()
     if not outputs:
         raise ValueError("predict read no batch from the dataset. Received: an empty dataset")
     return tree.map_structure(lambda *parts: np.concatenate(parts)[:keep], *outputs)
+
+
+def _tracing(
+    model: DistributedModel, step: Callable[[Any], Any], dataset: tf.data.Dataset
+) -> Callable[[Any], Any]:
+    """``step`` for the first batch of a model not traced yet: a batch the model cannot
+    be traced on names ``.batch()``. Before the trace, an unbatched dataset of inputs alone
+    cannot be told from a batch (a batch of token ids has one dimension too), so ``checked``
+    lets it through, and the model's first layer would refuse it with no word of batching."""
+
+    def first(inputs: Any) -> Any:
+        try:
+            return step(inputs)
+        except ValueError as err:
+            if model.partitioned is not None:  # traced: the error is another one
+                raise
+            raise ValueError(
+                f"predict could not trace the model on the dataset's first element ({err}): "
+                "predict needs a batched dataset; if this one is not, call .batch(B). "
+                f"Received: element_spec={dataset.element_spec}"
+            ) from err
+
+    return first
 
 
 def train_on_batch(

@@ -296,6 +296,20 @@ def test_an_input_that_runs_dry_after_an_epoch_stops_fit_with_a_warning(
     ]
 
 
+def test_predict_before_any_step_names_batch_for_single_samples() -> None:
+    tfsift.init({})
+    x, _ = arrays()
+    with pytest.raises(ValueError) as err:
+        Mlp().predict(tf.data.Dataset.from_tensor_slices(x), verbose=0)  # not traced yet
+    assert str(err.value).startswith(
+        "predict could not trace the model on the dataset's first element (Input 0 "
+    )
+    assert str(err.value).endswith(
+        "predict needs a batched dataset; if this one is not, call .batch(B). Received: "
+        "element_spec=TensorSpec(shape=(5,), dtype=tf.float32, name=None)"
+    )
+
+
 def test_fit_before_compile_says_to_compile() -> None:
     tfsift.init({})
     with pytest.raises(RuntimeError, match=r"model.compile\(optimizer="):
