@@ -22,7 +22,7 @@ from tfsift.parallel.collectives import allreduce
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.transform import sift as sift_transform
 from tfsift.training import data
-from tfsift.training.callbacks import for_rank
+from tfsift.training.callbacks import check_writable, for_rank
 from tfsift.training.compiled import Compiled, compiled_of, predict_step_of
 from tfsift.training.logs import metric_results, replica_mean
 
@@ -93,6 +93,7 @@ def fit(
         record = _recorder(compiled, train) if sift.scores == "training" else None
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
     cbs = _callbacks(model, callbacks, verbose, epochs=epochs, steps=steps)
+    check_writable(cbs.callbacks)
     model.stop_training = False
     # the sifted dataset, for tfsift.callbacks.BackupAndRestore to save and restore its state
     # (object's setattr: Keras would track a dataset among the model's dependencies)

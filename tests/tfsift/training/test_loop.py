@@ -410,6 +410,38 @@ def test_model_checkpoint_saves_the_best_keras_file_and_weights_every_epoch(
     assert_same_weights(other, model)
 
 
+@pytest.mark.parametrize("which", ["ModelCheckpoint", "BackupAndRestore"])
+def test_a_checkpoint_directory_that_cannot_be_written_fails_fit_before_epoch_1(
+    tmp_path: Path, which: str
+) -> None:
+    (tmp_path / "file").write_text("a file where a directory should be")
+    model = adam_model()
+    target = tmp_path / "file" / "runs"
+    callback = (
+        keras.callbacks.ModelCheckpoint(target / "{epoch}" / "best.keras", save_best_only=True)
+        if which == "ModelCheckpoint"
+        else tfsift.callbacks.BackupAndRestore(target)
+    )
+    with pytest.raises(tfsift.checkpoint.CheckpointError) as err:
+        model.fit(dataset(), epochs=2, verbose=0, callbacks=[callback])
+    assert str(err.value) == (
+        f"rank 0: {which}'s directory must be one this job can write to (fit checks it "
+        f"before the first epoch rather than fail after it): {tmp_path / 'file'} is not a "
+        f"directory. Received: {target}"
+    )
+    assert int(model.optimizer.iterations) == 0  # nothing trained
+
+
+def test_a_directory_is_unwritable_where_this_user_may_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tfsift.checkpoint import files
+
+    assert files.unwritable(tmp_path / "not" / "made" / "yet") is None  # made at the save
+    monkeypatch.setattr(files.os, "access", lambda path, mode: False)  # as a read-only mount
+    assert files.unwritable(tmp_path / "new") == f"{tmp_path} is not writable by this user"
+
+
 def test_save_and_save_weights_name_the_files_they_write() -> None:
     model = compiled_model()
     model.fit(dataset(), epochs=1, verbose=0)
