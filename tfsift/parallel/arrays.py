@@ -19,7 +19,9 @@ record store): each batch is ``load(rows)``, so that a pruned row is never read 
 Order: epoch e (1 the first) permutes the rows with ``default_rng([seed, e])`` (no
 permutation with ``shuffle=False``) and deals them round-robin to the R data-parallel
 replicas, each keeping ``n // R`` (the rest is left out of that epoch); every rank of
-a pipeline computes the same order, with no message. Each iteration is the next epoch.
+a pipeline computes the same order, with no message. Each iteration is the next epoch:
+``epochs`` counts the passes begun in this process, and a run resumed after d epochs sets
+it to d (``fit`` does, from its ``initial_epoch``) to go on in the uninterrupted run's order.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class RowDataset(PythonDataset):
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.replicas, self.replica = rt.topology.replicas, rt.replica
         self.share = rows // self.replicas  # rows per replica and epoch
-        self.epochs = 0  # epochs begun
+        self.epochs = 0  # epochs begun: the next pass is epoch epochs + 1 (a resume sets it)
         super().__init__(spec, cardinality=self.share // batch_size)
 
     def order(self, epoch: int, rows: np.ndarray | None = None) -> np.ndarray:
@@ -103,7 +105,9 @@ def from_arrays(data: Any, batch_size: int, *, shuffle: bool = True, seed: int =
     ``tfsift.sift`` with ``policy="infobatch"`` leaves pruned samples out of the epoch
     without reading them. Each pass over it is the next epoch: epoch e permutes the rows
     with ``default_rng([seed, e])``, then deals them to the replicas (``n // R`` each);
-    every replica yields ``n // R // batch_size`` batches.
+    every replica yields ``n // R // batch_size`` batches. Its ``epochs`` attribute counts
+    the passes begun; a loop resumed after d whole epochs sets ``train.epochs = d`` to take
+    the uninterrupted run's orders (``fit`` does this from its ``initial_epoch``).
 
     Example:
         >>> train = tfsift.from_arrays((x_train, y_train), batch_size=128)

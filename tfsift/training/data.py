@@ -226,6 +226,22 @@ def batching(dataset: tf.data.Dataset) -> tuple[int, int] | None:
     return None if n == tf.data.UNKNOWN_CARDINALITY else (int(B), n)
 
 
+def reshuffles(dataset: tf.data.Dataset) -> bool:
+    """Whether ``dataset`` holds a ``.shuffle`` that reshuffles at each iteration (seen
+    through every transformation's inputs; ``tfsift.shard(shuffle_buffer=...)``'s too).
+    Its epochs' orders then follow the iterations made in this process, from the first,
+    whatever epoch a resumed run starts at. tf.data's datasets list their inputs in the
+    private ``_inputs()``, as ``batching`` reads the private ``_batch_size``."""
+    stack = [dataset]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "_ShuffleDataset":
+            if getattr(node, "_reshuffle_each_iteration", None) is not False:
+                return True
+        stack.extend(getattr(node, "_inputs", list)())
+    return False
+
+
 def _unbatched(spec: Any, ranks: Sequence[int]) -> str | None:
     """Why elements of ``spec`` are single samples ("" if no more can be said), or None."""
     leaves = tree.flatten(spec)

@@ -495,6 +495,43 @@ def test_backup_and_restore_resumes_after_the_last_epoch_saved(tmp_path: Path) -
     assert not backup.exists()  # delete_checkpoint: fit ended normally
 
 
+def test_a_resume_over_a_dataset_that_reshuffles_says_it_is_not_exact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tfsift.init({"microbatches": 2})
+    x, y = arrays()
+    shuffled = tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y)), shuffle_buffer=N)
+    with pytest.raises(KeyboardInterrupt):
+        adam_model().fit(
+            shuffled.batch(B, drop_remainder=True), epochs=3, verbose=0,
+            callbacks=[tfsift.callbacks.BackupAndRestore(tmp_path), Interrupt()],
+        )  # fmt: skip
+    with caplog.at_level("WARNING", logger="tfsift"):
+        adam_model().fit(
+            shuffled.batch(B, drop_remainder=True), epochs=3, verbose=0,
+            callbacks=[tfsift.callbacks.BackupAndRestore(tmp_path)],
+        )  # fmt: skip
+    assert [m for m in caplog.messages if "reshuffles" in m] == [
+        "tfsift: fit starts at epoch 3 of a dataset that reshuffles at each iteration (a "
+        ".shuffle(), or tfsift.shard(shuffle_buffer=...)): tf.data orders its epochs by the "
+        "iterations made in this process, so these epochs take the orders of epochs 1, 2, "
+        "... again and a resumed run does not repeat the uninterrupted one exactly. For an "
+        "exact resume, pass arrays (fit(x, y)) or tfsift.from_arrays, whose order follows "
+        "the epoch"
+    ]
+
+
+def test_reshuffles_finds_a_shuffle_under_any_transformation() -> None:
+    from tfsift.training.data import reshuffles
+
+    tfsift.init({})
+    base = tf.data.Dataset.range(8)
+    assert reshuffles(base.shuffle(8).map(lambda v: v + 1).batch(2).prefetch(1))
+    assert reshuffles(tf.data.Dataset.zip((base, base.shuffle(8))))
+    assert not reshuffles(base.shuffle(8, reshuffle_each_iteration=False).batch(2))
+    assert not reshuffles(base.batch(2)) and not reshuffles(tfsift.from_arrays(arrays(), B))
+
+
 def test_callbacks_show_and_write_on_rank_0_only(tmp_path: Path) -> None:
     csv = keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))
     board = keras.callbacks.TensorBoard(str(tmp_path))
