@@ -124,8 +124,8 @@ class IndexedSifter:
         empty = len(bounds) == 1 and resume is None
         if empty and not self._empty_warned and runtime.get().rank == 0:  # once, from rank 0
             self._empty_warned = True
-            rows = f"{self.source.share} rows on this replica"
-            warn_empty_epoch(self.metrics.epochs, rows, self.config.policy)
+            share = f"{self.source.share} rows on this replica"
+            warn_empty_epoch(self.metrics.epochs, share, self.config.policy)
         if self._log is not None:
             self._log.flush()
 
