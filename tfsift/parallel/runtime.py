@@ -142,7 +142,23 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     runtime.hosts = tuple(names) if len(set(names)) > 1 else ()
     if use_hvd:
         runtime.dp_set, runtime.mp_set = _start_horovod(topology, rank, cfg.timeout)
+        if rank == 0 and env.polled_from_start() and "Open MPI" in MPI.Get_library_version():
+            _warn_polling()
     return runtime
+
+
+def _warn_polling() -> None:
+    """MPI started before ``import tfsift`` could make Open MPI yield in its waits."""
+    log.warning(
+        "tfsift: MPI was started before `import tfsift` (by mpi4py.MPI or hvd.init()) "
+        "without %s, so Open MPI polls in its waits: Horovod's background thread then takes "
+        "up to a third of each rank's core from the training step (data-parallel steps about "
+        "1.5x slower, docs/config.md). Import tfsift before mpi4py and Horovod, or set "
+        "%s=1 in the launch's environment (mpirun -x %s=1), or launch with `tfsift run`",
+        env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
+        env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
+        env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
+    )
 
 
 def get() -> Runtime:

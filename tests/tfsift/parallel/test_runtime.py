@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import mpi
 import tfsift
-from tfsift import state
+from tfsift import env, state
 from tfsift.parallel import runtime
 
 
@@ -63,3 +64,20 @@ def test_init_asking_for_horovod_after_a_runtime_without_it_does_not_reuse_it() 
     assert (
         rt_module._reuse(first, first.config.__class__(horovod=True), first.topology, 10.0) is None
     )
+
+
+POLLING = "tfsift: MPI was started before `import tfsift` (by mpi4py.MPI or hvd.init())"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_mpi_started_before_import_tfsift_without_the_yield_is_told_once(launcher: str) -> None:
+    # the launch's environment as a user's shell gives it (pytest's process imported tfsift);
+    # tfsift imported first, the warning never comes (test_env.py: polled_from_start)
+    unset = (env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,)
+    proc = mpi.run(2, "yield_check.py", "mpi-first", launcher=launcher, unset=unset)
+    got = mpi.reports(proc)
+    assert [got[r]["replicas"] for r in (0, 1)] == [2, 2]  # data parallel: Horovod started
+    assert [got[r]["polled"] for r in (0, 1)] == [True, True]
+    assert (proc.stdout + proc.stderr).count(POLLING) == 1  # rank 0 alone says it
+    assert "or launch with `tfsift run`" in proc.stderr
