@@ -5,8 +5,10 @@ conv chain, a core per rank) launched by ``mpirun``, ``horovodrun`` and ``tfsift
 with the worker importing tfsift first or ``mpi4py.MPI`` first (``_bench_mpi_first.py``,
 which starts MPI before the worker imports tfsift). Every job starts from an environment
 without ``OMPI_MCA_mpi_yield_when_idle``, as a user's shell gives it: ``import tfsift``
-sets it before MPI starts (tfsift/env.py), unless MPI started first, where Open MPI polls
-and ``tfsift.init`` warns; ``tfsift run``'s own process sets it for every rank.
+sets it before MPI starts (tfsift/env.py); where MPI started first, Open MPI polls until
+``tfsift.init`` makes it yield (tfsift/parallel/openmpi.py); ``tfsift run``'s own process
+sets it for every rank. The rows should be level: a slower "mpi4py first" row means
+that polling is back.
 
 Every configuration runs in its own job, all of them in rotating order ``repeats`` times;
 a row shows the median of the jobs' median step times, and each job's step over the
@@ -102,7 +104,7 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             f"each the median of {c.steps} steps after {c.warmup} warm-up steps. *mpi4py "
             "first*: the worker starts MPI (`from mpi4py import MPI`) before it imports "
             "tfsift, where Open MPI polls unless the launcher set the variable (`tfsift run` "
-            "does) and `tfsift.init` warns.",
+            "does) until `tfsift.init` makes it yield.",
             report.table(
                 ["launcher", "import order", "step ms", f"/ {_named(REFERENCE)}", "jobs"],
                 rows(raw["medians"]),

@@ -37,9 +37,10 @@ HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 #: read when MPI starts. ``import tfsift`` sets it to ``1`` (yield) unless it is set: with
 #: a core per rank, Horovod's background thread polling MPI took a third of each rank's
 #: core from the training step (``scripts/bench_peers.py`` times both, docs/benchmarks.md).
-#: Set ``0`` to poll. It must be set before MPI starts, i.e. before anything imports
-#: ``mpi4py.MPI`` or calls ``hvd.init()``: import tfsift first (``tfsift.init`` warns
-#: when MPI started before ``import tfsift`` with it unset; ``set_mpi_defaults``).
+#: Set ``0`` to poll. Open MPI reads it when MPI starts, i.e. when anything imports
+#: ``mpi4py.MPI`` or calls ``hvd.init()``; where that came before ``import tfsift`` with
+#: it unset, ``tfsift.init`` makes Open MPI yield through its library
+#: (``tfsift.parallel.openmpi``), or warns where it cannot.
 OMPI_MCA_MPI_YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
 
 #: Horovod's frameworks, whose ``hvd.init()`` starts MPI (each has ``is_initialized``).
@@ -50,8 +51,10 @@ HOROVOD_MODULES = (
     "horovod.torch",
 )
 
-# Whether MPI had started before ``import tfsift`` with OMPI_MCA_mpi_yield_when_idle unset:
-# written once, by ``set_mpi_defaults`` (a fact about this process's start, never reset).
+# What ``import tfsift`` found, written once by ``set_mpi_defaults`` (facts about this
+# process's start, never reset): OMPI_MCA_mpi_yield_when_idle as the launch gave it (None:
+# unset, tfsift's default applies), and whether MPI had started already with it unset.
+_yield_given: str | None = None
 _polled_from_start = False
 
 
@@ -69,9 +72,16 @@ def set_mpi_defaults() -> None:
     """What ``import tfsift`` does first: notes whether MPI has started already with
     ``OMPI_MCA_mpi_yield_when_idle`` unset (Open MPI then polls in this process whatever is
     set now; ``polled_from_start``), then sets it to ``1`` unless it is set."""
-    global _polled_from_start
-    _polled_from_start = OMPI_MCA_MPI_YIELD_WHEN_IDLE not in os.environ and mpi_started()
+    global _yield_given, _polled_from_start
+    _yield_given = os.environ.get(OMPI_MCA_MPI_YIELD_WHEN_IDLE)
+    _polled_from_start = _yield_given is None and mpi_started()
     set_default(OMPI_MCA_MPI_YIELD_WHEN_IDLE, "1")
+
+
+def yield_given() -> str | None:
+    """``OMPI_MCA_mpi_yield_when_idle`` as the launch gave it, before ``import tfsift``
+    (None: unset, so tfsift's default, to yield, applies)."""
+    return _yield_given
 
 
 def polled_from_start() -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 import mpi
@@ -66,18 +68,39 @@ def test_init_asking_for_horovod_after_a_runtime_without_it_does_not_reuse_it() 
     )
 
 
-POLLING = "tfsift: MPI was started before `import tfsift` (by mpi4py.MPI or hvd.init())"
+MADE_TO_YIELD = (
+    "tfsift: MPI was started before `import tfsift`, so Open MPI polled in its waits; tfsift "
+    "made it yield, as OMPI_MCA_mpi_yield_when_idle=1 (its default) does"
+)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
-def test_mpi_started_before_import_tfsift_without_the_yield_is_told_once(launcher: str) -> None:
-    # the launch's environment as a user's shell gives it (pytest's process imported tfsift);
-    # tfsift imported first, the warning never comes (test_env.py: polled_from_start)
+def test_mpi_started_before_import_tfsift_is_made_to_yield_and_told_once(launcher: str) -> None:
+    # the launch's environment as a user's shell gives it (pytest's process imported tfsift)
     unset = (env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,)
     proc = mpi.run(2, "yield_check.py", "mpi-first", launcher=launcher, unset=unset)
     got = mpi.reports(proc)
     assert [got[r]["replicas"] for r in (0, 1)] == [2, 2]  # data parallel: Horovod started
     assert [got[r]["polled"] for r in (0, 1)] == [True, True]
-    assert (proc.stdout + proc.stderr).count(POLLING) == 1  # rank 0 alone says it
-    assert "or launch with `tfsift run`" in proc.stderr
+    # polling when tfsift was imported, yielding once tfsift.init has run, on every rank
+    assert [got[r]["yields"] for r in (0, 1)] == [[False, True], [False, True]]
+    assert (proc.stdout + proc.stderr).count(MADE_TO_YIELD) == 1  # rank 0 alone says it
+    assert "WARNING" not in proc.stderr
+
+
+def test_open_mpi_yields_here_and_is_made_to_yield_when_it_polls() -> None:
+    from tfsift.parallel import openmpi
+
+    tfsift.init({})  # MPI started after import tfsift (conftest): Open MPI yields
+    assert openmpi.yields() is True
+    library = openmpi._library()
+    assert library is not None
+    flag = ctypes.c_bool.in_dll(library, openmpi.FLAG)
+    flag.value = False  # as in a process that started MPI before import tfsift
+    try:
+        assert openmpi.yields() is False
+        assert openmpi.make_yield() is True
+        assert flag.value is True
+    finally:
+        flag.value = True
