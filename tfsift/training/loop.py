@@ -18,7 +18,6 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel import runtime
-from tfsift.parallel.arrays import RowDataset
 from tfsift.parallel.collectives import allreduce
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.transform import sift as sift_transform
@@ -76,8 +75,7 @@ def fit(
                 x, y, sample_weight, validation_split
             )
     train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
-    rows = train if isinstance(train, RowDataset) else None  # arrays: the epoch orders them
-    reshuffled = rows is None and data.reshuffles(train)
+    source = train  # before class weights and sifting wrap it: what orders the epochs
     if class_weight is not None:
         if sift is not None:
             raise ValueError(
@@ -106,13 +104,8 @@ def fit(
     # epoch to start from during on_train_begin; read once, so a later fit starts afresh.
     restored, model._initial_epoch = model._initial_epoch, None
     initial_epoch = initial_epoch if restored is None else restored
-    if rows is not None and initial_epoch:
-        # Arrays permute their rows by epoch, counted by the dataset from 0 in every
-        # process: a run resumed (or started) at a later epoch takes that epoch's order,
-        # as the uninterrupted run did, rather than the first epoch's again.
-        rows.epochs = initial_epoch
-    if reshuffled and initial_epoch and runtime.get().rank == 0:
-        _warn_reshuffled(initial_epoch)
+    if initial_epoch:
+        data.start_at(source, initial_epoch)
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
@@ -364,18 +357,6 @@ def _test_loop(
         raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
     cbs.on_test_end(logs)
     return dict(logs)
-
-
-def _warn_reshuffled(epoch: int) -> None:
-    log.warning(
-        "tfsift: fit starts at epoch %d of a dataset that reshuffles at each iteration (a "
-        ".shuffle(), or tfsift.shard(shuffle_buffer=...)): tf.data orders its epochs by the "
-        "iterations made in this process, so these epochs take the orders of epochs 1, 2, "
-        "... again and a resumed run does not repeat the uninterrupted one exactly. For an "
-        "exact resume, pass arrays (fit(x, y)) or tfsift.from_arrays, whose order follows "
-        "the epoch",
-        epoch + 1,
-    )
 
 
 def _ran_dry(model: DistributedModel, epoch: int, first: bool) -> None:
