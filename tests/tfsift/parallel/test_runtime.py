@@ -75,6 +75,7 @@ MADE_TO_YIELD = (
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
 def test_mpi_started_before_import_tfsift_is_made_to_yield_and_told_once(launcher: str) -> None:
     # the launch's environment as a user's shell gives it (pytest's process imported tfsift)
