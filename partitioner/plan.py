@@ -143,9 +143,10 @@ class Plan:
         Raises:
             ValueError: the file is not a plan (its name and the parser's reason).
         """
-        text = Path(path).read_text()
-        try:
-            return cls.from_json(text)
+        data = Path(path).read_bytes()
+        text = data.decode("utf-8", errors="replace")  # for the message
+        try:  # binary bytes too: a UnicodeDecodeError is a ValueError
+            return cls.from_json(data.decode("utf-8"))
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(
                 f"the plan file {str(path)!r} is not a valid tfsift plan ({type(err).__name__}: "

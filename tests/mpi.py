@@ -24,10 +24,11 @@ SIMHOSTS = ROOT / "scripts" / "simhosts.sh"  # simulated hosts: network namespac
 Reports = dict[int, dict[str, Any]]  # what each rank reported, by rank
 
 
-def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The jobs' environment, ``LEAN_SITE`` first on the path."""
+def environment(extra: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> dict[str, str]:
+    """The jobs' environment, ``LEAN_SITE`` first on the path, without the variables ``unset``
+    (this process's own, as ``import tfsift`` set them, would otherwise reach the job)."""
     path = [str(ROOT), str(ROOT / "tests"), str(SCRIPTS)]
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -49,11 +50,13 @@ def run(
     env: dict[str, str] | None = None,
     launcher: str = "mpirun",
     hosts: int = 0,
+    unset: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``tests/mpi_scripts/<script>`` on ``np`` ranks; never hangs past ``timeout``.
 
     ``hosts``: spread the ranks evenly over that many simulated hosts (``simhosts.sh up``
-    made them), ranks 0 .. np/hosts - 1 on the first, and so on.
+    made them), ranks 0 .. np/hosts - 1 on the first, and so on. ``unset``: variables of
+    this process's environment the job must not see.
     """
     argv = [str(SCRIPTS / script), *args]
     reports_dir = tempfile.mkdtemp(dir=_reports_root())
@@ -72,7 +75,7 @@ def run(
             cmd = on_hosts(cmd, np, hosts)
     proc = subprocess.run(
         cmd,
-        env=environment(env),
+        env=environment(env, unset),
         capture_output=True,
         text=True,
         timeout=timeout,

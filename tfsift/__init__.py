@@ -13,7 +13,7 @@ from tfsift import env as _env
 from tfsift.version import __version__
 
 # Before anything imports mpi4py.MPI (which starts MPI): see env.OMPI_MCA_MPI_YIELD_WHEN_IDLE.
-_env.set_default(_env.OMPI_MCA_MPI_YIELD_WHEN_IDLE, "1")
+_env.set_mpi_defaults()
 
 if TYPE_CHECKING:
     from tfsift.checkpoint import CheckpointManager, load_weights, save_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 #: JSON string, or path to a JSON file, read by ``tfsift.init()`` when no config is passed.
@@ -41,9 +42,25 @@ HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 #: read when MPI starts. ``import tfsift`` sets it to ``1`` (yield) unless it is set: with
 #: a core per rank, Horovod's background thread polling MPI took a third of each rank's
 #: core from the training step (``scripts/bench_peers.py`` times both, docs/benchmarks.md).
-#: Set ``0`` to poll. It must be set before MPI starts, i.e.
-#: before anything imports ``mpi4py.MPI`` or ``horovod.tensorflow``: import tfsift first.
+#: Set ``0`` to poll. Open MPI reads it when MPI starts, i.e. when anything imports
+#: ``mpi4py.MPI`` or calls ``hvd.init()``; where that came before ``import tfsift`` with
+#: it unset, ``tfsift.init`` makes Open MPI yield through its library
+#: (``tfsift.parallel.openmpi``), or warns where it cannot.
 OMPI_MCA_MPI_YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
+
+#: Horovod's frameworks, whose ``hvd.init()`` starts MPI (each has ``is_initialized``).
+HOROVOD_MODULES = (
+    "horovod.tensorflow",
+    "horovod.tensorflow.keras",
+    "horovod.keras",
+    "horovod.torch",
+)
+
+# What ``import tfsift`` found, written once by ``set_mpi_defaults`` (facts about this
+# process's start, never reset): OMPI_MCA_mpi_yield_when_idle as the launch gave it (None:
+# unset, tfsift's default applies), and whether MPI had started already with it unset.
+_yield_given: str | None = None
+_polled_from_start = False
 
 
 def get(name: str, default: str = "") -> str:
@@ -54,6 +71,41 @@ def get(name: str, default: str = "") -> str:
 def set_default(name: str, value: str) -> None:
     """Sets environment variable ``name`` to ``value`` unless it is set already."""
     os.environ.setdefault(name, value)
+
+
+def set_mpi_defaults() -> None:
+    """What ``import tfsift`` does first: notes whether MPI has started already with
+    ``OMPI_MCA_mpi_yield_when_idle`` unset (Open MPI then polls in this process whatever is
+    set now; ``polled_from_start``), then sets it to ``1`` unless it is set."""
+    global _yield_given, _polled_from_start
+    _yield_given = os.environ.get(OMPI_MCA_MPI_YIELD_WHEN_IDLE)
+    _polled_from_start = _yield_given is None and mpi_started()
+    set_default(OMPI_MCA_MPI_YIELD_WHEN_IDLE, "1")
+
+
+def yield_given() -> str | None:
+    """``OMPI_MCA_mpi_yield_when_idle`` as the launch gave it, before ``import tfsift``
+    (None: unset, so tfsift's default, to yield, applies)."""
+    return _yield_given
+
+
+def polled_from_start() -> bool:
+    """Whether MPI started before ``import tfsift`` without ``OMPI_MCA_mpi_yield_when_idle``."""
+    return _polled_from_start
+
+
+def mpi_started() -> bool:
+    """Whether MPI has started in this process, asked of the modules that start it (mpi4py,
+    Horovod) only if they are imported already: importing ``mpi4py.MPI`` here would start
+    it, and ``import tfsift`` must stay light."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized():
+        return True
+    for name in HOROVOD_MODULES:
+        hvd = sys.modules.get(name)
+        if hvd is not None and getattr(hvd, "is_initialized", lambda: False)():
+            return True
+    return False
 
 
 def exit_grace() -> float:

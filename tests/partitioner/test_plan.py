@@ -159,9 +159,10 @@ def test_docstring_examples_run() -> None:
     assert doctest.testmod(partitioner.plan).failed == 0
 
 
-def test_a_corrupt_plan_file_is_named_in_the_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("garbage", [b'{"bounds": [0, 2, 4', b"\x80\x81 binary bytes"])
+def test_a_corrupt_plan_file_is_named_in_the_error(tmp_path: Path, garbage: bytes) -> None:
     path = tmp_path / "plan.json"
-    path.write_text('{"bounds": [0, 2, 4')
+    path.write_bytes(garbage)
     with pytest.raises(ValueError) as err:
         Plan.load(path)
     assert str(err.value).startswith(f"the plan file {str(path)!r} is not a valid tfsift plan (")

@@ -45,6 +45,20 @@ def write_text(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def unwritable(directory: Path) -> str | None:
+    """Why files cannot be made in ``directory``, or None if they can. A directory not made
+    yet is judged by its nearest existing ancestor, where it would be made (nothing is
+    created here); ``os.access`` answers for this user, a read-only filesystem included."""
+    found = Path(directory)
+    while not found.exists() and found.parent != found:
+        found = found.parent
+    if not found.is_dir():
+        return f"{found} is not a directory"
+    if not os.access(found, os.W_OK | os.X_OK):
+        return f"{found} is not writable by this user"
+    return None
+
+
 def sha256(path: Path) -> str:
     """The hex SHA-256 of a file's bytes."""
     digest = hashlib.sha256()

@@ -153,9 +153,9 @@ def _blocks(other: Owner | None, me: Owner) -> bool:
 
 def _read(path: Path) -> Owner | None:
     """The lock's owner, or None if its text is not a lock tfsift wrote."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        fields = json.loads(text)
+    data = path.read_bytes()
+    try:  # binary bytes too: a UnicodeDecodeError is a ValueError
+        fields = json.loads(data.decode("utf-8"))
         return Owner(str(fields["host"]), int(fields["pid"]), fields["started"], fields["command"])
     except (ValueError, TypeError, KeyError):
         return None

@@ -20,6 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tfsift.checkpoint import (
     codec,
     collective,
@@ -34,6 +36,7 @@ from tfsift.checkpoint import optimizer as optimizer_lib
 from tfsift.checkpoint.files import CheckpointError, FileEntry
 from tfsift.checkpoint.manifest import (
     MANIFEST,
+    MAX_STEP,
     PREFIX,
     Manifest,
     optimizer_file,
@@ -121,14 +124,16 @@ class CheckpointManager:
                 the rank and the file), another job saves into the directory, or (first
                 save) some rank does not see the directory rank 0 writes, as on a path
                 local to each host; the earlier checkpoints are untouched.
-            ValueError: the model has not been partitioned yet (no step has run).
+            ValueError: the model has not been partitioned yet (no step has run), or
+                ``step`` is not an int >= 0 (``ckpt--1`` would never be found again).
         """
         rt = runtime.get()
+        step = _step(step)
         part = weights.partitioned(self.model, None, "CheckpointManager.save")
         # before the try: a refused save must not remove the owner's partial directory
         collective.on_root(rt.world, lambda: lock.acquire(self.directory))
         self._check_shared(rt)
-        final = self.directory / f"{PREFIX}{int(step)}"
+        final = self.directory / f"{PREFIX}{step}"
         partial = self.directory / f".{final.name}.partial"
         try:
             collective.on_root(rt.world, lambda: _fresh(partial))
@@ -139,7 +144,7 @@ class CheckpointManager:
                     everyone = rt.world.gather(entries, root=0)
             collective.on_root(
                 rt.world,
-                lambda: self._publish(partial, final, _manifest(int(step), everyone, rt, part)),
+                lambda: self._publish(partial, final, _manifest(step, everyone, rt, part)),
             )
         except Exception as err:
             if rt.rank == 0:
@@ -224,8 +229,9 @@ class CheckpointManager:
         self._prune()
 
     def _prune(self) -> None:
-        for path in candidates(self.directory)[self.max_to_keep or None :]:
-            shutil.rmtree(path, ignore_errors=True)
+        if self.max_to_keep is not None:  # None keeps all (a slice from None would remove all)
+            for path in candidates(self.directory)[self.max_to_keep :]:
+                shutil.rmtree(path, ignore_errors=True)
         for path in self.directory.glob(f".{PREFIX}*"):  # left by a job killed mid-save
             shutil.rmtree(path, ignore_errors=True)
 
@@ -314,6 +320,21 @@ def _manifest(
         config=dataclasses.asdict(rt.config),
         tfsift_version=__version__,
     )
+
+
+def _step(step: Any) -> int:
+    """``step`` as the int a checkpoint's name and manifest hold; raises ValueError unless
+    it is one from 0 to ``MAX_STEP`` (a restore could not find or return another)."""
+    if (
+        isinstance(step, bool)
+        or not isinstance(step, (int, np.integer))
+        or not (0 <= step <= MAX_STEP)
+    ):
+        raise ValueError(
+            f"CheckpointManager.save takes the step just completed, an int from 0 to "
+            f"{MAX_STEP}. Received: step={step!r}"
+        )
+    return int(step)
 
 
 def _fresh(partial: Path) -> None:

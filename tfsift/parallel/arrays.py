@@ -19,7 +19,9 @@ record store): each batch is ``load(rows)``, so that a pruned row is never read 
 Order: epoch e (1 the first) permutes the rows with ``default_rng([seed, e])`` (no
 permutation with ``shuffle=False``) and deals them round-robin to the R data-parallel
 replicas, each keeping ``n // R`` (the rest is left out of that epoch); every rank of
-a pipeline computes the same order, with no message. Each iteration is the next epoch.
+a pipeline computes the same order, with no message. Each iteration is the next epoch:
+``epochs`` counts the passes begun in this process, and a run resumed after d epochs sets
+it to d (``fit`` does, from its ``initial_epoch``) to go on in the uninterrupted run's order.
 
 Global batches: step t of an epoch takes replica r's rows ``r + R i`` of the permutation,
 ``i`` in ``[t B, (t + 1) B)``, so the R replicas together take its rows ``[t G, (t + 1)
@@ -62,7 +64,7 @@ class RowDataset(PythonDataset):
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.replicas, self.replica = rt.topology.replicas, rt.replica
         self.share = rows // self.replicas  # rows per replica and epoch
-        self.epochs = 0  # epochs begun
+        self.epochs = 0  # epochs begun: the next pass is epoch epochs + 1 (a resume sets it)
         self._skip = 0  # batches the next epoch leaves out at its start (start_at)
         super().__init__(spec, cardinality=self.share // batch_size)
 
@@ -156,6 +158,9 @@ def from_arrays(
     on any number of replicas, for a job that may be relaunched on fewer hosts
     (``tfsift run --min-np``, docs/cluster.md); ``train.start_at(step)`` makes the next
     pass start at a step of its epoch, for a custom loop that resumes from a checkpoint.
+    Its ``epochs`` attribute counts the passes begun; a loop resumed after d whole epochs
+    sets ``train.epochs = d`` to take the uninterrupted run's orders (``fit`` does this from
+    its ``initial_epoch``).
 
     Example:
         >>> train = tfsift.from_arrays((x_train, y_train), batch_size=128)

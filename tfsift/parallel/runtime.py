@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from tfsift import env, logs
 from tfsift.config import Config
-from tfsift.parallel import devices, watchdog
+from tfsift.parallel import devices, openmpi, watchdog
 from tfsift.parallel.topology import Topology
 from tfsift.state import STATE
 
@@ -84,6 +84,7 @@ def init(config: Mapping[str, Any] | Config | None = None) -> Runtime:
     except ValueError as err:
         _say_once(err, rank)  # every rank meets the same launch error
         raise
+    logs.configure(rank)  # first: what init itself logs (Open MPI's yield) shows too
     use_hvd = cfg.horovod if cfg.horovod is not None else topology.replicas > 1
     if not use_hvd and topology.replicas > 1:
         raise ValueError(
@@ -109,7 +110,6 @@ def init(config: Mapping[str, Any] | Config | None = None) -> Runtime:
     if topology.size > 1:
         _install_exit_check()  # after _start_horovod: it must run before Horovod's shutdown
     STATE.runtime = runtime
-    logs.configure(rank)
     log.debug("rank %d: stage %d of replica %d", rank, runtime.stage, runtime.replica)
     return runtime
 
@@ -144,9 +144,45 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     runtime.local_size = local_size
     names = world.allgather(socket.gethostname()) if topology.size > 1 else []
     runtime.hosts = tuple(names) if len(set(names)) > 1 else ()
+    if topology.size > 1:
+        _yield_in_waits(rank)  # before Horovod's thread starts waiting
     if use_hvd:
         runtime.dp_set, runtime.mp_set = _start_horovod(topology, rank, cfg.timeout)
     return runtime
+
+
+def _yield_in_waits(rank: int) -> None:
+    """Makes Open MPI yield the core in its waits, as ``import tfsift`` asks it to
+    (``env.OMPI_MCA_MPI_YIELD_WHEN_IDLE``), where MPI started before that import and polls;
+    says so once (rank 0). A value the launch gave the variable is the user's: left alone."""
+    if env.yield_given() is not None:
+        return
+    now = openmpi.yields()
+    if now is False and openmpi.make_yield():
+        if rank == 0:
+            log.info(
+                "tfsift: MPI was started before `import tfsift`, so Open MPI polled in its "
+                "waits; tfsift made it yield, as %s=1 (its default) does",
+                env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
+            )
+        return
+    polls = now is False or (now is None and env.polled_from_start())
+    if polls and rank == 0 and "Open MPI" in MPI.Get_library_version():
+        _warn_polling()
+
+
+def _warn_polling() -> None:
+    """MPI started before ``import tfsift`` could make Open MPI yield in its waits."""
+    log.warning(
+        "tfsift: MPI was started before `import tfsift` (by mpi4py.MPI or hvd.init()) "
+        "without %s, so Open MPI polls in its waits: Horovod's background thread then takes "
+        "up to a third of each rank's core from the training step (data-parallel steps about "
+        "1.5x slower, docs/config.md). Import tfsift before mpi4py and Horovod, or set "
+        "%s=1 in the launch's environment (mpirun -x %s=1), or launch with `tfsift run`",
+        env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
+        env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
+        env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
+    )
 
 
 def get() -> Runtime:

@@ -57,11 +57,20 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
     rt = runtime.get()
     replicas, replica = rt.topology.replicas, rt.replica
     out = dataset
+    count: int | None = int(dataset.cardinality())
     if replicas > 1:
         out = dataset.shard(replicas, replica)
         count = _equal_count(dataset, out, rt)
         if count is not None:
             out = out.take(count)
+    if count == 0 and rt.rank == 0:  # a loop over it would train nothing, silently
+        total = int(dataset.cardinality())
+        log.warning(
+            "tfsift.shard: every replica's shard is empty, so every epoch over it yields "
+            "nothing. Received: a dataset of %s for %d replica(s)",
+            f"{total} element(s)" if total >= 0 else "unknown cardinality, counted empty",
+            replicas,
+        )
     if shuffle_buffer > 0:
         out = out.shuffle(shuffle_buffer, seed=seed + replica, reshuffle_each_iteration=True)
     return _checked_batching(prompt_end(out), rt.config.microbatches)

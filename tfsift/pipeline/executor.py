@@ -33,6 +33,7 @@ from tfsift.pipeline.split import Kept, Pending
 from tfsift.pipeline.stage import Saved
 
 Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
+FINGERPRINT = 4  # the values of a microbatch's fingerprint (``fingerprint``)
 Timed = list[tuple[Action, float, float]]
 
 
@@ -155,9 +156,10 @@ class Executor:
             self.outputs.pop(m)
 
     def _recv_forward(self, m: int) -> None:
-        (theirs,) = self.plan.comm.recv_arrays([((3,), tf.float64)], self.plan.s - 1, CHECK, m)
+        spec = ((FINGERPRINT,), tf.float64)
+        (theirs,) = self.plan.comm.recv_arrays([spec], self.plan.s - 1, CHECK, m)
         mine = self._fingerprint(m)
-        if not np.array_equal(theirs, mine):
+        if not np.array_equal(theirs, mine, equal_nan=True):
             raise RuntimeError(mismatch_message(self.plan.s, m, theirs, mine))
         specs = self._shapes(self.plan.in_specs, m)
         self.inputs[m] = self.plan.comm.recv(specs, self.plan.s - 1, FORWARD, m)
@@ -194,18 +196,30 @@ _HANDLERS = {
 
 
 def fingerprint(microbatch: Microbatch) -> np.ndarray:
-    """[batch size, sum, sum of squares] over the microbatch's tensors, in float64.
+    """[batch size, sum, sum of squares, non-finite values] over the microbatch's tensors,
+    in float64.
 
     Every stage of a pipeline must be given the same batches; this cheap summary lets a
-    stage check that against the previous one before it receives any activations.
+    stage check that against the previous one before it receives any activations. NaN and
+    infinite values are counted, not summed: a NaN would make both sums NaN, which equals
+    nothing, and the same data holding a NaN would look like other data (the step then
+    trains on it as one process does).
+
+    Example:
+        >>> fingerprint(((np.array([[1.0, np.nan], [2.0, np.inf]]),), {})).tolist()
+        [2.0, 3.0, 5.0, 2.0]
     """
-    total = np.zeros(3)
+    total = np.zeros(FINGERPRINT)
     total[0] = microbatch_size(microbatch)
     for leaf in tree.flatten(microbatch):
         if (tf.is_tensor(leaf) or isinstance(leaf, np.ndarray)) and leaf.dtype != tf.string:
             values = np.asarray(leaf, dtype=np.float64)
-            total[1] += values.sum()
-            total[2] += np.square(values).sum()
+            sums = values.sum(), np.square(values).sum()
+            if not np.isfinite(sums).all():  # the rare case: the check costs a pass then
+                finite = np.isfinite(values)
+                total[3] += finite.size - np.count_nonzero(finite)
+                sums = values[finite].sum(), np.square(values[finite]).sum()
+            total[1:3] += sums
     return total
 
 
@@ -217,7 +231,8 @@ def mismatch_message(s: int, m: int, theirs: np.ndarray, mine: np.ndarray) -> st
         "every stage of a pipeline the same data: shard with tfsift.shard(dataset, "
         "shuffle_buffer=..., seed=...), which shuffles alike along a pipeline, rather than "
         "dataset.shard(num_workers, rank) or an unseeded .shuffle(). Received: [batch size, "
-        f"sum, sum of squares] {theirs.tolist()} from stage {s - 1}, {mine.tolist()} here"
+        "sum, sum of squares, non-finite values] "
+        f"{theirs.tolist()} from stage {s - 1}, {mine.tolist()} here"
     )
 
 

@@ -32,7 +32,7 @@ from tfsift.parallel.pydataset import PythonDataset, in_step_options
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.elements import sifted_spec, weighted
 from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
-from tfsift.sift.metrics import ScalarLog, SiftMetrics
+from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_empty_epoch, warn_nonfinite
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.relayout import ROWS as ROWS  # marks a saved state as this sifter's
 from tfsift.sift.replicas import ReplicaGroup
@@ -61,6 +61,7 @@ class IndexedSifter:
         self.planned: int | None = None  # the batches the current epoch yields after resume
         self._resume: int | None = None
         self._group: ReplicaGroup | None = None
+        self._empty_warned = False  # an epoch that yielded no batch was told of
         log_dir = config.log_dir or rt.config.log_dir
         self._log = ScalarLog(log_dir) if log_dir and rt.rank == 0 else None
 
@@ -138,6 +139,11 @@ class IndexedSifter:
             lo, hi = bounds[self.position], bounds[self.position + 1]
             self.position += 1
             yield self._emit(rows[lo:hi], keys[lo:hi], None if inverse is None else inverse[lo:hi])
+        empty = len(bounds) == 1 and resume is None
+        if empty and not self._empty_warned and runtime.get().rank == 0:  # once, from rank 0
+            self._empty_warned = True
+            share = f"{self.source.share} rows on this replica"
+            warn_empty_epoch(self.metrics.epochs, share, self.config.policy)
         if self._log is not None:
             self._log.flush()
 
@@ -157,10 +163,16 @@ class IndexedSifter:
         delayed = self.batches_read < self.config.delay
         self.policy.begin_epoch(1 if delayed else epoch, keys, scores)  # epoch 1 never prunes
         # this replica's share of the epoch's candidates (the plan is over all of them)
-        R, scored = self.source.replicas, int(np.isfinite(scores).sum())
+        fresh = self.recorder.cache.fresh(epoch)
+        R, scored = self.source.replicas, int(fresh.sum())
         self.metrics.samples_seen += self.source.share
         self.metrics.samples_reused += scored // R
         self.metrics.samples_unscored += (self.source.rows - scored) // R
+        # a NaN loss recorded is counted whole, not shared out: one must never round to 0
+        bad = int((fresh & ~np.isfinite(scores)).sum())
+        if runtime.get().rank == 0:  # every rank holds the same table: one warning
+            warn_nonfinite(self.metrics, bad, scored, kept=True)
+        self.metrics.nonfinite_losses += bad
         self.metrics.policy = self.policy.metrics()
 
     def _order(self) -> tuple[np.ndarray, np.ndarray]:

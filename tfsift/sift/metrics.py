@@ -14,9 +14,12 @@ agreement) and accumulating (copying samples into and out of the buffer).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("tfsift")
 
 # The fields that add up over batches: an epoch's figure is the total less its start's.
 COUNTERS = (
@@ -104,6 +107,41 @@ class SiftMetrics:
         out.update({f"policy/{k}": v for k, v in self.policy.items()})
         out.update(self.scorer)
         return out
+
+
+def warn_nonfinite(metrics: SiftMetrics, bad: int, of: int, kept: bool = False) -> None:
+    """Warns that ``bad`` of ``of`` losses are NaN or infinite, the first time a sifted
+    dataset meets one (``metrics`` has counted none yet; the caller counts them); ``kept``:
+    the policy keeps those samples (InfoBatch keeps a sample without a finite score)
+    rather than dropping them."""
+    if bad and metrics.nonfinite_losses == 0:
+        fate = (
+            "policy='infobatch' keeps them with weight 1, as samples without a score"
+            if kept
+            else "they are never kept (their gradient would destroy the weights)"
+        )
+        log.warning(
+            "tfsift.sift: %d of %d scored samples have a NaN or infinite loss; %s, and they "
+            "are counted in sift_metrics()['nonfinite_losses'] (NaN losses mostly come from "
+            "NaN weights, a learning rate too high, or NaN in the data)",
+            bad,
+            of,
+            fate,
+        )
+
+
+def warn_empty_epoch(epoch: int, candidates: str, policy: str) -> None:
+    """Logs that epoch ``epoch`` of a sifted dataset yielded no batch, so nothing was
+    trained: its source gave none (``candidates``, what the epoch had to sift, is ""),
+    or the policy kept less than a batch of it."""
+    if candidates:
+        why = f"policy={policy!r} kept less than a batch of its {candidates}"
+    else:
+        why = (
+            "its source dataset is empty (a .take(0), a filter that keeps nothing, a shard "
+            "smaller than a batch with drop_remainder=True?)"
+        )
+    log.warning("tfsift.sift: epoch %d yielded no batch, so nothing was trained: %s", epoch, why)
 
 
 def _mean(total: float, count: int) -> float | None:

@@ -24,7 +24,7 @@ from keras import tree
 
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
-from tfsift.sift.metrics import SiftMetrics
+from tfsift.sift.metrics import SiftMetrics, warn_nonfinite
 from tfsift.sift.policies import Policy, check_losses
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import ReplicaGroup

@@ -79,8 +79,14 @@ class ScoreCache:
 
     def table(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Every key cached and its loss, NaN where it is not fresh in ``epoch``."""
-        fresh = epoch - self._epochs <= self.epochs
+        fresh = self.fresh(epoch)
         return self._keys.copy(), np.where(fresh, self._losses, np.nan)
+
+    def fresh(self, epoch: int) -> np.ndarray:
+        """Whether each key of ``table(epoch)`` has a loss from the last ``epochs`` epochs
+        (a NaN recorded is fresh too: told apart from a loss never recorded)."""
+        fresh: np.ndarray = epoch - self._epochs <= self.epochs
+        return fresh
 
     def state(self) -> dict[str, np.ndarray]:
         """The cached keys, losses and epochs."""

@@ -50,7 +50,7 @@ from tfsift.sift.config import SiftConfig
 from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
 from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs
-from tfsift.sift.metrics import ScalarLog, SiftMetrics
+from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_empty_epoch
 from tfsift.sift.policies import Policy, make_policy
 from tfsift.sift.reader import SourceReader
 from tfsift.sift.recorder import Recorder
@@ -236,6 +236,7 @@ class Sifter:
         self._unsifted = 0
         self._dry = 0  # rounds since a batch was last yielded (STARVED_ROUNDS)
         self._starved_warned = False
+        self._empty_warned = False  # an epoch that yielded no batch was told of
         log_dir = config.log_dir or rt.config.log_dir  # the run's, unless sifting has its own
         self._log = ScalarLog(log_dir) if log_dir and rt.rank == 0 else None
 
@@ -326,6 +327,7 @@ class Sifter:
         STATE.sift_metrics = self.metrics
         group = self._replicas()
         resume, self._resume = self._resume, None
+        yielded = self.metrics.batches_yielded
         if resume is None:
             self.metrics.begin_epoch()
             self.epoch_read, self.buffer = 0, SampleBuffer()
@@ -359,6 +361,11 @@ class Sifter:
         finally:  # also when the consumer stops early: the reader's thread ends
             reader.close()
         yield from self._drain(buffer, group)
+        empty = resume is None and self.metrics.batches_yielded == yielded
+        if empty and not self._empty_warned and runtime.get().rank == 0:  # once, from rank 0
+            self._empty_warned = True
+            read = f"{self.epoch_read} source batches" if self.epoch_read else ""
+            warn_empty_epoch(self.metrics.epochs, read, self.config.policy)
         if self._log is not None:  # the epoch's points, for whoever reads them now
             self._log.flush()
 

@@ -7,13 +7,15 @@ same everywhere. What a callback shows or writes is rank 0's alone (``for_rank``
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import keras
 
-from tfsift.checkpoint import CheckpointManager, collective
+from tfsift.checkpoint import CheckpointManager, collective, files
+from tfsift.checkpoint.files import CheckpointError
 from tfsift.parallel import runtime
 
 # Writers of what every rank would write alike: one copy, from rank 0. Several ranks
@@ -47,6 +49,41 @@ def for_rank(
         if isinstance(getattr(callback, "verbose", None), int):
             callback.verbose = 0
     return kept
+
+
+def check_writable(callbacks: list[keras.callbacks.Callback]) -> None:
+    """Refuses, before the first epoch and on every rank, a ``ModelCheckpoint`` or
+    ``BackupAndRestore`` whose directory cannot be written (they would fail only at the
+    end of an epoch, its training lost). Rank 0 checks: it writes their files. Collective.
+
+    Raises:
+        CheckpointError: a directory that is not writable or not a directory (named).
+    """
+    targets = [(f"{type(c).__name__}'s", _directory(c)) for c in callbacks]
+    wanted = [(what, directory) for what, directory in targets if directory is not None]
+    if wanted:
+        collective.on_root(runtime.get().world, lambda: _check_directories(wanted))
+
+
+def _directory(callback: keras.callbacks.Callback) -> Path | None:
+    """Where ``callback`` writes, for those that write at an epoch's end."""
+    if isinstance(callback, BackupAndRestore):
+        return callback.backup_dir
+    if isinstance(callback, keras.callbacks.ModelCheckpoint):
+        # the directory part before any {epoch}-like field: what exists before the save
+        fixed = str(callback.filepath).split("{", 1)[0]
+        return Path(os.path.dirname(fixed) or ".")
+    return None
+
+
+def _check_directories(wanted: list[tuple[str, Path]]) -> None:
+    for what, directory in wanted:
+        why = files.unwritable(directory)
+        if why is not None:
+            raise CheckpointError(
+                f"{what} directory must be one this job can write to (fit checks it before "
+                f"the first epoch rather than fail after it): {why}. Received: {directory}"
+            )
 
 
 class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]

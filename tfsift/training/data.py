@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -10,11 +11,14 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
-from tfsift.parallel.arrays import ArrayDataset
+from tfsift.parallel import runtime
+from tfsift.parallel.arrays import ArrayDataset, RowDataset
 from tfsift.parallel.shard import prompt_end
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
+
+log = logging.getLogger("tfsift")
 
 DEFAULT_BATCH = 32  # Keras' default batch size
 # Transformations whose elements are all of their input's, every epoch: the batches seen
@@ -224,6 +228,45 @@ def batching(dataset: tf.data.Dataset) -> tuple[int, int] | None:
         return None
     n = int(source.cardinality())
     return None if n == tf.data.UNKNOWN_CARDINALITY else (int(B), n)
+
+
+def start_at(dataset: tf.data.Dataset, epoch: int) -> None:
+    """Makes ``fit``'s training data, made or given, start at epoch ``epoch`` (0 the first)
+    in the order an uninterrupted run would give it (a resumed run, or ``initial_epoch``).
+
+    Arrays (``tfsift.from_arrays``) permute their rows by epoch, counted by the dataset
+    from 0 in every process: they are set to that epoch's order, not the first epoch's
+    again. A dataset that ``reshuffles`` cannot be set so: rank 0 warns that the resumed
+    epochs take other orders than the uninterrupted run's.
+    """
+    if isinstance(dataset, RowDataset):
+        dataset.epochs = epoch
+    elif reshuffles(dataset) and runtime.get().rank == 0:
+        log.warning(
+            "tfsift: fit starts at epoch %d of a dataset that reshuffles at each iteration "
+            "(a .shuffle(), or tfsift.shard(shuffle_buffer=...)): tf.data orders its epochs "
+            "by the iterations made in this process, so these epochs take the orders of "
+            "epochs 1, 2, ... again and a resumed run does not repeat the uninterrupted one "
+            "exactly. For an exact resume, pass arrays (fit(x, y)) or tfsift.from_arrays, "
+            "whose order follows the epoch",
+            epoch + 1,
+        )
+
+
+def reshuffles(dataset: tf.data.Dataset) -> bool:
+    """Whether ``dataset`` holds a ``.shuffle`` that reshuffles at each iteration (seen
+    through every transformation's inputs; ``tfsift.shard(shuffle_buffer=...)``'s too).
+    Its epochs' orders then follow the iterations made in this process, from the first,
+    whatever epoch a resumed run starts at. tf.data's datasets list their inputs in the
+    private ``_inputs()``, as ``batching`` reads the private ``_batch_size``."""
+    stack = [dataset]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "_ShuffleDataset":
+            if getattr(node, "_reshuffle_each_iteration", None) is not False:
+                return True
+        stack.extend(getattr(node, "_inputs", list)())
+    return False
 
 
 def _unbatched(spec: Any, ranks: Sequence[int]) -> str | None:

@@ -8,6 +8,7 @@ rank at the same epoch). Only rank 0 shows Keras' progress bar.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from tfsift.parallel.collectives import allreduce
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.transform import sift as sift_transform
 from tfsift.training import data
-from tfsift.training.callbacks import for_rank
+from tfsift.training.callbacks import check_writable, for_rank
 from tfsift.training.compiled import Compiled, compiled_of, predict_step_of
 from tfsift.training.logs import metric_results, replica_mean
 from tfsift.training.progress import SiftedProgbar
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from tfsift.model import DistributedModel
 
 Logs = dict[str, float]
+log = logging.getLogger("tfsift")
 
 
 # hands a step's labels and predictions back to a sifted dataset (scores="training")
@@ -76,6 +78,7 @@ def fit(
                 x, y, sample_weight, validation_split
             )
     train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
+    source = train  # before class weights and sifting wrap it: what orders the epochs
     if class_weight is not None:
         if sift is not None:
             raise ValueError(
@@ -96,6 +99,7 @@ def fit(
         progbar = SiftedProgbar(train.planned_batches, steps_per_epoch)
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
     cbs = _callbacks(model, callbacks, verbose, progbar, epochs=epochs, steps=steps)
+    check_writable(cbs.callbacks)
     model.stop_training = False
     # the sifted dataset, for tfsift.callbacks.BackupAndRestore to save and restore its state
     # (object's setattr: Keras would track a dataset among the model's dependencies)
@@ -103,15 +107,22 @@ def fit(
     cbs.on_train_begin()
     # Keras' protocol for a callback that restored a run (BackupAndRestore): it sets the
     # epoch to start from during on_train_begin; read once, so a later fit starts afresh.
-    initial_epoch, model._initial_epoch = model._initial_epoch or initial_epoch, None
+    restored, model._initial_epoch = model._initial_epoch, None
+    initial_epoch = initial_epoch if restored is None else restored
+    if initial_epoch:
+        data.start_at(source, initial_epoch)
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
         epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs, record)
+        if not epoch_logs:  # no batch: the logs of a step are never empty
+            _ran_dry(model, epoch, first=epoch == initial_epoch)
         if sift is not None:
             epoch_logs.update(_sift_logs(train))
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
-            val = _test_loop(model, compiled, validation_data, validation_steps, cbs)
+            val = _test_loop(
+                model, compiled, validation_data, validation_steps, cbs, "fit's validation_data"
+            )
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         if model.stop_training:
@@ -140,7 +151,7 @@ def evaluate(
         x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model)
     )
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
-    logs = _test_loop(model, compiled, dataset, steps, cbs)
+    logs = _test_loop(model, compiled, dataset, steps, cbs, "evaluate")
     if return_dict:
         return logs
     values = list(logs.values())
@@ -169,13 +180,38 @@ def predict(
     outputs = []
     for n, (inputs, _, _) in enumerate(data.batches(dataset, steps)):
         cbs.on_predict_batch_begin(n)
-        out = tree.map_structure(lambda o: o.concat().numpy(), predict_step(inputs))
+        first = n == 0 and model.partitioned is None
+        step = _tracing(model, predict_step, dataset) if first else predict_step
+        out = tree.map_structure(lambda o: o.concat().numpy(), step(inputs))
         outputs.append(out)
         cbs.on_predict_batch_end(n, {"outputs": out})
     cbs.on_predict_end()
     if not outputs:
         raise ValueError("predict read no batch from the dataset. Received: an empty dataset")
     return tree.map_structure(lambda *parts: np.concatenate(parts)[:keep], *outputs)
+
+
+def _tracing(
+    model: DistributedModel, step: Callable[[Any], Any], dataset: tf.data.Dataset
+) -> Callable[[Any], Any]:
+    """``step`` for the first batch of a model not traced yet: a batch the model cannot
+    be traced on names ``.batch()``. Before the trace, an unbatched dataset of inputs alone
+    cannot be told from a batch (a batch of token ids has one dimension too), so ``checked``
+    lets it through, and the model's first layer would refuse it with no word of batching."""
+
+    def first(inputs: Any) -> Any:
+        try:
+            return step(inputs)
+        except ValueError as err:
+            if model.partitioned is not None:  # traced: the error is another one
+                raise
+            raise ValueError(
+                f"predict could not trace the model on the dataset's first element ({err}): "
+                "predict needs a batched dataset; if this one is not, call .batch(B). "
+                f"Received: element_spec={dataset.element_spec}"
+            ) from err
+
+    return first
 
 
 def train_on_batch(
@@ -330,6 +366,7 @@ def _test_loop(
     dataset: Any,
     steps: int | None,
     cbs: keras.callbacks.CallbackList,
+    what: str,
 ) -> Logs:
     tracker = _reset(compiled)
     logs: Logs = {}
@@ -339,8 +376,29 @@ def _test_loop(
         loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
         logs = _update(compiled, tracker, loss, y_pred, y, weight)
         cbs.on_test_batch_end(n, logs)
+    if not logs:  # as predict: a loss of nothing is no number to report
+        raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
     cbs.on_test_end(logs)
     return dict(logs)
+
+
+def _ran_dry(model: DistributedModel, epoch: int, first: bool) -> None:
+    """An epoch of ``fit`` that trained no batch: an error in the first epoch (nothing
+    would be trained at all), else a warning, and training stops, as Keras stops when its
+    input runs out."""
+    if first:
+        raise ValueError(
+            f"fit's training data yielded no batch in epoch {epoch + 1}, the first it trains: "
+            "check the dataset (a .take(0), a filter that keeps nothing, fewer samples per "
+            "replica than one batch with drop_remainder=True). Received: an empty dataset"
+        )
+    log.warning(
+        "tfsift: fit's training data yielded no batch in epoch %d (a dataset that can be "
+        "iterated only once, a generator's?, or sifting that kept less than a batch): "
+        "training stops here, as Keras stops when its input runs out",
+        epoch + 1,
+    )
+    model.stop_training = True
 
 
 def _reset(compiled: Compiled) -> keras.metrics.Mean:

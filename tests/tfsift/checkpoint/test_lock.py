@@ -145,10 +145,11 @@ def test_a_lock_from_another_host_or_unreadable_is_never_taken(tmp_path: Path) -
     with pytest.raises(CheckpointError) as err:
         manager(tmp_path)
     assert str(err.value) == refusal(tmp_path, f"the lock {tmp_path / lock.LOCK} of {described}")
-    (tmp_path / lock.LOCK).write_text("")
-    with pytest.raises(CheckpointError) as err:
-        manager(tmp_path)
-    assert str(err.value) == refusal(tmp_path, f"an unreadable lock {tmp_path / lock.LOCK}")
+    for garbage in (b"", b"\x80\xfe binary"):  # binary: not a decoding error naming no file
+        (tmp_path / lock.LOCK).write_bytes(garbage)
+        with pytest.raises(CheckpointError) as err:
+            manager(tmp_path)
+        assert str(err.value) == refusal(tmp_path, f"an unreadable lock {tmp_path / lock.LOCK}")
 
 
 def test_the_saves_of_one_process_share_the_lock_and_close_gives_it_up(tmp_path: Path) -> None:

@@ -193,6 +193,24 @@ def test_only_the_newest_are_kept_and_leftovers_of_killed_saves_go(tmp_path: Pat
     ]
 
 
+def test_max_to_keep_none_keeps_every_checkpoint(tmp_path: Path) -> None:
+    run = Run(tmp_path, max_to_keep=None)
+    run.fit(range(4), save_every=1)
+    want = [".tfsift-lock", "ckpt-0", "ckpt-1", "ckpt-2", "ckpt-3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == want
+    assert Run(tmp_path).ckpt.restore() == 4
+
+
+@pytest.mark.parametrize("step", [-1, 2.5, True, 2**63])
+def test_a_step_no_restore_could_find_is_refused_before_saving(tmp_path: Path, step: Any) -> None:
+    run = Run(tmp_path)
+    run.fit(range(1))
+    refusal = f"an int from 0 to {2**63 - 1}. Received: step="
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        run.ckpt.save(step)
+    assert not any(p.name.startswith("ckpt") for p in tmp_path.iterdir())
+
+
 def test_saving_a_step_again_replaces_its_checkpoint(tmp_path: Path) -> None:
     run = Run(tmp_path)
     run.fit(range(1))
@@ -207,6 +225,11 @@ def test_saving_a_step_again_replaces_its_checkpoint(tmp_path: Path) -> None:
 
 def damage(path: Path, how: str) -> None:
     data = bytearray(path.read_bytes())
+    if how == "edit":  # the manifest's input shape, as a hand edit would change it
+        text = path.read_text()
+        path.write_text(re.sub(r'"inputs": \[\s*\[\s*\[\s*4', '"inputs": [[[1000000000000', text))
+        assert path.read_text() != text
+        return
     if how == "flip":
         data[len(data) // 2] ^= 0x10
     else:
@@ -214,19 +237,27 @@ def damage(path: Path, how: str) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        ("weights-s0.npz", "flip"),
+        ("weights-s0.npz", "truncate"),
+        ("manifest.json", "flip"),
+        ("manifest.json", "edit"),
+    ],
+)
 def test_a_damaged_checkpoint_is_skipped_with_a_warning_naming_the_file(
-    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, name: str, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     run = Run(tmp_path)
     run.fit(range(2), save_every=1)
-    damage(tmp_path / "ckpt-1" / "weights-s0.npz", how)
+    damage(tmp_path / "ckpt-1" / name, how)
     again = Run(tmp_path)
     with caplog.at_level(logging.WARNING, logger="tfsift"):
         assert again.ckpt.restore() == 1  # ckpt-0 was used
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "skipping damaged checkpoint" in warning and "ckpt-1" in warning
-    assert "weights-s0.npz" in warning
+    assert name in warning
     earlier = Run(tmp_path / "x")
     earlier.fit(range(1))
     assert_equal(again.state(), earlier.state())

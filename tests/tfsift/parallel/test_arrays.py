@@ -42,6 +42,15 @@ def test_each_pass_is_the_next_epochs_permutation_in_whole_batches() -> None:
     assert int(train.cardinality()) == N // B
 
 
+def test_a_resumed_loop_sets_the_epochs_done_and_goes_on_in_the_same_order() -> None:
+    tfsift.init({})
+    whole = tfsift.from_arrays(data(), B, seed=5)
+    want = [[rows_of(x) for x, _ in whole] for _ in range(3)]
+    resumed = tfsift.from_arrays(data(), B, seed=5)  # a new process, after 2 epochs
+    resumed.epochs = 2
+    assert [rows_of(x) for x, _ in resumed] == want[2]
+
+
 def test_tf_data_reads_the_same_batches_and_dicts_keep_their_structure() -> None:
     tfsift.init({})
     x, y = data()

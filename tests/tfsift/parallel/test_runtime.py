@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
+import mpi
 import tfsift
-from tfsift import state
+from tfsift import env, state
 from tfsift.parallel import runtime
 
 
@@ -63,3 +66,42 @@ def test_init_asking_for_horovod_after_a_runtime_without_it_does_not_reuse_it() 
     assert (
         rt_module._reuse(first, first.config.__class__(horovod=True), first.topology, 10.0) is None
     )
+
+
+MADE_TO_YIELD = (
+    "tfsift: MPI was started before `import tfsift`, so Open MPI polled in its waits; tfsift "
+    "made it yield, as OMPI_MCA_mpi_yield_when_idle=1 (its default) does"
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_mpi_started_before_import_tfsift_is_made_to_yield_and_told_once(launcher: str) -> None:
+    # the launch's environment as a user's shell gives it (pytest's process imported tfsift)
+    unset = (env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,)
+    proc = mpi.run(2, "yield_check.py", "mpi-first", launcher=launcher, unset=unset)
+    got = mpi.reports(proc)
+    assert [got[r]["replicas"] for r in (0, 1)] == [2, 2]  # data parallel: Horovod started
+    assert [got[r]["polled"] for r in (0, 1)] == [True, True]
+    # polling when tfsift was imported, yielding once tfsift.init has run, on every rank
+    assert [got[r]["yields"] for r in (0, 1)] == [[False, True], [False, True]]
+    assert (proc.stdout + proc.stderr).count(MADE_TO_YIELD) == 1  # rank 0 alone says it
+    assert "WARNING" not in proc.stderr
+
+
+def test_open_mpi_yields_here_and_is_made_to_yield_when_it_polls() -> None:
+    from tfsift.parallel import openmpi
+
+    tfsift.init({})  # MPI started after import tfsift (conftest): Open MPI yields
+    assert openmpi.yields() is True
+    library = openmpi._library()
+    assert library is not None
+    flag = ctypes.c_bool.in_dll(library, openmpi.FLAG)
+    flag.value = False  # as in a process that started MPI before import tfsift
+    try:
+        assert openmpi.yields() is False
+        assert openmpi.make_yield() is True
+        assert flag.value is True
+    finally:
+        flag.value = True

@@ -7,6 +7,7 @@ compared with one full-batch tape (the mpirun tests are the end-to-end proof).
 
 from __future__ import annotations
 
+import doctest
 import gc
 import itertools
 import queue
@@ -186,6 +187,29 @@ def test_a_stage_fed_other_data_refuses_before_receiving_activations() -> None:
     )
     assert "tfsift.shard(dataset, shuffle_buffer=..., seed=...)" in str(mismatch[0])
     assert stage_plans[1].comm.calls == ["recvC0<-0"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_a_nan_in_the_data_trains_as_in_one_process_and_is_no_data_mismatch(K: int) -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    x = tf.tensor_scatter_nd_update(x, [[5, 1]], [np.nan])  # microbatch 1 of 2 holds a NaN
+    fn = train_fn(model)
+    results = run_pipeline(plans(model, fn, x[:4], K, 2, "simple", False), fn, x, y)
+    first, second = (float(r[1]) for r in results[-1].results)
+    want = float(LOSS(y[:4], model.c(model.b(model.a(x[:4])))))
+    assert first == pytest.approx(want, rel=1e-6) and np.isnan(second)
+
+
+def test_the_fingerprint_counts_nan_and_infinities_instead_of_summing_them() -> None:
+    def of(*leaves: Any) -> list[float]:
+        return executor_module.fingerprint((leaves, {})).tolist()  # type: ignore[no-any-return]
+
+    with_nan = np.array([[1.0, np.nan], [2.0, -np.inf]])
+    assert of(with_nan) == of(with_nan.copy()) == [2.0, 3.0, 5.0, 2.0]  # NaN equals itself
+    assert of(with_nan, np.array([3, 1])) == [2.0, 7.0, 15.0, 2.0]
+    assert of(np.array([[1.0, 2.0]])) == [1.0, 3.0, 5.0, 0.0]
+    assert doctest.testmod(executor_module).failed == 0
 
 
 def test_roles_follow_the_stage_position() -> None:

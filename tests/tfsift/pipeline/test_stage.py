@@ -227,6 +227,16 @@ def test_microbatch_seconds_times_a_stages_forward_backward_and_sum(monkeypatch:
     assert calls == ["forward"] * 2 + ["forward", "backward", "accumulate"] * 2 * 21
 
 
+def test_microbatch_seconds_times_an_example_holding_a_nan() -> None:
+    from tfsift.pipeline import stage as stage_module
+
+    x = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    x[1, 2] = np.nan  # the profiler's example is the first batch: a NaN there must pass
+    graph = trace(Net(0.0), [tf.constant(x)])
+    (seconds,) = stage_module.microbatch_seconds(graph, [tf.constant(x)], repeats=2)
+    assert seconds > 0
+
+
 def test_profiling_through_the_stage_leaves_every_variable_as_it_was() -> None:
     from tfsift.pipeline.stage import microbatch_seconds
     from tfsift.planning.profiler import profile, recomputing_is_faster

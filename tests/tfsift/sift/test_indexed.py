@@ -172,6 +172,68 @@ def test_an_epoch_past_the_configured_ones_is_told_once(caplog: pytest.LogCaptur
     ]  # once, not at epoch 4 again
 
 
+def nan_every_8th(rows: list[int]) -> np.ndarray:
+    return np.array([np.nan if i % 8 == 0 else loss_of(i) for i in rows])
+
+
+@pytest.mark.parametrize("path", ["by row", "streaming"])
+def test_nan_losses_are_counted_and_warned_once_on_every_infobatch_path(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tfsift.init({})
+    if path == "by row":
+        dataset: Any = sifted(config())
+    else:
+        source = tf.data.Dataset.from_tensor_slices(data()).batch(B, drop_remainder=True)
+        dataset = source.apply(tfsift.sift(config=config(score_batches=1)))
+    kept: list[tuple[int, float]] = []
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        for e in range(2):
+            for x, _, w in dataset:
+                rows = np.asarray(x)[:, 0].astype(int).tolist()
+                dataset.record(nan_every_8th(rows))  # epoch 1 records N / 8 NaN losses
+                kept += [(i, v) for i, v in zip(rows, w.numpy().tolist(), strict=True) if e]
+    metrics = tfsift.sift_metrics()
+    assert metrics["nonfinite_losses"] == N // 8  # looked up once each, in epoch 2
+    assert metrics["samples_reused"] == N and metrics["samples_unscored"] == N  # epoch 1's
+    first = "24 of 192" if path == "by row" else "2 of 16"  # the epoch's table, or a round
+    assert caplog.messages == [
+        f"tfsift.sift: {first} scored samples have a NaN or infinite loss; policy='infobatch' "
+        "keeps them with weight 1, as samples without a score, and they are counted in "
+        "sift_metrics()['nonfinite_losses'] (NaN losses mostly come from NaN weights, a "
+        "learning rate too high, or NaN in the data)"
+    ]
+    weights = [w for i, w in kept if i % 8 == 0]  # some may fall in the remainder dropped
+    assert len(weights) > N // 16 and set(weights) == {1.0}  # kept, as if unscored
+
+
+def test_an_empty_epoch_is_told_once_on_every_infobatch_path(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tfsift.init({})
+    empty = tf.data.Dataset.from_tensor_slices(data()).take(0)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        streaming = tfsift.shard(empty).batch(B, drop_remainder=True)
+        streaming = streaming.apply(tfsift.sift(config=config()))
+        assert [len(epoch(streaming)) for _ in range(2)] == [0, 0]
+    assert caplog.messages == [
+        "tfsift.shard: every replica's shard is empty, so every epoch over it yields nothing. "
+        "Received: a dataset of 0 element(s) for 1 replica(s)",
+        "tfsift.sift: epoch 1 yielded no batch, so nothing was trained: its source dataset is "
+        "empty (a .take(0), a filter that keeps nothing, a shard smaller than a batch with "
+        "drop_remainder=True?)",
+    ]  # once, not again in epoch 2
+    caplog.clear()
+    x, y = data()
+    by_row = tfsift.from_arrays((x[:B], y[:B]), B).apply(tfsift.sift(config=config()))
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        assert [len(epoch(by_row)) for _ in range(2)] == [B, 0]  # epoch 2 prunes: < B left
+    assert caplog.messages == [
+        "tfsift.sift: epoch 2 yielded no batch, so nothing was trained: policy='infobatch' "
+        f"kept less than a batch of its {B} rows on this replica"
+    ]
+
+
 def test_a_state_of_another_kind_of_sifted_dataset_is_refused() -> None:
     tfsift.init({})
     streaming = tf.data.Dataset.from_tensor_slices(data()).batch(B, drop_remainder=True)

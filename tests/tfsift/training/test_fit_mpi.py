@@ -1,8 +1,10 @@
 """fit under real mpirun: 2 stages, and 2 replicas; the same History on every rank and the
-README loop's weights; Keras' callbacks and tfsift's BackupAndRestore across ranks."""
+README loop's weights; Keras' callbacks and tfsift's BackupAndRestore across ranks, a
+resume after kill -9 included."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,3 +78,16 @@ def check_callbacks(reports: dict[int, dict[str, Any]]) -> None:
         assert len(resumed) == 1 and resumed == uninterrupted  # epoch 3 of 3
         assert got["sifted_resumed_weight_diff"] == 0.0
     assert reports[0]["callbacks"]["keras_file_error"] < 1e-5  # plain Keras loads best.keras
+
+
+@pytest.mark.timeout(400)
+def test_fit_on_shuffled_arrays_killed_and_run_again_resumes_bitwise(tmp_path: Path) -> None:
+    killed = mpi.run(2, "fit_resume_check.py", str(tmp_path), "killed", timeout=180)
+    assert killed.returncode != 0  # rank 1 killed itself with SIGKILL in epoch 3
+    assert "rank 1 was to be killed" not in killed.stderr + killed.stdout
+    assert sorted(p.name for p in (tmp_path / "backup").glob("ckpt-*")) == ["ckpt-1"]
+    resumed = mpi.reports(mpi.run(2, "fit_resume_check.py", str(tmp_path), "resumed"))
+    for rank in (0, 1):
+        assert resumed[rank]["epochs"] == 2  # epochs 3 and 4, each in its own order
+        # bitwise: the same rows in the same order on each replica, dropout masks, Adam
+        assert resumed[rank]["weights"] == resumed[rank]["whole"]

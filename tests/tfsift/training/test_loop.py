@@ -269,6 +269,62 @@ def test_evaluate_and_predict_refuse_single_samples_as_fit_does() -> None:
         model.evaluate(tf.data.Dataset.from_tensor_slices((x, y)), verbose=0)
 
 
+def test_an_empty_dataset_fails_fit_and_evaluate_naming_it() -> None:
+    model = compiled_model()
+    empty = dataset().take(0)
+    with pytest.raises(ValueError) as err:
+        model.fit(empty, epochs=2, verbose=0)
+    assert str(err.value) == (
+        "fit's training data yielded no batch in epoch 1, the first it trains: check the "
+        "dataset (a .take(0), a filter that keeps nothing, fewer samples per replica than one "
+        "batch with drop_remainder=True). Received: an empty dataset"
+    )
+    model.fit(dataset(), epochs=1, verbose=0)
+    for what, call in [
+        ("evaluate", lambda: model.evaluate(empty, verbose=0)),
+        ("fit's validation_data", lambda: model.fit(dataset(), validation_data=empty, verbose=0)),
+    ]:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == (
+            f"{what} read no batch from the dataset. Received: an empty dataset"
+        )
+
+
+def test_an_input_that_runs_dry_after_an_epoch_stops_fit_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = compiled_model()
+    once = iter(list(dataset()))  # a generator's data: iterated once, then empty
+    spec = dataset().element_spec
+    with caplog.at_level("WARNING", logger="tfsift"):
+        history = model.fit(
+            tf.data.Dataset.from_generator(lambda: once, output_signature=spec),
+            epochs=4,
+            verbose=0,
+        )
+    assert len(history.history["loss"]) == 1  # epoch 2 trained nothing, and fit stopped there
+    assert caplog.messages == [
+        "tfsift: fit's training data yielded no batch in epoch 2 (a dataset that can be "
+        "iterated only once, a generator's?, or sifting that kept less than a batch): training "
+        "stops here, as Keras stops when its input runs out"
+    ]
+
+
+def test_predict_before_any_step_names_batch_for_single_samples() -> None:
+    tfsift.init({})
+    x, _ = arrays()
+    with pytest.raises(ValueError) as err:
+        Mlp().predict(tf.data.Dataset.from_tensor_slices(x), verbose=0)  # not traced yet
+    assert str(err.value).startswith(
+        "predict could not trace the model on the dataset's first element (Input 0 "
+    )
+    assert str(err.value).endswith(
+        "predict needs a batched dataset; if this one is not, call .batch(B). Received: "
+        "element_spec=TensorSpec(shape=(5,), dtype=tf.float32, name=None)"
+    )
+
+
 def test_fit_before_compile_says_to_compile() -> None:
     tfsift.init({})
     with pytest.raises(RuntimeError, match=r"model.compile\(optimizer="):
@@ -369,6 +425,38 @@ def test_model_checkpoint_saves_the_best_keras_file_and_weights_every_epoch(
     assert_same_weights(other, model)
 
 
+@pytest.mark.parametrize("which", ["ModelCheckpoint", "BackupAndRestore"])
+def test_a_checkpoint_directory_that_cannot_be_written_fails_fit_before_epoch_1(
+    tmp_path: Path, which: str
+) -> None:
+    (tmp_path / "file").write_text("a file where a directory should be")
+    model = adam_model()
+    target = tmp_path / "file" / "runs"
+    callback = (
+        keras.callbacks.ModelCheckpoint(target / "{epoch}" / "best.keras", save_best_only=True)
+        if which == "ModelCheckpoint"
+        else tfsift.callbacks.BackupAndRestore(target)
+    )
+    with pytest.raises(tfsift.checkpoint.CheckpointError) as err:
+        model.fit(dataset(), epochs=2, verbose=0, callbacks=[callback])
+    assert str(err.value) == (
+        f"rank 0: {which}'s directory must be one this job can write to (fit checks it "
+        f"before the first epoch rather than fail after it): {tmp_path / 'file'} is not a "
+        f"directory. Received: {target}"
+    )
+    assert int(model.optimizer.iterations) == 0  # nothing trained
+
+
+def test_a_directory_is_unwritable_where_this_user_may_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tfsift.checkpoint import files
+
+    assert files.unwritable(tmp_path / "not" / "made" / "yet") is None  # made at the save
+    monkeypatch.setattr(files.os, "access", lambda path, mode: False)  # as a read-only mount
+    assert files.unwritable(tmp_path / "new") == f"{tmp_path} is not writable by this user"
+
+
 def test_save_and_save_weights_name_the_files_they_write() -> None:
     model = compiled_model()
     model.fit(dataset(), epochs=1, verbose=0)
@@ -420,6 +508,43 @@ def test_backup_and_restore_resumes_after_the_last_epoch_saved(tmp_path: Path) -
     assert len(history.history["loss"]) == 1  # epoch 2 only
     assert_same_weights(resumed, whole)
     assert not backup.exists()  # delete_checkpoint: fit ended normally
+
+
+def test_a_resume_over_a_dataset_that_reshuffles_says_it_is_not_exact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tfsift.init({"microbatches": 2})
+    x, y = arrays()
+    shuffled = tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y)), shuffle_buffer=N)
+    with pytest.raises(KeyboardInterrupt):
+        adam_model().fit(
+            shuffled.batch(B, drop_remainder=True), epochs=3, verbose=0,
+            callbacks=[tfsift.callbacks.BackupAndRestore(tmp_path), Interrupt()],
+        )  # fmt: skip
+    with caplog.at_level("WARNING", logger="tfsift"):
+        adam_model().fit(
+            shuffled.batch(B, drop_remainder=True), epochs=3, verbose=0,
+            callbacks=[tfsift.callbacks.BackupAndRestore(tmp_path)],
+        )  # fmt: skip
+    assert [m for m in caplog.messages if "reshuffles" in m] == [
+        "tfsift: fit starts at epoch 3 of a dataset that reshuffles at each iteration (a "
+        ".shuffle(), or tfsift.shard(shuffle_buffer=...)): tf.data orders its epochs by the "
+        "iterations made in this process, so these epochs take the orders of epochs 1, 2, "
+        "... again and a resumed run does not repeat the uninterrupted one exactly. For an "
+        "exact resume, pass arrays (fit(x, y)) or tfsift.from_arrays, whose order follows "
+        "the epoch"
+    ]
+
+
+def test_reshuffles_finds_a_shuffle_under_any_transformation() -> None:
+    from tfsift.training.data import reshuffles
+
+    tfsift.init({})
+    base = tf.data.Dataset.range(8)
+    assert reshuffles(base.shuffle(8).map(lambda v: v + 1).batch(2).prefetch(1))
+    assert reshuffles(tf.data.Dataset.zip((base, base.shuffle(8))))
+    assert not reshuffles(base.shuffle(8, reshuffle_each_iteration=False).batch(2))
+    assert not reshuffles(base.batch(2)) and not reshuffles(tfsift.from_arrays(arrays(), B))
 
 
 def test_callbacks_show_and_write_on_rank_0_only(tmp_path: Path) -> None:
