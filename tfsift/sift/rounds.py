@@ -240,15 +240,10 @@ class Rounds:
         return scores
 
     def _note_nonfinite(self, losses: np.ndarray) -> None:
+        """Warns, the first time, of NaN or infinite ``losses`` (``metrics.record`` counts
+        them)."""
         bad = int((~np.isfinite(losses)).sum())
-        if bad and self.metrics.nonfinite_losses == 0:
-            log.warning(
-                "tfsift.sift: %d of %d scored samples have a NaN or infinite loss; they are "
-                "never kept (their gradient would destroy the weights) and are counted in "
-                "sift_metrics()['nonfinite_losses']",
-                bad,
-                len(losses),
-            )
+        warn_nonfinite(self.metrics, bad, len(losses), isinstance(self.policy, InfoBatchPolicy))
 
 
 def _scored_part(scores: Scores, n: int) -> tuple[Scores, np.ndarray]:
