@@ -161,7 +161,7 @@ def _yield_in_waits(rank: int) -> None:
     if now is False and openmpi.make_yield():
         if rank == 0:
             log.info(
-                "tfsift: MPI was started before `import tfsift`, so Open MPI polled in its "
+                "MPI was started before `import tfsift`, so Open MPI polled in its "
                 "waits; tfsift made it yield, as %s=1 (its default) does",
                 env.OMPI_MCA_MPI_YIELD_WHEN_IDLE,
             )
@@ -174,7 +174,7 @@ def _yield_in_waits(rank: int) -> None:
 def _warn_polling() -> None:
     """MPI started before ``import tfsift`` could make Open MPI yield in its waits."""
     log.warning(
-        "tfsift: MPI was started before `import tfsift` (by mpi4py.MPI or hvd.init()) "
+        "MPI was started before `import tfsift` (by mpi4py.MPI or hvd.init()) "
         "without %s, so Open MPI polls in its waits: Horovod's background thread then takes "
         "up to a third of each rank's core from the training step (data-parallel steps about "
         "1.5x slower, docs/config.md). Import tfsift before mpi4py and Horovod, or set "

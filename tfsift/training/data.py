@@ -243,7 +243,7 @@ def start_at(dataset: tf.data.Dataset, epoch: int) -> None:
         dataset.epochs = epoch
     elif reshuffles(dataset) and runtime.get().rank == 0:
         log.warning(
-            "tfsift: fit starts at epoch %d of a dataset that reshuffles at each iteration "
+            "fit starts at epoch %d of a dataset that reshuffles at each iteration "
             "(a .shuffle(), or tfsift.shard(shuffle_buffer=...)): tf.data orders its epochs "
             "by the iterations made in this process, so these epochs take the orders of "
             "epochs 1, 2, ... again and a resumed run does not repeat the uninterrupted one "

@@ -393,7 +393,7 @@ def _ran_dry(model: DistributedModel, epoch: int, first: bool) -> None:
             "replica than one batch with drop_remainder=True). Received: an empty dataset"
         )
     log.warning(
-        "tfsift: fit's training data yielded no batch in epoch %d (a dataset that can be "
+        "fit's training data yielded no batch in epoch %d (a dataset that can be "
         "iterated only once, a generator's?, or sifting that kept less than a batch): "
         "training stops here, as Keras stops when its input runs out",
         epoch + 1,

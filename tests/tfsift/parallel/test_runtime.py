@@ -69,7 +69,7 @@ def test_init_asking_for_horovod_after_a_runtime_without_it_does_not_reuse_it() 
 
 
 MADE_TO_YIELD = (
-    "tfsift: MPI was started before `import tfsift`, so Open MPI polled in its waits; tfsift "
+    "MPI was started before `import tfsift`, so Open MPI polled in its waits; tfsift "
     "made it yield, as OMPI_MCA_mpi_yield_when_idle=1 (its default) does"
 )
 

@@ -78,7 +78,7 @@ def test_a_position_saved_under_another_global_batch_is_said_to_misplace_the_epo
         train.sifter.load_state({**state, "position": 2, "global_batch": 16})
     [record] = caplog.records
     assert record.getMessage() == (
-        "tfsift: the sifting state was saved 2 batches into its epoch by a job whose replicas "
+        "the sifting state was saved 2 batches into its epoch by a job whose replicas "
         "took 16 samples a step together, and this one's take 8: the rest of the epoch may "
         "train some samples twice and leave others out. Give from_arrays or from_rows "
         "global_batch_size, the same in every job"

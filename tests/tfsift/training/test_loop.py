@@ -305,7 +305,7 @@ def test_an_input_that_runs_dry_after_an_epoch_stops_fit_with_a_warning(
         )
     assert len(history.history["loss"]) == 1  # epoch 2 trained nothing, and fit stopped there
     assert caplog.messages == [
-        "tfsift: fit's training data yielded no batch in epoch 2 (a dataset that can be "
+        "fit's training data yielded no batch in epoch 2 (a dataset that can be "
         "iterated only once, a generator's?, or sifting that kept less than a batch): training "
         "stops here, as Keras stops when its input runs out"
     ]
@@ -527,7 +527,7 @@ def test_a_resume_over_a_dataset_that_reshuffles_says_it_is_not_exact(
             callbacks=[tfsift.callbacks.BackupAndRestore(tmp_path)],
         )  # fmt: skip
     assert [m for m in caplog.messages if "reshuffles" in m] == [
-        "tfsift: fit starts at epoch 3 of a dataset that reshuffles at each iteration (a "
+        "fit starts at epoch 3 of a dataset that reshuffles at each iteration (a "
         ".shuffle(), or tfsift.shard(shuffle_buffer=...)): tf.data orders its epochs by the "
         "iterations made in this process, so these epochs take the orders of epochs 1, 2, "
         "... again and a resumed run does not repeat the uninterrupted one exactly. For an "
