@@ -225,9 +225,10 @@ class CheckpointManager:
         weights.assign(keyed, ckpt.values("weights-", [k for k, _ in keyed]), source)
         if self.optimizer is not None:
             _load_optimizer(self.optimizer, weights.trainable(self.model, part), ckpt)
-        if (m.replicas, m.partitions) != (rt.topology.replicas, rt.topology.partitions):
-            if rt.rank == 0:
-                _warn_other_layout(source, m, rt)
+        saved = (m.replicas, m.partitions, (len(m.bounds) - 1) // m.partitions)
+        if saved != (rt.topology.replicas, rt.topology.partitions, part.virtual_stages):
+            if rt.rank == 0:  # a rank's variables differ with its chunks (virtual stages)
+                _warn_other_layout(source, m, rt, part.virtual_stages)
             return
         state = codec.unpack(ckpt.arrays(state_file(rt.replica, rt.stage)))
         weights.assign(weights.local(self.model, part), state["variables"], source)
@@ -236,16 +237,19 @@ class CheckpointManager:
             self.sifter.load_state(state["sift"])
 
 
-def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime) -> None:
+def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime, v: int) -> None:
+    saved_v = (len(m.bounds) - 1) // m.partitions
     log.warning(
-        "tfsift: %s was saved with %d replica(s) x %d stage(s) and is restored into %d x %d: "
+        "tfsift: %s was saved with %d replica(s) x %d stage(s)%s and is restored into %d x %d%s: "
         "every replica takes replica 0's variables (BatchNorm statistics included) and "
         "optimizer state; the sifting and random-generator states start afresh",
         source,
         m.replicas,
         m.partitions,
+        f" x {saved_v} virtual stages" if saved_v > 1 or v > 1 else "",
         rt.topology.replicas,
         rt.topology.partitions,
+        f" x {v} virtual stages" if saved_v > 1 or v > 1 else "",
     )
 
 

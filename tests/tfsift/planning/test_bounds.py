@@ -107,7 +107,7 @@ def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
 ) -> None:
     cfg = config(tmp_path)
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, recompute, pipeline = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
+        bounds, recompute, pipeline, _ = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
     plan = Plan.load(tmp_path / "plan.json")
     assert (bounds, recompute, pipeline) == (plan.bounds, plan.recompute, "interleaved")
     [profiling, described, wrote] = messages(caplog)
@@ -145,7 +145,7 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
     # were profiled once
     assert timed == [False, True, recomputing_faster]
     plan = Plan.load(cfg.plan_file or "")
-    assert got == (plan.bounds, recomputing_faster, "interleaved")
+    assert got == (plan.bounds, recomputing_faster, "interleaved", 1)
     assert plan.recompute == recomputing_faster
     header = messages(caplog)[1][1].splitlines()[0]
     speed = (
@@ -166,7 +166,7 @@ def test_zero_bubble_keeps_tapes_without_timing_the_recompute(tmp_path: Path) ->
 
     cfg = config(tmp_path, pipeline="zero_bubble")
     got = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, stage_call=stage_call)
-    assert timed == [False] and got[1:] == (False, "zero_bubble")
+    assert timed == [False] and got[1:] == (False, "zero_bubble", 1)
 
 
 def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
@@ -185,7 +185,7 @@ def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
     graph, example = traced(units=64), [tf.zeros((1, 3))]
     got = rank0_bounds(graph, example, config(tmp_path, pipeline="auto"))
     [plan] = chosen
-    assert got == (plan.bounds, plan.recompute, plan.pipeline)
+    assert got == (plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages)
     assert plan.pipeline in ("simple", "interleaved", "zero_bubble")
     assert Plan.load(tmp_path / "plan.json") == plan
     with caplog.at_level(logging.INFO, logger="tfsift"):  # whichever pipeline it chose
@@ -257,7 +257,7 @@ def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     rank0_bounds(graph, [tf.zeros((1, 3))], config(tmp_path))
     cfg = config(tmp_path, **changes)
     with caplog.at_level(logging.WARNING, logger="tfsift"):
-        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+        bounds, _, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
     assert messages(caplog) == [
         ("WARNING", f"the plan file {cfg.plan_file} was made for another run ({difference}); "
                     "solving again and overwriting it")
@@ -304,7 +304,7 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
         return 2.5e-4
 
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
+        bounds, *_ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, scoring=4.0, scoring_call=call)
     # measured once, when it solves, on the traced model and a source batch: M = 2
     # microbatches of the example's row
     assert measured == [(graph, 2)]
