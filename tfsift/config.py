@@ -111,10 +111,10 @@ class Config:
         rounds = max(1, M // K)
         if M % rounds:
             raise ValueError(
-                "with virtual_stages > 1 the microbatches go through each chunk in rounds of "
-                f"M / max(1, M // partitions): microbatches must be a multiple of {rounds} "
-                f"(e.g. of partitions). Received: partitions={K}, microbatches={M}, "
-                f"virtual_stages={v}"
+                "with virtual_stages > 1, microbatches must be a multiple of max(1, "
+                f"microbatches // partitions) = {rounds}, the rounds in which each chunk takes "
+                "them (a multiple of partitions always is). "
+                f"Received: partitions={K}, microbatches={M}, virtual_stages={v}"
             )
 
     @classmethod

@@ -358,7 +358,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     def _tfsift_summary(self, part: Partitioned) -> list[str]:
         first = {id(node) for node in self._tfsift_first_uses()}
-        rows, held = [("stage", "node", "layer", "output shape", "params")], []
+        v = part.virtual_stages
+        word = "stage" if v == 1 else "chunk"  # with virtual stages, rows of chunks
+        rows, held = [(word, "node", "layer", "output shape", "params")], []
         mine_ = {stage.index for stage in part.stage.stages}  # one, or this rank's chunks
         for s in range(len(part.bounds) - 1):
             nodes = part.graph.nodes[part.bounds[s] : part.bounds[s + 1]]
@@ -371,12 +373,11 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 rows.append((str(s), node.name, type(node.operation).__name__, shape, f"{n:,}"))
             mine = "  <- this rank" if s in mine_ else ""
             names = ", ".join(node.name for node in nodes)
-            held.append(f"stage {s}: {names} ({params:,} params){mine}")
+            held.append(f"{word} {s}: {names} ({params:,} params){mine}")
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
         table = [
             "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
         ]
-        v = part.virtual_stages
         chunks = f" (virtual_stages={v}: chunks {', '.join(map(str, sorted(mine_)))})"
         title = (
             f'Model "{self.name}": partitions={(len(part.bounds) - 1) // v}; this rank holds '

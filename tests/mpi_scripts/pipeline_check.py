@@ -70,6 +70,8 @@ def check(
     kept = {id(v) for v in model.variables}
     every = [v for layer in layer_attrs(model).values() for v in layer.variables]
     freed = {id(v) for v in every if keras_internals.is_freed(v)}
+    summary: list[str] = []
+    model.summary(print_fn=summary.append)
     order = gradient_map(ref, model)
     errors = [
         rel_error(g.accumulate().numpy(), ref_grads[i]) for g, i in zip(grads, order, strict=True)
@@ -95,6 +97,7 @@ def check(
         "planned": model.partitioned.pipeline,  # type: ignore[union-attr]
         "virtual": model.partitioned.virtual_stages,  # type: ignore[union-attr]
         "chunks": [s.index for s in model.partitioned.stage.stages],  # type: ignore[union-attr]
+        "summary_title": summary[0],
     }
 
 

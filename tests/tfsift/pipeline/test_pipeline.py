@@ -157,6 +157,10 @@ def test_virtual_stages_match_a_single_process_run(K: int) -> None:
                 "interleaved/2", "interleaved", 2
             ), label  # fmt: skip
             assert r["chunks"] == [rank, rank + K], label  # chunks s and s + K
+            assert r["summary_title"].endswith(
+                f"partitions={K}; this rank holds stage {rank} (virtual_stages=2: chunks "
+                f"{rank}, {rank + K})"
+            ), label
             assert r["grad_error"] < 1e-5, label
             assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
             assert r["pred_shape"] == [8, 10], label

@@ -248,7 +248,8 @@ def test_a_plan_file_made_for_this_run_is_reused_without_profiling(
     [({"microbatches": 4}, "microbatches: plan 2, this run 4"),
      ({"pipeline": "simple"}, "pipeline: plan 'interleaved', this run 'simple'"),
      ({"optimize": "memory"}, "optimize: plan 'speed', this run 'memory'"),
-     ({"partitions": 3}, "partitions: plan 2, this run 3")],
+     ({"partitions": 3}, "partitions: plan 2, this run 3"),
+     ({"virtual_stages": 2}, "virtual_stages: plan 1, this run 2")],
 )  # fmt: skip
 def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, changes: dict[str, Any], difference: str
@@ -264,6 +265,31 @@ def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     ]  # fmt: skip
     plan = Plan.load(cfg.plan_file or "")
     assert plan_differences(plan, graph, cfg) == [] and plan.bounds == bounds
+
+
+def test_virtual_stages_cut_k_v_chunks_and_the_plan_line_lists_them_by_stage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    graph, example = traced(), [tf.zeros((1, 3))]
+    cfg = config(tmp_path, virtual_stages=2)
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        got = rank0_bounds(graph, example, cfg)
+    plan = Plan.load(cfg.plan_file or "")
+    assert got == ((0, 1, 2, 3, 4), plan.recompute, "interleaved", 2) == (
+        plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages
+    )  # fmt: skip
+    lines = messages(caplog)[1][1].splitlines()
+    assert lines[0].startswith("plan: 2 stages x 2 virtual stages, M=2, interleaved, ")
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "  stage 0", "    chunk 0", "    chunk 2", "  stage 1", "    chunk 1", "    chunk 3"
+    ]  # fmt: skip
+    assert lines[2] == "    chunk 0: first .. first (1 node), 64 B weights"
+    assert lines[1].endswith(f"peak {format_bytes(plan.peak_memory[0])}")
+    # auto chooses the virtual stages when they are unset, keeps them when set
+    assert plan_differences(plan, graph, config(tmp_path, pipeline="auto")) == []
+    assert plan_differences(plan, graph, config(tmp_path, pipeline="auto", virtual_stages=1)) == [
+        "virtual_stages: plan 2, this run 1"
+    ]
 
 
 def test_a_plan_file_made_for_another_model_names_the_first_different_node(
