@@ -111,11 +111,6 @@ class StepPlan:
         return self.chunks[0].index
 
     @property
-    def v(self) -> int:
-        """The virtual stages: how many chunks this rank runs."""
-        return len(self.chunks)
-
-    @property
     def last(self) -> bool:
         """Whether this rank holds the last stage (which runs the step function's head)."""
         return self.s == self.K - 1
