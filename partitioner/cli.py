@@ -316,7 +316,8 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
                 str(len(names)),
                 format_bytes(params),
                 _seconds(forward + backward),
-                _seconds(float(totals[c]) - forward - backward),
+                # the loads count compute and cuts, the times the runtime's cost per action too
+                _seconds(float(totals[c]) - forward - backward + 2 * costs.action_overhead),
                 f"{result.idle[s] / result.step_time:.1%}" if result.step_time > 0 else "-",
                 format_bytes(plan.peak_memory[s]),
             ]

@@ -250,3 +250,17 @@ def test_runs_as_a_module(module: str, costs_file: Path, tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1].split()[:2] == ["simple", "2"]
+
+
+def test_the_transfers_column_leaves_out_the_runtimes_cost_per_action(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = CostModel(tuple(LayerCost(f"l{i}", 0.004, 0.008, 0, 0, 1000) for i in range(4)),
+                      bandwidth=1e6, latency=1e-4, action_overhead=6e-4)  # fmt: skip
+    costs.save(tmp_path / "costs.json")
+    main(["plan", str(tmp_path / "costs.json"), "--partitions", "2",
+          "--output", str(tmp_path / "plan.json")])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    # each stage sends or receives across its one cut: 0.1 ms + 1000 B at 1 MB/s = 1.1 ms;
+    # its compute column holds 2 x 12 ms and the 0.6 ms per forward and per backward
+    assert [line.split()[7:11] for line in lines[1:3]] == [["25.200", "ms", "1.100", "ms"]] * 2
