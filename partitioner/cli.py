@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from partitioner.costs import CostModel, format_bytes
-from partitioner.plan import AUTO, Plan, make_plan
+from partitioner.plan import AUTO, AUTO_VIRTUAL_STAGES, Plan, candidates, make_plan
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import SimResult, simulate_plan, stage_times
 from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_transfers
@@ -73,6 +73,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help="the schedule; auto: the one whose simulated step is the shortest within "
         "the memory cap (default: interleaved)",
     )
+    plan.add_argument(
+        "--virtual-stages",
+        type=int,
+        metavar="V",
+        help="model chunks per stage (Megatron-LM's interleaved 1F1B, --pipeline interleaved "
+        "or auto; default: 1, or with --pipeline auto the fastest of "
+        f"{', '.join(map(str, AUTO_VIRTUAL_STAGES))})",
+    )
     plan.add_argument("--output", default="plan.json", help="plan file (default: plan.json)")
     plan.add_argument("--timeline", metavar="PNG", help="also draw the simulated step")
     plan.set_defaults(func=_plan)
@@ -93,6 +101,15 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         default=list(PIPELINES),
         metavar="NAME,...",
         help=f"comma-separated (default: {','.join(PIPELINES)})",
+    )
+    simulate.add_argument(
+        "--virtual-stages",
+        type=_ints,
+        default=list(AUTO_VIRTUAL_STAGES),
+        metavar="V,...",
+        help="comma-separated model chunks per stage, for interleaved (Megatron-LM's "
+        "interleaved 1F1B where V > 1); rows the model or M does not allow are left out "
+        f"(default: {','.join(map(str, AUTO_VIRTUAL_STAGES))})",
     )
     simulate.add_argument(
         "--timeline",
@@ -141,12 +158,16 @@ def _plan(args: argparse.Namespace) -> int:
             optimize=args.optimize,
             pipeline=args.pipeline,
             memory_cap=args.memory_cap,
+            virtual_stages=args.virtual_stages,
         )
     except (OSError, ValueError) as error:
         return _fail(error)
     print(format_plan(costs, plan))
     if args.pipeline == AUTO:
-        print(f"pipeline auto: {plan.pipeline}, the shortest simulated step within the cap")
+        print(
+            f"pipeline auto: {label(plan.pipeline, plan.virtual_stages)}, the shortest "
+            "simulated step within the cap"
+        )
     plan.save(args.output)
     print(f"wrote {args.output}")
     if args.timeline:
@@ -156,24 +177,28 @@ def _plan(args: argparse.Namespace) -> int:
             plan.microbatches,
             pipeline=plan.pipeline,
             recompute=plan.recompute,
+            virtual_stages=plan.virtual_stages,
         )
         draw_timeline(
             result,
             args.timeline,
-            f"{args.costs}: {plan.pipeline}, K={len(plan.peak_memory)}, M={plan.microbatches}",
+            f"{args.costs}: {label(plan.pipeline, plan.virtual_stages)}, "
+            f"K={plan.partitions}, M={plan.microbatches}",
         )
         print(f"wrote {args.timeline}")
     return 0
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    """Solves COSTS.json for each microbatch count and pipeline and prints the predictions."""
+    """Solves COSTS.json for each microbatch count, pipeline and count of virtual stages,
+    and prints the predictions."""
     try:
         costs = CostModel.load(args.costs)
         rows = [
-            _simulate_row(costs, args, M, pipeline)
+            _simulate_row(costs, args, M, pipeline, v)
             for M in args.microbatches
-            for pipeline in args.pipeline
+            for pipeline, v in candidates(args.partitions, M, costs.num_layers)
+            if pipeline in args.pipeline and v in args.virtual_stages
         ]
     except (OSError, ValueError) as error:
         return _fail(error)
@@ -194,9 +219,20 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def label(pipeline: str, virtual_stages: int) -> str:
+    """A pipeline's name, with its virtual stages where there are more than one.
+
+    Example:
+        >>> label("interleaved", 1), label("interleaved", 2)
+        ('interleaved', 'interleaved(v=2)')
+    """
+    return pipeline if virtual_stages == 1 else f"{pipeline}(v={virtual_stages})"
+
+
 def _simulate_row(
-    costs: CostModel, args: argparse.Namespace, M: int, pipeline: str
+    costs: CostModel, args: argparse.Namespace, M: int, pipeline: str, v: int = 1
 ) -> tuple[list[str], SimResult | None]:
+    name = label(pipeline, v)
     try:
         partition = solve(
             costs,
@@ -205,15 +241,21 @@ def _simulate_row(
             optimize=args.optimize,
             pipeline=pipeline,
             memory_cap=args.memory_cap,
+            virtual_stages=v,
         )
     except InfeasibleError as error:
         needs = f"over the cap, needs {format_bytes(error.smallest_cap)}"
-        return [pipeline, str(M), "-", "-", "-", needs], None
+        return [name, str(M), "-", "-", "-", needs], None
     result = simulate_plan(
-        costs, partition, M, pipeline=pipeline, recompute=args.optimize == "memory"
+        costs,
+        partition,
+        M,
+        pipeline=pipeline,
+        recompute=args.optimize == "memory",
+        virtual_stages=v,
     )
     row = [
-        pipeline,
+        name,
         str(M),
         _seconds(result.step_time),
         _seconds(result.step_time / (M * costs.batch_size)),
@@ -225,7 +267,8 @@ def _simulate_row(
 
 def fastest_lines(rows: Sequence[tuple[int, str, SimResult | None]]) -> list[str]:
     """Per M, the pipeline whose simulated step is the shortest among those that fit the
-    cap (`partitioner.plan.fastest_plan`'s choice among the rows), against the others.
+    cap (`partitioner.plan.fastest_plan`'s choice among the rows, listed in its order of
+    preference: `label`s of pipelines and virtual stages), against the others.
 
     Example:
         >>> fastest_lines([(8, "interleaved", None)])
@@ -233,12 +276,16 @@ def fastest_lines(rows: Sequence[tuple[int, str, SimResult | None]]) -> list[str
     """
     lines = []
     for M in dict.fromkeys(m for m, _, _ in rows):
-        fits = [(r.step_time, max(r.peak_memory), p) for m, p, r in rows if m == M and r]
+        fits = [
+            (r.step_time, max(r.peak_memory), i, p)
+            for i, (m, p, r) in enumerate(rows)
+            if m == M and r
+        ]
         if not fits:
             lines.append(f"M={M}: no pipeline fits the memory cap")
             continue
-        step, _, best = min(fits, key=lambda f: (f[0], f[1], PIPELINES.index(f[2])))
-        others = ", ".join(f"{p} {t / step:.2f}x" for t, _, p in fits if p != best)
+        step, _, _, best = min(fits)
+        others = ", ".join(f"{p} {t / step:.2f}x" for t, _, _, p in fits if p != best)
         lines.append(
             f"M={M}: fastest within the cap: {best} ({_seconds(step)}"
             + (f"; {others} as long)" if others else ")")
@@ -252,35 +299,46 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
     Per stage: its layers, their parameter bytes, the compute seconds of one microbatch
     (the runtime's ``action_overhead`` per forward and backward included), the seconds of
     its input and output transfers, the fraction of the simulated step it idles, and its
-    peak memory.
+    peak memory. With virtual stages, a row per chunk, the idle time and peak memory being
+    its rank's.
     """
-    partition = plan.partition
+    partition, v = plan.partition, plan.virtual_stages
     compute = stage_times(costs, partition)
     transfers = stage_transfers(costs, partition)
     result = simulate_plan(
-        costs, partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
+        costs,
+        partition,
+        plan.microbatches,
+        pipeline=plan.pipeline,
+        recompute=plan.recompute,
+        virtual_stages=v,
     )
     rows = []
-    for s, names in enumerate(plan.stage_layers):
-        forward, backward = compute[s]
-        params = sum(costs.layers[i].param_bytes for i in partition.stage_layers(s))
+    for c, names in enumerate(plan.stage_layers):
+        forward, backward = compute[c]
+        params = sum(costs.layers[i].param_bytes for i in partition.stage_layers(c))
+        s = c % plan.partitions  # its rank
         rows.append(
-            [
-                str(s),
+            [str(c)]
+            + [str(s)] * (v > 1)
+            + [
                 f"{names[0]} .. {names[-1]}",
                 str(len(names)),
                 format_bytes(params),
                 _seconds(forward + backward),
-                _seconds(transfers[s]),
+                _seconds(transfers[c]),
                 f"{result.idle[s] / result.step_time:.1%}" if result.step_time > 0 else "-",
                 format_bytes(plan.peak_memory[s]),
             ]
         )
     header = ["stage", "layers", "count", "params", "compute", "transfers", "idle", "peak memory"]
+    if v > 1:
+        header = ["chunk", "stage", *header[1:]]
     return (
         f"{_table(header, rows)}\n"
         f"predicted step time {_seconds(plan.predicted_step_time)}, bubble "
-        f"{plan.predicted_bubble:.1%} (M={plan.microbatches}, {plan.pipeline}, "
+        f"{plan.predicted_bubble:.1%} (M={plan.microbatches}, "
+        f"{label(plan.pipeline, v)}, "
         f"optimize={plan.optimize}{', recompute' if plan.recompute else ''})"
     )
 

@@ -150,22 +150,30 @@ class CostModel:
                     f"[0, {len(self.layers)}). Received: shared={self.shared!r}"
                 )
 
-    def copy_bytes(self, lo: int, hi: int) -> int:
+    def copy_bytes(self, lo: int, hi: int, *more: tuple[int, int]) -> int:
         """State bytes of the copies that a stage of layers [lo, hi) holds: shared weights
-        it calls whose first call lies before it (counted there by `param_bytes`)."""
+        it calls whose first call lies before it (counted there by `param_bytes`). A rank
+        that runs several chunks (virtual stages) passes their spans too (``more``): a
+        shared weight it calls holds one copy, none if its first call is in one of them."""
+        spans = [(lo, hi), *more]
         state = self.prefix.state_bytes
         return sum(
             int(state[g[0] + 1] - state[g[0]])
             for g in self.shared
-            if g[0] < lo and any(lo <= i < hi for i in g)
+            if not any(a <= g[0] < b for a, b in spans)
+            and any(a <= i < b for i in g for a, b in spans)
         )
 
-    def exchange_time(self, bounds: Sequence[int]) -> float:
+    def exchange_time(self, bounds: Sequence[int], ranks: int | None = None) -> float:
         """Seconds a step spends exchanging the gradients of weights held on several
-        stages of `bounds` (each holder sends its gradient to the others, in parallel)."""
+        stages of `bounds` (each holder sends its gradient to the others, in parallel).
+        With ``ranks`` (virtual stages), stage c of `bounds` runs on rank c mod ``ranks``,
+        and a rank holds one copy however many of its chunks call the weights."""
         total = 0.0
         for g in self.shared:
             holders = {int(np.searchsorted(bounds, i, side="right")) - 1 for i in g}
+            if ranks is not None:
+                holders = {c % ranks for c in holders}
             if len(holders) > 1:
                 size = self.layers[g[0]].param_bytes
                 total += self.latency + (len(holders) - 1) * size / self.bandwidth

@@ -11,12 +11,15 @@ from typing import Any
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
-from partitioner.schedule import PIPELINES
+from partitioner.schedule import PIPELINES, check_virtual
 from partitioner.simulator import simulate_plan
 from partitioner.solver import OPTIMIZE, InfeasibleError, peak_memory_estimate, solve
 from partitioner.ties import settle
 
 AUTO = "auto"  # the pipeline whose simulated step is the shortest (`fastest_plan`)
+# the virtual stages `fastest_plan` tries when they are not given: 1F1B's one chunk a
+# rank, and Megatron-LM's interleaved 1F1B with 2 or 4
+AUTO_VIRTUAL_STAGES = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -31,15 +34,16 @@ class Plan:
         ((('l0', 'l1'), ('l2', 'l3')), 30.0)
 
     Args:
-        bounds: K + 1 stage boundaries (see `Partition`).
-        stage_layers: the layer names on each stage.
+        bounds: K + 1 stage boundaries (see `Partition`); with virtual stages, K v + 1
+            chunk boundaries (rank s runs chunks s, s + K, ...).
+        stage_layers: the layer names on each stage (each chunk).
         optimize: "speed" or "memory" (which also means recompute).
         pipeline: one of `partitioner.schedule.PIPELINES` (never "auto": the pipeline
             `fastest_plan` chose).
         microbatches: M.
         predicted_step_time: simulated seconds per step.
         predicted_bubble: simulated fraction of idle stage time.
-        peak_memory: simulated peak bytes per stage.
+        peak_memory: simulated peak bytes per stage (per rank: K entries).
         cost_fingerprint: `CostModel.fingerprint()` of the costs it was solved for.
         scoring: the forwards of its own per step stage 0 was planned to run in its waits
             (sifting's early exit with overlap; `make_plan`; 0: none). Plan files without
@@ -51,6 +55,8 @@ class Plan:
             keeping a tape: always with optimize="memory"; with "speed" where the caller
             found that faster (`make_plan`'s ``recompute``). Plan files without it mean
             optimize == "memory".
+        virtual_stages: v, the chunks each rank runs (`partitioner.schedule.virtual`);
+            plan files without it mean 1.
     """
 
     bounds: tuple[int, ...]
@@ -65,6 +71,7 @@ class Plan:
     scoring: float = 0.0
     scoring_call: float = 0.0
     recompute: bool = False
+    virtual_stages: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bounds", tuple(self.bounds))
@@ -85,16 +92,27 @@ class Plan:
             raise ValueError(
                 'optimize="memory" always recomputes. Received: optimize="memory", recompute=False'
             )
-        if len(self.peak_memory) != len(sizes) or self.microbatches < 1:
+        check_virtual(self.pipeline, self.virtual_stages)
+        if len(sizes) % self.virtual_stages:
             raise ValueError(
-                f"peak_memory needs one entry per stage ({len(sizes)}) and microbatches >= 1. "
-                f"Received: peak_memory={self.peak_memory}, microbatches={self.microbatches}"
+                "a plan with virtual stages holds virtual_stages chunks per stage. "
+                f"Received: {len(sizes)} chunks, virtual_stages={self.virtual_stages}"
+            )
+        if len(self.peak_memory) != self.partitions or self.microbatches < 1:
+            raise ValueError(
+                f"peak_memory needs one entry per stage ({self.partitions}) and microbatches "
+                f">= 1. Received: peak_memory={self.peak_memory}, microbatches={self.microbatches}"
             )
 
     @property
     def partition(self) -> Partition:
-        """The stage boundaries as a `Partition`."""
+        """The stage boundaries as a `Partition` (of K v chunks with virtual stages)."""
         return Partition(self.bounds)
+
+    @property
+    def partitions(self) -> int:
+        """K, the stages of the pipeline (ranks): the partition's chunks over v."""
+        return (len(self.bounds) - 1) // self.virtual_stages
 
     def check(self, costs: CostModel) -> None:
         """Raises ValueError unless the plan was solved for exactly these costs."""
@@ -113,11 +131,13 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         """Builds a plan from `to_dict` output, rejecting unknown or missing keys."""
         names = {f.name for f in fields(cls)}
-        # files written before `scoring`, `scoring_call` or `recompute` existed were planned
-        # without scoring, and recomputed exactly with optimize="memory"
+        # files written before `scoring`, `scoring_call`, `recompute` or `virtual_stages`
+        # existed were planned without scoring, recomputed exactly with optimize="memory"
+        # and ran one chunk per rank
         if isinstance(data, Mapping):
             memory = data.get("optimize") == "memory"
-            data = {"scoring": 0.0, "scoring_call": 0.0, "recompute": memory, **data}
+            old = {"scoring": 0.0, "scoring_call": 0.0, "recompute": memory, "virtual_stages": 1}
+            data = {**old, **data}
         if not isinstance(data, Mapping) or set(data) != names:
             keys = sorted(data) if isinstance(data, Mapping) else data
             raise ValueError(f"a plan has exactly the keys {sorted(names)}. Received: keys={keys}")
@@ -168,6 +188,7 @@ def make_plan(
     step_time: Callable[..., float] | None = None,
     first_stage_min: int = 1,
     recompute: bool | None = None,
+    virtual_stages: int | None = 1,
 ) -> Plan:
     """Solves for the partition, then fills the predictions from the simulator.
 
@@ -196,6 +217,9 @@ def make_plan(
             partition for keeping tapes and predicts the step recomputing (tfsift does so
             where it timed a small model's recomputing stage faster); "memory" always
             recomputes.
+        virtual_stages: v, the model chunks each rank runs (v > 1: `interleaved` only,
+            Megatron-LM's interleaved 1F1B over K v chunks). None: 1, and with "auto"
+            whichever of `AUTO_VIRTUAL_STAGES` is fastest.
 
     Raises:
         ValueError: on invalid arguments; `InfeasibleError` if nothing fits the cap.
@@ -212,8 +236,10 @@ def make_plan(
             step_time=step_time,
             first_stage_min=first_stage_min,
             recompute=recompute,
+            virtual_stages=virtual_stages,
         )
     objective = _objective(costs, M, pipeline, scoring, scoring_call, step_time)
+    v = 1 if virtual_stages is None else virtual_stages
     partition = solve(
         costs,
         K,
@@ -223,8 +249,9 @@ def make_plan(
         memory_cap=memory_cap,
         objective=objective,
         first_stage_min=first_stage_min,
+        virtual_stages=v,
     )
-    if optimize == "speed" and objective is None:
+    if optimize == "speed" and objective is None and v == 1:
 
         def fits(p: Partition) -> bool:
             peak = peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=False)
@@ -235,11 +262,14 @@ def make_plan(
         recompute = optimize == "memory"
     elif optimize == "memory" and not recompute:
         raise ValueError('optimize="memory" always recomputes. Received: recompute=False')
-    result = simulate_plan(costs, partition, M, pipeline=pipeline, recompute=recompute)
+    result = simulate_plan(
+        costs, partition, M, pipeline=pipeline, recompute=recompute, virtual_stages=v
+    )
     return Plan(
         bounds=partition.bounds,
         stage_layers=tuple(
-            tuple(costs.layers[i].name for i in partition.stage_layers(s)) for s in range(K)
+            tuple(costs.layers[i].name for i in partition.stage_layers(s))
+            for s in range(partition.num_stages)
         ),
         optimize=optimize,
         pipeline=pipeline,
@@ -251,21 +281,26 @@ def make_plan(
         scoring=float(scoring),
         scoring_call=float(scoring_call),
         recompute=recompute,
+        virtual_stages=v,
     )
 
 
-def fastest_plan(costs: CostModel, K: int, M: int, **options: Any) -> Plan:
+def fastest_plan(
+    costs: CostModel, K: int, M: int, *, virtual_stages: int | None = None, **options: Any
+) -> Plan:
     """The plan of the pipeline whose simulated step is the shortest within the memory cap.
 
     Each of `partitioner.schedule.PIPELINES` is solved and simulated (`make_plan` with
-    ``options``); among the plans that fit ``memory_cap``, the one with the least predicted
-    step wins, then the least peak memory, then the first of `PIPELINES`: a zero-bubble
+    ``options``), `interleaved` also with each of `AUTO_VIRTUAL_STAGES` that the model and
+    M allow (or only with ``virtual_stages`` if given); among the plans that fit
+    ``memory_cap``, the one with the least predicted step wins, then the least peak
+    memory, then the first of `PIPELINES`, then the fewest virtual stages: a zero-bubble
     schedule that recomputes runs as 1F1B and loses a tie to it.
 
     Example:
         >>> from partitioner.costs import LayerCost
         >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 4, 0, 0) for i in range(4)))
-        >>> plan = fastest_plan(costs, 2, 4)
+        >>> plan = fastest_plan(costs, 2, 4, virtual_stages=1)
         >>> plan.pipeline, plan.predicted_step_time
         ('zero_bubble', 26.0)
 
@@ -274,14 +309,50 @@ def fastest_plan(costs: CostModel, K: int, M: int, **options: Any) -> Plan:
     """
     plans: list[Plan] = []
     errors: list[InfeasibleError] = []
-    for pipeline in PIPELINES:
+    scored = bool(options.get("scoring"))
+    for pipeline, v in candidates(K, M, costs.num_layers, virtual_stages, scored):
         try:
-            plans.append(make_plan(costs, K, M, pipeline=pipeline, **options))
+            plans.append(make_plan(costs, K, M, pipeline=pipeline, virtual_stages=v, **options))
         except InfeasibleError as error:
             errors.append(error)
     if not plans:
         raise errors[0]
-    return min(plans, key=lambda plan: (plan.predicted_step_time, max(plan.peak_memory)))
+    return min(
+        plans,
+        key=lambda plan: (
+            plan.predicted_step_time,
+            max(plan.peak_memory),
+            PIPELINES.index(plan.pipeline),
+            plan.virtual_stages,
+        ),
+    )
+
+
+def candidates(
+    K: int, M: int, L: int, virtual_stages: int | None = None, scoring: bool = False
+) -> list[tuple[str, int]]:
+    """(pipeline, virtual stages) pairs `fastest_plan` compares on a chain of L layers:
+    every pipeline with one chunk a rank, and `interleaved` with each of
+    `AUTO_VIRTUAL_STAGES` that has K >= 2, K v <= L layers and M a multiple of its rounds
+    (`partitioner.schedule.rounds_of`), none while planning room for sifting's
+    ``scoring``; given ``virtual_stages`` v > 1, `interleaved` with v alone.
+
+    Example:
+        >>> candidates(2, 8, 6)
+        [('simple', 1), ('interleaved', 1), ('interleaved', 2), ('zero_bubble', 1)]
+    """
+    if virtual_stages is not None and virtual_stages > 1:
+        return [("interleaved", virtual_stages)]  # the only one; `solve` says what it lacks
+    found = []
+    for pipeline in PIPELINES:
+        for v in AUTO_VIRTUAL_STAGES if virtual_stages is None else (virtual_stages,):
+            if v == 1 or (pipeline == "interleaved" and _allows(K, M, L, v) and not scoring):
+                found.append((pipeline, v))
+    return found
+
+
+def _allows(K: int, M: int, L: int, v: int) -> bool:
+    return K >= 2 and K * v <= L and M % max(1, M // K) == 0
 
 
 def _objective(

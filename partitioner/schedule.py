@@ -8,6 +8,12 @@ previous stage waits for) then W (its weight gradients, which nobody waits for).
 `Schedule` maps each stage to its ordered actions. Builders emit compute actions only;
 `add_communication` inserts the sends and receives; `validate` checks any schedule,
 including cross-stage deadlock, by an abstract execution.
+
+Virtual stages (Megatron-LM's interleaved 1F1B): with v virtual stages the model is cut
+into C = K v chunks, and the rank at pipeline position s runs chunks s, s + K, ...,
+s + (v - 1) K. A `Schedule` then maps each rank s to its actions, and an action's
+``stage`` is the chunk it runs (with v = 1 both are s): `2F0` on rank 0 of K = 2 is the
+forward of microbatch 0 through chunk 2, whose input comes from chunk 1 on rank 1.
 """
 
 from __future__ import annotations
@@ -101,7 +107,7 @@ def simple(K: int, M: int) -> Schedule:
     return schedule
 
 
-def interleaved(K: int, M: int) -> Schedule:
+def interleaved(K: int, M: int, virtual_stages: int = 1) -> Schedule:
     """1F1B (PipeDream-flush): a warm-up of forwards, then one forward per backward.
 
     Stage s warms up with min(K - s - 1, M) forwards, alternates F and B in the steady
@@ -114,14 +120,20 @@ def interleaved(K: int, M: int) -> Schedule:
         stage 1  .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2 .  B3 B3 .  .
         stage 2  .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 .  .  .  .
 
+    With ``virtual_stages`` v > 1 it is Megatron-LM's interleaved 1F1B over v chunks
+    per rank (`virtual`).
+
     Args:
-        K: number of stages.
+        K: number of stages (ranks of the pipeline).
         M: number of microbatches.
+        virtual_stages: v, the model chunks each rank runs.
 
     Returns:
         The compute-only schedule; `add_communication` adds the transfers.
     """
     _check_sizes(K, M)
+    if virtual_stages != 1:
+        return virtual(K, M, virtual_stages)
     schedule: Schedule = {}
     for s in range(K):
         warmup = min(K - s - 1, M)
@@ -131,6 +143,88 @@ def interleaved(K: int, M: int) -> Schedule:
         actions += [Action(s, Kind.BACKWARD, m) for m in range(M - warmup, M)]
         schedule[s] = actions
     return schedule
+
+
+def virtual(K: int, M: int, v: int) -> Schedule:
+    """Interleaved 1F1B with v virtual stages (Narayanan et al., "Efficient Large-Scale
+    Language Model Training on GPU Clusters Using Megatron-LM", SC 2021; Megatron-LM's
+    and torch.distributed.pipelining's ScheduleInterleaved1F1B).
+
+    Rank s runs chunks s, s + K, ..., s + (v - 1) K of C = K v. The microbatches go in
+    rounds of P = M / max(1, floor(M / K)) (M must be a multiple of that count of
+    rounds): the i-th forward of rank s runs chunk s + K ((i // P) mod v) on microbatch
+    P (i // (v P)) + i mod P, so each chunk takes P microbatches in turn; the j-th
+    backward runs chunk s + K (v - 1 - (j // P) mod v) on the same microbatch formula of
+    j, the chunks in reverse. Rank s warms up with min((v - 1) P + 2 (K - 1 - s), v M)
+    forwards, then alternates the next forward with the next backward, then drains the
+    backwards. A bubble is (K - 1) / v of 1F1B's, for v times as many transfers and
+    actions. On rank K - 1 every backward of the last chunk directly follows its forward,
+    as in 1F1B (the runtime fuses them). K=2, v=2, M=4 (chunks 0, 2 on rank 0; 1, 3 on
+    rank 1), each chunk's forward 1 tick, backward 2 ticks, no transfer time (`simulate`
+    draws the same picture):
+
+        tick    0   1   2   3   4   5   6   7   8   9   10  11  12  13
+        rank 0  0F0 0F1 2F0 2F1 0F2 .   2B0 2B0 0F3 2B1 2B1 2F2 0B0 0B0
+        rank 1  .   1F0 1F1 3F0 3B0 3B0 3F1 3B1 3B1 1F2 1B0 1B0 1F3 1B1
+
+        tick    14  15  16  17  18  19  20  21  22  23  24  25  26
+        rank 0  2F3 0B1 0B1 .   2B2 2B2 .   2B3 2B3 0B2 0B2 0B3 0B3
+        rank 1  1B1 3F2 3B2 3B2 3F3 3B3 3B3 1B2 1B2 1B3 1B3 .   .
+
+    27 ticks, a bubble of 1/9; 1F1B on two stages of twice a chunk takes 30, a fifth idle.
+
+    Args:
+        K: number of stages (ranks), at least 2.
+        M: number of microbatches.
+        v: virtual stages, at least 2.
+
+    Returns:
+        The compute-only schedule, one row per rank; `add_communication(schedule,
+        virtual_stages=v)` adds the transfers.
+
+    Raises:
+        ValueError: K < 2, v < 2, or M not a multiple of its count of rounds.
+    """
+    _check_sizes(K, M)
+    P = rounds_of(K, M, v)
+    schedule: Schedule = {}
+    for s in range(K):
+        forwards = [_nth(s, K, v, P, i, Kind.FORWARD) for i in range(v * M)]
+        backwards = [_nth(s, K, v, P, j, Kind.BACKWARD) for j in range(v * M)]
+        warmup = min((v - 1) * P + 2 * (K - 1 - s), v * M)
+        actions = forwards[:warmup]
+        for j in range(v * M - warmup):
+            actions += [forwards[warmup + j], backwards[j]]
+        schedule[s] = actions + backwards[v * M - warmup :]
+    return schedule
+
+
+def rounds_of(K: int, M: int, v: int) -> int:
+    """P, the microbatches a chunk takes in turn in `virtual`: M / max(1, floor(M / K)).
+
+    Raises:
+        ValueError: K < 2 or v < 2, or M not a multiple of max(1, floor(M / K)).
+    """
+    if K < 2 or v < 2:
+        raise ValueError(
+            "virtual stages interleave chunks over two or more stages, v >= 2 chunks each. "
+            f"Received: K={K}, virtual_stages={v}"
+        )
+    rounds = max(1, M // K)
+    if M % rounds:
+        raise ValueError(
+            f"with virtual stages M must be a multiple of its rounds, max(1, M // K) = {rounds} "
+            f"(each chunk takes M / rounds microbatches in turn), e.g. a multiple of K. "
+            f"Received: K={K}, M={M}, virtual_stages={v}"
+        )
+    return M // rounds
+
+
+def _nth(s: int, K: int, v: int, P: int, i: int, kind: Kind) -> Action:
+    """The i-th forward (or backward) of rank s in `virtual`."""
+    local = (i // P) % v
+    chunk = s + K * (local if kind is Kind.FORWARD else v - 1 - local)
+    return Action(chunk, kind, P * (i // (v * P)) + i % P)
 
 
 def zero_bubble(K: int, M: int) -> Schedule:
@@ -176,9 +270,15 @@ def zero_bubble(K: int, M: int) -> Schedule:
     return schedule
 
 
-def forward_only(K: int, M: int) -> Schedule:
-    """Evaluation or data scoring: every stage runs the M forwards in order."""
+def forward_only(K: int, M: int, virtual_stages: int = 1) -> Schedule:
+    """Evaluation or data scoring: every stage runs the M forwards in order (with virtual
+    stages, in `virtual`'s order of forwards)."""
     _check_sizes(K, M)
+    if virtual_stages != 1:
+        return {
+            s: [a for a in row if a.kind is Kind.FORWARD]
+            for s, row in virtual(K, M, virtual_stages).items()
+        }
     return {s: [Action(s, Kind.FORWARD, m) for m in range(M)] for s in range(K)}
 
 
@@ -187,15 +287,39 @@ _BUILDERS = {"simple": simple, "interleaved": interleaved, "zero_bubble": zero_b
 _forward_only = forward_only  # `build` has a keyword of the same name
 
 
-def build(pipeline: str, K: int, M: int, *, forward_only: bool = False) -> Schedule:
-    """The compute schedule named `pipeline` (one of `PIPELINES`)."""
+def build(
+    pipeline: str, K: int, M: int, *, forward_only: bool = False, virtual_stages: int = 1
+) -> Schedule:
+    """The compute schedule named `pipeline` (one of `PIPELINES`); with ``virtual_stages``
+    v > 1, `interleaved` only (Megatron-LM's interleaved 1F1B)."""
     if pipeline not in PIPELINES:
         raise ValueError(
             f"pipeline must be one of {list(PIPELINES)}. Received: pipeline={pipeline!r}"
         )
+    check_virtual(pipeline, virtual_stages)
     if forward_only:
-        return _forward_only(K, M)
+        return _forward_only(K, M, virtual_stages)
+    if virtual_stages != 1:
+        return interleaved(K, M, virtual_stages)
     return _BUILDERS[pipeline](K, M)
+
+
+def check_virtual(pipeline: str, virtual_stages: int) -> None:
+    """Raises ValueError unless `pipeline` runs with ``virtual_stages`` chunks per rank."""
+    if (
+        not isinstance(virtual_stages, int)
+        or isinstance(virtual_stages, bool)
+        or virtual_stages < 1
+    ):
+        raise ValueError(
+            f"virtual_stages must be an integer >= 1. Received: virtual_stages={virtual_stages!r}"
+        )
+    if virtual_stages > 1 and pipeline != "interleaved":
+        raise ValueError(
+            "virtual stages run Megatron-LM's interleaved 1F1B, pipeline='interleaved'; "
+            f"{pipeline!r} runs one chunk per rank (virtual_stages=1). Received: "
+            f"pipeline={pipeline!r}, virtual_stages={virtual_stages}"
+        )
 
 
 def splits_backward(schedule: Schedule) -> bool:
@@ -215,16 +339,17 @@ def splits_stage(s: int, recompute: bool) -> bool:
     return s > 0 and not recompute
 
 
-def add_communication(schedule: Schedule) -> Schedule:
+def add_communication(schedule: Schedule, *, virtual_stages: int = 1) -> Schedule:
     """Inserts the transfers around every compute action (a pure pass).
 
     RF before each F on s > 0 and SF after it on s < K - 1; RB before each B on
-    s < K - 1 and SB after it on s > 0; nothing around a W.
+    s < K - 1 and SB after it on s > 0; nothing around a W. With ``virtual_stages`` v,
+    s is the action's chunk and K v replaces K.
 
     Raises:
         ScheduleError: if the schedule already holds transfers.
     """
-    K = len(schedule)
+    C = len(schedule) * virtual_stages
     result: Schedule = {}
     for s, actions in schedule.items():
         row: list[Action] = []
@@ -233,7 +358,7 @@ def add_communication(schedule: Schedule) -> Schedule:
                 raise ScheduleError(
                     f"add_communication takes a compute-only schedule. Received: action {a}"
                 )
-            before, after = _transfers(a, K)
+            before, after = _transfers(a, C)
             row += [*before, a, *after]
         result[s] = row
     return result
@@ -249,34 +374,41 @@ def format_schedule(schedule: Schedule, marks: dict[int, tuple[int, str]] | None
     """
     marks = marks or {}
     width = max((len(str(a)) for row in schedule.values() for a in row), default=1)
+    chunks = _of_ranks(schedule)
     lines = []
     for s in sorted(schedule):
         row = [str(a).ljust(width) for a in schedule[s]]
         if s in marks:
             index, note = marks[s]
             row = [*row[: index + 1], f"<-- ERROR HERE{note and ' (' + note + ')'}"]
-        lines.append(f"stage {s}: " + " ".join(row).rstrip())
+        lines.append(f"{'rank' if chunks else 'stage'} {s}: " + " ".join(row).rstrip())
     return "\n".join(lines)
 
 
-def validate(schedule: Schedule, M: int) -> None:
+def validate(schedule: Schedule, M: int, *, virtual_stages: int = 1) -> None:
     """Checks that a schedule runs every microbatch once, in order, without deadlock.
 
     Compute-only schedules are checked per stage, then through
     `add_communication(schedule)` for the cross-stage order. Schedules with transfers
     must also receive before they compute and send after, match every send with a
     receive, and finish under an abstract execution where sends never block and a
-    receive waits for its send.
+    receive waits for its send. With ``virtual_stages`` v, row s runs chunks s, s + K,
+    ..., and every check holds per chunk.
 
     Raises:
         ScheduleError: naming the problem, with the timeline marked `<-- ERROR HERE`.
     """
-    _check_shape(schedule, M)
-    _check_compute(schedule, M)
+    _check_shape(schedule, M, virtual_stages)
+    _check_compute(schedule, M, virtual_stages)
     if all(a.kind in COMPUTE for row in schedule.values() for a in row):
-        schedule = add_communication(schedule)
-    _check_transfers(schedule, len(schedule))
+        schedule = add_communication(schedule, virtual_stages=virtual_stages)
+    _check_transfers(schedule, len(schedule) * virtual_stages)
     _check_deadlock(schedule)
+
+
+def _of_ranks(schedule: Schedule) -> bool:
+    """Whether the rows run chunks of other indices (virtual stages): rows of ranks."""
+    return any(a.stage != s for s, row in schedule.items() for a in row)
 
 
 def _check_sizes(K: int, M: int) -> None:
@@ -285,6 +417,7 @@ def _check_sizes(K: int, M: int) -> None:
 
 
 def _transfers(a: Action, K: int) -> tuple[list[Action], list[Action]]:
+    """The transfers around `a` in a pipeline of K stages (chunks, with virtual stages)."""
     s, m = a.stage, a.microbatch
     if a.kind is Kind.FORWARD:
         return [Action(s, Kind.RECV_F, m)] * (s > 0), [Action(s, Kind.SEND_F, m)] * (s < K - 1)
@@ -297,41 +430,46 @@ def _fail(schedule: Schedule, message: str, marks: dict[int, tuple[int, str]]) -
     return ScheduleError(f"{message}\n{format_schedule(schedule, marks)}")
 
 
-def _check_shape(schedule: Schedule, M: int) -> None:
-    if M < 1 or sorted(schedule) != list(range(len(schedule))) or not schedule:
+def _check_shape(schedule: Schedule, M: int, v: int = 1) -> None:
+    if M < 1 or sorted(schedule) != list(range(len(schedule))) or not schedule or v < 1:
         raise ScheduleError(
-            "a schedule maps stages 0..K-1 to actions and M >= 1. "
-            f"Received: stages={sorted(schedule)}, M={M}"
+            "a schedule maps stages 0..K-1 to actions, M >= 1 and virtual_stages >= 1. "
+            f"Received: stages={sorted(schedule)}, M={M}, virtual_stages={v}"
         )
+    K = len(schedule)
     for s, row in schedule.items():
         for index, a in enumerate(row):
-            if a.stage != s or not 0 <= a.microbatch < M:
+            if a.stage not in range(s, K * v, K) or not 0 <= a.microbatch < M:
+                where = f"stage={s}" if v == 1 else f"one of the chunks {list(range(s, K * v, K))}"
                 raise _fail(
                     schedule,
-                    f"every action on stage {s} must have stage={s} and microbatch in "
-                    f"[0, {M}). Received: {a}",
+                    f"every action on {'stage' if v == 1 else 'rank'} {s} must have {where} "
+                    f"and microbatch in [0, {M}). Received: {a}",
                     {s: (index, "")},
                 )
 
 
-def _check_compute(schedule: Schedule, M: int) -> None:
+def _check_compute(schedule: Schedule, M: int, v: int = 1) -> None:
     training = any(a.kind is Kind.BACKWARD for row in schedule.values() for a in row)
     kinds = [Kind.FORWARD, Kind.BACKWARD] if training else [Kind.FORWARD]
     kinds += [Kind.WEIGHT] * splits_backward(schedule)
+    K = len(schedule)
     for s, row in schedule.items():
         first: dict[Action, int] = {}
         for index, a in enumerate(row):
             if a in first and a.kind in COMPUTE:
                 raise _fail(schedule, f"duplicate action {a}", {s: (index, "")})
-            if a.kind is Kind.BACKWARD and Action(s, Kind.FORWARD, a.microbatch) not in first:
+            c = a.stage
+            if a.kind is Kind.BACKWARD and Action(c, Kind.FORWARD, a.microbatch) not in first:
                 raise _fail(schedule, f"backward {a} before its forward", {s: (index, "")})
-            if a.kind is Kind.WEIGHT and Action(s, Kind.BACKWARD, a.microbatch) not in first:
+            if a.kind is Kind.WEIGHT and Action(c, Kind.BACKWARD, a.microbatch) not in first:
                 raise _fail(schedule, f"weight gradients {a} before its backward", {s: (index, "")})
             first.setdefault(a, index)
-        for kind in kinds:
-            for m in range(M):
-                if Action(s, kind, m) not in first:
-                    raise _fail(schedule, _missing(Action(s, kind, m)), {})
+        for c in range(s, K * v, K):
+            for kind in kinds:
+                for m in range(M):
+                    if Action(c, kind, m) not in first:
+                        raise _fail(schedule, _missing(Action(c, kind, m)), {})
 
 
 def _missing(action: Action) -> str:
@@ -424,4 +562,5 @@ def _check_deadlock(schedule: Schedule) -> None:
     if stuck:
         marks = {s: (i, f"waits for {_partner(schedule[s][i])}") for s, i in stuck.items()}
         rows = ", ".join(str(s) for s in stuck)
-        raise _fail(schedule, f"deadlock: stages {rows} wait on receives that never come", marks)
+        what = "ranks" if _of_ranks(schedule) else "stages"
+        raise _fail(schedule, f"deadlock: {what} {rows} wait on receives that never come", marks)

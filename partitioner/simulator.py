@@ -3,7 +3,10 @@
 Each stage runs its compute actions in schedule order. F(s, m) starts when stage s is
 free and F(s - 1, m) has ended plus the transfer time of the cut between them; B(s, m)
 likewise waits for B(s + 1, m); W(s, m) waits for nothing but stage s. Transfers are
-link delays: they never occupy a stage.
+link delays: they never occupy a stage. With v virtual stages the partition holds K v
+chunks and s above is a chunk; a rank (a row of the schedule) runs its chunks' actions
+one at a time, each paying the runtime's cost per action, and every chunk boundary is a
+transfer, K v - 1 of them against K - 1.
 """
 
 from __future__ import annotations
@@ -108,8 +111,23 @@ def stage_memory(costs: CostModel, partition: Partition, s: int) -> tuple[int, i
     return state, int(p.activation_bytes[hi] - p.activation_bytes[lo]), int(p.input_bytes[lo])
 
 
+def rank_state(costs: CostModel, partition: Partition, s: int, K: int) -> int:
+    """State bytes of rank s of K running chunks s, s + K, ... of `partition` (virtual
+    stages): theirs, and one copy of each shared weight they call that another rank owns."""
+    p, b = costs.prefix, partition.validated(costs.num_layers).bounds
+    spans = [(b[c], b[c + 1]) for c in range(s, partition.num_stages, K)]
+    return sum(int(p.state_bytes[hi] - p.state_bytes[lo]) for lo, hi in spans) + (
+        costs.copy_bytes(*spans[0], *spans[1:])
+    )
+
+
 def peak_memory(
-    costs: CostModel, partition: Partition, schedule: Schedule, *, recompute: bool = False
+    costs: CostModel,
+    partition: Partition,
+    schedule: Schedule,
+    *,
+    recompute: bool = False,
+    virtual_stages: int = 1,
 ) -> tuple[int, ...]:
     """Peak bytes of each stage, walking its actions in order (timing does not matter).
 
@@ -117,46 +135,64 @@ def peak_memory(
     each F keeps only the stage input, and the activations live transiently during every
     F and B. A stage without backwards (evaluation) keeps nothing between actions. A
     stage that splits its backward (`splits_stage`) keeps the activations until W, and
-    from B to W also the output gradients of its layers with weights.
+    from B to W also the output gradients of its layers with weights. With
+    ``virtual_stages``, per rank: its chunks' state (`rank_state`) and what each F of
+    each chunk keeps.
     """
     split = splits_backward(schedule)
     p, b = costs.prefix, partition.validated(costs.num_layers).bounds
+    K = partition.num_stages // virtual_stages
+    chunks = [stage_memory(costs, partition, c)[1:] for c in range(partition.num_stages)]
+    grads = [
+        int(p.weight_grad_bytes[b[c + 1]] - p.weight_grad_bytes[b[c]])
+        if split and splits_stage(c, recompute)
+        else None
+        for c in range(partition.num_stages)
+    ]
     return tuple(
-        _stage_peak(
-            stage_memory(costs, partition, s),
-            schedule[s],
-            recompute,
-            int(p.weight_grad_bytes[b[s + 1]] - p.weight_grad_bytes[b[s]])
-            if split and splits_stage(s, recompute)
-            else None,
+        (
+            stage_memory(costs, partition, s)[0]
+            if virtual_stages == 1
+            else rank_state(costs, partition, s, K)
         )
-        for s in range(partition.num_stages)
+        + _held_peak(chunks, schedule[s], recompute, grads)
+        for s in range(K)
     )
 
 
-def _stage_peak(
-    memory: tuple[int, int, int], row: list[Action], recompute: bool, grads: int | None
+def _held_peak(
+    chunks: Sequence[tuple[int, int]],
+    row: list[Action],
+    recompute: bool,
+    grads: Sequence[int | None],
 ) -> int:
-    """``grads``: the output gradients a split stage keeps from B to W (None: not split)."""
-    state, activation, inputs = memory
+    """The most a row's actions hold at once beyond the state: ``chunks`` (activation,
+    input) bytes of each stage per microbatch; ``grads`` the output gradients a split stage
+    keeps from B to W (None: not split)."""
     training = any(a.kind is Kind.BACKWARD for a in row)
-    kept = inputs if recompute else activation
-    frees = Kind.BACKWARD if grads is None else Kind.WEIGHT
     held = peak = 0
     for a in row:
+        (activation, inputs), grad = chunks[a.stage], grads[a.stage]
+        kept = inputs if recompute else activation
+        frees = Kind.BACKWARD if grad is None else Kind.WEIGHT
         if a.kind is Kind.FORWARD and training:
             held += kept
-        if a.kind is Kind.BACKWARD and grads is not None:
-            held += grads
-        if a.kind in COMPUTE and (a.kind is not Kind.WEIGHT or grads is not None):
+        if a.kind is Kind.BACKWARD and grad is not None:
+            held += grad
+        if a.kind in COMPUTE and (a.kind is not Kind.WEIGHT or grad is not None):
             peak = max(peak, held + (activation if recompute or not training else 0))
         if a.kind is frees:
-            held -= kept + (grads or 0)
-    return state + peak
+            held -= kept + (grad or 0)
+    return peak
 
 
 def simulate(
-    costs: CostModel, partition: Partition, schedule: Schedule, *, recompute: bool = False
+    costs: CostModel,
+    partition: Partition,
+    schedule: Schedule,
+    *,
+    recompute: bool = False,
+    virtual_stages: int = 1,
 ) -> SimResult:
     """Simulates one step of `schedule` (with or without transfer actions).
 
@@ -174,25 +210,31 @@ def simulate(
         recompute: each B reruns the stage forward's layers first (in the same call: no
             second ``action_overhead``) and F keeps only its input; no stage splits its
             backward (`splits_stage`).
+        virtual_stages: v; `partition` holds K v chunks and `schedule` K rows (ranks).
 
     Returns:
-        Step time, per-stage busy and idle time, bubble fraction, peak memory and events.
+        Step time, per-stage busy and idle time, bubble fraction, peak memory and events
+        (per rank with virtual stages: an event's ``stage`` is its rank, its action's the
+        chunk).
 
     Raises:
         ValueError: if the partition does not fit the costs or the schedule.
         ScheduleError: if the schedule is invalid.
     """
-    K = partition.validated(costs.num_layers).num_stages
-    if len(schedule) != K:
+    C, v = partition.validated(costs.num_layers).num_stages, virtual_stages
+    if len(schedule) * v != C:
         raise ValueError(
-            f"the schedule must have one row per stage ({K}). Received: rows={len(schedule)}"
+            f"the schedule must have one row per stage ({C})"
+            + (f" over {v} virtual stages" if v != 1 else "")
+            + f". Received: rows={len(schedule)}"
         )
+    K = C // v
     M = 1 + max(a.microbatch for row in schedule.values() for a in row)
-    validate(schedule, M)
+    validate(schedule, M, virtual_stages=v)
     events = _run(costs, partition, schedule, recompute)
     # the holders of shared weights exchange their gradients once every backward is done
     training = any(a.kind is Kind.BACKWARD for row in schedule.values() for a in row)
-    exchange = costs.exchange_time(partition.bounds) if training else 0.0
+    exchange = costs.exchange_time(partition.bounds, K if v > 1 else None) if training else 0.0
     step = max((e.end for e in events), default=0.0) + exchange
     busy = busy_seconds(events, K)
     return SimResult(
@@ -200,7 +242,7 @@ def simulate(
         busy=busy,
         idle=tuple(step - b for b in busy),
         bubble_fraction=bubble_fraction(busy, step),
-        peak_memory=peak_memory(costs, partition, schedule, recompute=recompute),
+        peak_memory=peak_memory(costs, partition, schedule, recompute=recompute, virtual_stages=v),
         events=tuple(sorted(events, key=lambda e: (e.start, e.stage))),
     )
 
@@ -231,6 +273,7 @@ def _run(
     cut = costs.prefix.cut
     b = partition.bounds
     rows = {s: [a for a in row if a.kind in COMPUTE] for s, row in schedule.items()}
+    C = partition.num_stages  # chunks: K v
     end: dict[Action, float] = {}
     free, position, events = [0.0] * len(rows), [0] * len(rows), []
     progress = True
@@ -239,10 +282,11 @@ def _run(
         for s, row in rows.items():
             while position[s] < len(row):
                 a = row[position[s]]
-                ready = _ready(a, end, len(rows), float(cut[b[s]]), float(cut[b[s + 1]]))
+                c = a.stage
+                ready = _ready(a, end, C, float(cut[b[c]]), float(cut[b[c + 1]]))
                 if ready is None:
                     break
-                duration = times[s][a.kind]
+                duration = times[c][a.kind]
                 start = max(free[s], ready)
                 free[s] = end[a] = start + duration
                 events.append(Event(s, a, start, free[s]))
@@ -268,7 +312,17 @@ def _ready(
 
 
 def simulate_plan(
-    costs: CostModel, partition: Partition, M: int, *, pipeline: str, recompute: bool = False
+    costs: CostModel,
+    partition: Partition,
+    M: int,
+    *,
+    pipeline: str,
+    recompute: bool = False,
+    virtual_stages: int = 1,
 ) -> SimResult:
-    """Simulates `build(pipeline, K, M)` on `partition`."""
-    return simulate(costs, partition, build(pipeline, partition.num_stages, M), recompute=recompute)
+    """Simulates `build(pipeline, K, M)` on `partition` (of K v chunks with
+    ``virtual_stages`` v)."""
+    v = virtual_stages
+    K = partition.num_stages // v
+    schedule = build(pipeline, K, M, virtual_stages=v)
+    return simulate(costs, partition, schedule, recompute=recompute, virtual_stages=v)

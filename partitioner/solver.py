@@ -13,6 +13,12 @@ speed solver then takes an ``objective`` that ranks partitions with that work
 (`partitioner.experimental.scoring.sifted_step_time`) and returns, of the fastest
 partitions for each end of stage 0, the one it ranks first: exact with 2 stages
 (`solve_speed`).
+
+With v virtual stages (Megatron-LM's interleaved 1F1B) the chain is cut into C = K v
+contiguous chunks by the same search, exact for T over the C chunks; rank s holds chunks
+s, s + K, ..., so the memory cap is per rank: the fastest cut is kept when its ranks fit
+the cap, else each chunk is given 1/v of the cap (enough for its rank to fit, not
+always the least cap that would).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import numpy as np
 from partitioner.costs import CostModel, format_bytes
 from partitioner.partition import Partition
 from partitioner.probe import Array, Limit, cheapest
-from partitioner.schedule import PIPELINES, splits_stage
+from partitioner.schedule import PIPELINES, Kind, build, check_virtual, splits_stage
+from partitioner.simulator import peak_memory
 
 OPTIMIZE = ("speed", "memory")
 _EPSILON = 1e-12
@@ -39,23 +46,32 @@ Objective = Callable[[Partition], float]  # a partition's seconds per step, work
 
 
 class InfeasibleError(ValueError):
-    """No partition fits the memory cap; `smallest_cap` is the least cap that fits."""
+    """No partition fits the memory cap; `smallest_cap` is the least cap that fits (with
+    virtual stages, the least the solver's rule finds: each chunk 1/v of the cap)."""
 
-    def __init__(self, cap: int, smallest_cap: int, K: int) -> None:
+    def __init__(self, cap: int, smallest_cap: int, K: int, virtual_stages: int = 1) -> None:
         self.smallest_cap = smallest_cap
+        v = virtual_stages
+        what = f"{K} stages" if v == 1 else f"{K} stages x {v} virtual stages"
+        rule = "" if v == 1 else f"with each chunk given 1/{v} of the cap, "
         super().__init__(
-            f"no partition into {K} stages fits the memory cap; the smallest cap that fits "
-            f"is {smallest_cap} bytes ({format_bytes(smallest_cap)}). "
+            f"no partition into {what} fits the memory cap; {rule}the smallest cap that "
+            f"fits is {smallest_cap} bytes ({format_bytes(smallest_cap)}). "
             f"Received: memory_cap={cap} ({format_bytes(cap)})"
         )
 
 
-def in_flight(pipeline: str, K: int, M: int, *, recompute: bool = False) -> tuple[int, ...]:
+def in_flight(
+    pipeline: str, K: int, M: int, *, recompute: bool = False, virtual_stages: int = 1
+) -> tuple[int, ...]:
     """Most microbatches a stage holds at once: M for simple (1 on its last stage, which
     runs each backward right after its forward), min(K - s, M) for 1F1B, and for the
     zero-bubble schedule min(K, M) on a stage that `splits_stage` (held from F to W), as
-    1F1B elsewhere."""
+    1F1B elsewhere. With ``virtual_stages`` v > 1, per chunk (K v of them), counted on
+    `partitioner.schedule.virtual`'s rows."""
     _check_choice(pipeline, PIPELINES, "pipeline")
+    if virtual_stages != 1:
+        return _chunks_in_flight(pipeline, K, M, virtual_stages)
     if pipeline == "simple":
         return tuple(M if s < K - 1 else 1 for s in range(K))
     if pipeline == "zero_bubble":
@@ -63,12 +79,26 @@ def in_flight(pipeline: str, K: int, M: int, *, recompute: bool = False) -> tupl
     return tuple(min(K - s, M) for s in range(K))
 
 
-def pending_weights(pipeline: str, K: int, M: int, *, recompute: bool = False) -> tuple[int, ...]:
+def _chunks_in_flight(pipeline: str, K: int, M: int, v: int) -> tuple[int, ...]:
+    held, most = [0] * (K * v), [0] * (K * v)
+    for row in build(pipeline, K, M, virtual_stages=v).values():
+        for a in row:
+            held[a.stage] += {Kind.FORWARD: 1, Kind.BACKWARD: -1}.get(a.kind, 0)
+            most[a.stage] = max(most[a.stage], held[a.stage])
+    return tuple(most)
+
+
+def pending_weights(
+    pipeline: str, K: int, M: int, *, recompute: bool = False, virtual_stages: int = 1
+) -> tuple[int, ...]:
     """Most microbatches whose output gradients a stage keeps for a later W at once, when
     it holds `in_flight` activations: min(s + 1, M) where the zero-bubble schedule splits
     a stage's backward (`splits_stage`), 0 elsewhere (tests/partitioner/test_solver.py walks
-    the schedules to check both maxima fall on one action)."""
+    the schedules to check both maxima fall on one action); per chunk, all 0, with
+    ``virtual_stages`` v > 1 (only 1F1B interleaves)."""
     _check_choice(pipeline, PIPELINES, "pipeline")
+    if virtual_stages != 1:
+        return (0,) * (K * virtual_stages)
     split = pipeline == "zero_bubble"
     return tuple(min(s + 1, M) if split and splits_stage(s, recompute) else 0 for s in range(K))
 
@@ -115,7 +145,13 @@ def step_time_estimate(costs: CostModel, partition: Partition, M: int) -> float:
 
 
 def peak_memory_estimate(
-    costs: CostModel, partition: Partition, M: int, *, pipeline: str, recompute: bool
+    costs: CostModel,
+    partition: Partition,
+    M: int,
+    *,
+    pipeline: str,
+    recompute: bool,
+    virtual_stages: int = 1,
 ) -> tuple[int, ...]:
     """Peak bytes per stage under `pipeline`, in closed form.
 
@@ -124,17 +160,39 @@ def peak_memory_estimate(
     activations; plus, for d_s = `pending_weights`, d_s sets of the output gradients a
     split backward keeps from B to W. A stage that holds a copy of shared weights
     (`CostModel.shared`) counts its state too. Equals `simulate(...).peak_memory` for
-    `build(pipeline, K, M)`.
+    `build(pipeline, K, M)`. With ``virtual_stages`` v > 1 (`partition` of K v chunks),
+    per rank: the simulator's walk of the schedule (the chunks' maxima fall apart).
     """
-    p, K = costs.prefix, partition.num_stages
+    if virtual_stages != 1:
+        K = partition.num_stages // virtual_stages
+        schedule = build(pipeline, K, M, virtual_stages=virtual_stages)
+        return peak_memory(
+            costs, partition, schedule, recompute=recompute, virtual_stages=virtual_stages
+        )
+    K = partition.num_stages
+    n = in_flight(pipeline, K, M, recompute=recompute)
+    d = pending_weights(pipeline, K, M, recompute=recompute)
+    return _part_peaks(costs, partition, n, d, recompute)
+
+
+def _part_peaks(
+    costs: CostModel,
+    partition: Partition,
+    n: tuple[int, ...],
+    d: tuple[int, ...],
+    recompute: bool,
+) -> tuple[int, ...]:
+    """Each part's state plus n (and d) of what it holds per microbatch (see
+    `peak_memory_estimate`)."""
+    p = costs.prefix
     b = np.asarray(partition.validated(costs.num_layers).bounds)
-    n = np.asarray(in_flight(pipeline, K, M, recompute=recompute), dtype=np.int64)
-    d = np.asarray(pending_weights(pipeline, K, M, recompute=recompute), dtype=np.int64)
+    held_n = np.asarray(n, dtype=np.int64)
+    held_d = np.asarray(d, dtype=np.int64)
     state = p.state_bytes[b[1:]] - p.state_bytes[b[:-1]]
     state = state + np.array([costs.copy_bytes(lo, hi) for lo, hi in itertools.pairwise(b)])
     acts = p.activation_bytes[b[1:]] - p.activation_bytes[b[:-1]]
     grads = p.weight_grad_bytes[b[1:]] - p.weight_grad_bytes[b[:-1]]
-    held = n * p.input_bytes[b[:-1]] + acts if recompute else n * acts + d * grads
+    held = held_n * p.input_bytes[b[:-1]] + acts if recompute else held_n * acts + held_d * grads
     return tuple(int(x) for x in state + held)
 
 
@@ -148,12 +206,14 @@ def solve(
     memory_cap: int | None = None,
     objective: Objective | None = None,
     first_stage_min: int = 1,
+    virtual_stages: int = 1,
 ) -> Partition:
     """`solve_speed` under `memory_cap`, or `solve_memory` checked against it.
 
     With optimize="memory" the cap applies to the recompute peak of the least-memory
     partition, and InfeasibleError names that peak if it does not fit. ``objective``
-    (work of its own on stage 0) applies to optimize="speed" only.
+    (work of its own on stage 0) applies to optimize="speed" only. With
+    ``virtual_stages`` v the partition holds K v chunks (rank s runs s, s + K, ...).
     """
     _check_choice(optimize, OPTIMIZE, "optimize")
     if memory_cap is not None:
@@ -167,16 +227,24 @@ def solve(
             memory_cap=memory_cap,
             objective=objective,
             first_stage_min=first_stage_min,
+            virtual_stages=virtual_stages,
         )
     if objective is not None:
         raise ValueError(
             "an objective (work of its own on stage 0) ranks partitions by speed; "
             "optimize='memory' minimises memory. Received: optimize='memory' with an objective"
         )
-    partition = solve_memory(costs, K, M, pipeline=pipeline, first_stage_min=first_stage_min)
-    peak = max(peak_memory_estimate(costs, partition, M, pipeline=pipeline, recompute=True))
+    v = virtual_stages
+    partition = solve_memory(
+        costs, K, M, pipeline=pipeline, first_stage_min=first_stage_min, virtual_stages=v
+    )
+    peak = max(
+        peak_memory_estimate(
+            costs, partition, M, pipeline=pipeline, recompute=True, virtual_stages=v
+        )
+    )
     if memory_cap is not None and peak > memory_cap:
-        raise InfeasibleError(memory_cap, peak, K)
+        raise InfeasibleError(memory_cap, peak, K, v)
     return partition
 
 
@@ -189,6 +257,7 @@ def solve_speed(
     memory_cap: int | None = None,
     objective: Objective | None = None,
     first_stage_min: int = 1,
+    virtual_stages: int = 1,
 ) -> Partition:
     """The partition with the least `step_time_estimate` whose stages fit `memory_cap`
     (with ``objective``: the one it ranks first of the fastest for each end of stage 0).
@@ -222,6 +291,9 @@ def solve_speed(
             ``functools.partial(sifted_step_time, costs, M=M, ...)`` of the partition.
         first_stage_min: stage 0 holds at least this many layers (its end boundary is at
             least this), e.g. so that an exit at stage 0's end follows a learnt layer.
+        virtual_stages: v; with v > 1, K v chunks for `partitioner.schedule.virtual`:
+            the fastest cut of the chain into K v parts if its ranks fit `memory_cap`,
+            else the fastest whose chunks each fit 1/v of it (no ``objective``).
 
     Returns:
         An optimal partition.
@@ -231,9 +303,11 @@ def solve_speed(
             that leaves fewer than K - 1 layers to the other stages.
         InfeasibleError: if no partition fits the cap.
     """
-    chain = _Chain.make(costs, K, M, pipeline, first_stage_min)
+    chain = _Chain.make(costs, K, M, pipeline, first_stage_min, virtual_stages)
     if memory_cap is not None:
         _check_count(memory_cap, "memory_cap", minimum=0)
+    if virtual_stages != 1:
+        return _fastest_virtual(chain, memory_cap, objective)
     memory = chain.memory(memory_cap, recompute=False)
     if objective is not None:
         best = _fastest_ranked(chain, memory, objective)
@@ -246,18 +320,25 @@ def solve_speed(
 
 
 def solve_memory(
-    costs: CostModel, K: int, M: int, *, pipeline: str = "interleaved", first_stage_min: int = 1
+    costs: CostModel,
+    K: int,
+    M: int,
+    *,
+    pipeline: str = "interleaved",
+    first_stage_min: int = 1,
+    virtual_stages: int = 1,
 ) -> Partition:
     """The partition with the least peak memory under recompute, then the fastest.
 
     Bisection on the byte cap Z with the DP as feasibility probe (each feasible probe
     snaps Z down to the peak it found), then `solve_speed`'s search under cap Z. Each
-    probe is O(K (L log L + band)); the bisection needs O(log of the peak) probes.
+    probe is O(K (L log L + band)); the bisection needs O(log of the peak) probes. With
+    ``virtual_stages`` v > 1, the K v chunks with the least largest chunk peak.
 
     Raises:
         ValueError: on K < 1, M < 1, K > L or an unknown pipeline.
     """
-    chain = _Chain.make(costs, K, M, pipeline, first_stage_min)
+    chain = _Chain.make(costs, K, M, pipeline, first_stage_min, virtual_stages)
     cap = _smallest_cap(chain, recompute=True)
     best = _fastest(chain, chain.memory(cap, recompute=True))
     assert best is not None, "the smallest cap admits a partition by construction"
@@ -269,29 +350,52 @@ class _Chain:
     """A solve's inputs and the limits it builds from them."""
 
     costs: CostModel
-    K: int
+    K: int  # parts: stages, or with virtual stages K v chunks
     M: int
     pipeline: str
     first_min: int = 1  # least end boundary of stage 0
+    virtual: int = 1  # v, the chunks each rank runs
 
     @classmethod
-    def make(cls, costs: CostModel, K: int, M: int, pipeline: str, first_min: int = 1) -> _Chain:
+    def make(
+        cls, costs: CostModel, K: int, M: int, pipeline: str, first_min: int = 1, virtual: int = 1
+    ) -> _Chain:
         _check_count(K, "K (partitions)")
         _check_count(M, "M (microbatches)")
-        if K > costs.num_layers:
+        _check_choice(pipeline, PIPELINES, "pipeline")
+        check_virtual(pipeline, virtual)
+        if virtual != 1:
+            in_flight(pipeline, K, M, virtual_stages=virtual)  # K >= 2, M fits its rounds
+        parts = K * virtual
+        if parts > costs.num_layers:
+            chunks = "" if virtual == 1 else f" x virtual_stages: {virtual} = {parts} chunks"
             raise ValueError(
                 f"too few layers to split into partitions (layers: {costs.num_layers}, "
-                f"partitions: {K})"
+                f"partitions: {K}{chunks})"
             )
         _check_count(first_min, "first_stage_min")
-        if first_min > costs.num_layers - K + 1:
+        if first_min > costs.num_layers - parts + 1:
             raise ValueError(
-                f"first_stage_min leaves the other {K - 1} stages fewer layers than stages: "
-                f"at most {costs.num_layers - K + 1} of {costs.num_layers} layers can be on "
+                f"first_stage_min leaves the other {parts - 1} stages fewer layers than stages: "
+                f"at most {costs.num_layers - parts + 1} of {costs.num_layers} layers can be on "
                 f"stage 0. Received: first_stage_min={first_min}"
             )
-        _check_choice(pipeline, PIPELINES, "pipeline")
-        return cls(costs, K, M, pipeline, first_min)
+        return cls(costs, parts, M, pipeline, first_min, virtual)
+
+    @property
+    def ranks(self) -> int:
+        """K, the ranks of the pipeline (``self.K`` counts the chunks)."""
+        return self.K // self.virtual
+
+    def peaks(self, partition: Partition, *, recompute: bool) -> tuple[int, ...]:
+        """Each part's peak bytes in closed form: a stage's (`peak_memory_estimate`), or
+        with virtual stages a chunk's alone (its state and its most microbatches held)."""
+        if self.virtual == 1:
+            return peak_memory_estimate(
+                self.costs, partition, self.M, pipeline=self.pipeline, recompute=recompute
+            )
+        n = in_flight(self.pipeline, self.ranks, self.M, virtual_stages=self.virtual)
+        return _part_peaks(self.costs, partition, n, (0,) * self.K, recompute)
 
     @property
     def L(self) -> int:
@@ -315,9 +419,11 @@ class _Chain:
         """Per-stage memory limits at `cap` bytes (no limits if cap is None)."""
         if cap is None:
             return [[] for _ in range(self.K)]
-        p = self.costs.prefix
-        held = in_flight(self.pipeline, self.K, self.M, recompute=recompute)
-        pending = pending_weights(self.pipeline, self.K, self.M, recompute=recompute)
+        p, v = self.costs.prefix, self.virtual
+        held = in_flight(self.pipeline, self.ranks, self.M, recompute=recompute, virtual_stages=v)
+        pending = pending_weights(
+            self.pipeline, self.ranks, self.M, recompute=recompute, virtual_stages=v
+        )
         limits = []
         for s, (n, d) in enumerate(zip(held, pending, strict=True)):
             if recompute:
@@ -379,6 +485,37 @@ def _fastest_ranked(
         if value < best_time:
             best, best_time = found, value
     return best
+
+
+def _fastest_virtual(chain: _Chain, cap: int | None, objective: Objective | None) -> Partition:
+    """`solve_speed` with virtual stages: the fastest chunks if their ranks fit ``cap``,
+    else the fastest whose chunks each fit 1/v of it."""
+    if objective is not None:
+        raise ValueError(
+            "an objective (work of its own on stage 0) is planned for one chunk per rank: "
+            f"solve with virtual_stages=1, or without it. Received: virtual_stages="
+            f"{chain.virtual} with an objective"
+        )
+    best = _fastest(chain, chain.memory(None, recompute=False))
+    assert best is not None, "without a cap every chain of K v layers or more has a partition"
+    if cap is None or max(_rank_peaks(chain, best)) <= cap:
+        return best
+    found = _fastest(chain, chain.memory(cap // chain.virtual, recompute=False))
+    if found is None:
+        smallest = chain.virtual * _smallest_cap(chain, recompute=False)
+        raise InfeasibleError(cap, smallest, chain.ranks, chain.virtual)
+    return found
+
+
+def _rank_peaks(chain: _Chain, partition: Partition) -> tuple[int, ...]:
+    return peak_memory_estimate(
+        chain.costs,
+        partition,
+        chain.M,
+        pipeline=chain.pipeline,
+        recompute=False,
+        virtual_stages=chain.virtual,
+    )
 
 
 @dataclass(frozen=True)
@@ -458,12 +595,10 @@ class _Search:
 
 def _smallest_cap(chain: _Chain, *, recompute: bool) -> int:
     """The least per-stage byte cap any partition fits (bisection with snapping)."""
-    costs, K, M, pipeline = chain.costs, chain.K, chain.M, chain.pipeline
+    costs, K = chain.costs, chain.K
 
     def peak(partition: Partition) -> int:
-        return max(
-            peak_memory_estimate(costs, partition, M, pipeline=pipeline, recompute=recompute)
-        )
+        return max(chain.peaks(partition, recompute=recompute))
 
     p = costs.prefix
     total = p.state_bytes + p.activation_bytes

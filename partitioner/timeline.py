@@ -112,10 +112,11 @@ def chrome_trace(
     """The Trace Event Format records of one step: a complete ("X") event per action.
 
     Each stage is one track (``tid``), each event is named for its action without the
-    stage (``F3``, ``RB3``); a receive lasts from its call to its message's arrival, so
-    the waits show as receives. With ``fused_last`` (a measured training step) the last
-    stage's forward, which also ran that microbatch's backward in one compiled call, is
-    named ``F3+B3 (fused)`` and its backward action ``B3 (done in F3+B3)``.
+    stage (``F3``, ``RB3``; with virtual stages, where a track runs several chunks, with
+    the chunk: ``2F3``); a receive lasts from its call to its message's arrival, so the
+    waits show as receives. With ``fused_last`` (a measured training step) the last
+    stage's (chunk's) forward, which also ran that microbatch's backward in one compiled
+    call, is named ``F3+B3 (fused)`` and its backward action ``B3 (done in F3+B3)``.
 
     Args:
         events: (stage, action, start, end) records, seconds from the step's start.
@@ -126,10 +127,14 @@ def chrome_trace(
     Returns:
         A list of event dicts; `save_chrome_trace` wraps and writes them.
     """
-    backward = {(e.stage, e.action.microbatch) for e in events if e.action.kind is Kind.BACKWARD}
+    backward = {
+        (e.action.stage, e.action.microbatch) for e in events if e.action.kind is Kind.BACKWARD
+    }
+    last = max((e.action.stage for e in events), default=stages - 1)  # the last chunk
+    chunks = any(e.action.stage != e.stage for e in events)
     return [
         {
-            "name": _trace_name(e.action, fused_last and e.stage == stages - 1, backward),
+            "name": _trace_name(e.action, fused_last and e.action.stage == last, backward, chunks),
             "cat": CATEGORIES[e.action.kind],
             "ph": "X",
             "ts": (offset + e.start) * 1e6,
@@ -166,13 +171,17 @@ def save_chrome_trace(
     Path(path).write_text(json.dumps(trace, indent=1) + "\n")
 
 
-def _trace_name(action: Action, fused: bool, backward: set[tuple[int, int]]) -> str:
-    name, m = f"{action.kind.value}{action.microbatch}", action.microbatch
+def _trace_name(
+    action: Action, fused: bool, backward: set[tuple[int, int]], chunks: bool = False
+) -> str:
+    m = action.microbatch
+    chunk = str(action.stage) if chunks else ""
+    name = f"{chunk}{action.kind.value}{m}"
     if not fused or (action.stage, m) not in backward:
         return name
     if action.kind is Kind.FORWARD:
-        return f"F{m}+B{m} (fused)"
-    return f"B{m} (done in F{m}+B{m})" if action.kind is Kind.BACKWARD else name
+        return f"{chunk}F{m}+B{m} (fused)"
+    return f"{chunk}B{m} (done in F{m}+B{m})" if action.kind is Kind.BACKWARD else name
 
 
 def _summary(what: str, result: SimResult) -> str:
@@ -238,6 +247,8 @@ def _draw_panel(
             left=event.start,
             height=0.8,
             color=COLOURS[event.action.kind],
+            # a rank's later chunks (virtual stages) lighter: chunk s + j K at 1 - 0.3 j
+            alpha=max(1.0 - 0.3 * (event.action.stage // max(stages, 1)), 0.25),
             edgecolor="white",
             linewidth=0.5,
         )

@@ -359,8 +359,9 @@ def one_process_microbatched(cfg: Config, M: int, x: tf.Tensor, y: tf.Tensor) ->
 
 
 def run_pipeline(cfg: Config) -> dict[str, Any]:
-    """K ranks, one stage each: times the pipelined train step. Rank 0 also reports the
-    step its start-up plan line predicted (read back from a fresh plan file)."""
+    """K ranks, one stage each (``virtual_stages`` chunks each, if given): times the
+    pipelined train step. Rank 0 also reports the step its start-up plan line predicted
+    (read back from a fresh plan file)."""
     plan_file = Path(tempfile.mkdtemp(prefix="tfsift-bench-plan-")) / "plan.json"
     keras.mixed_precision.set_global_policy(cfg.get("precision", "float32"))
     tfsift.init(
@@ -371,6 +372,8 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
             "optimize": cfg["optimize"],
             "profile_repeats": cfg["profile_repeats"],
             "plan_file": str(plan_file),
+            # bench_schedules: interleaved on v chunks a stage
+            **({"virtual_stages": cfg["virtual_stages"]} if cfg.get("virtual_stages") else {}),
         }
     )
     x, y = data(cfg)

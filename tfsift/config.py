@@ -44,6 +44,7 @@ class Config:
     partitions: int = 1
     microbatches: int = 1
     pipeline: str = "interleaved"
+    virtual_stages: int | None = None  # 1; with pipeline="auto", what the plan found fastest
     optimize: str = "speed"
     horovod: bool | None = None
     placement_strategy: str = "cluster"
@@ -65,10 +66,15 @@ class Config:
         _check_bool("auto_partition", self.auto_partition)
         if self.horovod is not None:
             _check_bool("horovod", self.horovod)
+        self._check_virtual_stages()
         _check_int("default_partition", self.default_partition, 0)
-        if self.default_partition >= self.partitions:
+        chunks = self.partitions * (self.virtual_stages or 1)  # manual placement's indices
+        if self.default_partition >= chunks:
+            bound = f"partitions={self.partitions}"
+            if chunks != self.partitions:
+                bound = f"partitions x virtual_stages={chunks}"
             raise ValueError(
-                f"default_partition must be < partitions={self.partitions}. "
+                f"default_partition must be < {bound}. "
                 f"Received: default_partition={self.default_partition}"
             )
         if self.memory_cap is not None:
@@ -77,6 +83,38 @@ class Config:
         if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
             raise ValueError(
                 f"log_dir must be None or a non-empty string. Received: log_dir={self.log_dir!r}"
+            )
+
+    def _check_virtual_stages(self) -> None:
+        """Virtual stages run Megatron-LM's interleaved 1F1B over K v chunks."""
+        v = self.virtual_stages
+        if v is None:
+            return
+        _check_int("virtual_stages", v, 1)
+        if v == 1:
+            return
+        if self.partitions < 2:
+            raise ValueError(
+                "virtual_stages > 1 interleaves model chunks over two or more stages: set "
+                "partitions >= 2, or virtual_stages=1. "
+                f"Received: partitions={self.partitions}, virtual_stages={v}"
+            )
+        if self.pipeline not in ("interleaved", AUTO):
+            split = " (ZB-V, a zero-bubble schedule on virtual stages, is not supported)"
+            raise ValueError(
+                "virtual_stages > 1 runs Megatron-LM's interleaved 1F1B: use "
+                f"pipeline='interleaved' with virtual_stages, or pipeline={self.pipeline!r} "
+                f"with virtual_stages=1{split if self.pipeline == 'zero_bubble' else ''}. "
+                f"Received: pipeline={self.pipeline!r}, virtual_stages={v}"
+            )
+        K, M = self.partitions, self.microbatches
+        rounds = max(1, M // K)
+        if M % rounds:
+            raise ValueError(
+                "with virtual_stages > 1, microbatches must be a multiple of max(1, "
+                f"microbatches // partitions) = {rounds}, the rounds in which each chunk takes "
+                "them (a multiple of partitions always is). "
+                f"Received: partitions={K}, microbatches={M}, virtual_stages={v}"
             )
 
     @classmethod

@@ -18,6 +18,7 @@ from tfsift.parallel import runtime, watchdog
 from tfsift.parallel.collectives import broadcast_variables
 from tfsift.parallel.comm import allgather_object
 from tfsift.pipeline import context
+from tfsift.pipeline.chunks import Chunks
 from tfsift.pipeline.stage import Stage, microbatch_seconds
 from tfsift.pipeline.tied import TiedWeights, tie_stages
 from tfsift.planning import keras_internals, placement
@@ -30,17 +31,23 @@ Spec = tuple[tuple[int, ...], Any]
 
 @dataclasses.dataclass
 class Partitioned:
-    """This rank's share of a partitioned model."""
+    """This rank's share of a partitioned model.
+
+    ``bounds`` cut the model into K stages, or with v virtual stages into K v chunks, of
+    which ``stage`` holds this rank's (s, s + K, ...: ``Chunks``); ``in_specs`` and
+    ``out_specs`` are its first chunk's.
+    """
 
     graph: Graph
     bounds: tuple[int, ...]
-    stage: Stage
+    stage: Chunks
     in_specs: list[Spec]
     out_specs: list[Spec]
     output_structure: Any
     config: Config  # what it was partitioned under
     tied: TiedWeights = dataclasses.field(default_factory=TiedWeights)  # weights on 2+ stages
     pipeline: str = ""  # the schedule it was planned for (what pipeline="auto" chose)
+    virtual_stages: int = 1  # the chunks each rank runs (what pipeline="auto" chose)
 
 
 @dataclasses.dataclass
@@ -163,7 +170,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             return self.partitioned
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
-        bounds, recompute, pipeline = plan_bounds(
+        bounds, recompute, pipeline, v = plan_bounds(
             graph,
             self._tfsift.placements,
             flat,
@@ -171,27 +178,32 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             reservation=hooks.stage0_reservation(self),  # room for work of a feature's
             stage_call=microbatch_seconds,
         )
-        shared = ties(graph, bounds)
-        s = rt.stage
-        sub = graph.stage(bounds[s], bounds[s + 1])
-        stage = Stage(sub, s, recompute=recompute)
+        K, s = rt.topology.partitions, rt.stage
+        shared = ties(graph, bounds, K if v > 1 else None)
+        chunks = range(s, len(bounds) - 1, K)  # s alone, or s, s + K, ... (virtual stages)
+        stage = Chunks(
+            [Stage(graph.stage(bounds[c], bounds[c + 1]), c, recompute=recompute) for c in chunks]
+        )
         tied = tie_stages(shared, stage.variables, rt.pipe_comm, s, rt.config.timeout)
-        _release_other_stages(graph, sub)
+        _release_other_stages(graph, stage.graph)
         # Replicas must start equal; the optimizer's slots are created equal (zeros) later.
-        broadcast_variables(sub.variables())
+        broadcast_variables(stage.graph.variables())
+        first = stage.stages[0].graph
         part = Partitioned(
             graph,
             bounds,
             stage,
-            _specs(graph, sub.inputs),
-            _specs(graph, sub.outputs),
+            _specs(graph, first.inputs),
+            _specs(graph, first.outputs),
             graph.structure,
             rt.config,
             tied,
             pipeline,
+            v,
         )
         self._tfsift.partitioned = part
-        log.info("rank %d holds stage %d: nodes %d..%d", rt.rank, s, bounds[s], bounds[s + 1] - 1)
+        held = ", ".join(f"{bounds[c]}..{bounds[c + 1] - 1}" for c in chunks)
+        log.info("rank %d holds stage %d: nodes %s", rt.rank, s, held)
         callbacks, self._tfsift.on_partitioned = self._tfsift.on_partitioned, []
         for callback in callbacks:
             callback()
@@ -338,7 +350,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     def _tfsift_summary(self, part: Partitioned) -> list[str]:
         first = {id(node) for node in self._tfsift_first_uses()}
-        rows, held = [("stage", "node", "layer", "output shape", "params")], []
+        v = part.virtual_stages
+        word = "stage" if v == 1 else "chunk"  # with virtual stages, rows of chunks
+        rows, held = [(word, "node", "layer", "output shape", "params")], []
+        mine_ = {stage.index for stage in part.stage.stages}  # one, or this rank's chunks
         for s in range(len(part.bounds) - 1):
             nodes = part.graph.nodes[part.bounds[s] : part.bounds[s + 1]]
             params = 0
@@ -348,16 +363,17 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 shapes = [(None, *part.graph.tensors[t].shape[1:]) for t in node.outputs]
                 shape = str(shapes[0] if len(shapes) == 1 else shapes)
                 rows.append((str(s), node.name, type(node.operation).__name__, shape, f"{n:,}"))
-            mine = "  <- this rank" if s == part.stage.index else ""
+            mine = "  <- this rank" if s in mine_ else ""
             names = ", ".join(node.name for node in nodes)
-            held.append(f"stage {s}: {names} ({params:,} params){mine}")
+            held.append(f"{word} {s}: {names} ({params:,} params){mine}")
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
         table = [
             "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
         ]
+        chunks = f" (virtual_stages={v}: chunks {', '.join(map(str, sorted(mine_)))})"
         title = (
-            f'Model "{self.name}": partitions={len(part.bounds) - 1}; this rank holds stage '
-            f"{part.stage.index}"
+            f'Model "{self.name}": partitions={(len(part.bounds) - 1) // v}; this rank holds '
+            f"stage {part.stage.index}{chunks if v > 1 else ''}"
         )
         total = f"Total params: {self.count_params():,} (all stages)"
         return [title, *table, *held, total]
@@ -482,6 +498,7 @@ def _specs(graph: Graph, ids: Sequence[int]) -> list[Spec]:
 
 _PARTITIONING = (
     "partitions",
+    "virtual_stages",
     "optimize",
     "placement_strategy",
     "auto_partition",

@@ -2,7 +2,7 @@
 
 The model's four groups of layers go to stage g * K // 4 (manual placement), so every run
 with K stages has the same plan and a resumed run computes exactly what an uninterrupted
-one does.
+one does; with v virtual stages, to chunk g * K v // 4.
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ class CheckpointNet(tfsift.DistributedModel):
 
 
 def start(
-    partitions: int, placement: str = "cluster", timeout: float | None = None
+    partitions: int,
+    placement: str = "cluster",
+    timeout: float | None = None,
+    virtual_stages: int | None = None,
 ) -> tuple[CheckpointNet, Any, Any]:
     """``tfsift.init`` (``timeout``: its stall timeout, if given), the seeded model, its
     optimizer and its training step."""
@@ -56,9 +59,11 @@ def start(
     }
     if timeout is not None:
         config["timeout"] = timeout
+    if virtual_stages is not None:
+        config["virtual_stages"] = virtual_stages
     tfsift.init(config)
     keras.utils.set_random_seed(SEED)
-    model = CheckpointNet(partitions)
+    model = CheckpointNet(partitions * (virtual_stages or 1))
     optimizer = keras.optimizers.Adam(0.01)
 
     @tfsift.step

@@ -1,7 +1,7 @@
 """N ranks as pipelines of K stages x N/K replicas: weights after training vs one process.
 
 usage: hybrid_check.py K PLACEMENT STEPS [PIPELINE]  (PIPELINE: the schedule, default
-       the config's)
+       the config's; with virtual stages ``interleaved/2``)
 """
 
 from __future__ import annotations
@@ -14,7 +14,16 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
-from models import LOSS, MODELS, copy_stage_weights, data, gradient_map, rel_error, training_step
+from models import (
+    LOSS,
+    MODELS,
+    copy_stage_weights,
+    data,
+    gradient_map,
+    rel_error,
+    schedule,
+    training_step,
+)
 from mpi import report
 from tfsift.parallel import runtime
 
@@ -46,7 +55,7 @@ def reference(
 
 def main() -> None:
     K, placement, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    pipeline = {"pipeline": sys.argv[4]} if len(sys.argv) > 4 else {}
+    pipeline = schedule(sys.argv[4]) if len(sys.argv) > 4 else {}
     tfsift.init({"partitions": K, "microbatches": M, "placement_strategy": placement, **pipeline})
     R, r = tfsift.dp_size(), tfsift.dp_rank()
     ref, init, final = reference(steps, R)
@@ -83,6 +92,7 @@ def main() -> None:
         stage=tfsift.mp_rank(),
         replica=r,
         pipeline=runtime.get().config.pipeline,
+        virtual=model.partitioned.virtual_stages,  # type: ignore[union-attr]
         mp_size=tfsift.mp_size(),
         dp_size=R,
         shard=plain,

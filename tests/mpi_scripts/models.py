@@ -148,6 +148,13 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12))
 
 
+def schedule(token: str) -> dict[str, Any]:
+    """A script argument's schedule as config values: ``interleaved``, or with virtual
+    stages ``interleaved/2`` (``virtual_stages=2``)."""
+    pipeline, _, v = token.partition("/")
+    return {"pipeline": pipeline, **({"virtual_stages": int(v)} if v else {})}
+
+
 def grid(lists: list[list[str]], cover: str = "all") -> list[tuple[str, ...]]:
     """Every combination of one value from each list, or with ``cover="pairs"`` those whose
     value indices sum to an even number: about half, and still every pair of values from two

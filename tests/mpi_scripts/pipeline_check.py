@@ -1,8 +1,9 @@
 """Every rank: pipeline gradients and loss for many configs against a one-process reference.
 
 usage: pipeline_check.py K MODELS MICROBATCHES PIPELINES OPTIMIZES [COMPILE] [COVER]
-       (comma-separated lists; COMPILE "true" (default) or "false": @tfsift.step(compile=...);
-       COVER "all" (default) or "pairs": see ``models.grid``)
+       (comma-separated lists; a pipeline with virtual stages reads ``interleaved/2``;
+       COMPILE "true" (default) or "false": @tfsift.step(compile=...); COVER "all"
+       (default) or "pairs": see ``models.grid``)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from models import (
     layer_attrs,
     reference,
     rel_error,
+    schedule,
 )
 from mpi import report
 from tfsift.planning import keras_internals
@@ -40,7 +42,7 @@ def check(
         {
             "partitions": K,
             "microbatches": M,
-            "pipeline": pipeline,
+            **schedule(pipeline),
             "optimize": optimize,
             "profile_repeats": 1,
         }
@@ -68,6 +70,8 @@ def check(
     kept = {id(v) for v in model.variables}
     every = [v for layer in layer_attrs(model).values() for v in layer.variables]
     freed = {id(v) for v in every if keras_internals.is_freed(v)}
+    summary: list[str] = []
+    model.summary(print_fn=summary.append)
     order = gradient_map(ref, model)
     errors = [
         rel_error(g.accumulate().numpy(), ref_grads[i]) for g, i in zip(grads, order, strict=True)
@@ -91,6 +95,9 @@ def check(
         "recompute": model.partitioned.stage.recompute,  # type: ignore[union-attr]
         # the schedule it ran: the config's, or what pipeline="auto" chose
         "planned": model.partitioned.pipeline,  # type: ignore[union-attr]
+        "virtual": model.partitioned.virtual_stages,  # type: ignore[union-attr]
+        "chunks": [s.index for s in model.partitioned.stage.stages],  # type: ignore[union-attr]
+        "summary_title": summary[0],
     }
 
 

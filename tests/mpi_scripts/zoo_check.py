@@ -1,7 +1,8 @@
 """Every rank: realistic models pipelined, against the full model run per microbatch.
 
 usage: zoo_check.py K MODELS PIPELINES OPTIMIZES [COVER]
-       (comma-separated lists; M = 2; COVER "all" (default) or "pairs": see ``models.grid``)
+       (comma-separated lists, a pipeline with virtual stages reads ``interleaved/2``; M = 2;
+       COVER "all" (default) or "pairs": see ``models.grid``)
 
 The reference runs before partitioning, on the whole model, one microbatch after the
 other (as the pipeline does), so BatchNormalization statistics and dropout masks
@@ -20,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
-from models import grid
+from models import grid, schedule
 from mpi import report
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -181,7 +182,7 @@ def check(name: str, K: int, pipeline: str, optimize: str) -> dict[str, Any]:
         {
             "partitions": K,
             "microbatches": M,
-            "pipeline": pipeline,
+            **schedule(pipeline),
             "optimize": optimize,
             "profile_repeats": 1,
         }
@@ -218,6 +219,8 @@ def check(name: str, K: int, pipeline: str, optimize: str) -> dict[str, Any]:
         "states": len(state_errors),
         "num_grads": len(grads),
         "copies": sum(not mine for mine in model.partitioned.tied.counted),
+        "chunks": [s.index for s in model.partitioned.stage.stages],
+        "tied_stages": [list(g.stages) for g in model.partitioned.tied.groups],
         "total_grads": len(want),
         "loss": float(loss.reduce_mean()),
         "ref_loss": ref["loss"],

@@ -113,7 +113,8 @@ def test_simulate_prints_one_row_per_microbatch_count_and_pipeline(
     costs_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["simulate", str(costs_file), "--partitions", "2", "--microbatches", "1,4",
-                 "--pipeline", "simple,interleaved", "--optimize", "memory"])  # fmt: skip
+                 "--pipeline", "simple,interleaved", "--optimize", "memory",
+                 "--virtual-stages", "1"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
     assert lines[0].split() == [
@@ -145,9 +146,12 @@ def test_simulate_draws_every_row_into_one_timeline(
                  "--timeline", str(timeline)])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
-    # header, the three pipelines for M=2 and 4, the note, the fastest per M, wrote
-    assert len(lines) == 1 + 6 + 1 + 2 + 1
-    assert [line.split()[0] for line in lines[1:4]] == ["simple", "interleaved", "zero_bubble"]
+    # header, the three pipelines and interleaved on 2 and 4 virtual stages (8 layers make
+    # 2 x 4 chunks) for M=2 and 4, the note, the fastest per M, wrote
+    assert len(lines) == 1 + 10 + 1 + 2 + 1
+    assert [line.split()[0] for line in lines[1:6]] == [
+        "simple", "interleaved", "interleaved(v=2)", "interleaved(v=4)", "zero_bubble"
+    ]  # fmt: skip
     assert lines[-1] == f"wrote {timeline}"
     assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -175,13 +179,48 @@ def test_plan_auto_picks_the_pipeline_with_the_shortest_simulated_step(
     assert code == 0
     plan = Plan.load(output)
     steps = {}
-    for pipeline in ("simple", "interleaved", "zero_bubble"):
-        main(["plan", str(costs_file), "--partitions", "2", "--microbatches", "8",
-              "--pipeline", pipeline, "--output", str(tmp_path / f"{pipeline}.json")])  # fmt: skip
-        steps[pipeline] = Plan.load(tmp_path / f"{pipeline}.json").predicted_step_time
-    assert plan.pipeline == min(steps, key=lambda p: steps[p]) == "zero_bubble"
-    assert plan.predicted_step_time == steps["zero_bubble"] < steps["interleaved"]
-    assert "pipeline auto: zero_bubble, the shortest simulated step within the cap" in lines
+    for pipeline, v in [("simple", 1), ("interleaved", 1), ("zero_bubble", 1),
+                        ("interleaved", 2), ("interleaved", 4)]:  # fmt: skip
+        path = tmp_path / f"{pipeline}{v}.json"
+        main(["plan", str(costs_file), "--partitions", "2", "--microbatches", "8", "--pipeline",
+              pipeline, "--virtual-stages", str(v), "--output", str(path)])  # fmt: skip
+        steps[pipeline, v] = Plan.load(path).predicted_step_time
+    # two chunks a stage shorten 1F1B's bubble by more than the extra transfers cost here
+    assert min(steps, key=lambda k: steps[k]) == ("interleaved", 2)
+    assert (plan.pipeline, plan.virtual_stages) == ("interleaved", 2)
+    assert plan.predicted_step_time == steps["interleaved", 2] < steps["zero_bubble", 1]
+    assert "pipeline auto: interleaved(v=2), the shortest simulated step within the cap" in lines
+    # given one chunk a stage, auto compares the pipelines only
+    main(["plan", str(costs_file), "--partitions", "2", "--microbatches", "8",
+          "--pipeline", "auto", "--virtual-stages", "1", "--output", str(output)])  # fmt: skip
+    assert (Plan.load(output).pipeline, Plan.load(output).virtual_stages) == ("zero_bubble", 1)
+
+
+def test_plan_on_virtual_stages_prints_a_row_per_chunk_with_its_stage(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "plan.json"
+    code = main(["plan", str(costs_file), "--partitions", "2", "--microbatches", "4",
+                 "--virtual-stages", "2", "--output", str(output)])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    plan = Plan.load(output)
+    assert (plan.virtual_stages, plan.partitions, len(plan.stage_layers)) == (2, 2, 4)
+    assert lines[0].split()[:3] == ["chunk", "stage", "layers"]
+    # chunks 0 and 2 on stage 0, 1 and 3 on stage 1, each row with its stage's peak memory
+    assert [line.split()[:2] for line in lines[1:5]] == [["0", "0"], ["1", "1"], ["2", "0"],
+                                                         ["3", "1"]]  # fmt: skip
+    assert lines[1].split()[-2:] == lines[3].split()[-2:]
+    assert "(M=4, interleaved(v=2), optimize=speed)" in lines[5]
+
+
+def test_plan_on_virtual_stages_refuses_other_pipelines(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["plan", str(costs_file), "--partitions", "2", "--pipeline", "zero_bubble",
+                 "--virtual-stages", "2", "--output", str(tmp_path / "p.json")])  # fmt: skip
+    assert code == 2
+    assert "Received: pipeline='zero_bubble', virtual_stages=2" in capsys.readouterr().err
 
 
 def test_the_fastest_pipeline_per_microbatch_count_fits_the_cap() -> None:
@@ -198,9 +237,14 @@ def test_the_fastest_pipeline_per_microbatch_count_fits_the_cap() -> None:
         (8, "zero_bubble", result(0.018, 6)),
         (16, "zero_bubble", None),
     ]
+    # a full tie (step and peak): the row listed first, as fastest_plan prefers it
+    rows.insert(2, (4, "interleaved(v=2)", result(0.010, 5)))
+    rows.insert(5, (8, "interleaved(v=2)", result(0.020, 5)))
     assert fastest_lines(rows) == [
-        "M=4: fastest within the cap: interleaved (10.000 ms; simple 1.00x as long)",
-        "M=8: fastest within the cap: zero_bubble (18.000 ms; interleaved 1.11x as long)",
+        "M=4: fastest within the cap: interleaved (10.000 ms; simple 1.00x, "
+        "interleaved(v=2) 1.00x as long)",
+        "M=8: fastest within the cap: zero_bubble (18.000 ms; interleaved 1.11x, "
+        "interleaved(v=2) 1.11x as long)",
         "M=16: no pipeline fits the memory cap",
     ]
 
@@ -234,3 +278,17 @@ def test_help_tells_a_user_what_the_commands_do_not_how_they_are_mounted(
     assert "Cuts a model into pipeline stages from its cost file" in text
     assert "The same commands are `tfsift plan` and `tfsift simulate`" in text
     assert "add_subcommands" not in text and "func" not in text
+
+
+def test_the_transfers_column_leaves_out_the_runtimes_cost_per_action(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = CostModel(tuple(LayerCost(f"l{i}", 0.004, 0.008, 0, 0, 1000) for i in range(4)),
+                      bandwidth=1e6, latency=1e-4, action_overhead=6e-4)  # fmt: skip
+    costs.save(tmp_path / "costs.json")
+    main(["plan", str(tmp_path / "costs.json"), "--partitions", "2",
+          "--output", str(tmp_path / "plan.json")])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    # each stage sends or receives across its one cut: 0.1 ms + 1000 B at 1 MB/s = 1.1 ms;
+    # its compute column holds 2 x 12 ms and the 0.6 ms per forward and per backward
+    assert [line.split()[7:11] for line in lines[1:3]] == [["25.200", "ms", "1.100", "ms"]] * 2

@@ -194,6 +194,20 @@ def test_holders_of_shared_weights_exchange_their_gradients_once() -> None:
     assert three.exchange_time((0, 2, 4)) == 0.5 + 1000 / 1e3
 
 
+def test_a_rank_of_several_chunks_holds_one_copy_and_exchanges_as_one_holder() -> None:
+    costs = chain(*(layer(f"l{i}", param_bytes=1000) for i in range(4)), bandwidth=1e3,
+                  latency=0.5, optimizer_multiplier=1.0, shared=((0, 2), (1, 3)))  # fmt: skip
+    # chunks 0..3 of one layer each on 2 ranks: rank 0 runs 0 and 2, rank 1 runs 1 and 3
+    assert costs.copy_bytes(0, 1, (2, 3)) == 0 and costs.copy_bytes(1, 2, (3, 4)) == 0
+    assert costs.exchange_time((0, 1, 2, 3, 4), ranks=2) == 0.0
+    assert costs.exchange_time((0, 1, 2, 3, 4)) == 2 * (0.5 + 1000 / 1e3)  # as 4 stages
+    # (0, 3) across ranks: rank 1 holds one copy of l0 however many of its chunks call it
+    across = chain(*(layer(f"l{i}", param_bytes=1000) for i in range(4)), bandwidth=1e3,
+                   latency=0.5, optimizer_multiplier=1.0, shared=((0, 1, 3),))  # fmt: skip
+    assert across.copy_bytes(1, 2, (3, 4)) == 1000
+    assert across.exchange_time((0, 1, 2, 3, 4), ranks=2) == 0.5 + 1000 / 1e3
+
+
 def test_shared_round_trips_and_only_changes_the_fingerprint_when_present() -> None:
     plain = chain(layer("a"), layer("b"))
     tied = chain(layer("a"), layer("b"), shared=((0, 1),))

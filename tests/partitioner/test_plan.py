@@ -167,3 +167,45 @@ def test_a_corrupt_plan_file_is_named_in_the_error(tmp_path: Path, garbage: byte
         Plan.load(path)
     assert str(err.value).startswith(f"the plan file {str(path)!r} is not a valid tfsift plan (")
     assert "delete it to make a new plan" in str(err.value)
+
+
+def test_a_plan_on_virtual_stages_holds_its_chunks_and_predicts_per_stage(
+    tmp_path: Path,
+) -> None:
+    costs = costs_of(8)
+    plan = make_plan(costs, 2, 4, virtual_stages=2)
+    assert (plan.virtual_stages, plan.partitions, len(plan.bounds)) == (2, 2, 5)
+    schedule = build("interleaved", 2, 4, virtual_stages=2)
+    result = simulate(costs, plan.partition, schedule, virtual_stages=2)
+    assert (plan.predicted_step_time, plan.peak_memory) == (result.step_time, result.peak_memory)
+    plan.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json") == plan
+    older = make_plan(costs, 2, 4).to_dict()
+    del older["virtual_stages"]  # a plan file written before virtual stages: one chunk each
+    assert Plan.from_dict(older) == make_plan(costs, 2, 4)
+    with pytest.raises(ValueError, match="peak_memory needs one entry per stage \\(2\\)"):
+        Plan.from_dict({**plan.to_dict(), "peak_memory": [1, 2, 3, 4]})
+    with pytest.raises(ValueError, match="Received: 4 chunks, virtual_stages=3"):
+        Plan.from_dict({**plan.to_dict(), "virtual_stages": 3})
+
+
+def test_auto_compares_every_pipeline_and_the_virtual_stages_the_model_allows() -> None:
+    costs = costs_of(8)
+    plans = {
+        (p, v): make_plan(costs, 2, 8, pipeline=p, virtual_stages=v)
+        for p, v in partitioner.plan.candidates(2, 8, 8)
+    }
+    assert sorted(plans) == [("interleaved", 1), ("interleaved", 2), ("interleaved", 4),
+                             ("simple", 1), ("zero_bubble", 1)]  # fmt: skip
+    best = min(plans.values(), key=lambda p: (p.predicted_step_time, max(p.peak_memory)))
+    assert make_plan(costs, 2, 8, pipeline="auto", virtual_stages=None) == best
+    # one chunk per stage given: the pipelines alone; virtual stages given: interleaved alone
+    chosen = make_plan(costs, 2, 8, pipeline="auto")
+    assert chosen.virtual_stages == 1
+    assert make_plan(costs, 2, 8, pipeline="auto", virtual_stages=4) == plans["interleaved", 4]
+    # 7 layers hold no 2 x 4 chunks, M=9 on 4 stages no whole rounds, nor does sifting
+    assert partitioner.plan.candidates(2, 8, 7)[-2:] == [("interleaved", 2), ("zero_bubble", 1)]
+    assert ("interleaved", 2) not in partitioner.plan.candidates(4, 9, 16)
+    assert partitioner.plan.candidates(2, 8, 8, scoring=True) == [
+        ("simple", 1), ("interleaved", 1), ("zero_bubble", 1)
+    ]  # fmt: skip

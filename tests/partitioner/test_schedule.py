@@ -15,10 +15,12 @@ from partitioner.schedule import (
     format_schedule,
     forward_only,
     interleaved,
+    rounds_of,
     simple,
     splits_backward,
     splits_stage,
     validate,
+    virtual,
     zero_bubble,
 )
 
@@ -230,6 +232,149 @@ def test_built_schedules_validate(
 ) -> None:
     schedule = build(pipeline, K, M, forward_only=only_forward)
     validate(add_communication(schedule) if communicate else schedule, M)
+
+
+# ---- virtual stages: Megatron-LM's interleaved 1F1B ------------------------------------
+
+
+def test_interleaved_on_virtual_stages_reference_k2_v2_m4() -> None:
+    # rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3; each chunk takes P = 2
+    # microbatches in turn, forwards in chunk order and backwards in reverse; rank 0 warms
+    # up with (v - 1) P + 2 (K - 1) = 4 forwards, rank 1 with 2
+    assert rows(interleaved(2, 4, 2)) == [
+        ["0F0", "0F1", "2F0", "2F1", "0F2", "2B0", "0F3", "2B1",
+         "2F2", "0B0", "2F3", "0B1", "2B2", "2B3", "0B2", "0B3"],
+        ["1F0", "1F1", "3F0", "3B0", "3F1", "3B1", "1F2", "1B0",
+         "1F3", "1B1", "3F2", "3B2", "3F3", "3B3", "1B2", "1B3"],
+    ]  # fmt: skip
+
+
+def test_interleaved_on_virtual_stages_reference_k4_v2_m4() -> None:
+    # M = K: one round, so rank 0's warm-up (v - 1) 4 + 2 x 3 = 10 is capped at all 8
+    assert rows(interleaved(4, 4, 2)) == [
+        ["0F0", "0F1", "0F2", "0F3", "4F0", "4F1", "4F2", "4F3",
+         "4B0", "4B1", "4B2", "4B3", "0B0", "0B1", "0B2", "0B3"],
+        ["1F0", "1F1", "1F2", "1F3", "5F0", "5F1", "5F2", "5F3",
+         "5B0", "5B1", "5B2", "5B3", "1B0", "1B1", "1B2", "1B3"],
+        ["2F0", "2F1", "2F2", "2F3", "6F0", "6F1", "6F2", "6B0",
+         "6F3", "6B1", "6B2", "6B3", "2B0", "2B1", "2B2", "2B3"],
+        ["3F0", "3F1", "3F2", "3F3", "7F0", "7B0", "7F1", "7B1",
+         "7F2", "7B2", "7F3", "7B3", "3B0", "3B1", "3B2", "3B3"],
+    ]  # fmt: skip
+
+
+def test_interleaved_on_virtual_stages_reference_k2_v2_m3() -> None:
+    # M not a multiple of K (torch's flexible rounds): max(1, 3 // 2) = 1 round of 3
+    assert rows(interleaved(2, 3, 2)) == [
+        ["0F0", "0F1", "0F2", "2F0", "2F1", "2F2", "2B0", "2B1", "2B2", "0B0", "0B1", "0B2"],
+        ["1F0", "1F1", "1F2", "3F0", "3B0", "3F1", "3B1", "3F2", "3B2", "1B0", "1B1", "1B2"],
+    ]
+
+
+def test_interleaved_on_virtual_stages_with_communication_reference_k2_v2_m2() -> None:
+    # rank 1's chunk 1 sends to chunk 2 on rank 0, which sends to chunk 3 on rank 1; the
+    # last chunk receives no gradients and chunk 0 sends none
+    assert rows(add_communication(interleaved(2, 2, 2), virtual_stages=2)) == [
+        ["0F0", "0SF0", "0F1", "0SF1", "2RF0", "2F0", "2SF0", "2RF1", "2F1", "2SF1",
+         "2RB0", "2B0", "2SB0", "2RB1", "2B1", "2SB1", "0RB0", "0B0", "0RB1", "0B1"],
+        ["1RF0", "1F0", "1SF0", "1RF1", "1F1", "1SF1", "3RF0", "3F0", "3B0", "3SB0",
+         "3RF1", "3F1", "3B1", "3SB1", "1RB0", "1B0", "1SB0", "1RB1", "1B1", "1SB1"],
+    ]  # fmt: skip
+
+
+def megatron(K: int, v: int, M: int) -> Schedule:
+    """Megatron-LM's interleaved 1F1B as its paper and code state it, for M a multiple of
+    K: virtual microbatch k of a rank runs model chunk (k mod K v) // K forward (reversed
+    backward) on microbatch K (k // K v) + k mod K; rank r warms up with
+    2 (K - r - 1) + (v - 1) K forwards (at most all v M), then one forward per backward."""
+    schedule: Schedule = {}
+    for r in range(K):
+
+        def action(k: int, kind: Kind, r: int = r) -> Action:
+            chunk = (k % (K * v)) // K
+            if kind is Kind.BACKWARD:
+                chunk = v - 1 - chunk
+            return Action(r + K * chunk, kind, K * (k // (K * v)) + k % K)
+
+        warmup = min(2 * (K - r - 1) + (v - 1) * K, v * M)
+        row = [action(k, Kind.FORWARD) for k in range(warmup)]
+        for k in range(v * M - warmup):
+            row += [action(warmup + k, Kind.FORWARD), action(k, Kind.BACKWARD)]
+        schedule[r] = row + [action(k, Kind.BACKWARD) for k in range(v * M - warmup, v * M)]
+    return schedule
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6), st.integers(2, 4), st.integers(1, 4))
+def test_interleaved_on_virtual_stages_is_megatrons_where_m_is_a_multiple_of_k(
+    K: int, v: int, rounds: int
+) -> None:
+    assert interleaved(K, K * rounds, v) == megatron(K, v, K * rounds)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 6), st.integers(2, 4), st.integers(1, 16), st.booleans())
+def test_virtual_schedules_validate_and_the_last_chunk_fuses(
+    K: int, v: int, M: int, only_forward: bool
+) -> None:
+    if M % max(1, M // K):
+        with pytest.raises(ValueError, match=f"Received: K={K}, M={M}, virtual_stages={v}"):
+            build("interleaved", K, M, virtual_stages=v)
+        return
+    schedule = build("interleaved", K, M, forward_only=only_forward, virtual_stages=v)
+    validate(schedule, M, virtual_stages=v)
+    validate(add_communication(schedule, virtual_stages=v), M, virtual_stages=v)
+    last, row = K * v - 1, schedule[K - 1]
+    for m in range(M):  # the runtime runs the last chunk's backward with its forward
+        at = row.index(Action(last, Kind.FORWARD, m))
+        assert only_forward or row[at + 1] == Action(last, Kind.BACKWARD, m)
+
+
+def test_virtual_forward_only_runs_the_interleaved_forwards() -> None:
+    assert rows(forward_only(2, 4, 2)) == [
+        ["0F0", "0F1", "2F0", "2F1", "0F2", "0F3", "2F2", "2F3"],
+        ["1F0", "1F1", "3F0", "3F1", "1F2", "1F3", "3F2", "3F3"],
+    ]
+
+
+def test_virtual_stages_need_two_stages_two_chunks_and_whole_rounds() -> None:
+    assert rounds_of(2, 8, 2) == 2 and rounds_of(4, 10, 2) == 5 and rounds_of(4, 3, 2) == 3
+    with pytest.raises(ValueError, match="Received: K=1, virtual_stages=2"):
+        virtual(1, 4, 2)
+    with pytest.raises(ValueError, match="Received: K=2, virtual_stages=1"):
+        virtual(2, 4, 1)
+    with pytest.raises(
+        ValueError, match=r"a multiple of its rounds, max\(1, M // K\) = 2 .* Received: K=4, M=9"
+    ):
+        interleaved(4, 9, 2)
+
+
+@pytest.mark.parametrize("pipeline", ["simple", "zero_bubble"])
+def test_only_interleaved_runs_on_virtual_stages(pipeline: str) -> None:
+    with pytest.raises(
+        ValueError,
+        match=f"interleaved 1F1B, pipeline='interleaved'; {pipeline!r} runs one chunk per rank "
+        rf"\(virtual_stages=1\). Received: pipeline={pipeline!r}, virtual_stages=2",
+    ):
+        build(pipeline, 2, 4, virtual_stages=2)
+    with pytest.raises(ValueError, match="Received: virtual_stages=0"):
+        build("interleaved", 2, 4, virtual_stages=0)
+
+
+def test_validate_checks_every_chunk_of_a_rank() -> None:
+    with pytest.raises(ScheduleError, match=r"every action on rank 0 must have one of the chunks "
+                       r"\[0, 2\] and microbatch in \[0, 1\). Received: 1F0"):  # fmt: skip
+        validate(parse("0F0 1F0", "1F0"), 1, virtual_stages=2)
+    with pytest.raises(ScheduleError, match="stage 3 has no forward 3F0"):
+        validate(parse("0F0 2F0", "1F0"), 1, virtual_stages=2)
+    # chunk 2 on rank 0 waits for chunk 1 on rank 1, which waits for chunk 2's output
+    with pytest.raises(ScheduleError) as info:
+        validate(parse("0F0 2F0", "3F0 1F0"), 1, virtual_stages=2)
+    assert str(info.value) == (
+        "deadlock: ranks 0, 1 wait on receives that never come\n"
+        "rank 0: 0F0  0SF0 2RF0 <-- ERROR HERE (waits for 1SF0)\n"
+        "rank 1: 3RF0 <-- ERROR HERE (waits for 2SF0)"
+    )
 
 
 @settings(max_examples=60, deadline=None)

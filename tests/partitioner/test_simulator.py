@@ -15,6 +15,7 @@ from partitioner.simulator import (
     busy_seconds,
     peak_memory,
     simulate,
+    simulate_plan,
     stage_memory,
     stage_times,
 )
@@ -250,3 +251,72 @@ def test_a_split_backward_keeps_activations_and_output_gradients_until_w(
     costs = CostModel((first, LayerCost("b", 2.0, 3.0, 20, 7, 3)), bandwidth=100.0)
     result = simulate(costs, Partition((0, 1, 2)), build("zero_bubble", 2, 2), recompute=recompute)
     assert result.peak_memory == expected
+
+
+# ---- virtual stages ---------------------------------------------------------------------
+
+
+def four_chunks(shared: tuple[tuple[int, ...], ...] = ()) -> CostModel:
+    """Four layers, each a chunk on 2 stages x 2 virtual stages: F 1 s, B 2 s, a 0.5 s cut."""
+    layers = tuple(LayerCost(f"l{i}", 1.0, 2.0, 10 * (i + 1), i + 1, 50) for i in range(4))
+    return CostModel(layers, bandwidth=100.0, shared=shared)
+
+
+def test_virtual_stages_charge_a_transfer_at_every_chunk_boundary() -> None:
+    costs = four_chunks()
+    result = simulate_plan(costs, Partition((0, 1, 2, 3, 4)), 1, pipeline="interleaved",
+                           virtual_stages=2)  # fmt: skip
+    # each event's stage is its rank, each action's the chunk: 0 and 2 on rank 0
+    assert [(str(e.action), e.stage, e.start, e.end) for e in result.events] == [
+        ("0F0", 0, 0.0, 1.0), ("1F0", 1, 1.5, 2.5), ("2F0", 0, 3.0, 4.0), ("3F0", 1, 4.5, 5.5),
+        ("3B0", 1, 5.5, 7.5), ("2B0", 0, 8.0, 10.0), ("1B0", 1, 10.5, 12.5),
+        ("0B0", 0, 13.0, 15.0),
+    ]  # fmt: skip
+    # three cuts each way against one for 1F1B on two stages of two layers
+    one_chunk = simulate_plan(costs, Partition((0, 2, 4)), 1, pipeline="interleaved")
+    assert (result.step_time, one_chunk.step_time) == (15.0, 13.0)
+    assert result.busy == one_chunk.busy == (6.0, 6.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 5), st.integers(2, 4), st.integers(1, 16))
+def test_virtual_stages_divide_the_bubble_by_v(K: int, v: int, M: int) -> None:
+    # equal chunks (F 1, B 2), no transfer time: Megatron's (K - 1)(t_f + t_b) / v of bubble
+    # for a rank's t_f = v, t_b = 2 v, so a step of (v M + K - 1) 3 ticks, where M >= K
+    if M < K or M % max(1, M // K):
+        return
+    costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(K * v)))
+    partition = Partition(tuple(range(K * v + 1)))
+    result = simulate_plan(costs, partition, M, pipeline="interleaved", virtual_stages=v)
+    assert result.step_time == 3 * (v * M + K - 1)
+    assert result.bubble_fraction == pytest.approx((K - 1) / (v * M + K - 1))
+
+
+def test_a_rank_holds_its_chunks_state_and_their_microbatches_in_flight() -> None:
+    result = simulate_plan(four_chunks(), Partition((0, 1, 2, 3, 4)), 2, pipeline="interleaved",
+                           virtual_stages=2)  # fmt: skip
+    # rank 0: 0F0 0F1 2F0 2F1 2B0 ..., two microbatches of chunks 0 and 2 at 2F1; rank 1:
+    # 1F0 1F1 3F0 3B0 ..., two of chunk 1 and one of chunk 3; state: 4 x param bytes
+    assert result.peak_memory == (4 * (10 + 30) + 2 * 1 + 2 * 3, 4 * (20 + 40) + 2 * 2 + 4)
+
+
+def test_a_shared_weight_is_one_copy_per_rank_however_many_of_its_chunks_call_it() -> None:
+    partition = Partition((0, 1, 2, 3, 4))
+    plain = simulate_plan(four_chunks(), partition, 2, pipeline="interleaved", virtual_stages=2)
+    # layers 0 and 2 are chunks 0 and 2, both on rank 0: no copy, nothing to exchange
+    same = simulate_plan(four_chunks(((0, 2),)), partition, 2, pipeline="interleaved",
+                         virtual_stages=2)  # fmt: skip
+    assert (same.peak_memory, same.step_time) == (plain.peak_memory, plain.step_time)
+    # layers 0 and 1: rank 1 holds a copy of layer 0's state, and the gradients cross
+    apart = simulate_plan(four_chunks(((0, 1),)), partition, 2, pipeline="interleaved",
+                          virtual_stages=2)  # fmt: skip
+    assert apart.peak_memory == (plain.peak_memory[0], plain.peak_memory[1] + 4 * 10)
+    assert apart.step_time == pytest.approx(plain.step_time + 10 / 100.0)
+
+
+def test_the_partition_holds_k_v_chunks_for_k_rows() -> None:
+    costs, schedule = four_chunks(), build("interleaved", 2, 2, virtual_stages=2)
+    with pytest.raises(ValueError, match=r"one row per stage \(4\)\. Received: rows=2"):
+        simulate(costs, Partition((0, 1, 2, 3, 4)), schedule)
+    with pytest.raises(ValueError, match=r"\(3\) over 2 virtual stages\. Received: rows=2"):
+        simulate(costs, Partition((0, 1, 2, 4)), schedule, virtual_stages=2)

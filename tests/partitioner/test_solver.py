@@ -17,7 +17,9 @@ from partitioner.simulator import simulate
 from partitioner.solver import (
     InfeasibleError,
     Objective,
+    in_flight,
     peak_memory_estimate,
+    pending_weights,
     solve,
     solve_memory,
     solve_speed,
@@ -448,3 +450,106 @@ def test_a_copy_of_shared_weights_counts_against_the_cap_of_the_stage_holding_it
     with pytest.raises(InfeasibleError) as info:
         solve_speed(costs, 2, 4, memory_cap=16 * 2**20 - 1)
     assert info.value.smallest_cap == 16 * 2**20  # (0, 2, 4) and (0, 3, 4) both need it
+
+
+# ---- virtual stages ---------------------------------------------------------------------
+
+
+@st.composite
+def virtual_problems(draw: st.DrawFn) -> tuple[CostModel, int, int, int]:
+    """(costs, K, M, v) with K v <= L and M a whole number of rounds."""
+    costs = draw(cost_models(max_layers=9).filter(lambda c: c.num_layers >= 4))
+    K = draw(st.integers(2, costs.num_layers // 2))
+    v = draw(st.integers(2, costs.num_layers // K))
+    M = draw(st.integers(1, 8).filter(lambda M: M % max(1, M // K) == 0))
+    return costs, K, M, v
+
+
+def test_chunks_in_flight_are_counted_on_the_schedule() -> None:
+    # rank 0: 0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 ..., rank 1: 1F0 1F1 3F0 3B0 3F1 ...
+    assert in_flight("interleaved", 2, 4, virtual_stages=2) == (4, 3, 2, 1)
+    assert pending_weights("interleaved", 2, 4, virtual_stages=2) == (0, 0, 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(virtual_problems())
+def test_uncapped_chunks_are_the_fastest_cut_into_k_v_parts(
+    problem: tuple[CostModel, int, int, int],
+) -> None:
+    costs, K, M, v = problem
+    found = solve_speed(costs, K, M, virtual_stages=v)
+    assert found == solve_speed(costs, K * v, M)
+    best = min(step_time_estimate(costs, p, M) for p in all_partitions(costs.num_layers, K * v))
+    assert same(step_time_estimate(costs, found, M), best)
+
+
+@settings(max_examples=60, deadline=None)
+@given(virtual_problems(), st.floats(0.5, 1.5), st.booleans())
+def test_chunks_under_a_cap_fit_it_on_every_rank(
+    problem: tuple[CostModel, int, int, int], scale: float, recompute: bool
+) -> None:
+    costs, K, M, v = problem
+    fastest = solve_speed(costs, K, M, virtual_stages=v)
+    ranks = peak_memory_estimate(
+        costs, fastest, M, pipeline="interleaved", recompute=False, virtual_stages=v
+    )
+    cap = int(max(ranks) * scale)
+    optimize = "memory" if recompute else "speed"
+    try:
+        found = solve(costs, K, M, optimize=optimize, memory_cap=cap, virtual_stages=v)
+    except InfeasibleError as error:
+        assert error.smallest_cap > cap
+        return
+    peaks = peak_memory_estimate(
+        costs, found, M, pipeline="interleaved", recompute=recompute, virtual_stages=v
+    )
+    assert max(peaks) <= cap
+    if not recompute and max(ranks) <= cap:  # the fastest fits: it is kept
+        assert found == fastest
+
+
+@settings(max_examples=60, deadline=None)
+@given(virtual_problems(), st.booleans())
+def test_peak_memory_estimate_on_virtual_stages_equals_the_simulator(
+    problem: tuple[CostModel, int, int, int], recompute: bool
+) -> None:
+    costs, K, M, v = problem
+    partition = next(all_partitions(costs.num_layers, K * v))
+    schedule = build("interleaved", K, M, virtual_stages=v)
+    simulated = simulate(costs, partition, schedule, recompute=recompute, virtual_stages=v)
+    assert simulated.peak_memory == peak_memory_estimate(
+        costs, partition, M, pipeline="interleaved", recompute=recompute, virtual_stages=v
+    )
+    assert len(simulated.peak_memory) == K
+
+
+def test_an_infeasible_cap_on_virtual_stages_says_how_chunks_were_capped() -> None:
+    layers = tuple(LayerCost(f"l{i}", 1.0, 1.0, 2**20, 0, 0) for i in range(4))
+    costs = CostModel(layers)  # 4 MiB of state per layer: 8 MiB a rank, whatever the cut
+    assert solve_speed(costs, 2, 4, memory_cap=8 * 2**20, virtual_stages=2).bounds == (
+        0, 1, 2, 3, 4
+    )  # fmt: skip
+    with pytest.raises(InfeasibleError) as info:
+        solve_speed(costs, 2, 4, memory_cap=7 * 2**20, virtual_stages=2)
+    assert str(info.value) == (
+        "no partition into 2 stages x 2 virtual stages fits the memory cap; with each chunk "
+        "given 1/2 of the cap, the smallest cap that fits is 8388608 bytes (8.00 MiB). "
+        "Received: memory_cap=7340032 (7.00 MiB)"
+    )
+
+
+def test_virtual_stages_need_k_v_layers_and_no_objective() -> None:
+    with pytest.raises(ValueError) as info:
+        solve_speed(chain([1.0, 1.0, 1.0]), 2, 2, virtual_stages=2)
+    assert str(info.value) == (
+        "too few layers to split into partitions (layers: 3, partitions: 2 x virtual_stages: "
+        "2 = 4 chunks)"
+    )
+    with pytest.raises(ValueError) as info:
+        solve_speed(chain([1.0] * 4), 2, 2, virtual_stages=2, objective=lambda p: 0.0)
+    assert str(info.value) == (
+        "an objective (work of its own on stage 0) is planned for one chunk per rank: solve "
+        "with virtual_stages=1, or without it. Received: virtual_stages=2 with an objective"
+    )
+    with pytest.raises(ValueError, match="Received: pipeline='simple', virtual_stages=2"):
+        solve(chain([1.0] * 4), 2, 2, pipeline="simple", virtual_stages=2)

@@ -92,6 +92,21 @@ def test_chrome_trace_has_one_track_per_stage_and_names_actions_without_the_stag
     assert [r["name"] for r in plain][3:5] == ["F0", "B0"]
 
 
+def test_a_trace_of_virtual_stages_names_each_chunk_and_fuses_the_last_one_only(
+    tmp_path: Path,
+) -> None:
+    costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(4)))
+    schedule = build("interleaved", 2, 2, virtual_stages=2)
+    result = simulate(costs, Partition((0, 1, 2, 3, 4)), schedule, virtual_stages=2)
+    records = chrome_trace(result.events, 2, fused_last=True)
+    names = {(r["tid"], r["name"]) for r in records}
+    # stage 1 runs chunks 1 and 3: only the last chunk's forward ran its backward
+    assert {(1, "1F0"), (1, "1B0"), (1, "3F0+B0 (fused)"), (1, "3B0 (done in F0+B0)")} <= names
+    assert (0, "2F1") in names and (0, "0B1") in names
+    draw_timeline(result, tmp_path / "virtual.png", "K=2, v=2, M=2")
+    assert (tmp_path / "virtual.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_forward_only_steps_are_not_labelled_fused() -> None:
     records = chrome_trace(events(("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0)), 1, fused_last=True)
     assert [r["name"] for r in records] == ["F0", "F1"]

@@ -78,3 +78,62 @@ def test_a_missed_target_says_so(bench: ModuleType) -> None:
     text = bench.render(slow, META, bench.Settings())
     assert "median of the rounds: 0.990 (missed: target at most 0.95)" in text
     assert "6.1% off (missed: target within 3%)" in text
+
+
+def with_virtual(base: dict[str, object]) -> dict[str, object]:
+    """raw() with interleaved on 2 virtual stages in every round."""
+    steps = [(0.094, 0.0855, [44.0, 26.0]), (0.097, 0.0846, [46.0, 26.0]),
+             (0.090, 0.0864, [44.0, 26.0])]  # fmt: skip
+    for r, (step, predicted, peaks) in zip(base["rounds"], steps, strict=True):  # type: ignore[call-overload]
+        r["interleaved/2"] = job(step, predicted, peaks) | {"bounds": [0, 2, 4, 6, 8]}
+    return base
+
+
+def test_virtual_stages_are_paired_with_interleaved_in_the_same_rounds(
+    bench: ModuleType,
+) -> None:
+    text = bench.render(with_virtual(raw()), META, bench.Settings())
+    assert "median of the rounds: 0.941 (met: target at most 0.95)" in text  # zero_bubble's
+    assert "the chain cut into 4 chunks, stage s running chunks s and s + 2, bounds " in text
+    # ratios 0.94, 0.951, 0.90: the median is round 0's; predicted 0.95, 0.94, 0.96
+    assert "| 0 | 100.0 | 94.0 | 0.940 | 0.950 | 40 | 44 |" in text
+    assert "| 1 | 102.0 | 97.0 | 0.951 | 0.940 | 40 | 46 |" in text
+    assert (
+        "interleaved on 2 virtual stages over interleaved, median of the rounds: 0.940; the "
+        "simulator predicted 0.950, 1.1% off; peak step memory over interleaved's: 1.100."
+    ) in text
+
+
+def test_a_run_of_interleaved_and_virtual_stages_alone_renders_their_section_only(
+    bench: ModuleType,
+) -> None:
+    alone = with_virtual(raw())
+    alone["split"] = None
+    for r in alone["rounds"]:  # type: ignore[attr-defined]
+        del r["zero_bubble"]
+    settings = bench.Settings(schedules=("interleaved", "interleaved/2"))
+    text = bench.render(alone, META, settings)
+    assert "virtual stages over interleaved, median of the rounds: 0.940" in text
+    assert "zero_bubble" not in text and "split backward" not in text
+
+
+def test_schedules_name_the_pipeline_and_its_virtual_stages(bench: ModuleType) -> None:
+    assert bench.schedule_config("interleaved/2") == {"pipeline": "interleaved",
+                                                      "virtual_stages": 2}  # fmt: skip
+    assert bench.schedule_config("zero_bubble") == {"pipeline": "zero_bubble"}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--schedules", "zero_bubble,interleaved/2", "--no-docs"],
+         "Received: --schedules zero_bubble,interleaved/2"),
+        (["--schedules", "interleaved,interleaved/2"], "needs --no-docs"),
+    ],
+)  # fmt: skip
+def test_a_subset_of_schedules_needs_interleaved_and_leaves_the_docs(
+    bench: ModuleType, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert message in capsys.readouterr().err

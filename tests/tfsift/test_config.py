@@ -51,6 +51,39 @@ def test_unknown_key_lists_the_allowed_keys() -> None:
             "default_partition must be < partitions=2. Received: default_partition=2",
         ),
         ({"horovod": "yes"}, "horovod must be true or false. Received: horovod='yes'"),
+        (
+            {"partitions": 2, "pipeline": "zero_bubble", "virtual_stages": 2},
+            "virtual_stages > 1 runs Megatron-LM's interleaved 1F1B: use "
+            "pipeline='interleaved' with virtual_stages, or pipeline='zero_bubble' with "
+            "virtual_stages=1 (ZB-V, a zero-bubble schedule on virtual stages, is not "
+            "supported). Received: pipeline='zero_bubble', virtual_stages=2",
+        ),
+        (
+            {"partitions": 2, "pipeline": "simple", "virtual_stages": 2},
+            "virtual_stages > 1 runs Megatron-LM's interleaved 1F1B: use "
+            "pipeline='interleaved' with virtual_stages, or pipeline='simple' with "
+            "virtual_stages=1. Received: pipeline='simple', virtual_stages=2",
+        ),
+        (
+            {"virtual_stages": 2},
+            "virtual_stages > 1 interleaves model chunks over two or more stages: set "
+            "partitions >= 2, or virtual_stages=1. Received: partitions=1, virtual_stages=2",
+        ),
+        (
+            {"partitions": 4, "microbatches": 9, "virtual_stages": 2},
+            "with virtual_stages > 1, microbatches must be a multiple of max(1, microbatches "
+            "// partitions) = 2, the rounds in which each chunk takes them (a multiple of "
+            "partitions always is). Received: partitions=4, microbatches=9, virtual_stages=2",
+        ),
+        (
+            {"virtual_stages": 0},
+            "virtual_stages must be an integer >= 1. Received: virtual_stages=0",
+        ),
+        (
+            {"partitions": 2, "virtual_stages": 2, "default_partition": 4},
+            "default_partition must be < partitions x virtual_stages=4. "
+            "Received: default_partition=4",
+        ),
     ],
 )
 def test_bad_values_name_the_constraint_and_the_value(
@@ -59,6 +92,13 @@ def test_bad_values_name_the_constraint_and_the_value(
     with pytest.raises(ValueError) as err:
         Config.from_dict(values)
     assert str(err.value) == message
+
+
+def test_virtual_stages_are_unset_by_default_and_interleave_or_leave_auto_to_choose() -> None:
+    assert Config().virtual_stages is None  # 1, or with pipeline="auto" the plan's choice
+    assert Config(partitions=2, microbatches=3, virtual_stages=2).virtual_stages == 2
+    assert Config(partitions=4, microbatches=2, pipeline="auto", virtual_stages=2)
+    assert Config(partitions=1, pipeline="zero_bubble", virtual_stages=1)  # one chunk: any
 
 
 def test_memory_cap_accepts_human_units() -> None:

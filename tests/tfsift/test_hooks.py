@@ -51,7 +51,7 @@ def test_the_planner_reads_the_reservation_when_it_cuts_the_model(monkeypatch: A
 
     def plan_bounds(graph: Any, *args: Any, reservation: Any = None, **kwargs: Any) -> Any:
         seen.append(reservation)
-        return (0, len(graph)), False, "interleaved"
+        return (0, len(graph)), False, "interleaved", 1
 
     monkeypatch.setattr(model_module, "plan_bounds", plan_bounds)
     net = Chain()

@@ -28,6 +28,53 @@ ON_FOUR_STAGES = mpi.FOUR_STAGES.scenario(
 )  # fmt: skip
 
 
+# virtual stages: 2 chunks a stage, for the models of 4 nodes or more (2 x 2 chunks) and of
+# 8 or more (4 x 2), both modes; the tied layer's calls fall on one stage (one copy, its
+# chunks' gradients added) or on two (a copy each, exchanged), as the solver cuts it
+VIRTUAL_MODELS = "resnet_bn,encoder,custom,recurrent,shared"
+VIRTUAL = {
+    2: mpi.TWO_STAGES.scenario(
+        "zoo_check.py", "2", VIRTUAL_MODELS, "interleaved/2", "speed,memory", "all", timeout=600
+    ),
+    4: mpi.FOUR_STAGES.scenario(
+        "zoo_check.py", "4", "resnet_bn,encoder", "interleaved/2", "speed,memory", "all",
+        timeout=600,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "K",
+    [
+        pytest.param(2, marks=mpi.TWO_STAGES.mark),
+        pytest.param(4, marks=mpi.FOUR_STAGES.mark),
+    ],
+)
+def test_model_zoo_on_virtual_stages_matches_too(K: int) -> None:
+    reports = VIRTUAL[K]()
+    models = {2: VIRTUAL_MODELS, 4: "resnet_bn,encoder"}[K].split(",")
+    assert sorted(reports) == list(range(K))
+    own: dict[tuple[str, str], int] = {}
+    for rank, rep in reports.items():
+        configs = sorted((r["model"], r["config"]) for r in rep["results"])
+        assert configs == sorted(
+            (m, f"K={K} interleaved/2 {o}") for m in models for o in ("speed", "memory")
+        )
+        for result in rep["results"]:
+            assert "error" not in result, (rank, result)
+            assert result["chunks"] == [rank, rank + K], (rank, result)
+            assert result["grad_error"] < 1e-5, (rank, result)
+            assert result["state_error"] < 1e-5, (rank, result)
+            assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
+            key = (result["model"], result["config"])
+            own[key] = own.get(key, 0) + result["num_grads"] - result["copies"]
+            # a tie joins stages, never the two chunks of one stage
+            assert all(len(set(g)) == len(g) > 1 for g in result["tied_stages"]), result
+    totals = {r["model"]: r["total_grads"] for rep in reports.values() for r in rep["results"]}
+    for (model, _), count in own.items():
+        assert count == totals[model]  # the stages' variables partition the model's
+
+
 # the zero-bubble schedule, which splits stage 1's backward node by node into B and W
 ZERO_BUBBLE = mpi.TWO_STAGES.scenario(
     "zoo_check.py", "2", MODELS, "zero_bubble", "speed", "all", timeout=600

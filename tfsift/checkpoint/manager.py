@@ -241,12 +241,14 @@ class CheckpointManager:
         weights.assign(keyed, ckpt.values("weights-", [k for k, _ in keyed]), source)
         if self.optimizer is not None:
             _load_optimizer(self.optimizer, weights.trainable(self.model, part), ckpt)
-        if (m.replicas, m.partitions) != (rt.topology.replicas, rt.topology.partitions):
+        saved = (m.replicas, m.partitions, (len(m.bounds) - 1) // m.partitions)
+        if saved != (rt.topology.replicas, rt.topology.partitions, part.virtual_stages):
+            # a rank's variables differ with its chunks too (virtual stages)
             sift = None if self.sifter is None else relayout.sift_state(ckpt, m.replicas, rt)
             if self.sifter is not None and sift is not None:
                 self.sifter.load_state(sift)
             if rt.rank == 0:
-                _warn_other_layout(source, m, rt, sift is not None)
+                _warn_other_layout(source, m, rt, part.virtual_stages, sift is not None)
             return
         state = codec.unpack(ckpt.arrays(state_file(rt.replica, rt.stage)))
         weights.assign(weights.local(self.model, part), state["variables"], source)
@@ -255,7 +257,8 @@ class CheckpointManager:
             self.sifter.load_state(state["sift"])
 
 
-def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime, sifted: bool) -> None:
+def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime, v: int, sifted: bool) -> None:
+    saved_v = (len(m.bounds) - 1) // m.partitions
     sifting = (
         "the sifting state of the dataset sifted by row carries over (tfsift.checkpoint."
         "relayout); the random-generator states start afresh"
@@ -263,14 +266,16 @@ def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime, sifted: bo
         else "the sifting and random-generator states start afresh"
     )
     log.warning(
-        "%s was saved with %d replica(s) x %d stage(s) and is restored into %d x %d: "
+        "%s was saved with %d replica(s) x %d stage(s)%s and is restored into %d x %d%s: "
         "every replica takes replica 0's variables (BatchNorm statistics included) and "
         "optimizer state; %s",
         source,
         m.replicas,
         m.partitions,
+        f" x {saved_v} virtual stages" if saved_v > 1 or v > 1 else "",
         rt.topology.replicas,
         rt.topology.partitions,
+        f" x {v} virtual stages" if saved_v > 1 or v > 1 else "",
         sifting,
     )
 

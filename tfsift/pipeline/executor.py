@@ -11,7 +11,10 @@ zero-bubble schedule's W runs the weight gradients of a backward split into B an
 (``tfsift.pipeline.split``) where the stage splits it, and nothing elsewhere. On
 stage 0 of a longer pipeline the step function runs only until the model is called,
 to learn the model input. A lone stage (K = 1) sends and receives nothing, so one call
-of the head runs all of a step's microbatches instead of the actions.
+of the head runs all of a step's microbatches instead of the actions. With virtual
+stages an action names the chunk it runs: what a microbatch leaves between actions is
+kept per (chunk, microbatch), each chunk sums its own gradients, and the rank's are
+combined from them at the end of the step (``tfsift.pipeline.chunks``).
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from keras import tree
 from partitioner.schedule import Action, Kind
 from tfsift import hooks
 from tfsift.parallel.comm import BACKWARD, CHECK, FORWARD
-from tfsift.pipeline.plan import Spec, StepPlan
+from tfsift.pipeline.plan import Chunk, Spec, StepPlan
 from tfsift.pipeline.split import Kept, Pending
 from tfsift.pipeline.stage import Saved
 
 Microbatch = tuple[tuple[Any, ...], dict[str, Any]]
 FINGERPRINT = 4  # the values of a microbatch's fingerprint (``fingerprint``)
 Timed = list[tuple[Action, float, float]]
+Key = tuple[int, int]  # (chunk, microbatch)
 
 
 @dataclasses.dataclass
@@ -59,14 +63,15 @@ class Executor:
         self, plan: StepPlan, fn: Callable[..., Any], microbatches: Sequence[Microbatch]
     ) -> None:
         self.plan, self.fn, self.microbatches = plan, fn, microbatches
-        self.inputs: dict[int, list[tf.Tensor]] = {}
-        self.outputs: dict[int, list[tf.Tensor]] = {}
-        self.saved: dict[int, Saved | None] = {}
-        self.kept: dict[int, Kept] = {}  # a split backward's F, for its B
-        self.pending: dict[int, Pending] = {}  # a split backward's B, for its W
-        self.out_grads: dict[int, list[tf.Tensor]] = {}
-        self.in_grads: dict[int, list[tf.Tensor]] = {}
-        self.grad_sum: list[tf.Tensor] | None = None  # summed as backwards finish: no M copies
+        self.inputs: dict[Key, list[tf.Tensor]] = {}
+        self.outputs: dict[Key, list[tf.Tensor]] = {}
+        self.saved: dict[Key, Saved | None] = {}
+        self.kept: dict[Key, Kept] = {}  # a split backward's F, for its B
+        self.pending: dict[Key, Pending] = {}  # a split backward's B, for its W
+        self.out_grads: dict[Key, list[tf.Tensor]] = {}
+        self.in_grads: dict[Key, list[tf.Tensor]] = {}
+        # per chunk, summed as backwards finish: no M copies
+        self.grad_sums: dict[int, list[tf.Tensor] | None] = {}
         self.fused: set[int] = set()  # last stage: microbatches whose backward is done
         self.results: dict[int, Any] = {}
         self._fingerprints: dict[int, np.ndarray] = {}
@@ -82,13 +87,15 @@ class Executor:
             start = time.perf_counter()
             # Look the handler up per action: a dict of bound methods on self would make a
             # reference cycle that keeps every step's tensors alive until a full GC.
-            getattr(self, _HANDLERS[action.kind])(action.microbatch)
+            getattr(self, _HANDLERS[action.kind])(self.plan.chunk(action.stage), action.microbatch)
             if timed is not None:
                 timed.append((action, start, time.perf_counter()))
         self.plan.comm.wait()
+        combine = self.plan.combine
+        grad_sum = self.grad_sums.get(self.plan.s) if combine is None else combine(self.grad_sums)
         if not self.plan.last:
-            return StepResult(None, self.grad_sum)
-        return StepResult([self.results[m] for m in range(len(self.microbatches))], self.grad_sum)
+            return StepResult(None, grad_sum)
+        return StepResult([self.results[m] for m in range(len(self.microbatches))], grad_sum)
 
     def _run_all(self, timed: Timed | None) -> StepResult:
         """One stage: every microbatch in one call of the head (nothing to send or
@@ -108,71 +115,78 @@ class Executor:
                 at += took
         return StepResult(done.results, done.grad_sum, done.grad_mean)
 
-    def stage_forward(self, m: int, inputs: list[tf.Tensor]) -> None:
-        """Runs the stage on microbatch ``m``, keeping what its backward needs."""
-        plan = self.plan
-        if plan.split is not None:
-            self.outputs[m], self.kept[m] = plan.split.forward(inputs, plan.training)
+    def stage_forward(self, chunk: Chunk, m: int, inputs: list[tf.Tensor]) -> None:
+        """Runs the chunk on microbatch ``m``, keeping what its backward needs."""
+        plan, key = self.plan, (chunk.index, m)
+        if chunk.split is not None:
+            self.outputs[key], self.kept[key] = chunk.split.forward(inputs, plan.training)
             return
-        self.outputs[m], self.saved[m] = plan.stage.forward(
+        self.outputs[key], self.saved[key] = chunk.stage.forward(
             inputs, plan.training, keep=plan.backward
         )
 
-    def stage_backward(self, m: int) -> None:
+    def stage_backward(self, chunk: Chunk, m: int) -> None:
         """Backward of microbatch ``m`` from the received output gradients (only the input
         gradients where the stage splits its backward)."""
-        split = self.plan.split
+        split, key = chunk.split, (chunk.index, m)
         if split is not None:
-            grads = self.out_grads.pop(m)
-            self.in_grads[m], self.pending[m] = split.backward_input(self.kept.pop(m), grads)
+            grads = self.out_grads.pop(key)
+            self.in_grads[key], self.pending[key] = split.backward_input(self.kept.pop(key), grads)
             return
-        saved = self.saved.pop(m)
+        saved = self.saved.pop(key)
         assert saved is not None
-        self.grad_sum, self.in_grads[m] = self.plan.stage.backward(
-            saved, self.out_grads.pop(m), self.grad_sum
+        self.grad_sums[chunk.index], self.in_grads[key] = chunk.stage.backward(
+            saved, self.out_grads.pop(key), self.grad_sums.get(chunk.index)
         )
-        self.outputs.pop(m, None)
+        self.outputs.pop(key, None)
 
-    def stage_weights(self, m: int) -> None:
+    def stage_weights(self, chunk: Chunk, m: int) -> None:
         """W of microbatch ``m``: its weight gradients, added to the sum, where the stage
         splits its backward; nothing where its B ran the whole backward."""
-        split = self.plan.split
+        split, c = chunk.split, chunk.index
         if split is not None:  # KeyError if the schedule runs W before B
-            self.grad_sum = split.backward_weights(self.pending.pop(m), self.grad_sum)
+            self.grad_sums[c] = split.backward_weights(
+                self.pending.pop((c, m)), self.grad_sums.get(c)
+            )
 
-    def _forward(self, m: int) -> None:
-        self.plan.role.forward(self, m)
+    def _forward(self, chunk: Chunk, m: int) -> None:
+        chunk.role.forward(self, chunk, m)
 
-    def _backward(self, m: int) -> None:
-        self.plan.role.backward(self, m)
+    def _backward(self, chunk: Chunk, m: int) -> None:
+        chunk.role.backward(self, chunk, m)
 
-    def _weights(self, m: int) -> None:
-        self.stage_weights(m)
+    def _weights(self, chunk: Chunk, m: int) -> None:
+        self.stage_weights(chunk, m)
 
-    def _send_forward(self, m: int) -> None:
-        self.plan.comm.send([self._fingerprint(m)], self.plan.s + 1, CHECK, m)
-        self.plan.comm.send(self.outputs[m], self.plan.s + 1, FORWARD, m)
-        if self.plan.stage.recompute or not self.plan.backward or self.plan.split is not None:
-            self.outputs.pop(m)
+    def _send_forward(self, chunk: Chunk, m: int) -> None:
+        key, dest = (chunk.index, m), self.plan.rank_of(chunk.index + 1)
+        self.plan.comm.send([self._fingerprint(m)], dest, CHECK, m)
+        self.plan.comm.send(self.outputs[key], dest, FORWARD, m)
+        if chunk.stage.recompute or not self.plan.backward or chunk.split is not None:
+            self.outputs.pop(key)
 
-    def _recv_forward(self, m: int) -> None:
-        spec = ((FINGERPRINT,), tf.float64)
-        (theirs,) = self.plan.comm.recv_arrays([spec], self.plan.s - 1, CHECK, m)
+    def _recv_forward(self, chunk: Chunk, m: int) -> None:
+        # Messages between two ranks for one microbatch but different chunks share a tag:
+        # MPI keeps their order, and both ranks run the chunks of a microbatch in order.
+        c, source = chunk.index, self.plan.rank_of(chunk.index - 1)
+        (theirs,) = self.plan.comm.recv_arrays([((FINGERPRINT,), tf.float64)], source, CHECK, m)
         mine = self._fingerprint(m)
         if not np.array_equal(theirs, mine, equal_nan=True):
-            raise RuntimeError(mismatch_message(self.plan.s, m, theirs, mine))
-        specs = self._shapes(self.plan.in_specs, m)
-        self.inputs[m] = self.plan.comm.recv(specs, self.plan.s - 1, FORWARD, m)
+            raise RuntimeError(mismatch_message(c, m, theirs, mine))
+        specs = self._shapes(chunk.in_specs, m)
+        self.inputs[c, m] = self.plan.comm.recv(specs, source, FORWARD, m)
 
-    def _send_backward(self, m: int) -> None:
-        self.plan.comm.send(self.in_grads.pop(m), self.plan.s - 1, BACKWARD, m)
+    def _send_backward(self, chunk: Chunk, m: int) -> None:
+        dest = self.plan.rank_of(chunk.index - 1)
+        self.plan.comm.send(self.in_grads.pop((chunk.index, m)), dest, BACKWARD, m)
 
-    def _recv_backward(self, m: int) -> None:
-        specs = self._shapes(self.plan.grad_specs, m)
+    def _recv_backward(self, chunk: Chunk, m: int) -> None:
+        specs = self._shapes(chunk.grad_specs, m)
+        source = self.plan.rank_of(chunk.index + 1)
         # Stage 0 waits for gradients from the later stages: work offered for those waits
         # (tfsift.hooks; sifting's early exit with overlap scores its next round) runs then.
         idle = hooks.stage0_wait() if self.plan.s == 0 else None
-        self.out_grads[m] = self.plan.comm.recv(specs, self.plan.s + 1, BACKWARD, m, idle=idle)
+        self.out_grads[chunk.index, m] = self.plan.comm.recv(specs, source, BACKWARD, m, idle=idle)
 
     def _fingerprint(self, m: int) -> np.ndarray:
         if m not in self._fingerprints:

@@ -91,9 +91,13 @@ class Head:
         training: bool,
         compile: bool = True,
         split: SplitBackward | None = None,
+        requested: Sequence[Any] | None = None,
     ) -> None:
         self.stage, self.fn, self.output_structure = stage, fn, output_structure
         self.split = split
+        # what tfsift.gradients must be given: the rank's variables (``model.
+        # trainable_variables``), which with virtual stages span more chunks than this one
+        self.requested = list(stage.variables if requested is None else requested)
         self.backward, self.training = backward, training
         self.compiled = compile
         self._tried = not compile
@@ -234,7 +238,7 @@ class Head:
             previous = flats[-1]
             if tape is not None:
                 request = single_request(ctx.requests)
-                check_request(request, stage.variables)
+                check_request(request, self.requested)
                 if layout is not None:
                     grads, in_grads, kept = _split_backward(
                         tape, request.loss, layout, split[1:], grad_sum

@@ -6,13 +6,15 @@ rank, the tensor specs of the stage's messages, the communicator and the last
 stage's head. Every later call reads that one immutable object; a call made after
 ``tfsift.init`` changed the configuration, or with arguments of another structure,
 is refused with a message saying which value changed, instead of running a stale
-schedule into the executor.
+schedule into the executor. With virtual stages a rank runs v chunks: the plan holds
+one ``Chunk`` (stage, role, message specs, head, split backward) per chunk, and the
+schedule's actions name the chunk they run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,29 +38,54 @@ Spec = tuple[tuple[int, ...], Any]
 
 
 @dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One stage of the model this rank runs (with virtual stages, one of its chunks).
+
+    Args:
+        stage: the stage (chunk c of the model).
+        role: what a forward and a backward action mean on it (first, middle, last).
+        in_specs: (shape without batch, dtype) of each tensor it receives forward.
+        grad_specs: the same for each gradient it receives backward (float outputs only).
+        head: the last stage's fused step-function call (None on other stages).
+        split: its backward as B and W, where the schedule splits it
+            (``partitioner.schedule.splits_stage``); None elsewhere.
+    """
+
+    stage: Stage
+    role: Role
+    in_specs: tuple[Spec, ...]
+    grad_specs: tuple[Spec, ...]
+    head: Head | None = None
+    split: SplitBackward | None = None
+
+    @property
+    def index(self) -> int:
+        """c, its index among the model's stages (chunks)."""
+        return self.stage.index
+
+
+@dataclasses.dataclass(frozen=True)
 class StepPlan:
     """What every call of one step function runs on this rank (letters: K stages, M
-    microbatches, s this rank's stage).
+    microbatches, s this rank's stage, v virtual stages).
 
     Args:
         K, M, pipeline, optimize: the configuration the plan was made for.
         model: the ``DistributedModel`` the step function calls.
-        stage: this rank's stage s of the model.
-        role: what a forward and a backward action mean on stage s (first, middle, last).
-        actions: stage s's actions of the schedule, communication included.
-        in_specs: (shape without batch, dtype) of each tensor stage s receives forward.
-        grad_specs: the same for each gradient it receives backward (float outputs only).
+        chunks: the stages this rank runs: stage s, or with virtual stages chunks s,
+            s + K, ..., in that order.
+        actions: this rank's actions of the schedule, communication included (each names
+            the chunk it runs).
         output_structure: the nesting of the model call's outputs.
         comm: point-to-point messages along this rank's pipeline.
-        head: the last stage's fused step-function call (None on other stages).
         backward: the function calls ``tfsift.gradients`` (a training step).
         training: the model is called with ``training=True``.
         arguments: the structure of the arguments the plan was made for.
         runtime: the ``tfsift.init`` this plan belongs to.
         shared: the metrics the function updates, shared along the pipeline after a step.
         tied: the weights this stage shares with others, whose gradients are summed.
-        split: stage s's backward as B and W, where the schedule splits it
-            (``partitioner.schedule.splits_stage``); None elsewhere.
+        combine: the rank's gradients (``model.trainable_variables``) from each chunk's
+            gradient sum, by chunk index (``Chunks.combine``); None: the one chunk's.
     """
 
     K: int
@@ -66,31 +93,40 @@ class StepPlan:
     pipeline: str
     optimize: str
     model: DistributedModel
-    stage: Stage
-    role: Role
+    chunks: tuple[Chunk, ...]
     actions: tuple[Action, ...]
-    in_specs: tuple[Spec, ...]
-    grad_specs: tuple[Spec, ...]
     output_structure: Any
     comm: PipeComm
-    head: Head | None
     backward: bool
     training: bool
     arguments: str
     runtime: Runtime
     shared: SharedMetrics = NONE
     tied: TiedWeights = dataclasses.field(default_factory=TiedWeights)
-    split: SplitBackward | None = None
+    combine: Callable[[dict[int, list[tf.Tensor] | None]], list[tf.Tensor] | None] | None = None
 
     @property
     def s(self) -> int:
-        """This rank's stage index."""
-        return self.stage.index
+        """This rank's stage index (its first chunk's)."""
+        return self.chunks[0].index
 
     @property
     def last(self) -> bool:
         """Whether this rank holds the last stage (which runs the step function's head)."""
-        return self.stage.index == self.K - 1
+        return self.s == self.K - 1
+
+    @property
+    def head(self) -> Head | None:
+        """The step function's head, on the last stage's rank (its last chunk's)."""
+        return self.chunks[-1].head
+
+    def chunk(self, c: int) -> Chunk:
+        """The chunk of model stage ``c`` (one this rank runs)."""
+        return self.chunks[(c - self.s) // self.K]
+
+    def rank_of(self, c: int) -> int:
+        """The stage (rank of the pipeline) that runs model stage (chunk) ``c``."""
+        return c % self.K
 
     def check(self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Refuses a call this plan cannot run.

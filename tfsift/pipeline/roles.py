@@ -16,6 +16,10 @@ where a forward's inputs come from and where a backward's gradients go:
 A W action (the weight gradients of a split backward) means the same on every stage and
 needs no role: the executor runs it where the stage split its backward.
 
+With virtual stages a rank runs several chunks, each with the role of its index among
+the K v chunks (a rank's chunk K - 1 is a middle stage, sending to chunk K on rank 0);
+every method is given the chunk its action runs.
+
 Roles hold no state (the executor does), so one role object serves every step.
 """
 
@@ -30,57 +34,58 @@ from tfsift.pipeline import context
 
 if TYPE_CHECKING:
     from tfsift.pipeline.executor import Executor
+    from tfsift.pipeline.plan import Chunk
 
 
 class Role(Protocol):
     """Stage-specific meaning of the schedule's F and B actions."""
 
-    def forward(self, ex: Executor, m: int) -> None: ...
+    def forward(self, ex: Executor, chunk: Chunk, m: int) -> None: ...
 
-    def backward(self, ex: Executor, m: int) -> None: ...
+    def backward(self, ex: Executor, chunk: Chunk, m: int) -> None: ...
 
 
 class FirstStage:
     """Stage 0 of a pipeline of two or more stages."""
 
-    def forward(self, ex: Executor, m: int) -> None:
-        ex.stage_forward(m, model_input(ex, m))
+    def forward(self, ex: Executor, chunk: Chunk, m: int) -> None:
+        ex.stage_forward(chunk, m, model_input(ex, m))
 
-    def backward(self, ex: Executor, m: int) -> None:
-        ex.stage_backward(m)
+    def backward(self, ex: Executor, chunk: Chunk, m: int) -> None:
+        ex.stage_backward(chunk, m)
 
 
 class MiddleStage:
     """A stage that receives activations and sends them on."""
 
-    def forward(self, ex: Executor, m: int) -> None:
-        ex.stage_forward(m, ex.inputs.pop(m))
+    def forward(self, ex: Executor, chunk: Chunk, m: int) -> None:
+        ex.stage_forward(chunk, m, ex.inputs.pop((chunk.index, m)))
 
-    def backward(self, ex: Executor, m: int) -> None:
-        ex.stage_backward(m)
+    def backward(self, ex: Executor, chunk: Chunk, m: int) -> None:
+        ex.stage_backward(chunk, m)
 
 
 class LastStage:
     """The stage that runs the step function's head, one microbatch an action."""
 
-    def forward(self, ex: Executor, m: int) -> None:
-        head = ex.plan.head
+    def forward(self, ex: Executor, chunk: Chunk, m: int) -> None:
+        head, c = chunk.head, chunk.index
         assert head is not None, "the last stage runs the step function's head"
-        inputs = [] if ex.plan.s == 0 else ex.inputs.pop(m)
-        done = head(inputs, ex.microbatches[m], ex.grad_sum)
+        inputs = [] if c == 0 else ex.inputs.pop((c, m))
+        done = head(inputs, ex.microbatches[m], ex.grad_sums.get(c))
         ex.results[m] = done.results
         if ex.plan.backward:
-            ex.grad_sum, ex.in_grads[m] = done.grad_sum, done.in_grads
+            ex.grad_sums[c], ex.in_grads[c, m] = done.grad_sum, done.in_grads
             ex.fused.add(m)
             if done.pending is not None:  # a split backward: W comes later
-                ex.pending[m] = done.pending
+                ex.pending[c, m] = done.pending
 
-    def backward(self, ex: Executor, m: int) -> None:
+    def backward(self, ex: Executor, chunk: Chunk, m: int) -> None:
         ex.fused.remove(m)  # ran with the forward; KeyError if the schedule is wrong
 
 
 def role_for(s: int, K: int) -> Role:
-    """The role of stage ``s`` of ``K``."""
+    """The role of stage ``s`` of ``K`` (chunk s of K v, with virtual stages)."""
     if s == K - 1:
         return LastStage()
     return FirstStage() if s == 0 else MiddleStage()

@@ -21,9 +21,10 @@ from tfsift.pipeline import context, metrics, runlog, timeline
 from tfsift.pipeline.executor import Executor, Microbatch, StepResult, Timed
 from tfsift.pipeline.head import GRADS_MARKER, Head
 from tfsift.pipeline.outputs import StepGradients, StepOutput
-from tfsift.pipeline.plan import StepPlan, describe_arguments
+from tfsift.pipeline.plan import Chunk, StepPlan, describe_arguments
 from tfsift.pipeline.roles import role_for
 from tfsift.pipeline.split import SplitBackward
+from tfsift.pipeline.stage import Stage
 from tfsift.planning import keras_internals
 from tfsift.state import STATE
 
@@ -244,41 +245,66 @@ def make_plan(
     model, backward, training, assigned = _probe(fn, microbatch)
     part = model.partitioned
     assert part is not None
-    cfg, K = rt.config, rt.topology.partitions
+    cfg, K, v = rt.config, rt.topology.partitions, part.virtual_stages
     # the schedule the model was planned for: the config's, or what "auto" chose
     pipeline = part.pipeline or cfg.pipeline
-    compute = schedule.build(pipeline, K, cfg.microbatches, forward_only=not backward)
-    actions = schedule.add_communication(compute)
+    compute = schedule.build(
+        pipeline, K, cfg.microbatches, forward_only=not backward, virtual_stages=v
+    )
+    actions = schedule.add_communication(compute, virtual_stages=v)
     s = part.stage.index
-    split = None
-    if schedule.splits_backward(compute) and schedule.splits_stage(s, part.stage.recompute):
-        split = SplitBackward(part.stage)
-    head = None
-    if s == K - 1:
-        head = Head(part.stage, fn, part.output_structure, backward, training, compile, split)
+
+    def chunk(stage: Stage) -> Chunk:
+        c = stage.index
+        split = None
+        if schedule.splits_backward(compute) and schedule.splits_stage(c, stage.recompute):
+            split = SplitBackward(stage)
+        head = None
+        if c == K * v - 1:
+            head = Head(
+                stage,
+                fn,
+                part.output_structure,
+                backward,
+                training,
+                compile,
+                split,
+                requested=part.stage.variables,
+            )
+        graph = stage.graph
+        return Chunk(
+            stage,
+            role_for(c, K * v),
+            _specs(part.graph, graph.inputs),
+            # gradients come back only for float outputs (integer tensors carry none)
+            tuple(s for s in _specs(part.graph, graph.outputs) if tf.as_dtype(s[1]).is_floating),
+            head,
+            split,
+        )
+
     return StepPlan(
         K=K,
         M=cfg.microbatches,
         pipeline=pipeline,
         optimize=cfg.optimize,
         model=model,
-        stage=part.stage,
-        role=role_for(s, K),
+        chunks=tuple(chunk(stage) for stage in part.stage.stages),
         actions=tuple(actions[s]),
-        in_specs=tuple(part.in_specs),
-        # gradients come back only for float outputs (integer tensors carry none)
-        grad_specs=tuple(spec for spec in part.out_specs if tf.as_dtype(spec[1]).is_floating),
         output_structure=part.output_structure,
         comm=PipeComm(rt.pipe_comm),
-        head=head,
         backward=backward,
         training=training,
         arguments=describe_arguments(args, kwargs),
         runtime=rt,
         shared=metrics.find(assigned, model, rt, getattr(fn, "__qualname__", repr(fn))),
         tied=part.tied,
-        split=split,
+        combine=part.stage.combine if v > 1 else None,
     )
+
+
+def _specs(graph: Any, ids: Sequence[int]) -> tuple[tuple[tuple[int, ...], Any], ...]:
+    """(shape without batch, dtype) of each of the traced tensors ``ids``."""
+    return tuple((tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in ids)
 
 
 def _probe(

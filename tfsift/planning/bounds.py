@@ -16,7 +16,9 @@ overwrites the file.
 ``pipeline="auto"`` solves and simulates every schedule and keeps the one with the
 shortest predicted step within ``memory_cap`` (``partitioner.plan.fastest_plan``); the
 plan line names it. Where nothing is profiled (one stage, ``auto_partition=False``) it
-means ``UNSOLVED_AUTO``.
+means ``UNSOLVED_AUTO``. With ``virtual_stages`` v the bounds cut K v chunks (stage s
+runs chunks s, s + K, ...); unset, it is 1, or under ``pipeline="auto"`` the count the
+plan found fastest (1, 2 or 4).
 """
 
 from __future__ import annotations
@@ -57,11 +59,11 @@ def plan_bounds(
     *,
     reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
-) -> tuple[tuple[int, ...], bool, str]:
-    """The K+1 stage bounds of ``graph``, whether the stages recompute their forward in
-    the backward (``Plan.recompute``) and the schedule (``pipeline="auto"``: the one the
-    plan found fastest; "interleaved" where nothing is solved), the same on every rank
-    (a collective).
+) -> tuple[tuple[int, ...], bool, str, int]:
+    """The K+1 stage bounds of ``graph`` (K v + 1 chunk bounds), whether the stages
+    recompute their forward in the backward (``Plan.recompute``), the schedule
+    (``pipeline="auto"``: the one the plan found fastest; "interleaved" where nothing is
+    solved) and its virtual stages v, the same on every rank (a collective).
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
@@ -75,15 +77,18 @@ def plan_bounds(
     cfg, L = rt.config, len(graph)
     memory = cfg.optimize == "memory"  # without a solved plan: recompute exactly then
     unsolved = UNSOLVED_AUTO if cfg.pipeline == AUTO else cfg.pipeline
-    if cfg.partitions > L:
+    v = cfg.virtual_stages or 1  # unset with "auto": the plan's choice, else 1
+    if cfg.partitions * v > L:
+        chunks = f", virtual_stages: {v}" if v > 1 else ""
         raise ValueError(
-            f"too few layers to split into partitions (layers: {L}, partitions: {cfg.partitions})"
+            f"too few layers to split into partitions (layers: {L}, partitions: "
+            f"{cfg.partitions}{chunks})"
         )
     if cfg.partitions == 1:
-        return (0, L), memory, unsolved
-    if not cfg.auto_partition:
-        bounds = manual_bounds(graph, placements, cfg.partitions, cfg.default_partition)
-        return bounds, memory, unsolved
+        return (0, L), memory, unsolved, 1
+    if not cfg.auto_partition:  # tfsift.partition indices name the K v chunks
+        bounds = manual_bounds(graph, placements, cfg.partitions * v, cfg.default_partition)
+        return bounds, memory, unsolved, v
     # Rank 0's pipeline times a message between its stages 0 and 1 for the plan (about
     # 10 ms), before rank 0 profiles: stage 1 cannot know whether rank 0 reuses a plan
     # file, and after profiling it would wait in a receive bounded by the timeout.
@@ -105,8 +110,8 @@ def plan_bounds(
     status, payload = bcast_object(rt.world, outcome)  # the others sleep while rank 0 profiles
     if status == "error":
         raise ValueError(payload)
-    bounds, recompute, pipeline = payload
-    return tuple(bounds), bool(recompute), str(pipeline)
+    bounds, recompute, pipeline, chunks = payload
+    return tuple(bounds), bool(recompute), str(pipeline), int(chunks)
 
 
 def rank0_bounds(
@@ -116,10 +121,10 @@ def rank0_bounds(
     reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
     latency: float = 0.0,
-) -> tuple[tuple[int, ...], bool, str]:
+) -> tuple[tuple[int, ...], bool, str, int]:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
-    Returns the plan's bounds, ``recompute`` and pipeline.
+    Returns the plan's bounds, ``recompute``, pipeline and virtual stages.
 
     ``latency``: the seconds a message between stages takes (``message_latency``), which
     the simulator charges at every crossing of a stage boundary.
@@ -131,15 +136,19 @@ def rank0_bounds(
     from partitioner.plan import make_plan
     from partitioner.simulator import simulate_plan
 
-    # room on stage 0 is a speed objective (solve_speed); a memory plan ignores it
-    reserved = reservation if cfg.optimize == "speed" else None
+    # room on stage 0 is a speed objective (solve_speed) of one chunk per stage; a memory
+    # plan, or one on virtual stages, ignores it
+    virtual = (cfg.virtual_stages or 1) > 1
+    if reservation is not None and virtual:
+        log.info("work reserved on stage 0 (tfsift.hooks) is not planned for: virtual_stages > 1")
+    reserved = reservation if cfg.optimize == "speed" and not virtual else None
     # a source batch is one training batch: M microbatches of the profile's size
     scoring = reserved.forwards * cfg.microbatches if reserved is not None else 0.0
     plan = _reusable_plan(graph, cfg, scoring)
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
         _keep_for_run_log(plan, cfg)
-        return plan.bounds, plan.recompute, plan.pipeline
+        return plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages
     log.info(
         "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; %s"
         "the other ranks wait",
@@ -180,9 +189,16 @@ def rank0_bounds(
         if scoring
         else 1,
         recompute=recompute,
+        # unset: 1, or with "auto" whichever count is fastest
+        virtual_stages=cfg.virtual_stages if cfg.pipeline == AUTO else cfg.virtual_stages or 1,
     )
     result = simulate_plan(
-        costs, plan.partition, plan.microbatches, pipeline=plan.pipeline, recompute=plan.recompute
+        costs,
+        plan.partition,
+        plan.microbatches,
+        pipeline=plan.pipeline,
+        recompute=plan.recompute,
+        virtual_stages=plan.virtual_stages,
     )
     log.info("%s", describe(plan, weights(graph, plan), result))
     advice = no_gain(costs, cfg.microbatches, result.step_time)
@@ -192,7 +208,7 @@ def rank0_bounds(
         plan.save(cfg.plan_file)
         log.info("wrote the plan to %s", cfg.plan_file)
     _keep_for_run_log(plan, cfg)
-    return plan.bounds, plan.recompute, plan.pipeline
+    return plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages
 
 
 def _first_weighted(graph: Graph) -> int:
@@ -235,17 +251,22 @@ def plan_differences(plan: Plan, graph: Graph, cfg: Config, scoring: float = 0.0
         ``["microbatches: plan 4, this run 2", "pipeline: plan 'interleaved', this run 'simple'"]``
     """
     planned = {
-        "partitions": len(plan.bounds) - 1,
+        "partitions": plan.partitions,
         "microbatches": plan.microbatches,
         "pipeline": plan.pipeline,
+        "virtual_stages": plan.virtual_stages,
         "optimize": plan.optimize,
     }
+    wanted = {key: getattr(cfg, key) for key in planned}
+    wanted["virtual_stages"] = cfg.virtual_stages or 1
     if cfg.pipeline == AUTO:  # a plan's pipeline is what "auto" chose when it was made
         del planned["pipeline"]
+        if cfg.virtual_stages is None:  # and so are its virtual stages
+            del planned["virtual_stages"]
     found = [
-        f"{key}: plan {value!r}, this run {getattr(cfg, key)!r}"
+        f"{key}: plan {value!r}, this run {wanted[key]!r}"
         for key, value in planned.items()
-        if value != getattr(cfg, key)
+        if value != wanted[key]
     ]
     if plan.scoring != scoring:
         found.append(
@@ -276,10 +297,14 @@ def no_gain(costs: CostModel, M: int, predicted: float) -> str:
 
 def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None = None) -> str:
     """The plan in words: one line for the step, one per stage (first and last node names,
-    weight bytes, busy and idle time when ``result`` simulates the plan, peak memory)."""
+    weight bytes, busy and idle time when ``result`` simulates the plan, peak memory); with
+    virtual stages, one per stage (busy, idle, peak) and under it one per chunk (nodes,
+    weight bytes)."""
+    v = plan.virtual_stages
     lines = [
-        f"plan: {len(plan.stage_layers)} stages, M={plan.microbatches}, {plan.pipeline}, "
-        f"optimize={plan.optimize}"
+        f"plan: {plan.partitions} stages"
+        + (f" x {v} virtual stages" if v > 1 else "")
+        + f", M={plan.microbatches}, {plan.pipeline}, optimize={plan.optimize}"
         + (" with recompute (timed faster)" if plan.recompute and plan.optimize == "speed" else "")
         + f": predicted step {format_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
@@ -290,22 +315,32 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
             else ""
         )
     ]
-    for s, names in enumerate(plan.stage_layers):
+    for s in range(plan.partitions):
         busy = ""
         if result is not None and result.step_time > 0:
             idle = result.idle[s] / result.step_time
-            busy = f", busy {format_seconds(result.busy[s])} (idle {idle:.1%})"
-        lines.append(
-            f"  stage {s}: {names[0]} .. {names[-1]} ({len(names)} node{'s' * (len(names) > 1)}), "
-            f"{format_bytes(weight_bytes[s])} weights{busy}, "
-            f"peak {format_bytes(plan.peak_memory[s])}"
-        )
+            busy = f"busy {format_seconds(result.busy[s])} (idle {idle:.1%}), "
+        peak = f"peak {format_bytes(plan.peak_memory[s])}"
+        if v == 1:
+            lines.append(f"  stage {s}: {_nodes(plan, weight_bytes, s)}, {busy}{peak}")
+            continue
+        lines.append(f"  stage {s}: {busy}{peak}")
+        for c in range(s, len(plan.stage_layers), plan.partitions):
+            lines.append(f"    chunk {c}: {_nodes(plan, weight_bytes, c)}")
     return "\n".join(lines)
 
 
+def _nodes(plan: Plan, weight_bytes: Sequence[int], c: int) -> str:
+    names = plan.stage_layers[c]
+    return (
+        f"{names[0]} .. {names[-1]} ({len(names)} node{'s' * (len(names) > 1)}), "
+        f"{format_bytes(weight_bytes[c])} weights"
+    )
+
+
 def weights(graph: Graph, plan: Plan) -> list[int]:
-    """Bytes of the variables of each stage of ``plan`` (a layer called on two stages counts
-    on both)."""
+    """Bytes of the variables of each stage (chunk) of ``plan`` (a layer called on two
+    counts on both)."""
     return [
         sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in stage.variables())
         for stage in (graph.stage(lo, hi) for lo, hi in itertools.pairwise(plan.bounds))
@@ -346,7 +381,8 @@ def _model_difference(planned: list[str], graph: Graph) -> str:
 def manual_bounds(
     graph: Graph, placements: dict[int, int], K: int, default: int
 ) -> tuple[int, ...]:
-    """Stage bounds from ``tfsift.partition`` blocks; ``keras.ops`` nodes follow the node before."""
+    """Stage bounds from ``tfsift.partition`` blocks; ``keras.ops`` nodes follow the node before.
+    (With virtual stages, K counts the chunks: a block's index is its chunk.)"""
     stages: list[int] = []
     for gn in graph.nodes:
         if isinstance(gn.operation, keras.layers.Layer):

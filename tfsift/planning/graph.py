@@ -147,13 +147,16 @@ class Tie:
         return self.stages[0]
 
 
-def ties(graph: Graph, bounds: Sequence[int]) -> list[Tie]:
+def ties(graph: Graph, bounds: Sequence[int], ranks: int | None = None) -> list[Tie]:
     """The layers with weights called on more than one stage, in the order of their first call.
 
     Each such stage holds a copy; the copies stay equal because their gradients are summed
     over those stages before every update (``tfsift.pipeline.tied``). A copy of a variable
     that a call updates (BatchNorm statistics, a dropout seed) would change on each stage
-    apart, so a layer with such variables is refused.
+    apart, so a layer with such variables is refused. With ``ranks`` K (virtual stages:
+    ``bounds`` cut K v chunks, chunk c on stage c mod K) a call's stage is its chunk's: a
+    stage that runs two chunks calling a layer holds one copy (its gradients add up within
+    the stage, as in one process).
 
     Raises:
         ValueError: a layer with non-trainable variables called on two stages, named with
@@ -161,9 +164,10 @@ def ties(graph: Graph, bounds: Sequence[int]) -> list[Tie]:
     """
     calls: dict[int, list[tuple[str, int]]] = {}
     layers: dict[int, Any] = {}
-    for s in range(len(bounds) - 1):
-        for gn in graph.nodes[bounds[s] : bounds[s + 1]]:
+    for c in range(len(bounds) - 1):
+        for gn in graph.nodes[bounds[c] : bounds[c + 1]]:
             if getattr(gn.operation, "variables", None):
+                s = c if ranks is None else c % ranks
                 calls.setdefault(id(gn.operation), []).append((gn.name, s))
                 layers[id(gn.operation)] = gn.operation
     found = []

@@ -87,6 +87,25 @@ def test_zero_bubble_with_two_replicas_trains_like_one_process() -> None:
         assert sum(got[rank]["num_vars"] for rank in ranks) == 8
 
 
+# virtual stages (2 chunks a stage of the 6-node model) with replicas, in the same job
+VIRTUAL = mpi.CLUSTER_2X2.scenario(
+    "hybrid_check.py", "2", "cluster", "4", "interleaved/2", timeout=600
+)
+
+
+@pytest.mark.mpi
+@mpi.CLUSTER_2X2.mark
+def test_virtual_stages_with_two_replicas_train_like_one_process() -> None:
+    got = VIRTUAL()
+    assert sorted(got) == [0, 1, 2, 3]
+    for rank, data in got.items():
+        assert (data["pipeline"], data["virtual"]) == ("interleaved", 2)
+        assert data["weight_error"] < 1e-5, (rank, data["weight_error"])
+    for ranks in PIPELINES["cluster"]:
+        assert sum(got[rank]["num_vars"] for rank in ranks) == 8
+        assert got[ranks[0]]["losses"] == got[ranks[1]]["losses"]
+
+
 def check_hosts(got: dict[int, dict[str, object]], hosts: int) -> None:
     """Ranks 0, 1 ran on the first simulated host and 2, 3 on the second (if ``hosts``)."""
     if hosts:

@@ -26,9 +26,10 @@ import tensorflow as tf
 import tfsift
 from partitioner import schedule
 from tfsift.pipeline import executor as executor_module
+from tfsift.pipeline.chunks import Chunks
 from tfsift.pipeline.executor import Executor
 from tfsift.pipeline.head import Head
-from tfsift.pipeline.plan import StepPlan
+from tfsift.pipeline.plan import Chunk, StepPlan
 from tfsift.pipeline.roles import FirstStage, LastStage, MiddleStage, role_for
 from tfsift.pipeline.stage import Stage
 from tfsift.pipeline.step import split
@@ -66,29 +67,47 @@ def train_fn(model: Chain) -> TrainFn:
 
 
 def plans(
-    model: Chain, fn: Any, example: tf.Tensor, K: int, M: int, pipeline: str, recompute: bool
+    model: Chain,
+    fn: Any,
+    example: tf.Tensor,
+    K: int,
+    M: int,
+    pipeline: str,
+    recompute: bool,
+    v: int = 1,
 ) -> list[StepPlan]:
-    """One hand-built plan per stage, cutting the 4-node chain into K equal parts."""
+    """One hand-built plan per stage, cutting the 4-node chain into K equal parts (K v
+    chunks of one node, with ``v`` virtual stages: stage s runs chunks s, s + K, ...)."""
     graph = trace(model, [example])
-    bounds = {1: (0, 4), 2: (0, 2, 4), 4: (0, 1, 2, 3, 4)}[K]
-    actions = schedule.add_communication(schedule.build(pipeline, K, M))
+    bounds = {1: (0, 4), 2: (0, 2, 4), 4: (0, 1, 2, 3, 4)}[K * v]
+    compute = schedule.build(pipeline, K, M, virtual_stages=v)
+    actions = schedule.add_communication(compute, virtual_stages=v)
     queues: dict[tuple[int, int, int, int], queue.Queue[Any]] = {}
     out = []
     for s in range(K):
-        sub = graph.stage(bounds[s], bounds[s + 1])
-        stage = Stage(sub, s, recompute)
-        specs = [(tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in sub.inputs]
-        outs = [(tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in sub.outputs]
-        last = s == K - 1
-        head = None
-        if last:
-            fn.variables = stage.variables
-            head = Head(stage, fn, graph.structure, True, True)
+        held = Chunks(
+            [Stage(graph.stage(bounds[c], bounds[c + 1]), c, recompute) for c in range(s, K * v, K)]
+        )
+        chunks = []
+        for stage in held.stages:
+            sub, c = stage.graph, stage.index
+            specs = [
+                (tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in sub.inputs
+            ]
+            outs = [
+                (tuple(graph.tensors[t].shape[1:]), graph.tensors[t].dtype) for t in sub.outputs
+            ]
+            head = None
+            if c == K * v - 1:
+                fn.variables = held.variables
+                head = Head(stage, fn, graph.structure, True, True, requested=held.variables)
+            chunks.append(Chunk(stage, role_for(c, K * v), tuple(specs), tuple(outs), head))
         plan = StepPlan(
-            K, M, pipeline, "memory" if recompute else "speed", model, stage, role_for(s, K),
-            tuple(actions[s]), tuple(specs), tuple(outs), graph.structure,
+            K, M, pipeline, "memory" if recompute else "speed", model, tuple(chunks),
+            tuple(actions[s]), graph.structure,
             FakePipe(s, queues),  # type: ignore[arg-type]
-            head, True, True, "(tensor(rank 2), tensor(rank 1))", None,  # type: ignore[arg-type]
+            True, True, "(tensor(rank 2), tensor(rank 1))", None,  # type: ignore[arg-type]
+            combine=held.combine if v > 1 else None,
         )  # fmt: skip
         out.append(plan)
     return out
@@ -141,6 +160,80 @@ def test_threaded_stages_give_the_full_batch_gradients(
     losses = [float(r[1]) for r in results[-1].results]
     assert np.mean(losses) == pytest.approx(float(want_loss), rel=1e-5)
     assert all(r.results is None for r in results[:-1])  # only the last stage has results
+
+
+@pytest.mark.parametrize("M", [2, 4])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_threaded_stages_on_virtual_stages_give_the_full_batch_gradients(
+    M: int, recompute: bool
+) -> None:
+    # stage 0 runs layers a and drop (chunks 0, 2), stage 1 layers b and c (chunks 1, 3)
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    fn = train_fn(model)
+    stage_plans = plans(model, fn, x[: 8 // M], 2, M, "interleaved", recompute, v=2)
+    results = run_pipeline(stage_plans, fn, x, y)
+    with tf.GradientTape() as tape:
+        want_loss = LOSS(y, model.c(model.b(model.a(x))))
+    want = dict(zip([v.path for v in model.trainable_variables],
+                    tape.gradient(want_loss, model.trainable_variables), strict=True))  # fmt: skip
+    counted = 0
+    for plan, result in zip(stage_plans, results, strict=True):
+        held = [v.path for c in plan.chunks for v in c.stage.variables]
+        assert len(result.grad_sum) == len(held)
+        counted += len(held)
+        for path, g in zip(held, result.grad_sum, strict=True):
+            np.testing.assert_allclose(g.numpy() / M, want[path].numpy(), rtol=1e-5, atol=1e-7)
+    assert counted == len(want) == 6  # a's on stage 0 (with drop), b's and c's on stage 1
+    losses = [float(r[1]) for r in results[-1].results]
+    assert np.mean(losses) == pytest.approx(float(want_loss), rel=1e-5)
+    assert results[0].results is None
+
+
+class TiedChain(tfsift.DistributedModel):
+    """One Dense layer called at two depths: with 2 x 2 chunks, both calls on stage 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = keras.layers.Dense(4, activation="tanh")
+        self.m = keras.layers.Dense(4, activation="relu")
+        self.c = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.c(self.t(self.m(self.t(x))))
+
+
+def test_a_layer_two_chunks_of_a_stage_call_is_one_variable_with_both_gradients() -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = TiedChain(), batch()
+    fn = train_fn(model)  # type: ignore[arg-type]
+    stage_plans = plans(model, fn, x[:4], 2, 2, "interleaved", False, v=2)  # type: ignore[arg-type]
+    # chunks 0 and 2 (t and t again) on stage 0, 1 and 3 (m, c) on stage 1
+    assert [[len(c.stage.variables) for c in p.chunks] for p in stage_plans] == [[2, 2], [2, 2]]
+    results = run_pipeline(stage_plans, fn, x, y)
+    with tf.GradientTape() as tape:
+        want_loss = LOSS(y, model.c(model.t(model.m(model.t(x)))))
+    want = tape.gradient(want_loss, [model.t.kernel, model.t.bias])
+    assert len(results[0].grad_sum) == 2  # t's kernel and bias once: one copy on stage 0
+    for g, w in zip(results[0].grad_sum, want, strict=True):
+        np.testing.assert_allclose(g.numpy() / 2, w.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_stage_of_virtual_stages_talks_to_both_neighbours_in_the_schedule_order() -> None:
+    keras.utils.set_random_seed(0)
+    model, (x, y) = Chain(), batch()
+    fn = train_fn(model)
+    stage_plans = plans(model, fn, x[:4], 2, 2, "interleaved", False, v=2)
+    run_pipeline(stage_plans, fn, x, y)
+    # stage 0: 0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1; chunk 2 receives from chunk 1 (stage 1)
+    # and sends to chunk 3 (stage 1 too): with K = 2 both neighbours are stage 1
+    assert stage_plans[0].comm.calls == [  # type: ignore[attr-defined]
+        "sendC0->1", "sendF0->1", "sendC1->1", "sendF1->1",
+        "recvC0<-1", "recvF0<-1", "sendC0->1", "sendF0->1",
+        "recvC1<-1", "recvF1<-1", "sendC1->1", "sendF1->1",
+        "recvB0<-1", "sendB0->1", "recvB1<-1", "sendB1->1",
+        "recvB0<-1", "recvB1<-1", "wait",
+    ]  # fmt: skip
 
 
 def test_stage_0_talks_in_the_schedule_order_interleaved_m4() -> None:
@@ -223,8 +316,8 @@ def test_a_schedule_with_a_backward_before_its_forward_fails_on_the_last_stage()
     # the last stage's backward ran with its forward: one that did not run is an error
     ex = types.SimpleNamespace(fused={1})
     with pytest.raises(KeyError):
-        LastStage().backward(ex, 0)  # type: ignore[arg-type]
-    LastStage().backward(ex, 1)  # type: ignore[arg-type]
+        LastStage().backward(ex, None, 0)  # type: ignore[arg-type]
+    LastStage().backward(ex, None, 1)  # type: ignore[arg-type]
     assert ex.fused == set()
 
 

@@ -49,6 +49,18 @@ ZERO_BUBBLE = {
 ZERO_BUBBLE_EAGER = mpi.TWO_STAGES.scenario(
     "pipeline_check.py", "2", "dropout", "4", "zero_bubble", "speed", "false", timeout=300
 )
+# virtual stages (Megatron-LM's interleaved 1F1B): each stage runs 2 chunks of the models
+# with 4 nodes or more on 2 stages (conv, skip, dropout), of the one with 8 or more on 4
+VIRTUAL = {
+    2: mpi.TWO_STAGES.scenario(
+        "pipeline_check.py", "2", "conv,skip,dropout", "2,4,8", "interleaved/2", "speed,memory",
+        "true", "pairs", timeout=600,
+    ),
+    4: mpi.FOUR_STAGES.scenario(
+        "pipeline_check.py", "4", "ops", "4,8", "interleaved/2", "speed,memory", "true",
+        timeout=600,
+    ),
+}  # fmt: skip
 # pipeline="auto": rank 0's plan picks the schedule, and every stage runs that one
 AUTO = mpi.TWO_STAGES.scenario("pipeline_check.py", "2", "skip", "8", "auto", "speed")
 
@@ -122,11 +134,54 @@ def test_the_zero_bubble_schedule_matches_a_single_process_run(K: int) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize(
+    "K",
+    [
+        pytest.param(2, marks=mpi.TWO_STAGES.mark),
+        pytest.param(4, marks=mpi.FOUR_STAGES.mark),
+    ],
+)
+def test_virtual_stages_match_a_single_process_run(K: int) -> None:
+    got = VIRTUAL[K]()
+    assert sorted(got) == list(range(K))
+    models = {2: ["conv", "dropout", "skip"], 4: ["ops"]}[K]
+    for rank, data in got.items():
+        configs = {(r["model"], r["M"], r["optimize"]) for r in data["results"]}
+        if K == 2:
+            assert_every_pair(configs, models, [2, 4, 8], ["speed", "memory"])
+        else:
+            assert configs == {("ops", M, o) for M in (4, 8) for o in ("speed", "memory")}
+        for r in data["results"]:
+            label = f"rank {rank} {r['model']} K={K} M={r['M']} {r['optimize']}"
+            assert (r["pipeline"], r["planned"], r["virtual"]) == (
+                "interleaved/2", "interleaved", 2
+            ), label  # fmt: skip
+            assert r["chunks"] == [rank, rank + K], label  # chunks s and s + K
+            assert r["summary_title"].endswith(
+                f"partitions={K}; this rank holds stage {rank} (virtual_stages=2: chunks "
+                f"{rank}, {rank + K})"
+            ), label
+            assert r["grad_error"] < 1e-5, label
+            assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), label
+            assert r["pred_shape"] == [8, 10], label
+            assert r["only_stage_weights_kept"], label
+            if rank == K - 1:  # the probe, then only traces of the compiled head
+                assert r["body_calls"] < 1 + 2 * r["M"], label
+    for i, first in enumerate(got[0]["results"]):
+        # each variable on exactly one stage, whichever of its chunks holds it
+        assert (
+            sum(got[rank]["results"][i]["num_grads"] for rank in range(K))
+            == (VARIABLES[first["model"]])
+        ), first
+
+
+@pytest.mark.mpi
 @mpi.TWO_STAGES.mark
 def test_auto_runs_the_schedule_rank_0_planned_on_every_stage() -> None:
     got = AUTO()
-    [planned] = {r["planned"] for data in got.values() for r in data["results"]}
-    assert planned in ("simple", "interleaved", "zero_bubble")
+    [planned] = {(r["planned"], r["virtual"]) for data in got.values() for r in data["results"]}
+    # skip has 6 nodes: 2 x 2 chunks fit, 2 x 4 do not
+    assert planned in {("simple", 1), ("interleaved", 1), ("zero_bubble", 1), ("interleaved", 2)}
     for rank, data in got.items():
         [r] = data["results"]
         assert r["pipeline"] == "auto", rank

@@ -112,7 +112,7 @@ def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
 ) -> None:
     cfg = config(tmp_path)
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, recompute, pipeline = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
+        bounds, recompute, pipeline, _ = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
     plan = Plan.load(tmp_path / "plan.json")
     assert (bounds, recompute, pipeline) == (plan.bounds, plan.recompute, "interleaved")
     [profiling, described, wrote] = messages(caplog)
@@ -150,7 +150,7 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
     # were profiled once
     assert timed == [False, True, recomputing_faster]
     plan = Plan.load(cfg.plan_file or "")
-    assert got == (plan.bounds, recomputing_faster, "interleaved")
+    assert got == (plan.bounds, recomputing_faster, "interleaved", 1)
     assert plan.recompute == recomputing_faster
     header = messages(caplog)[1][1].splitlines()[0]
     speed = (
@@ -171,7 +171,7 @@ def test_zero_bubble_keeps_tapes_without_timing_the_recompute(tmp_path: Path) ->
 
     cfg = config(tmp_path, pipeline="zero_bubble")
     got = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, stage_call=stage_call)
-    assert timed == [False] and got[1:] == (False, "zero_bubble")
+    assert timed == [False] and got[1:] == (False, "zero_bubble", 1)
 
 
 def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
@@ -190,7 +190,7 @@ def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
     graph, example = traced(units=64), [tf.zeros((1, 3))]
     got = rank0_bounds(graph, example, config(tmp_path, pipeline="auto"))
     [plan] = chosen
-    assert got == (plan.bounds, plan.recompute, plan.pipeline)
+    assert got == (plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages)
     assert plan.pipeline in ("simple", "interleaved", "zero_bubble")
     assert Plan.load(tmp_path / "plan.json") == plan
     with caplog.at_level(logging.INFO, logger="tfsift"):  # whichever pipeline it chose
@@ -265,7 +265,8 @@ def test_a_plan_file_made_for_this_run_is_reused_without_profiling(
     [({"microbatches": 4}, "microbatches: plan 2, this run 4"),
      ({"pipeline": "simple"}, "pipeline: plan 'interleaved', this run 'simple'"),
      ({"optimize": "memory"}, "optimize: plan 'speed', this run 'memory'"),
-     ({"partitions": 3}, "partitions: plan 2, this run 3")],
+     ({"partitions": 3}, "partitions: plan 2, this run 3"),
+     ({"virtual_stages": 2}, "virtual_stages: plan 1, this run 2")],
 )  # fmt: skip
 def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, changes: dict[str, Any], difference: str
@@ -274,13 +275,38 @@ def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     rank0_bounds(graph, [tf.zeros((1, 3))], config(tmp_path))
     cfg = config(tmp_path, **changes)
     with caplog.at_level(logging.WARNING, logger="tfsift"):
-        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+        bounds, _, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
     assert messages(caplog) == [
         ("WARNING", f"the plan file {cfg.plan_file} was made for another run ({difference}); "
                     "solving again and overwriting it")
     ]  # fmt: skip
     plan = Plan.load(cfg.plan_file or "")
     assert plan_differences(plan, graph, cfg) == [] and plan.bounds == bounds
+
+
+def test_virtual_stages_cut_k_v_chunks_and_the_plan_line_lists_them_by_stage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    graph, example = traced(), [tf.zeros((1, 3))]
+    cfg = config(tmp_path, virtual_stages=2)
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        got = rank0_bounds(graph, example, cfg)
+    plan = Plan.load(cfg.plan_file or "")
+    assert got == ((0, 1, 2, 3, 4), plan.recompute, "interleaved", 2) == (
+        plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages
+    )  # fmt: skip
+    lines = messages(caplog)[1][1].splitlines()
+    assert lines[0].startswith("plan: 2 stages x 2 virtual stages, M=2, interleaved, ")
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "  stage 0", "    chunk 0", "    chunk 2", "  stage 1", "    chunk 1", "    chunk 3"
+    ]  # fmt: skip
+    assert lines[2] == "    chunk 0: first .. first (1 node), 64 B weights"
+    assert lines[1].endswith(f"peak {format_bytes(plan.peak_memory[0])}")
+    # auto chooses the virtual stages when they are unset, keeps them when set
+    assert plan_differences(plan, graph, config(tmp_path, pipeline="auto")) == []
+    assert plan_differences(plan, graph, config(tmp_path, pipeline="auto", virtual_stages=1)) == [
+        "virtual_stages: plan 2, this run 1"
+    ]
 
 
 def test_a_plan_file_made_for_another_model_names_the_first_different_node(
@@ -323,7 +349,7 @@ def test_a_plan_made_without_room_for_sifting_is_solved_again_with_it(
     # 2 source batches a step (tfsift.hooks): 4 forwards of M = 2 microbatches
     room = Reservation(2.0, sifted_step_time, call)
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, room)
+        bounds, *_ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg, room)
     # measured once, when it solves, on the traced model and a source batch: M = 2
     # microbatches of the example's row
     assert measured == [(graph, 2)]
