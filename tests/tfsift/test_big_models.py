@@ -66,7 +66,9 @@ def test_two_stages_clip_tie_and_scale_as_one_process_does() -> None:
         assert rep["fp16_scale"] == [32768.0, 32768.0]
         assert rep["fp16_applied"] == [8, 8]
     by_stage = {r["stage"]: r for r in reports.values()}
-    assert by_stage[0]["fp16_overflowed_here"] == 0 and by_stage[1]["fp16_overflowed_here"] == 2
+    # the spiking layer's stage alone overflows (the last layers: the cut may fall either
+    # side of it), the other stage's gradients stay finite
+    assert sorted(r["fp16_overflowed_here"] for r in reports.values()) == [0, 2]
     # activations cross the cut in the compute dtype: bfloat16, half of float32's bytes
     received = by_stage[1]["bf16_received"]
     assert received and set(received) == {"bfloat16"}, received
