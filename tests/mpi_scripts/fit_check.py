@@ -138,7 +138,9 @@ def with_callbacks(K: int, out: Path) -> dict[str, Any]:
     loaded.load_weights(out / "w-2.weights.h5")  # collective, as the save was
     found = {
         "files": sorted(p.name for p in out.iterdir()),
-        "weights_file_error": float(np.max(np.abs(loaded.predict(x, verbose=0) - want))),
+        "weights_file_error": float(
+            np.max(np.abs(loaded.predict(x, batch_size=B, verbose=0) - want))
+        ),
     }
     if rank == 0:  # a plain Keras model, anywhere
         plain = keras.saving.load_model(out / "best.keras")

@@ -189,7 +189,7 @@ def test_a_rank_killed_at_step_12_of_30_is_restarted_to_the_uninterrupted_weight
         "tfsift run: attempt 2 of 2 succeeded",
     ], done.stderr[-3000:]
     # resumed from the last checkpoint before the kill
-    assert f"tfsift: restored checkpoint {killed}/ckpt-9\n" in done.stdout + done.stderr
+    assert f"restored checkpoint {killed}/ckpt-9\n" in done.stdout + done.stderr
     want, have = final_checkpoint(whole, 29), final_checkpoint(killed, 29)
     assert sorted(have) == sorted(want) and want
     for name, arrays in want.items():

@@ -175,7 +175,7 @@ def test_a_2x2_job_that_loses_host_2_finishes_on_host_1_as_2x1(
     # the first attempt on host 1 alone resumed from the last checkpoint before the cut,
     # in epoch 2, which prunes
     first_shrunk = err.split(" on 10.251.0.1:2 with -np 2", 1)[1]
-    restored = re.search(r"tfsift: restored checkpoint .*/ckpt-(\d+)", first_shrunk)
+    restored = re.search(r"restored checkpoint .*/ckpt-(\d+)", first_shrunk)
     assert restored and int(restored.group(1)) in (CUT_AT - 1, CUT_AT + EVERY - 1), said
     got = {r["rank"]: r for r in map(json.loads, (f.read_text() for f in reports.glob("*.json")))}
     assert sorted(got) == [0, 1] and {r["replicas"] for r in got.values()} == {1}
