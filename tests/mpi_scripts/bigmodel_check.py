@@ -32,7 +32,7 @@ import tfsift
 from mpi import report
 
 V, T, D, HEADS = 24, 8, 16, 2  # vocabulary, sequence, width, attention heads
-B, M, SEED, STEPS, CLIP = 16, 2, 3, 30, 0.05  # global batch, microbatches, seed, steps, norm
+B, M, SEED, STEPS, CLIP = 16, 2, 3, 12, 0.05  # global batch, microbatches, seed, steps, norm
 MARK, MARKED = V - 1, (0, 5)  # a token only the batches of steps MARKED hold (Spike)
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -108,8 +108,6 @@ class Decoder(tfsift.DistributedModel):
 
 
 def optimizer(kind: str) -> Any:
-    if kind == "sgd":
-        return keras.optimizers.SGD(0.5, global_clipnorm=CLIP)
     schedule = keras.optimizers.schedules.CosineDecay(
         0.0, decay_steps=STEPS, warmup_target=1e-2, warmup_steps=5
     )
@@ -269,11 +267,6 @@ def exported(model: Any, where: Path) -> dict[str, Any]:
     }
 
 
-def sgd_loop(K: int) -> dict[str, Any]:
-    ref = reference("sgd", False, False, 3)
-    return {"sgd_error": difference(loop(K, "sgd", steps=3)["model"], ref)}
-
-
 def fitted(K: int) -> dict[str, Any]:
     """``fit`` with the same optimizer: equal to the one-process loop."""
     ref = reference("adamw", False, False, 8)
@@ -321,7 +314,6 @@ def main() -> None:
     which = sys.argv[3] if len(sys.argv) > 3 else "all"
     found = fp32_loop(K, ckpt_dir)
     if which == "all":
-        found.update(sgd_loop(K))
         found.update(fitted(K))
         found.update(scaled_fp16(K))
         found.update(fitted_bf16(K))
