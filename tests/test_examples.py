@@ -99,10 +99,10 @@ def test_decoder_lm_on_four_stages_learns_and_follows_one_process_step_by_step()
     # 2 stages x 2 replicas of 8 samples: each step's batch is one process's 16 samples,
     # in other microbatches, so bfloat16 rounds them otherwise (1e-5 of the loss here)
     two = mpi.run(4, lm, *SMALL_LM, "--partitions", "2", "--batch-size", "8", "--log-steps",
-                  "4", "--max-steps", "4", timeout=300)  # fmt: skip
+                  "3", "--max-steps", "3", timeout=300)  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
     assert [float(v) for v in losses(two.stdout)] == pytest.approx(
-        [float(v) for v in losses(one.stdout)], rel=1e-4
+        [float(v) for v in losses(one.stdout)[:3]], rel=1e-4
     )
 
 

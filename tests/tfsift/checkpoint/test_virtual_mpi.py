@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,11 @@ import pytest
 import mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+WHERE = Path(tempfile.mkdtemp(prefix="tfsift-virtual-"))  # the runs' checkpoints
+atexit.register(shutil.rmtree, WHERE, True)
+# a job of 2 stages: it runs beside the other scenarios of that layout (tests/mpi.py)
+RUNS = mpi.TWO_STAGES.scenario("checkpoint_virtual.py", str(WHERE), timeout=480)
 
 
 def merged(got: dict[int, Any], run: str, when: str) -> dict[str, Any]:
@@ -33,11 +41,9 @@ def same(a: dict[str, Any], b: dict[str, Any], when: str = "weights") -> None:
             np.testing.assert_array_equal(np.array(a[key]), np.array(b[key]), err_msg=key)
 
 
-@pytest.mark.timeout(600)
-def test_a_checkpoint_on_virtual_stages_restores_on_one_chunk_a_stage_and_back(
-    tmp_path: Path,
-) -> None:
-    got = mpi.reports(mpi.run(2, "checkpoint_virtual.py", str(tmp_path), timeout=480))
+@mpi.TWO_STAGES.mark
+def test_a_checkpoint_on_virtual_stages_restores_on_one_chunk_a_stage_and_back() -> None:
+    got = RUNS()
     for rank in (0, 1):
         runs = got[rank]
         assert [runs[r]["chunks"] for r in "abcd"] == [[rank, rank + 2], [rank, rank + 2],
