@@ -17,7 +17,7 @@ trained; on a pipeline each of these is what it is in one process (docs/big-mode
 Rank 0 prints each epoch's training loss and the validation loss and perplexity per
 character, then a sampled continuation of ``--prompt``; ``--log-steps N`` prints the
 loss of each of the first N steps (averaged over the replicas), ``--max-steps N`` stops
-after N steps.
+after N steps (then validates and samples).
 """
 
 from __future__ import annotations
@@ -245,13 +245,15 @@ def main() -> None:
             if done <= args.log_steps:
                 say(f"step {done} loss {losses[-1]:.6f}")
             if done == args.max_steps:
-                return
+                break
         val = validation_loss()
         say(
             f"epoch {epoch + 1}/{args.epochs}  loss {np.mean(losses):.4f}  validation loss "
             f"{val:.4f}  perplexity {math.exp(val):.2f} ({val / math.log(2):.3f} bits per "
             f"character)  ({time.perf_counter() - start:.1f}s)"
         )
+        if done == args.max_steps:
+            break
     if args.generate:
         say(f"sampled continuation of {args.prompt!r}:\n{generate(predict, args)}")
     say(f"validation loss: {val:.4f}, perplexity {math.exp(val):.2f} per character")

@@ -93,13 +93,13 @@ def test_decoder_lm_on_four_stages_learns_and_follows_one_process_step_by_step()
     assert float(nats) / math.log(2) < unigram - 0.3  # uses what came before the character
     # one process, the same batches and microbatches: the same losses, to the printed digit
     one = mpi.run(1, lm, *SMALL_LM, "--partitions", "1", "--batch-size", "16", "--log-steps",
-                  "4", "--max-steps", "4", timeout=300)  # fmt: skip
+                  "4", "--max-steps", "4", "--generate", "0", timeout=300)  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
     assert len(losses(proc.stdout)) == 4 and losses(proc.stdout) == losses(one.stdout)
     # 2 stages x 2 replicas of 8 samples: each step's batch is one process's 16 samples,
     # in other microbatches, so bfloat16 rounds them otherwise (1e-5 of the loss here)
     two = mpi.run(4, lm, *SMALL_LM, "--partitions", "2", "--batch-size", "8", "--log-steps",
-                  "3", "--max-steps", "3", timeout=300)  # fmt: skip
+                  "3", "--max-steps", "3", "--generate", "0", timeout=300)  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
     assert [float(v) for v in losses(two.stdout)] == pytest.approx(
         [float(v) for v in losses(one.stdout)[:3]], rel=1e-4
