@@ -126,129 +126,104 @@ def rounds_summary(rounds: list[dict[str, Result]], other: str = ZERO_BUBBLE) ->
     }
 
 
-def verdict(value: float, target: float, kind: str = "at most") -> str:
-    met = value <= target
-    return f"{value:.3f} ({'met' if met else 'missed'}: target {kind} {target:.2f})"
-
-
 def render(raw: Result, meta: Result, s: Settings) -> str:
     c = s.chain
     measured = set(raw["rounds"][0]) if raw["rounds"] else set()
+    others = [t for t in (ZERO_BUBBLE, VIRTUAL) if t in measured]
     parts = [
-        "## Past 1F1B: the zero-bubble schedule and virtual stages",
         report.provenance(meta, BENCH.command),
-        f"bench_pipeline's conv chain: Conv2D({c.width}, 3x3, same, relu) x {c.layers} "
-        f"on {c.side} x {c.side} x {c.width} images, B={c.batch}, K={c.K}, M={s.M}, "
-        "optimize=speed; one compute thread per rank, ranks bound to cores.",
+        f"### Conv2D({c.width}, 3x3) x {c.layers} on {c.side} x {c.side} x {c.width}, "
+        f"B={c.batch}, K={c.K}, M={s.M}",
     ]
     if ZERO_BUBBLE in measured and raw.get("split"):
-        parts += zero_bubble_section(raw, s)
-    if VIRTUAL in measured:
-        parts += virtual_section(raw, s)
+        split = split_summary(raw["split"])
+        parts += [
+            f"Backward of the second half, one microbatch, one process (ms, median of "
+            f"{s.split_steps}):",
+            report.table(
+                ["backward", "forward", "backward", "B", "W"],
+                [
+                    ["fused (1F1B)", f"{split['F']:.2f}", f"{split['B_fused']:.2f}", "-", "-"],
+                    [
+                        "split (zero-bubble)",
+                        f"{split['F_split']:.2f}",
+                        f"{split['B'] + split['W']:.2f}",
+                        f"{split['B']:.2f}",
+                        f"{split['W']:.2f}",
+                    ],
+                ],
+            ),
+        ]
+    summaries = {t: rounds_summary(raw["rounds"], t) for t in others}
+
+    def round_row(i: int) -> list[str]:
+        row = [str(i), f"{summaries[others[0]]['rows'][i]['step_ms'][BASE]:.1f}"]
+        row += [f"{summaries[t]['rows'][i]['step_ms'][t]:.1f}" for t in others]
+        for t in others:
+            got = summaries[t]["rows"][i]
+            row += [f"{got['ratio']:.3f}", f"{got['predicted']:.3f}"]
+        peaks = [summaries[others[0]]["rows"][i]["peak_mib"][BASE]]
+        peaks += [summaries[t]["rows"][i]["peak_mib"][t] for t in others]
+        return [*row, " / ".join(f"{p:.0f}" for p in peaks)]
+
+    rounds = [round_row(i) for i in range(len(raw["rounds"]))]
+    parts += [
+        f"Paired rounds (step: median of {c.steps} after {c.warmup} warm-up; peak: the "
+        "most a rank's RSS rose during them):",
+        report.table(
+            [
+                "round",
+                f"{BASE} ms",
+                *(f"{t} ms" for t in others),
+                *(h for t in others for h in (f"{t} / {BASE}", "predicted")),
+                "peak MiB (" + " / ".join((BASE, *others)) + ")",
+            ],
+            rounds,
+        ),
+        report.table(
+            ["against interleaved, median of the rounds", "measured", "predicted", "target"],
+            summary_rows(raw, summaries),
+        ),
+    ]
     return "\n\n".join(parts)
 
 
-def zero_bubble_section(raw: Result, s: Settings) -> list[str]:
-    c = s.chain
-    split, paired = split_summary(raw["split"]), rounds_summary(raw["rounds"])
-    split_rows = [
-        ["fused (1F1B)", f"{split['F']:.2f}", f"{split['B_fused']:.2f}", "-", "-"],
-        [
-            "split (zero-bubble)",
-            f"{split['F_split']:.2f}",
-            f"{split['B'] + split['W']:.2f}",
-            f"{split['B']:.2f}",
-            f"{split['W']:.2f}",
-        ],
-    ]
-    round_rows = [
-        [
-            str(i),
-            f"{row['step_ms']['interleaved']:.1f}",
-            f"{row['step_ms']['zero_bubble']:.1f}",
-            f"{row['ratio']:.3f}",
-            f"{row['predicted']:.3f}",
-            f"{row['peak_mib']['interleaved']:.0f}",
-            f"{row['peak_mib']['zero_bubble']:.0f}",
+def summary_rows(raw: Result, summaries: dict[str, Result]) -> list[list[str]]:
+    """The measured ratios beside the plan lines' and the issue's targets."""
+    rows = []
+    if ZERO_BUBBLE in summaries:
+        zb = summaries[ZERO_BUBBLE]
+        rows += [
+            ["zero_bubble step", f"{zb['ratio']:.3f}", f"{zb['predicted']:.3f}",
+             target(zb["ratio"], TARGET_STEP)],
+            ["zero_bubble peak memory", f"{zb['peak_ratio']:.3f}", "-",
+             target(zb["peak_ratio"], TARGET_MEMORY)],
+            ["zero_bubble prediction's error",
+             f"{abs(zb['predicted'] - zb['ratio']) / zb['ratio']:.1%}", "-",
+             target(abs(zb["predicted"] - zb["ratio"]) / zb["ratio"], TARGET_PREDICTION, True)],
+        ]  # fmt: skip
+        if raw.get("split"):
+            ratio = split_summary(raw["split"])["ratio"]
+            rows.append(["B + W / fused backward", f"{ratio:.3f}", "-",
+                         target(ratio, TARGET_SPLIT)])  # fmt: skip
+    if VIRTUAL in summaries:
+        v = summaries[VIRTUAL]
+        rows += [
+            [f"{VIRTUAL} step", f"{v['ratio']:.3f}", f"{v['predicted']:.3f}", "-"],
+            [f"{VIRTUAL} peak memory", f"{v['peak_ratio']:.3f}", "-", "-"],
         ]
-        for i, row in enumerate(paired["rows"])
-    ]
-    error = abs(paired["predicted"] - paired["ratio"]) / paired["ratio"]
-    return [
-        f"**The split backward.** The chain's second half as a stage whose input gradients "
-        f"are wanted, a microbatch of {c.batch // s.M} samples, the median of "
-        f"{s.split_steps} rounds (ms):",
-        report.table(["backward", "forward", "backward", "B", "W"], split_rows),
-        f"B + W against the fused backward: {verdict(split['ratio'], TARGET_SPLIT)}.",
-        f"**Paired rounds.** One job of each schedule per round, the order rotating; "
-        f"the step is the median of {c.steps} steps after {c.warmup} warm-up steps; "
-        "*predicted*: the ratio of the steps each job's start-up plan line predicted; "
-        "*peak MiB*: the most any rank's RSS rose above its resting RSS during the "
-        "timed steps.",
-        report.table(
-            [
-                "round",
-                "interleaved ms",
-                "zero_bubble ms",
-                "zero_bubble / interleaved",
-                "predicted",
-                "interleaved peak MiB",
-                "zero_bubble peak MiB",
-            ],
-            round_rows,
-        ),
-        f"zero_bubble's step over interleaved's, median of the rounds: "
-        f"{verdict(paired['ratio'], TARGET_STEP)}; the simulator predicted "
-        f"{paired['predicted']:.3f}, {error:.1%} off "
-        f"({'met' if error <= TARGET_PREDICTION else 'missed'}: target within "
-        f"{TARGET_PREDICTION:.0%}); peak step memory over interleaved's: "
-        f"{verdict(paired['peak_ratio'], TARGET_MEMORY)}.",
-    ]
+    return rows
 
 
-def virtual_section(raw: Result, s: Settings) -> list[str]:
-    """The virtual stages against 1F1B in the same rounds: no target, the measured ratio
-    and how far the plan's prediction (extra transfers and actions charged) was from it."""
-    c, v = s.chain, int(VIRTUAL.split("/")[1])
-    paired = rounds_summary(raw["rounds"], VIRTUAL)
-    rows = [
-        [
-            str(i),
-            f"{row['step_ms'][BASE]:.1f}",
-            f"{row['step_ms'][VIRTUAL]:.1f}",
-            f"{row['ratio']:.3f}",
-            f"{row['predicted']:.3f}",
-            f"{row['peak_mib'][BASE]:.0f}",
-            f"{row['peak_mib'][VIRTUAL]:.0f}",
-        ]
-        for i, row in enumerate(paired["rows"])
-    ]
-    error = abs(paired["predicted"] - paired["ratio"]) / paired["ratio"]
-    chunks = raw["rounds"][0][VIRTUAL].get("bounds")
-    return [
-        f"**Virtual stages.** `interleaved` with `virtual_stages={v}` (Megatron-LM's "
-        f"interleaved 1F1B: the chain cut into {c.K * v} chunks, stage s running chunks s "
-        f"and s + {c.K}"
-        + (f", bounds {chunks}" if chunks else "")
-        + ") in the same rounds, against `interleaved` (one chunk a stage): a bubble of "
-        f"(K - 1) / (v M + K - 1) instead of (K - 1) / (M + K - 1), for {c.K * v - 1} "
-        f"transfers each way instead of {c.K - 1} and {v} times the actions.",
-        report.table(
-            [
-                "round",
-                "interleaved ms",
-                f"v={v} ms",
-                f"v={v} / interleaved",
-                "predicted",
-                "interleaved peak MiB",
-                f"v={v} peak MiB",
-            ],
-            rows,
-        ),
-        f"interleaved on {v} virtual stages over interleaved, median of the rounds: "
-        f"{paired['ratio']:.3f}; the simulator predicted {paired['predicted']:.3f}, "
-        f"{error:.1%} off; peak step memory over interleaved's: {paired['peak_ratio']:.3f}.",
-    ]
+def target(value: float, limit: float, percent: bool = False) -> str:
+    """``<= limit``, met or missed.
+
+    Example:
+        >>> target(0.97, 0.95), target(0.012, 0.03, percent=True)
+        ('<= 0.95: missed', '<= 3%: met')
+    """
+    shown = f"{limit:.0%}" if percent else f"{limit:.2f}"
+    return f"<= {shown}: {'met' if value <= limit else 'missed'}"
 
 
 BENCH = Benchmark(

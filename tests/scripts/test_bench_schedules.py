@@ -57,18 +57,18 @@ def test_the_split_costs_b_plus_w_over_the_fused_backward(bench: ModuleType) -> 
     text = bench.render(raw(), META, bench.Settings())
     assert "| fused (1F1B) | 10.00 | 20.00 | - | - |" in text
     assert "| split (zero-bubble) | 10.50 | 21.00 | 10.50 | 10.50 |" in text
-    assert "B + W against the fused backward: 1.050 (met: target at most 1.10)." in text
+    assert "| B + W / fused backward | 1.050 | - | <= 1.10: met |" in text
 
 
 def test_the_rounds_pair_the_schedules_and_take_the_median_ratio(bench: ModuleType) -> None:
     text = bench.render(raw(), META, bench.Settings())
-    assert "| 0 | 100.0 | 92.0 | 0.920 | 0.920 | 40 | 42 |" in text
-    assert "| 2 | 100.0 | 97.0 | 0.970 | 0.930 | 40 | 40 |" in text
+    assert "| 0 | 100.0 | 92.0 | 0.920 | 0.920 | 40 / 42 |" in text
+    assert "| 2 | 100.0 | 97.0 | 0.970 | 0.930 | 40 / 40 |" in text
     # ratios 0.92, 0.941, 0.97: the median is round 1's; predicted 0.92, 0.94, 0.93
-    assert "median of the rounds: 0.941 (met: target at most 0.95)" in text
-    assert "the simulator predicted 0.930, 1.2% off (met: target within 3%)" in text
+    assert "| zero_bubble step | 0.941 | 0.930 | <= 0.95: met |" in text
+    assert "| zero_bubble prediction's error | 1.2% | - | <= 3%: met |" in text
     # the largest rank's peak: 42/40, 44/40, 40/40
-    assert "peak step memory over interleaved's: 1.050 (met: target at most 1.10)." in text
+    assert "| zero_bubble peak memory | 1.050 | - | <= 1.10: met |" in text
 
 
 def test_a_missed_target_says_so(bench: ModuleType) -> None:
@@ -76,8 +76,8 @@ def test_a_missed_target_says_so(bench: ModuleType) -> None:
     for r in slow["rounds"]:  # type: ignore[attr-defined]
         r["zero_bubble"]["times"] = [0.099] * 3
     text = bench.render(slow, META, bench.Settings())
-    assert "median of the rounds: 0.990 (missed: target at most 0.95)" in text
-    assert "6.1% off (missed: target within 3%)" in text
+    assert "| zero_bubble step | 0.990 | 0.930 | <= 0.95: missed |" in text
+    assert "| zero_bubble prediction's error | 6.1% | - | <= 3%: missed |" in text
 
 
 def with_virtual(base: dict[str, object]) -> dict[str, object]:
@@ -93,15 +93,12 @@ def test_virtual_stages_are_paired_with_interleaved_in_the_same_rounds(
     bench: ModuleType,
 ) -> None:
     text = bench.render(with_virtual(raw()), META, bench.Settings())
-    assert "median of the rounds: 0.941 (met: target at most 0.95)" in text  # zero_bubble's
-    assert "the chain cut into 4 chunks, stage s running chunks s and s + 2, bounds " in text
+    assert "| zero_bubble step | 0.941 | 0.930 | <= 0.95: met |" in text
     # ratios 0.94, 0.951, 0.90: the median is round 0's; predicted 0.95, 0.94, 0.96
-    assert "| 0 | 100.0 | 94.0 | 0.940 | 0.950 | 40 | 44 |" in text
-    assert "| 1 | 102.0 | 97.0 | 0.951 | 0.940 | 40 | 46 |" in text
-    assert (
-        "interleaved on 2 virtual stages over interleaved, median of the rounds: 0.940; the "
-        "simulator predicted 0.950, 1.1% off; peak step memory over interleaved's: 1.100."
-    ) in text
+    assert "| 0 | 100.0 | 92.0 | 94.0 | 0.920 | 0.920 | 0.940 | 0.950 | 40 / 42 / 44 |" in text
+    assert "| 1 | 102.0 | 96.0 | 97.0 | 0.941 | 0.940 | 0.951 | 0.940 | 40 / 44 / 46 |" in text
+    assert "| interleaved/2 step | 0.940 | 0.950 | - |" in text
+    assert "| interleaved/2 peak memory | 1.100 | - | - |" in text
 
 
 def test_a_run_of_interleaved_and_virtual_stages_alone_renders_their_section_only(
@@ -113,8 +110,8 @@ def test_a_run_of_interleaved_and_virtual_stages_alone_renders_their_section_onl
         del r["zero_bubble"]
     settings = bench.Settings(schedules=("interleaved", "interleaved/2"))
     text = bench.render(alone, META, settings)
-    assert "virtual stages over interleaved, median of the rounds: 0.940" in text
-    assert "zero_bubble" not in text and "split backward" not in text
+    assert "| interleaved/2 step | 0.940 | 0.950 | - |" in text
+    assert "zero_bubble" not in text and "Backward of the second half" not in text
 
 
 def test_schedules_name_the_pipeline_and_its_virtual_stages(bench: ModuleType) -> None:
