@@ -7,8 +7,8 @@ global batch B=128), one compute thread per rank, each rank bound to its own cor
 - K=2, M=8: tfsift ``simple`` against ``torch.distributed.pipelining.ScheduleGPipe``,
   tfsift ``interleaved`` against ``Schedule1F1B`` and tfsift ``zero_bubble`` against
   ``ScheduleInterleavedZeroBubble`` with one stage a rank (ZB-H1) (the chain cut in two
-  equal halves), and torch's ``ScheduleInterleaved1F1B`` with two stages a rank (the
-  chain cut in four; tfsift has no such row);
+  equal halves), and tfsift ``interleaved`` with ``virtual_stages=2`` against
+  ``ScheduleInterleaved1F1B`` with two stages a rank (the chain cut in four);
 - data parallel, 2 ranks x B/2: tfsift (Horovod) against tf.distribute's
   ``MultiWorkerMirroredStrategy`` and PyTorch DDP (gloo); and tfsift with Open MPI
   polling in its waits, as before ``import tfsift`` made it yield (``tfsift/env.py``).
@@ -52,6 +52,7 @@ CASES = (
     ("K=2 pipeline, GPipe", "PyTorch", 2, "gpipe"),
     ("K=2 pipeline, 1F1B", "tfsift", 2, "interleaved"),
     ("K=2 pipeline, 1F1B", "PyTorch", 2, "1f1b"),
+    ("K=2 pipeline, interleaved 1F1B, 2 stages a rank", "tfsift", 2, "interleaved/2"),
     ("K=2 pipeline, interleaved 1F1B, 2 stages a rank", "PyTorch", 2, "interleaved_1f1b"),
     ("K=2 pipeline, zero bubble (ZB-H1)", "tfsift", 2, "zero_bubble"),
     ("K=2 pipeline, zero bubble (ZB-H1)", "PyTorch", 2, "zero_bubble"),
@@ -70,8 +71,12 @@ PAIRS = (
     ("K=2 pipeline, zero bubble (ZB-H1) | tfsift", "K=2 pipeline, zero bubble (ZB-H1) | PyTorch"),
     ("K=2 pipeline, zero bubble (ZB-H1) | tfsift", "K=2 pipeline, 1F1B | tfsift"),
     (
-        "K=2 pipeline, zero bubble (ZB-H1) | tfsift",
+        "K=2 pipeline, interleaved 1F1B, 2 stages a rank | tfsift",
         "K=2 pipeline, interleaved 1F1B, 2 stages a rank | PyTorch",
+    ),
+    (
+        "K=2 pipeline, interleaved 1F1B, 2 stages a rank | tfsift",
+        "K=2 pipeline, 1F1B | tfsift",
     ),
     ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | tf.distribute MWMS"),
     ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | PyTorch"),
@@ -105,8 +110,10 @@ def job(s: Settings, framework: str, ranks: int, mode: str) -> list[Result]:
         cfg = {f: getattr(c, f) for f in ("layers", "width", "side", "batch", "warmup", "steps")}
         args = [mode, json.dumps(cfg | {"M": s.M, "port": free_port()})]
         return harness.run_job(TORCH_WORKER, args, ranks, timeout=600, python=s.torch)
-    extra = {"M": s.M, "optimize": "speed", "pipeline": mode if ranks > 1 else "simple"}
-    if mode in ("simple", "interleaved", "zero_bubble"):
+    pipeline, _, virtual = mode.partition("/")  # interleaved/2: 2 virtual stages a rank
+    extra = {"M": s.M, "optimize": "speed", "pipeline": pipeline if ranks > 1 else "simple"}
+    extra |= {"virtual_stages": int(virtual)} if virtual else {}
+    if pipeline in ("simple", "interleaved", "zero_bubble"):
         mode = "pipeline"
     extra["ports"] = [free_port() for _ in range(ranks)]
     args = [mode, json.dumps(c.worker_config(**extra))]
