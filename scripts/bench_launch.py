@@ -95,16 +95,9 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
     rounds = len(next(iter(raw["medians"].values())))
     return "\n\n".join(
         [
-            "## Data parallelism by launcher and import order",
             report.provenance(meta, BENCH.command),
-            f"bench_peers' data-parallel row: {c.layers} x Conv2D({c.width}, 3x3, same, relu) "
-            f"on {c.side}x{c.side}x{c.width}, MSE, SGD, B={c.batch} over 2 ranks (Horovod), "
-            "a compute thread and a core per rank, launched without "
-            f"`{YIELD}` in the environment; {rounds} jobs per configuration in rotating order, "
-            f"each the median of {c.steps} steps after {c.warmup} warm-up steps. *mpi4py "
-            "first*: the worker starts MPI (`from mpi4py import MPI`) before it imports "
-            "tfsift, where Open MPI polls unless the launcher set the variable (`tfsift run` "
-            "does) until `tfsift.init` makes it yield.",
+            f"### {c.layers} x Conv2D({c.width}, 3x3) on {c.side}x{c.side}x{c.width}, "
+            f"B={c.batch} over 2 ranks, {rounds} jobs per configuration",
             report.table(
                 ["launcher", "import order", "step ms", f"/ {_named(REFERENCE)}", "jobs"],
                 rows(raw["medians"]),
