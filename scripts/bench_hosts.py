@@ -233,34 +233,24 @@ def rows(s: Settings, link: Link, jobs: dict[str, list[Result]]) -> list[list[st
     return out
 
 
-def answer(link: Link, jobs: dict[str, list[Result]]) -> str:
-    """Which 2-host placement had the shorter step on ``link``, and by how much."""
+def answer(link: Link, jobs: dict[str, list[Result]]) -> list[str]:
+    """Which 2-host placement had the shorter step on ``link``, and ``cluster``'s step over
+    ``spread``'s (medians of the jobs); no row without both."""
     if CLUSTER not in jobs or SPREAD not in jobs:
-        return ""
+        return []
     cluster = statistics.median(j["step_s"] for j in jobs[CLUSTER])
     spread = statistics.median(j["step_s"] for j in jobs[SPREAD])
-    faster, slower = (SPREAD, CLUSTER) if spread < cluster else (CLUSTER, SPREAD)
-    ratio = max(cluster, spread) / min(cluster, spread)
-    fast, slow = (name.split(", ")[1] for name in (faster, slower))
-    return f"- {link.name}: `{fast}` ({ratio:.2f}x shorter step than `{slow}`)"
+    return [link.name, "`spread`" if spread < cluster else "`cluster`", f"{cluster / spread:.2f}"]
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
     links = {link.name: link for link in s.links}
+    answers = [answer(links[n], j) for n, j in raw["links"].items() if n in links]
     parts = [
-        "## The cost of crossing hosts",
         report.provenance(meta, f"sudo {BENCH.command}"),
-        f"2 stages x 2 replicas of {s.layers} x Dense({s.width}), relu, cut in the middle; "
-        f"MSE, SGD, B={s.batch} per replica, M={s.M}; 4 ranks, one compute thread each, on "
-        f"{meta['cores']} cores in every configuration; {s.repeats} job(s) per configuration "
-        f"in rotating order, each the median of {s.steps} steps after {s.warmup}. Bytes: "
-        "what the hosts sent over the link per step (measured: their counters; predicted: "
-        "the partitioner's cut bytes for the stages' messages, a ring allreduce for the "
-        "replicas'), and the seconds the prediction takes at the link's rate, one way.",
-        "Which 2-host placement had the shorter step:",
-        "\n".join(
-            filter(None, (answer(links[n], j) for n, j in raw["links"].items() if n in links))
-        ),
+        f"### 2 x 2 of {s.layers} x Dense({s.width}), B={s.batch} per replica, M={s.M}, "
+        f"{s.repeats} jobs per configuration",
+        report.table(["link", "shorter step", "cluster / spread"], [a for a in answers if a]),
     ]
     header = ["configuration", "step ms", "vs one host", "crosses the link",
               "MB/step measured", "MB/step predicted", "predicted link ms"]  # fmt: skip

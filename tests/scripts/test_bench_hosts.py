@@ -88,12 +88,11 @@ def test_the_rows_and_the_answer_come_from_the_jobs_medians(bench: ModuleType) -
         ["2 hosts, spread", "400.0", "2.00x", "the stages' messages", "1.10"],
     ]
     assert rows[1][5] == f"{2 * 4 * (1024 * 1024 + 1024) * 4 / 1e6:.2f}"  # 2 x the gradients
-    assert bench.answer(slow, jobs(0.2, 3.0, 0.4)) == (
-        "- 100 Mbit/s: `spread` (7.50x shorter step than `cluster`)"
-    )
+    assert bench.answer(slow, jobs(0.2, 3.0, 0.4)) == ["100 Mbit/s", "`spread`", "7.50"]
     meta = {"date": "2026-12-06", "cores": 2, "commit": "abc", "load_start": 0.1,
             "load_end": 0.2, "seconds": 60}  # fmt: skip
     text = bench.render({"links": {"100 Mbit/s": jobs(0.2, 3.0, 0.4)}}, meta, s)
-    assert text.startswith("## The cost of crossing hosts\n\nMeasured 2026-12-06 on 2 cores")
+    assert text.startswith("Measured 2026-12-06 on 2 cores")
+    assert "| 100 Mbit/s | `spread` | 7.50 |" in text
     assert "Rerun: `sudo .venv/bin/python scripts/bench_hosts.py`" in text
     assert "**100 Mbit/s**" in text and "| 2 hosts, spread | 400.0 | 2.00x |" in text
