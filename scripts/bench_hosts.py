@@ -252,12 +252,15 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         f"{s.repeats} jobs per configuration",
         report.table(["link", "shorter step", "cluster / spread"], [a for a in answers if a]),
     ]
-    header = ["configuration", "step ms", "vs one host", "crosses the link",
+    header = ["link", "configuration", "step ms", "vs one host", "crosses the link",
               "MB/step measured", "MB/step predicted", "predicted link ms"]  # fmt: skip
-    for name, jobs in raw["links"].items():
-        if name in links:
-            parts += [f"**{name}**", report.table(header, rows(s, links[name], jobs))]
-    return "\n\n".join(parts)
+    every = [
+        [name, *row]
+        for name, jobs in raw["links"].items()
+        if name in links
+        for row in rows(s, links[name], jobs)
+    ]
+    return "\n\n".join([*parts, report.table(header, every)])
 
 
 BENCH = Benchmark(
