@@ -80,6 +80,7 @@ class Settings:
         Link("the bare veth (unshaped)"),
         Link("1 Gbit/s", rate_mbit=1000),
         Link("100 Mbit/s", rate_mbit=100),
+        Link("100 Mbit/s, 5 ms each way", rate_mbit=100, delay_ms=5),  # where netem is
     )
 
     def worker_config(self, placement: str) -> Result:
@@ -185,12 +186,29 @@ def shape(link: Link) -> None:
             subprocess.run(cmd, check=True)
 
 
+def has_netem() -> bool:
+    """Whether this kernel has the ``netem`` qdisc (a delay): tried in a namespace of its
+    own, on its loopback device."""
+    probe = "tfsift-netem-probe"
+    subprocess.run(["ip", "netns", "add", probe], check=True)
+    try:
+        tc = ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root"]
+        return subprocess.run([*tc, "netem", "delay", "1ms"], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], check=True)
+
+
 def measure(s: Settings) -> Result:
     simhosts("check")
+    links = s.links
+    unshaped = [link.name for link in links if link.delay_ms is not None and not has_netem()]
+    if unshaped:
+        say(f"no netem qdisc in this kernel: {', '.join(unshaped)} left out")
+        links = tuple(link for link in links if link.name not in unshaped)
     simhosts("up", "2")
     out: dict[str, dict[str, list[Result]]] = {}
     try:
-        for link in s.links:
+        for link in links:
             shape(link)
             jobs: dict[str, list[Result]] = {name: [] for name, _, _ in CASES}
             cases = {name: (placement, hosts) for name, placement, hosts in CASES}
@@ -204,7 +222,7 @@ def measure(s: Settings) -> Result:
             out[link.name] = jobs
     finally:
         simhosts("down")  # the shaping goes with the namespaces
-    return {"links": out}
+    return {"links": out, "unshaped": unshaped}
 
 
 def rows(s: Settings, link: Link, jobs: dict[str, list[Result]]) -> list[list[str]]:
@@ -246,6 +264,8 @@ def answer(link: Link, jobs: dict[str, list[Result]]) -> list[str]:
 def render(raw: Result, meta: Result, s: Settings) -> str:
     links = {link.name: link for link in s.links}
     answers = [answer(links[n], j) for n, j in raw["links"].items() if n in links]
+    answers += [[name, "not measured: this kernel has no netem (a delay)", ""]
+                for name in raw.get("unshaped", [])]  # fmt: skip
     parts = [
         report.provenance(meta, f"sudo {BENCH.command}"),
         f"### 2 x 2 of {s.layers} x Dense({s.width}), B={s.batch} per replica, M={s.M}, "

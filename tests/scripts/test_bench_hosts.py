@@ -96,3 +96,13 @@ def test_the_rows_and_the_answer_come_from_the_jobs_medians(bench: ModuleType) -
     assert "| 100 Mbit/s | `spread` | 7.50 |" in text
     assert "Rerun: `sudo .venv/bin/python scripts/bench_hosts.py`" in text
     assert "| 100 Mbit/s | 2 hosts, spread | 400.0 | 2.00x |" in text
+
+
+def test_a_delay_the_kernel_cannot_shape_is_said_not_measured(bench: ModuleType) -> None:
+    meta = {"date": "2026-12-06", "cores": 2, "commit": "abc", "load_start": 0.1,
+            "load_end": 0.2, "seconds": 60}  # fmt: skip
+    raw = {"links": {"100 Mbit/s": jobs(0.2, 3.0, 0.4)}, "unshaped": ["100 Mbit/s, 5 ms each way"]}
+    text = bench.render(raw, meta, bench.Settings())
+    row = "| 100 Mbit/s, 5 ms each way | not measured: this kernel has no netem (a delay) |  |"
+    assert row in text
+    assert bench.Settings().links[-1].delay_ms == 5
