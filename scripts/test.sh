@@ -34,11 +34,13 @@ run() { python -m pytest "$@" || [ $? -eq 5 ]; }
 # from start to exit before it trains (importing TensorFlow's 2,700 modules, with the
 # collector kept off them: tests/lean_site). The next stage's 88 Python processes (81
 # import TensorFlow; its two pytest workers among them) used 733 CPU seconds in all (at
-# 71fd7c2). A third worker did not shorten it (617 s against 579 and 638 s with two, the
-# same morning; vmstat showed no idle CPU in it), and running the next stage beside it saved
-# 10 s of 650 in all. It gets shorter by starting fewer processes, not by running more at a
-# time: the tests of one layout share a job (tests/mpi.py: SharedJob).
-echo "== pytest: one-process and multi-process tests (mpirun, horovodrun), two at a time"
+# 71fd7c2). It gets shorter by starting fewer processes: the tests of one layout share a
+# job (tests/mpi.py: SharedJob). A third worker did not shorten it then (617 s against 579
+# and 638 s with two); since the restart, shrink, doctor and host-cut tests came (each
+# waits seconds for a timeout or a lost host while its ranks idle), the two workers left
+# the cores idle a seventh of the time (970 CPU s in 564 s), and a third took it from 522
+# and 564 s to 487 s (2026-12-06).
+echo "== pytest: one-process and multi-process tests (mpirun, horovodrun), three at a time"
 # A job's ranks leave the cores idle a sixth of the time (waits, bubbles, start-up): the
 # one-process tests beside them fill it (23 s less than one stage after the other). Results
 # do not depend on how fast the tests run; those that time themselves are marked alone.
@@ -47,7 +49,7 @@ echo "== pytest: one-process and multi-process tests (mpirun, horovodrun), two a
 # Two jobs share the 2 cores, which each job's ranks cannot see: no spinning receives.
 # The tests that cut a simulated host off run here, in the simulated hosts' group: in the
 # next stage that group kept one worker for 94 s while the two others were done in 85 s.
-TFSIFT_SPIN_US=0 run -m "not alone and (not fault or hosts)" -n 2 --dist loadgroup \
+TFSIFT_SPIN_US=0 run -m "not alone and (not fault or hosts)" -n 3 --dist loadgroup \
   --durations=25 "$@"
 echo "== pytest: multi-process tests that end their jobs on purpose, three at a time"
 # Each job idles while a rank stalls or the others notice one left, and its test times the
