@@ -201,7 +201,8 @@ def has_netem() -> bool:
 def measure(s: Settings) -> Result:
     simhosts("check")
     links = s.links
-    unshaped = [link.name for link in links if link.delay_ms is not None and not has_netem()]
+    delayed = [link.name for link in links if link.delay_ms is not None]
+    unshaped = delayed if delayed and not has_netem() else []
     if unshaped:
         say(f"no netem qdisc in this kernel: {', '.join(unshaped)} left out")
         links = tuple(link for link in links if link.name not in unshaped)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -10,7 +11,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,21 @@ def _read(folder: Path) -> Reports:
         data = json.loads(path.read_text())
         found[data["rank"]] = data
     return found
+
+
+TIMINGS = "TFSIFT_TEST_TIMINGS"  # a file: rank 0 appends each timed part's seconds to it
+
+
+@contextlib.contextmanager
+def timed(label: str) -> Iterator[None]:
+    """Called inside a rank: where ``TIMINGS`` names a file, rank 0 appends how long the
+    block took, and ``label`` (how the suite's slowest scenarios are found)."""
+    start = time.monotonic()
+    yield
+    timings = os.environ.get(TIMINGS)
+    if timings and os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+        with open(timings, "a") as out:
+            out.write(f"{time.monotonic() - start:7.1f} s  {label}\n")
 
 
 def report(**values: Any) -> None:

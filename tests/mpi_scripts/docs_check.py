@@ -20,11 +20,10 @@ import json
 import linecache
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any
 
-from mpi import REPORTS, report
+from mpi import REPORTS, report, timed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -287,13 +286,10 @@ def run_page(page: str, base: Path) -> dict[str, Any]:
 
 def main() -> None:
     base = Path(os.environ[REPORTS]) / "pages"
-    pages, timings = {}, os.environ.get("TFSIFT_TEST_TIMINGS")  # see together.py
+    pages = {}
     for page in SCENARIOS:
-        start = time.monotonic()
-        pages[page] = run_page(page, base)
-        if timings and os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
-            with open(timings, "a") as out:
-                out.write(f"{time.monotonic() - start:7.1f} s    docs_check.py: {page}\n")
+        with timed(f"  docs_check.py: {page}"):
+            pages[page] = run_page(page, base)
     import tfsift
 
     report(rank=tfsift.rank(), pages=pages)

@@ -11,12 +11,9 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import time
 from pathlib import Path
 
-from mpi import REPORTS, SCRIPTS
-
-TIMINGS = "TFSIFT_TEST_TIMINGS"  # a file: rank 0 appends each scenario's seconds to it
+from mpi import REPORTS, SCRIPTS, timed
 
 
 def scenarios(argv: list[str]) -> list[list[str]]:
@@ -41,13 +38,9 @@ def main() -> None:
         # the header says which scenario a failure's output belongs to
         print(f"together.py: scenario {index}: {script} {' '.join(args)}", flush=True)
         sys.argv = [str(SCRIPTS / script), *args]
-        start = time.monotonic()
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        with timed(f"{script} {' '.join(args)}"):
+            runpy.run_path(sys.argv[0], run_name="__main__")
         (folder / f"done.{os.getpid()}").touch()
-        timings = os.environ.get(TIMINGS)  # where the suite's slowest scenarios are found
-        if timings and os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
-            with open(timings, "a") as out:
-                out.write(f"{time.monotonic() - start:7.1f} s  {script} {' '.join(args)}\n")
         os.chdir(cwd)
 
 
