@@ -135,8 +135,8 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         f"### Conv2D({c.width}, 3x3) x {c.layers} on {c.side} x {c.side} x {c.width}, "
         f"B={c.batch}, K={c.K}, M={s.M}",
     ]
-    if ZERO_BUBBLE in measured and raw.get("split"):
-        split = split_summary(raw["split"])
+    split = split_summary(raw["split"]) if raw.get("split") else None
+    if ZERO_BUBBLE in measured and split is not None:
         parts += [
             f"Backward of the second half, one microbatch, one process (ms, median of "
             f"{s.split_steps}):",
@@ -182,13 +182,13 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         ),
         report.table(
             ["against interleaved, median of the rounds", "measured", "predicted", "target"],
-            summary_rows(raw, summaries),
+            summary_rows(summaries, split),
         ),
     ]
     return "\n\n".join(parts)
 
 
-def summary_rows(raw: Result, summaries: dict[str, Result]) -> list[list[str]]:
+def summary_rows(summaries: dict[str, Result], split: Result | None) -> list[list[str]]:
     """The measured ratios beside the plan lines' and the issue's targets."""
     rows = []
     if ZERO_BUBBLE in summaries:
@@ -202,8 +202,8 @@ def summary_rows(raw: Result, summaries: dict[str, Result]) -> list[list[str]]:
              f"{abs(zb['predicted'] - zb['ratio']) / zb['ratio']:.1%}", "-",
              target(abs(zb["predicted"] - zb["ratio"]) / zb["ratio"], TARGET_PREDICTION, True)],
         ]  # fmt: skip
-        if raw.get("split"):
-            ratio = split_summary(raw["split"])["ratio"]
+        if split is not None:
+            ratio = split["ratio"]
             rows.append(["B + W / fused backward", f"{ratio:.3f}", "-",
                          target(ratio, TARGET_SPLIT)])  # fmt: skip
     if VIRTUAL in summaries:
