@@ -16,22 +16,21 @@ keep the k samples with
 
 with ties to the lower index. ``relative`` (``tfsift.sift.relative``) and ``adaptive``
 (``tfsift.sift.experimental.adaptive``) carry state across steps. ``make_policy`` builds
-any of them behind one interface, `Policy`.
+any of them behind one interface, ``tfsift.sift.selection.Policy``.
 """
 
 from __future__ import annotations
-
-from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from tfsift.sift.config import METHODS, SiftConfig
-from tfsift.sift.relative import LossHistory, RelativePolicy, relative_probabilities
+from tfsift.sift.relative import RelativePolicy
 from tfsift.sift.scores import adaboost_alphas, grad_norms
 from tfsift.sift.selection import (
     FloatArray,
     IntArray,
+    Policy,
     Selection,
     check_losses,
     finite_mask,
@@ -40,54 +39,6 @@ from tfsift.sift.selection import (
     require_logits,
     top_k,
 )
-
-__all__ = [
-    "FractionPolicy",
-    "LossHistory",
-    "Policy",
-    "RelativePolicy",
-    "Selection",
-    "check_losses",
-    "choose",
-    "finite_mask",
-    "kept_count",
-    "make_policy",
-    "relative_probabilities",
-]
-
-
-class Policy(Protocol):
-    """What the training step asks of every policy."""
-
-    @property
-    def needs_logits(self) -> bool:
-        """Whether `select` needs the logits and labels (grad_norm does)."""
-        ...
-
-    def observe(self, losses: npt.ArrayLike) -> None:
-        """Takes all replicas' losses of a step, before `select`; a no-op but for relative."""
-
-    def select(
-        self,
-        losses: npt.ArrayLike,
-        rng: np.random.Generator | None = None,
-        logits: npt.ArrayLike | None = None,
-        labels: npt.ArrayLike | None = None,
-        uniforms: npt.ArrayLike | None = None,
-    ) -> Selection:
-        """The kept samples of one scored batch."""
-        ...
-
-    def metrics(self) -> dict[str, float]:
-        """Numbers worth logging each step."""
-        ...
-
-    def state(self) -> dict[str, Any]:
-        """Plain NumPy and numbers for a checkpoint."""
-        ...
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restores what `state` took."""
 
 
 def make_policy(config: SiftConfig) -> Policy:
@@ -108,7 +59,7 @@ def make_policy(config: SiftConfig) -> Policy:
     return FractionPolicy(config.policy, config.keep, config.loss_kind)
 
 
-class FractionPolicy:
+class FractionPolicy(Policy):
     """Keeps k = max(1, floor(keep * B)) samples of each batch by one fixed method.
 
     Example:
@@ -127,19 +78,15 @@ class FractionPolicy:
         self.loss_kind = loss_kind
         self.needs_logits = method == "grad_norm"
 
-    def observe(self, losses: npt.ArrayLike) -> None:
-        """Nothing: fraction policies keep no history."""
-
     def select(
         self,
         losses: npt.ArrayLike,
         rng: np.random.Generator | None = None,
         logits: npt.ArrayLike | None = None,
         labels: npt.ArrayLike | None = None,
-        uniforms: npt.ArrayLike | None = None,
     ) -> Selection:
         """The k samples `method` keeps among the finite ones; probs are k / B (B the
-        finite count). `uniforms` is unused."""
+        finite count)."""
         array = check_losses(losses)
         if self.needs_logits:
             require_logits(self.method, logits, labels)
@@ -150,17 +97,6 @@ class FractionPolicy:
         rows = (finite_rows(logits, finite, len(array)), finite_rows(labels, finite, len(array)))
         chosen = choose(self.method, array[finite], k, rng, *rows, loss_kind=self.loss_kind)
         return Selection(finite[chosen], np.full(k, k / len(finite)))
-
-    def metrics(self) -> dict[str, float]:
-        """Nothing to report."""
-        return {}
-
-    def state(self) -> dict[str, Any]:
-        """Nothing to save."""
-        return {}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Nothing to restore."""
 
 
 def choose(

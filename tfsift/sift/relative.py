@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tfsift.sift.selection import FloatArray, Selection, check_losses, finite_mask
+from tfsift.sift.selection import FloatArray, Policy, Selection, check_losses, finite_mask
 
 
 class LossHistory:
@@ -104,7 +104,7 @@ def relative_probabilities(
     return np.where(np.isfinite(array), probs, np.nan)
 
 
-class RelativePolicy:
+class RelativePolicy(Policy):
     """Selective-Backprop: keeps sample i iff u_i < P_i, u_i uniform on [0, 1).
 
     Example:
@@ -113,8 +113,6 @@ class RelativePolicy:
         >>> policy.select([0.5, 3.5], uniforms=[0.1, 0.1]).indices.tolist()
         [1]
     """
-
-    needs_logits = False
 
     def __init__(self, beta: float = 1.0, history: int = 500, min_prob: float = 0.0) -> None:
         self.beta = beta
@@ -141,10 +139,6 @@ class RelativePolicy:
         probs = relative_probabilities(array, self.history.values(), self.beta, self.min_prob)
         kept = np.flatnonzero(finite_mask(array) & (draws < np.nan_to_num(probs)))
         return Selection(kept.astype(np.int64), probs[kept])
-
-    def metrics(self) -> dict[str, float]:
-        """Nothing to report beyond the kept fraction the caller already sees."""
-        return {}
 
     def state(self) -> dict[str, Any]:
         """The loss history, for a checkpoint."""

@@ -25,11 +25,10 @@ from keras import tree
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
 from tfsift.sift.metrics import SiftMetrics, warn_nonfinite
-from tfsift.sift.policies import Policy, check_losses
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import Scorer, Scores
-from tfsift.sift.selection import Selection
+from tfsift.sift.selection import Policy, Selection, check_losses
 from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
 

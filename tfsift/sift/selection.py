@@ -1,4 +1,4 @@
-"""The kept samples of one selection, and the checks every policy shares.
+"""The kept samples of one selection, what a policy is, and the checks every policy shares.
 
 Letters: B samples scored in one selection, k of them kept. Non-finite losses (NaN,
 inf) are never kept: a policy selects among the finite ones and maps back.
@@ -59,6 +59,37 @@ class Selection:
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class Policy:
+    """What a round asks of every policy that selects within it (``tfsift.sift.policies``);
+    the defaults are those of a policy that keeps no state."""
+
+    needs_logits = False  # whether ``select`` needs the logits and labels (grad_norm does)
+
+    def observe(self, losses: npt.ArrayLike) -> None:
+        """Takes all replicas' losses of a round, before ``select`` (relative keeps them)."""
+
+    def select(
+        self,
+        losses: npt.ArrayLike,
+        rng: np.random.Generator | None = None,
+        logits: npt.ArrayLike | None = None,
+        labels: npt.ArrayLike | None = None,
+    ) -> Selection:
+        """The kept samples of one scored batch."""
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers worth logging each round."""
+        return {}
+
+    def state(self) -> dict[str, Any]:
+        """Plain NumPy and numbers for a checkpoint."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores what ``state`` took."""
 
 
 def check_losses(losses: npt.ArrayLike, batch: int | None = None) -> FloatArray:

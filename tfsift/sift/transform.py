@@ -51,13 +51,13 @@ from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
 from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs
 from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_empty_epoch
-from tfsift.sift.policies import Policy, make_policy
+from tfsift.sift.policies import make_policy
 from tfsift.sift.reader import SourceReader
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import COUNTS, FULL_BATCHES, REMAINDER, ReplicaGroup
 from tfsift.sift.rounds import Leaves, Rounds
 from tfsift.sift.scorer import FullScorer, NoScorer, Scorer, StepScorer
-from tfsift.sift.selection import Selection
+from tfsift.sift.selection import Policy, Selection
 from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
