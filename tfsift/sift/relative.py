@@ -69,15 +69,8 @@ class LossHistory:
         return self._count
 
     def state(self) -> dict[str, Any]:
-        """Plain NumPy and ints for a checkpoint; `from_state` reads it back."""
+        """Plain NumPy and ints for a checkpoint."""
         return {"length": self.length, "values": self.values()}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> LossHistory:
-        """The history `state` was taken from."""
-        history = cls(int(state["length"]))
-        history.extend(state["values"])
-        return history
 
 
 def relative_probabilities(
