@@ -21,6 +21,8 @@ any of them behind one interface, ``tfsift.sift.selection.Policy``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -39,6 +41,14 @@ from tfsift.sift.selection import (
     require_logits,
     top_k,
 )
+
+# For the other methods: a score whose k highest are the samples the method keeps
+LOSS_SCORES: dict[str, Callable[[FloatArray], FloatArray]] = {
+    "big_loss": lambda losses: losses,
+    "small_loss": lambda losses: -losses,
+    "adaboost": adaboost_alphas,
+    "coreset_mean": lambda losses: -np.abs(losses - losses.mean()),
+}
 
 
 def make_policy(config: SiftConfig) -> Policy:
@@ -68,11 +78,7 @@ class FractionPolicy(Policy):
     """
 
     def __init__(self, method: str, keep: float = 0.5, loss_kind: str = "auto") -> None:
-        if method not in METHODS:
-            raise ValueError(
-                f"method must be one of {', '.join(map(repr, METHODS))}. "
-                f"Received: method={method!r}"
-            )
+        _check_method(method)
         self.method = method
         self.keep = keep
         self.loss_kind = loss_kind
@@ -124,7 +130,8 @@ def choose(
         return top_k(grad_norms(logits, labels, loss_kind), k)
     if method == "coreset_extremes":
         return coreset_extremes(losses, k)
-    return top_k(_loss_scores(method, losses), k)
+    _check_method(method)
+    return top_k(LOSS_SCORES[method](losses), k)
 
 
 def coreset_extremes(losses: FloatArray, k: int) -> IntArray:
@@ -135,17 +142,8 @@ def coreset_extremes(losses: FloatArray, k: int) -> IntArray:
     return np.sort(np.concatenate([high, low])).astype(np.int64)
 
 
-def _loss_scores(method: str, losses: FloatArray) -> FloatArray:
-    """A score whose k highest are the samples `method` keeps."""
-    if method == "big_loss":
-        return losses
-    if method == "small_loss":
-        return -losses
-    if method == "adaboost":
-        return adaboost_alphas(losses)
-    if method == "coreset_mean":
-        result: FloatArray = -np.abs(losses - losses.mean())
-        return result
-    raise ValueError(
-        f"method must be one of {', '.join(map(repr, METHODS))}. Received: method={method!r}"
-    )
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(
+            f"method must be one of {', '.join(map(repr, METHODS))}. Received: method={method!r}"
+        )
