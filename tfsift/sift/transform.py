@@ -450,10 +450,6 @@ class Sifter:
             change,
         )
 
-    def output_signature(self) -> Any:
-        """The sifted elements' spec: the source's with an unknown batch size (+ weight)."""
-        return sifted_spec(self.element_spec, self.config.rescale)
-
 
 class SiftedDataset(PythonDataset):
     """The dataset ``tfsift.sift`` returns: a ``tf.data.Dataset`` whose Python iteration
@@ -461,7 +457,8 @@ class SiftedDataset(PythonDataset):
 
     def __init__(self, sifter: Sifter, source: tf.data.Dataset) -> None:
         self.sifter, self.source = sifter, source
-        super().__init__(sifter.output_signature(), options=in_step_options())
+        spec = sifted_spec(sifter.element_spec, sifter.config.rescale)
+        super().__init__(spec, options=in_step_options())
 
     def _elements(self) -> Iterator[Any]:
         return self.sifter.epoch(self.source)
