@@ -136,12 +136,6 @@ class ReplicaGroup:
                 f"{self._stage} to exchange {what} (a replica stalled)"
             )
 
-    def close(self) -> None:
-        """Frees the communicator (collective over the group)."""
-        if self.comm is not None:
-            self.comm.Free()
-            self.comm = None
-
 
 def exchange_code(what: str) -> int:
     """The code exchange ``what`` (one of ``EXCHANGES``) sends along."""
