@@ -35,7 +35,6 @@ from tfsift.sift.selection import (
     Policy,
     Selection,
     check_losses,
-    finite_mask,
     finite_rows,
     kept_count,
     require_logits,
@@ -96,7 +95,7 @@ class FractionPolicy(Policy):
         array = check_losses(losses)
         if self.needs_logits:
             require_logits(self.method, logits, labels)
-        finite = np.flatnonzero(finite_mask(array))
+        finite = np.flatnonzero(np.isfinite(array))
         if len(finite) == 0:
             return Selection.empty()
         k = min(kept_count(self.keep, len(array)), len(finite))

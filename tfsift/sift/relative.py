@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tfsift.sift.selection import FloatArray, Policy, Selection, check_losses, finite_mask
+from tfsift.sift.selection import FloatArray, Policy, Selection, check_losses
 
 
 class LossHistory:
@@ -130,7 +130,7 @@ class RelativePolicy(Policy):
         array = check_losses(losses)
         draws = _uniforms(uniforms, rng, len(array))
         probs = relative_probabilities(array, self.history.values(), self.beta, self.min_prob)
-        kept = np.flatnonzero(finite_mask(array) & (draws < np.nan_to_num(probs)))
+        kept = np.flatnonzero(np.isfinite(array) & (draws < np.nan_to_num(probs)))
         return Selection(kept.astype(np.int64), probs[kept])
 
     def state(self) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -111,11 +110,6 @@ def check_losses(losses: npt.ArrayLike, batch: int | None = None) -> FloatArray:
             f"Received: shape={array.shape}{suffix}"
         )
     return array
-
-
-def finite_mask(losses: npt.ArrayLike) -> BoolArray:
-    """True where a loss is finite; only those samples may be kept."""
-    return np.isfinite(np.asarray(losses, dtype=np.float64))
 
 
 def kept_count(keep: float, B: int) -> int:

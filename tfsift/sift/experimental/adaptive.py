@@ -56,7 +56,6 @@ from tfsift.sift.selection import (
     Policy,
     Selection,
     check_losses,
-    finite_mask,
     finite_rows,
     kept_count,
     require_logits,
@@ -113,7 +112,7 @@ class AdaptivePolicy(Policy):
         array = check_losses(losses)
         if self.needs_logits:
             require_logits("grad_norm", logits, labels)
-        finite = np.flatnonzero(finite_mask(array))
+        finite = np.flatnonzero(np.isfinite(array))
         if len(finite) == 0:
             return Selection.empty()
         scored = array[finite]
