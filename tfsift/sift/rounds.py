@@ -37,15 +37,9 @@ Leaves = list[np.ndarray]  # a round's element, flattened: one array per leaf, g
 
 
 class Rounds:
-    """The rounds of one sifted dataset: what scores them, what selects, the score table.
-
-    Args:
-        config: the dataset's config.
-        scorer: scores candidates (``NoScorer`` with ``scores="training"``).
-        policy: selects within a round, or InfoBatch by its epoch's plan.
-        element_spec: the source's element structure (the leaves are packed into it).
-        replica: this rank's replica, which seeds its draws.
-    """
+    """The rounds of one sifted dataset: what scores them (``NoScorer`` with
+    ``scores="training"``), what selects (within a round, or InfoBatch by its epoch's
+    plan), the score table; ``replica`` seeds the draws."""
 
     def __init__(
         self,

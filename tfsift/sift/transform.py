@@ -24,10 +24,8 @@ allreduce of the one with more would wait forever. Each round starts with a MIN 
 the replicas of [full batches ready, more data upstream]: every replica yields that
 many, and all stop when the shortest shard ends.
 
-Scores from training (``scores="training"``): a round runs no forward; it looks up the
-loss each candidate had when it was last trained (``tfsift.sift.recorder``), which the
-loop hands back after each step with ``SiftedDataset.record``, and keeps the candidates
-without one (never trained, or more than ``stale`` epochs ago) unscored.
+Scores from training (``scores="training"``): a round runs no forward, and selects by
+the losses the loop hands back after each step (``tfsift.sift.recorder``).
 """
 
 from __future__ import annotations
