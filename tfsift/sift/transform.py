@@ -218,8 +218,6 @@ class Sifter:
     def __init__(self, element_spec: Any, scorer: Scorer, config: SiftConfig) -> None:
         rt = runtime.get()
         self.config = config
-        assert config.score_batches is not None  # SiftConfig resolves None
-        self.g = config.score_batches  # source batches per round
         self.element_spec = element_spec
         self.M = rt.config.microbatches
         self.rounds = Rounds(config, scorer, _policy(config), element_spec, rt.replica)
@@ -334,7 +332,7 @@ class Sifter:
             self.epoch_read, self.buffer = resume
             source = source.skip(self.epoch_read)
         buffer = self.buffer
-        reader = SourceReader(source, self.batch_size, self.g)
+        reader = SourceReader(source, self.batch_size, self.rounds.g)
         try:
             while True:
                 leaves = self._read(reader)
@@ -385,7 +383,7 @@ class Sifter:
 
     def _read(self, reader: SourceReader) -> list[np.ndarray] | None:
         """The next g source batches (1 during the delay) as one element's leaves."""
-        g = 1 if self.batches_read < self.config.delay else self.g
+        g = 1 if self.batches_read < self.config.delay else self.rounds.g
         read = reader.read(g)
         if read is None:
             return None
