@@ -57,17 +57,17 @@ class Config:
     log_dir: str | None = None
 
     def __post_init__(self) -> None:
-        _check_int("partitions", self.partitions, 1)
-        _check_int("microbatches", self.microbatches, 1)
-        _check_int("profile_repeats", self.profile_repeats, 1)
-        _check_choice("pipeline", self.pipeline, (*PIPELINES, AUTO))
-        _check_choice("optimize", self.optimize, OPTIMIZE)
-        _check_choice("placement_strategy", self.placement_strategy, PLACEMENTS)
-        _check_bool("auto_partition", self.auto_partition)
+        check_int("partitions", self.partitions, 1)
+        check_int("microbatches", self.microbatches, 1)
+        check_int("profile_repeats", self.profile_repeats, 1)
+        check_choice("pipeline", self.pipeline, (*PIPELINES, AUTO))
+        check_choice("optimize", self.optimize, OPTIMIZE)
+        check_choice("placement_strategy", self.placement_strategy, PLACEMENTS)
+        check_bool("auto_partition", self.auto_partition)
         if self.horovod is not None:
-            _check_bool("horovod", self.horovod)
+            check_bool("horovod", self.horovod)
         self._check_virtual_stages()
-        _check_int("default_partition", self.default_partition, 0)
+        check_int("default_partition", self.default_partition, 0)
         chunks = self.partitions * (self.virtual_stages or 1)  # manual placement's indices
         if self.default_partition >= chunks:
             bound = f"partitions={self.partitions}"
@@ -78,7 +78,7 @@ class Config:
                 f"Received: default_partition={self.default_partition}"
             )
         if self.memory_cap is not None:
-            _check_int("memory_cap", self.memory_cap, 1)
+            check_int("memory_cap", self.memory_cap, 1)
         _check_positive("timeout", self.timeout)
         if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
             raise ValueError(
@@ -90,7 +90,7 @@ class Config:
         v = self.virtual_stages
         if v is None:
             return
-        _check_int("virtual_stages", v, 1)
+        check_int("virtual_stages", v, 1)
         if v == 1:
             return
         if self.partitions < 2:
@@ -172,7 +172,7 @@ def _read(path: str) -> str:
         return handle.read()
 
 
-def _check_int(name: str, value: object, low: int) -> None:
+def check_int(name: str, value: object, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}. Received: {name}={value!r}")
 
@@ -182,12 +182,12 @@ def _check_positive(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a number > 0. Received: {name}={value!r}")
 
 
-def _check_bool(name: str, value: object) -> None:
+def check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
 
 
-def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(
             f"{name} must be one of {', '.join(map(repr, allowed))}. Received: {name}={value!r}"

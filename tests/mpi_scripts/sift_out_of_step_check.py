@@ -18,6 +18,7 @@ import numpy as np
 import tfsift
 from tfsift.parallel import runtime
 from tfsift.sift import replicas
+from tfsift.sift.experimental.collectives import HeadGroup
 from tfsift.sift.replicas import ReplicaGroup
 
 tfsift.init({"partitions": 1, "timeout": 20})
@@ -26,5 +27,5 @@ if len(sys.argv) > 1 and sys.argv[1] == "same-size":
     group.agree([3], replicas.FULL_BATCHES if tfsift.rank() == 0 else replicas.REMAINDER)
 else:
     if tfsift.rank() == 1:
-        group.mean([np.zeros(100)])
+        HeadGroup(group).mean([np.zeros(100)])
     group.agree([1, 1], replicas.COUNTS)

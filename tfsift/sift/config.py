@@ -6,6 +6,8 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
+from tfsift.config import check_bool, check_choice, check_int
+
 POLICIES = (
     "relative",
     "big_loss",
@@ -161,38 +163,38 @@ class SiftConfig:
     def __post_init__(self) -> None:
         implied = frozenset(k for k, v in IMPLIED.items() if getattr(self, k) == v)
         object.__setattr__(self, "_implied", implied)
-        _check_choice("policy", self.policy, POLICIES)
+        check_choice("policy", self.policy, POLICIES)
         if self.epochs is not None:
-            _check_int("epochs", self.epochs, 1)
+            check_int("epochs", self.epochs, 1)
         self._resolve("scores", "training" if self.policy == "infobatch" else "forward")
-        _check_choice("scores", self.scores, SCORES)
+        check_choice("scores", self.scores, SCORES)
         self._resolve("rescale", "unbiased" if self.policy == "infobatch" else None)
         training = self.scores == "training"
         self._resolve("score_batches", TRAINING_SCORE_BATCHES if training else 1)
         infobatch_stale = self.epochs if self.policy == "infobatch" and self.epochs else 1
         self._resolve("stale", infobatch_stale if training else 0)
-        _check_positive("beta", self.beta)
-        _check_int("history", self.history, 1)
-        _check_int("delay", self.delay, 0)
-        _check_unit("min_prob", self.min_prob)
-        _check_keep(self.keep)
+        _check_number("beta", self.beta, "> 0")
+        check_int("history", self.history, 1)
+        check_int("delay", self.delay, 0)
+        _check_number("min_prob", self.min_prob, "in [0, 1]")
+        _check_number("keep", self.keep, "in (0, 1]")
         object.__setattr__(self, "methods", check_methods(self.methods))
-        _check_positive("eta", self.eta)
-        _check_positive("curriculum_T", self.curriculum_T)
+        _check_number("eta", self.eta, "> 0")
+        _check_number("curriculum_T", self.curriculum_T, "> 0")
         _check_optional_choice("rescale", self.rescale, RESCALES)
-        _check_int("score_batches", self.score_batches, 1)
-        _check_bool("drop_remainder", self.drop_remainder)
-        _check_choice("scorer", self.scorer, SCORERS)
+        check_int("score_batches", self.score_batches, 1)
+        check_bool("drop_remainder", self.drop_remainder)
+        check_choice("scorer", self.scorer, SCORERS)
         _check_optional_name("exit_after", self.exit_after)
         _check_head(self.exit_head)
-        _check_positive("exit_lr", self.exit_lr)
-        _check_int("stale", self.stale, 0)
+        _check_number("exit_lr", self.exit_lr, "> 0")
+        check_int("stale", self.stale, 0)
         self._check_overlap()
-        _check_int("seed", self.seed, 0)
+        check_int("seed", self.seed, 0)
         _check_optional_name("log_dir", self.log_dir)
-        _check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
-        _check_fraction("prune", self.prune)
-        _check_unit("anneal", self.anneal)
+        check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
+        _check_number("prune", self.prune, "in [0, 1)")
+        _check_number("anneal", self.anneal, "in [0, 1]")
         if training:
             self._check_training()
         if self.policy == "infobatch":
@@ -205,13 +207,13 @@ class SiftConfig:
 
     def _check_overlap(self) -> None:
         """overlap needs the early exit; leftover needs overlap."""
-        _check_bool("overlap", self.overlap)
+        check_bool("overlap", self.overlap)
         if self.overlap and self.scorer != "early_exit":
             raise ValueError(
                 "overlap runs the early-exit scoring during the pipeline's drain; it needs "
                 f"scorer='early_exit'. Received: overlap=True, scorer={self.scorer!r}"
             )
-        _check_choice("leftover", self.leftover, LEFTOVERS)
+        check_choice("leftover", self.leftover, LEFTOVERS)
         if self.leftover != "score" and not self.overlap:
             raise ValueError(
                 "leftover decides what overlap had no wait to score; it needs overlap=True. "
@@ -301,47 +303,20 @@ class SiftConfig:
         return float(floor * low + (1 - low ** (beta + 1)) / (beta + 1))
 
 
-def _check_number(name: str, value: object) -> float:
+# What a number must be, as the error message says it, and the test
+BOUNDS = {
+    "> 0": lambda v: v > 0,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+}
+
+
+def _check_number(name: str, value: object, bound: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number. Received: {name}={value!r}")
-    return float(value)
-
-
-def _check_positive(name: str, value: object) -> None:
-    if _check_number(name, value) <= 0:
-        raise ValueError(f"{name} must be > 0. Received: {name}={value!r}")
-
-
-def _check_unit(name: str, value: object) -> None:
-    if not 0 <= _check_number(name, value) <= 1:
-        raise ValueError(f"{name} must be in [0, 1]. Received: {name}={value!r}")
-
-
-def _check_fraction(name: str, value: object) -> None:
-    if not 0 <= _check_number(name, value) < 1:
-        raise ValueError(f"{name} must be in [0, 1). Received: {name}={value!r}")
-
-
-def _check_keep(value: object) -> None:
-    if not 0 < _check_number("keep", value) <= 1:
-        raise ValueError(f"keep must be in (0, 1]. Received: keep={value!r}")
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}. Received: {name}={value!r}")
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
-
-
-def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(
-            f"{name} must be one of {', '.join(map(repr, allowed))}. Received: {name}={value!r}"
-        )
+    if not BOUNDS[bound](value):
+        raise ValueError(f"{name} must be {bound}. Received: {name}={value!r}")
 
 
 def _check_optional_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -10,8 +10,8 @@ from keras import tree
 
 
 def with_weights(element: Any, probs: np.ndarray, rescale: str | None) -> Any:
-    """``element`` with the importance weights 1 / ``probs`` added (``rescale``): a third
-    tuple element, a ``"sample_weight"`` key, or a pair; unchanged without ``rescale``."""
+    """``element`` with the importance weights 1 / ``probs`` added (``rescale``, see
+    ``_added``); unchanged without ``rescale``."""
     if rescale is None:
         return element
     return weighted(element, (1.0 / probs).astype(np.float32), rescale)
@@ -20,23 +20,21 @@ def with_weights(element: Any, probs: np.ndarray, rescale: str | None) -> Any:
 def weighted(element: Any, inverse: np.ndarray, rescale: str | None) -> Any:
     """``element`` with the weights ``inverse`` (float32 1 / probs) added as
     ``with_weights`` adds them, divided by their mean where ``rescale="normalized"``."""
-    weights = inverse / inverse.mean() if rescale == "normalized" else inverse
-    if isinstance(element, tuple):
-        return (*element, weights)
-    if isinstance(element, dict):
-        return {**element, "sample_weight": weights}
-    return (element, weights)
+    return _added(element, inverse / inverse.mean() if rescale == "normalized" else inverse)
 
 
 def sifted_spec(spec: Any, rescale: str | None) -> Any:
     """The spec of sifted elements of ``spec``: an unknown batch size (a partial last
     batch is possible), and with ``rescale`` the weights ``with_weights`` adds."""
     spec = tree.map_structure(lambda s: tf.TensorSpec((None, *s.shape[1:]), s.dtype), spec)
-    weight = tf.TensorSpec((None,), tf.float32)
-    if rescale is None:
-        return spec
-    if isinstance(spec, tuple):
-        return (*spec, weight)
-    if isinstance(spec, dict):
-        return {**spec, "sample_weight": weight}
-    return (spec, weight)
+    return spec if rescale is None else _added(spec, tf.TensorSpec((None,), tf.float32))
+
+
+def _added(element: Any, weights: Any) -> Any:
+    """``element`` with ``weights`` added: a third tuple element, a ``"sample_weight"``
+    key, or a pair."""
+    if isinstance(element, tuple):
+        return (*element, weights)
+    if isinstance(element, dict):
+        return {**element, "sample_weight": weights}
+    return (element, weights)

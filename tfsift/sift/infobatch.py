@@ -132,7 +132,7 @@ class InfoBatchPolicy:
         left = np.ones(len(keys), bool)
         left[kept.indices] = False
         self._pruned = np.sort(keys[left])
-        self._boosted = np.sort(_boosted_keys(keys, kept))
+        self._boosted = np.sort(keys[kept.indices[kept.probs < 1.0]])  # drawn from below the mean
 
     def select_keys(self, keys: FloatArray) -> Selection:
         """The samples of a round (by key) the plan keeps, with their keep probabilities;
@@ -154,9 +154,3 @@ class InfoBatchPolicy:
         """Restores the plan ``state`` holds."""
         self._pruned = np.asarray(state["pruned"], np.float64)
         self._boosted = np.asarray(state["boosted"], np.float64)
-
-
-def _boosted_keys(keys: FloatArray, kept: Selection) -> FloatArray:
-    """The keys of the kept samples that were drawn from below the mean (P < 1)."""
-    result: FloatArray = keys[kept.indices[kept.probs < 1.0]]
-    return result

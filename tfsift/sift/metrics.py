@@ -21,20 +21,25 @@ import numpy as np
 
 log = logging.getLogger("tfsift")
 
-# The fields that add up over batches: an epoch's figure is the total less its start's.
-COUNTERS = (
+# The fields that count or sum samples: what each replica did (added up when a state moves
+# to another number of replicas, ``tfsift.sift.relayout``)
+SAMPLE_COUNTS = (
     "samples_seen",
     "samples_scored",
     "samples_kept",
     "samples_reused",
     "samples_unscored",
     "nonfinite_losses",
-    "batches_yielded",
-    "rounds",
     "loss_sum_scored",
     "loss_sum_kept",
     "finite_scored",
     "finite_kept",
+)
+# The fields that add up over batches: an epoch's figure is the total less its start's.
+COUNTERS = (
+    *SAMPLE_COUNTS,
+    "batches_yielded",
+    "rounds",
     "time_scoring",
     "time_selecting",
     "time_accumulating",

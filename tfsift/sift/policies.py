@@ -16,78 +16,38 @@ keep the k samples with
 
 with ties to the lower index. ``relative`` (``tfsift.sift.relative``) and ``adaptive``
 (``tfsift.sift.experimental.adaptive``) carry state across steps. ``make_policy`` builds
-any of them behind one interface, `Policy`.
+any of them behind one interface, ``tfsift.sift.selection.Policy``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
 from tfsift.sift.config import METHODS, SiftConfig
-from tfsift.sift.relative import LossHistory, RelativePolicy, relative_probabilities
+from tfsift.sift.relative import RelativePolicy
 from tfsift.sift.scores import adaboost_alphas, grad_norms
 from tfsift.sift.selection import (
     FloatArray,
     IntArray,
+    Policy,
     Selection,
     check_losses,
-    finite_mask,
     finite_rows,
     kept_count,
     require_logits,
     top_k,
 )
 
-__all__ = [
-    "FractionPolicy",
-    "LossHistory",
-    "Policy",
-    "RelativePolicy",
-    "Selection",
-    "check_losses",
-    "choose",
-    "finite_mask",
-    "kept_count",
-    "make_policy",
-    "relative_probabilities",
-]
-
-
-class Policy(Protocol):
-    """What the training step asks of every policy."""
-
-    @property
-    def needs_logits(self) -> bool:
-        """Whether `select` needs the logits and labels (grad_norm does)."""
-        ...
-
-    def observe(self, losses: npt.ArrayLike) -> None:
-        """Takes all replicas' losses of a step, before `select`; a no-op but for relative."""
-
-    def select(
-        self,
-        losses: npt.ArrayLike,
-        rng: np.random.Generator | None = None,
-        logits: npt.ArrayLike | None = None,
-        labels: npt.ArrayLike | None = None,
-        uniforms: npt.ArrayLike | None = None,
-    ) -> Selection:
-        """The kept samples of one scored batch."""
-        ...
-
-    def metrics(self) -> dict[str, float]:
-        """Numbers worth logging each step."""
-        ...
-
-    def state(self) -> dict[str, Any]:
-        """Plain NumPy and numbers for a checkpoint."""
-        ...
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restores what `state` took."""
+# For the other methods: a score whose k highest are the samples the method keeps
+LOSS_SCORES: dict[str, Callable[[FloatArray], FloatArray]] = {
+    "big_loss": lambda losses: losses,
+    "small_loss": lambda losses: -losses,
+    "adaboost": adaboost_alphas,
+    "coreset_mean": lambda losses: -np.abs(losses - losses.mean()),
+}
 
 
 def make_policy(config: SiftConfig) -> Policy:
@@ -108,7 +68,7 @@ def make_policy(config: SiftConfig) -> Policy:
     return FractionPolicy(config.policy, config.keep, config.loss_kind)
 
 
-class FractionPolicy:
+class FractionPolicy(Policy):
     """Keeps k = max(1, floor(keep * B)) samples of each batch by one fixed method.
 
     Example:
@@ -117,18 +77,11 @@ class FractionPolicy:
     """
 
     def __init__(self, method: str, keep: float = 0.5, loss_kind: str = "auto") -> None:
-        if method not in METHODS:
-            raise ValueError(
-                f"method must be one of {', '.join(map(repr, METHODS))}. "
-                f"Received: method={method!r}"
-            )
+        _check_method(method)
         self.method = method
         self.keep = keep
         self.loss_kind = loss_kind
         self.needs_logits = method == "grad_norm"
-
-    def observe(self, losses: npt.ArrayLike) -> None:
-        """Nothing: fraction policies keep no history."""
 
     def select(
         self,
@@ -136,31 +89,19 @@ class FractionPolicy:
         rng: np.random.Generator | None = None,
         logits: npt.ArrayLike | None = None,
         labels: npt.ArrayLike | None = None,
-        uniforms: npt.ArrayLike | None = None,
     ) -> Selection:
         """The k samples `method` keeps among the finite ones; probs are k / B (B the
-        finite count). `uniforms` is unused."""
+        finite count)."""
         array = check_losses(losses)
         if self.needs_logits:
             require_logits(self.method, logits, labels)
-        finite = np.flatnonzero(finite_mask(array))
+        finite = np.flatnonzero(np.isfinite(array))
         if len(finite) == 0:
             return Selection.empty()
         k = min(kept_count(self.keep, len(array)), len(finite))
         rows = (finite_rows(logits, finite, len(array)), finite_rows(labels, finite, len(array)))
         chosen = choose(self.method, array[finite], k, rng, *rows, loss_kind=self.loss_kind)
         return Selection(finite[chosen], np.full(k, k / len(finite)))
-
-    def metrics(self) -> dict[str, float]:
-        """Nothing to report."""
-        return {}
-
-    def state(self) -> dict[str, Any]:
-        """Nothing to save."""
-        return {}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Nothing to restore."""
 
 
 def choose(
@@ -188,7 +129,8 @@ def choose(
         return top_k(grad_norms(logits, labels, loss_kind), k)
     if method == "coreset_extremes":
         return coreset_extremes(losses, k)
-    return top_k(_loss_scores(method, losses), k)
+    _check_method(method)
+    return top_k(LOSS_SCORES[method](losses), k)
 
 
 def coreset_extremes(losses: FloatArray, k: int) -> IntArray:
@@ -199,17 +141,8 @@ def coreset_extremes(losses: FloatArray, k: int) -> IntArray:
     return np.sort(np.concatenate([high, low])).astype(np.int64)
 
 
-def _loss_scores(method: str, losses: FloatArray) -> FloatArray:
-    """A score whose k highest are the samples `method` keeps."""
-    if method == "big_loss":
-        return losses
-    if method == "small_loss":
-        return -losses
-    if method == "adaboost":
-        return adaboost_alphas(losses)
-    if method == "coreset_mean":
-        result: FloatArray = -np.abs(losses - losses.mean())
-        return result
-    raise ValueError(
-        f"method must be one of {', '.join(map(repr, METHODS))}. Received: method={method!r}"
-    )
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(
+            f"method must be one of {', '.join(map(repr, METHODS))}. Received: method={method!r}"
+        )

@@ -80,7 +80,8 @@ class Recorder:
         None: this replica's alone)."""
         mine = np.concatenate([_joined(self._keys), self._values(), _joined(self._epochs)])
         parts = [mine] if group is None else group.allgather(mine, RECORDS)
-        keys, losses, epochs = (np.concatenate(p) for p in zip(*map(_thirds, parts), strict=True))
+        thirds = zip(*(np.split(part, 3) for part in parts), strict=True)  # [keys, losses, epochs]
+        keys, losses, epochs = (np.concatenate(third) for third in thirds)
         self._keys, self._losses, self._epochs = [], [], []
         if len(keys):  # reversed: where a key repeats, the table keeps its later loss
             self.cache.store(keys[::-1], losses[::-1], epochs[::-1].astype(np.int64))
@@ -147,8 +148,3 @@ def _filled(n: int, epoch: int) -> np.ndarray:
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.float64)
-
-
-def _thirds(values: np.ndarray) -> list[np.ndarray]:
-    """A replica's [keys, losses, epochs] from their concatenation."""
-    return np.split(values, 3)

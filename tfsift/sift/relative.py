@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tfsift.sift.selection import FloatArray, Selection, check_losses, finite_mask
+from tfsift.sift.selection import FloatArray, Policy, Selection, check_losses
 
 
 class LossHistory:
@@ -69,15 +69,8 @@ class LossHistory:
         return self._count
 
     def state(self) -> dict[str, Any]:
-        """Plain NumPy and ints for a checkpoint; `from_state` reads it back."""
+        """Plain NumPy and ints for a checkpoint."""
         return {"length": self.length, "values": self.values()}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> LossHistory:
-        """The history `state` was taken from."""
-        history = cls(int(state["length"]))
-        history.extend(state["values"])
-        return history
 
 
 def relative_probabilities(
@@ -104,7 +97,7 @@ def relative_probabilities(
     return np.where(np.isfinite(array), probs, np.nan)
 
 
-class RelativePolicy:
+class RelativePolicy(Policy):
     """Selective-Backprop: keeps sample i iff u_i < P_i, u_i uniform on [0, 1).
 
     Example:
@@ -113,8 +106,6 @@ class RelativePolicy:
         >>> policy.select([0.5, 3.5], uniforms=[0.1, 0.1]).indices.tolist()
         [1]
     """
-
-    needs_logits = False
 
     def __init__(self, beta: float = 1.0, history: int = 500, min_prob: float = 0.0) -> None:
         self.beta = beta
@@ -139,12 +130,8 @@ class RelativePolicy:
         array = check_losses(losses)
         draws = _uniforms(uniforms, rng, len(array))
         probs = relative_probabilities(array, self.history.values(), self.beta, self.min_prob)
-        kept = np.flatnonzero(finite_mask(array) & (draws < np.nan_to_num(probs)))
+        kept = np.flatnonzero(np.isfinite(array) & (draws < np.nan_to_num(probs)))
         return Selection(kept.astype(np.int64), probs[kept])
-
-    def metrics(self) -> dict[str, float]:
-        """Nothing to report beyond the kept fraction the caller already sees."""
-        return {}
 
     def state(self) -> dict[str, Any]:
         """The loss history, for a checkpoint."""

@@ -25,20 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from tfsift.sift.metrics import SAMPLE_COUNTS
+
 ROWS = "rows"  # the ``kind`` of a state saved by a dataset sifted by row (``indexed.ROWS``)
-# SiftMetrics' fields that count or sum samples: what each replica did, added up
-SAMPLE_COUNTS = (
-    "samples_seen",
-    "samples_scored",
-    "samples_kept",
-    "samples_reused",
-    "samples_unscored",
-    "nonfinite_losses",
-    "loss_sum_scored",
-    "loss_sum_kept",
-    "finite_scored",
-    "finite_kept",
-)
 
 
 def carries(state: Any) -> bool:

@@ -30,7 +30,6 @@ one value each, say) and would otherwise combine unrelated numbers without an er
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, NoReturn
 
 import numpy as np
@@ -69,7 +68,7 @@ class ReplicaGroup:
         self.timeout = rt.config.timeout
         self._rank, self._stage = rt.rank, rt.stage
         # A collective over the world: every rank builds its group at the same point.
-        self._comm: Any = rt.world.Split(color=rt.stage, key=rt.replica)
+        self.comm: Any = rt.world.Split(color=rt.stage, key=rt.replica)
 
     def allgather(self, values: np.ndarray, what: str = LOSSES) -> list[np.ndarray]:
         """Every replica's ``values`` (float64), in replica order; ``what`` they are, one
@@ -77,15 +76,15 @@ class ReplicaGroup:
         if self.replicas == 1:
             return [values]
         mine = np.ascontiguousarray(values, dtype=np.float64)
-        code = _code(what)
+        code = exchange_code(what)
         sizes = np.empty(2 * self.replicas, np.int64)  # each replica's [size, code]
-        self._wait(self._comm.Iallgather(np.array([mine.size, code], np.int64), sizes), what)
+        self.wait(self.comm.Iallgather(np.array([mine.size, code], np.int64), sizes), what)
         counts, codes = sizes[0::2], sizes[1::2]
         if (codes != code).any():
-            self._out_of_step(what, set(codes.tolist()) - {code})
+            self.out_of_step(what, set(codes.tolist()) - {code})
         out = np.empty(int(counts.sum()), np.float64)
-        request = self._comm.Iallgatherv(mine, [out, (counts, None), MPI.DOUBLE])
-        self._wait(request, what)
+        request = self.comm.Iallgatherv(mine, [out, (counts, None), MPI.DOUBLE])
+        self.wait(request, what)
         return np.split(out, np.cumsum(counts)[:-1])
 
     def agree(self, values: list[int], what: str) -> list[int]:
@@ -93,36 +92,16 @@ class ReplicaGroup:
         of ``EXCHANGES``."""
         if self.replicas == 1:
             return list(values)
-        code = _code(what)
+        code = exchange_code(what)
         # the minimum of code and of -code: the least and the greatest code of the replicas
         mine = np.asarray([code, -code, *values], dtype=np.int64)
         out = np.empty_like(mine)
-        self._wait(self._comm.Iallreduce(mine, out, op=MPI.MIN), what)
+        self.wait(self.comm.Iallreduce(mine, out, op=MPI.MIN), what)
         if out[0] != code or -out[1] != code:
-            self._out_of_step(what, {int(out[0]), int(-out[1])} - {code})
+            self.out_of_step(what, {int(out[0]), int(-out[1])} - {code})
         return [int(v) for v in out[2:]]
 
-    def mean(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """The elementwise mean of the exit head's ``arrays`` over the replicas (one fused
-        allreduce)."""
-        if self.replicas == 1:
-            return arrays
-        code = _code(HEAD_GRADIENTS)
-        # sums of code and code**2 are R code and R code**2 only if every replica's is code
-        tag = np.array([code, code * code], np.float64)
-        flat = np.concatenate([*(a.reshape(-1) for a in arrays), tag]).astype(np.float64)
-        total = np.empty_like(flat)
-        self._wait(self._comm.Iallreduce(flat, total, op=MPI.SUM), HEAD_GRADIENTS)
-        if (total[-2:] != self.replicas * tag).any():
-            self._out_of_step(HEAD_GRADIENTS, None)
-        total = total[:-2] / self.replicas
-        out, at = [], 0
-        for a in arrays:
-            out.append(total[at : at + a.size].reshape(a.shape).astype(a.dtype))
-            at += a.size
-        return out
-
-    def _out_of_step(self, what: str, others: set[int] | None) -> NoReturn:
+    def out_of_step(self, what: str, others: set[int] | None) -> NoReturn:
         """Ends the job: this replica's exchange ``what`` met others' (their codes, None
         where a sum hides them) in a collective that matched in MPI."""
         if others is None:
@@ -136,7 +115,9 @@ class ReplicaGroup:
             "collectives out of step (a bug in tfsift: please report it with this message)"
         )
 
-    def _wait(self, request: Any, what: str) -> None:
+    def wait(self, request: Any, what: str) -> None:
+        """Waits for the non-blocking collective ``request`` of exchange ``what``, within
+        the config's ``timeout``; ends the job where it fails or times out."""
         try:
             done = watchdog.wait([request], self.timeout)
         except MPI.Exception as error:
@@ -155,32 +136,7 @@ class ReplicaGroup:
                 f"{self._stage} to exchange {what} (a replica stalled)"
             )
 
-    def bcast(self, value: Any, what: str) -> Any:
-        """Replica 0's ``value`` (anything picklable) on every replica; ``what`` it is, one
-        of ``EXCHANGES``. Non-blocking and watched, as the rounds' exchanges: with MPI's
-        blocking ``bcast`` the other replicas waited forever for a replica 0 that stalled
-        before it (test_sift_mpi)."""
-        if self.replicas == 1:
-            return value
-        code = _code(what)
-        data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL) if self.replica == 0 else b""
-        header = np.array([code, len(data)], np.int64)  # replica 0's, on every replica
-        self._wait(self._comm.Ibcast(header, root=0), what)
-        if header[0] != code:
-            self._out_of_step(what, {int(header[0])})
-        if self.replica == 0:
-            self._wait(self._comm.Ibcast(np.frombuffer(data, np.uint8).copy(), root=0), what)
-            return value
-        buffer = np.empty(int(header[1]), np.uint8)
-        self._wait(self._comm.Ibcast(buffer, root=0), what)
-        return pickle.loads(buffer.tobytes())
 
-    def close(self) -> None:
-        """Frees the communicator (collective over the group)."""
-        if self._comm is not None:
-            self._comm.Free()
-            self._comm = None
-
-
-def _code(what: str) -> int:
+def exchange_code(what: str) -> int:
+    """The code exchange ``what`` (one of ``EXCHANGES``) sends along."""
     return EXCHANGES.index(what) + 1

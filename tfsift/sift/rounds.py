@@ -25,11 +25,10 @@ from keras import tree
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.infobatch import InfoBatchPolicy, warn_past_the_run
 from tfsift.sift.metrics import SiftMetrics, warn_nonfinite
-from tfsift.sift.policies import Policy, check_losses
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import ReplicaGroup
 from tfsift.sift.scorer import Scorer, Scores
-from tfsift.sift.selection import Selection
+from tfsift.sift.selection import Policy, Selection, check_losses
 from tfsift.sift.stale import ScoreCache
 from tfsift.state import STATE
 
@@ -38,15 +37,9 @@ Leaves = list[np.ndarray]  # a round's element, flattened: one array per leaf, g
 
 
 class Rounds:
-    """The rounds of one sifted dataset: what scores them, what selects, the score table.
-
-    Args:
-        config: the dataset's config.
-        scorer: scores candidates (``NoScorer`` with ``scores="training"``).
-        policy: selects within a round, or InfoBatch by its epoch's plan.
-        element_spec: the source's element structure (the leaves are packed into it).
-        replica: this rank's replica, which seeds its draws.
-    """
+    """The rounds of one sifted dataset: what scores them (``NoScorer`` with
+    ``scores="training"``), what selects (within a round, or InfoBatch by its epoch's
+    plan), the score table; ``replica`` seeds the draws."""
 
     def __init__(
         self,
@@ -101,15 +94,8 @@ class Rounds:
         everyone = group.allgather(scores.losses)
         selected = time.perf_counter()
         self.metrics.time_scoring += selected - start
-        policy = self._round_policy()
-        policy.observe(np.concatenate(everyone))
-        rng = np.random.default_rng([self.config.seed, self.replica, self.count])
-        chosen = (
-            policy.select(scores.losses, rng, scores.logits, scores.labels)
-            if len(scores.losses)
-            else Selection.empty()  # no wait had room: the whole round is kept unscored
-        )
-        self.count += 1
+        # no losses: no wait had room (overlap), and the whole round is kept unscored
+        chosen = self._select(scores.losses, everyone, scores.logits, scores.labels)
         self._note_nonfinite(scores.losses)
         self.metrics.record(scores.losses, chosen.indices, len(scored))
         self.metrics.samples_kept += len(chosen) + len(unscored)
@@ -120,9 +106,7 @@ class Rounds:
         start = time.perf_counter()
         self.scorer.learn(_positions_in(scored, chosen.indices, n))
         self.metrics.time_scoring += time.perf_counter() - start
-        indices = np.concatenate([chosen.indices, unscored])
-        probs = np.concatenate([chosen.probs, np.ones(len(unscored))])
-        return leaves, Selection(indices, probs)
+        return leaves, _with_unscored(chosen.indices, chosen.probs, unscored)
 
     def scored_whole(self, leaves: Leaves) -> bool:
         """Whether the round of ``leaves`` is scored whole, in one call of these very
@@ -135,11 +119,18 @@ class Rounds:
             return False
         return self.cache is None or not self._lookup(leaves)[1].any()
 
-    def _round_policy(self) -> Policy:
-        """The policy that selects within a round (not InfoBatch, which SiftConfig allows
-        only with scores="training" and which selects by the epoch's plan)."""
-        assert not isinstance(self.policy, InfoBatchPolicy)
-        return self.policy
+    def _select(
+        self, losses: np.ndarray, everyone: list[np.ndarray], logits: Any = None, labels: Any = None
+    ) -> Selection:
+        """The policy's choice among this replica's ``losses`` once every replica's
+        (``everyone``) have joined its history; counts the round, which seeds the draws."""
+        assert not isinstance(self.policy, InfoBatchPolicy)  # it selects by its epoch's plan
+        self.policy.observe(np.concatenate(everyone))
+        rng = np.random.default_rng([self.config.seed, self.replica, self.count])
+        self.count += 1
+        if not len(losses):
+            return Selection.empty()
+        return self.policy.select(losses, rng, logits, labels)
 
     def _recorded(
         self, leaves: Leaves, group: ReplicaGroup, delayed: bool
@@ -155,7 +146,6 @@ class Rounds:
         else:
             fresh, losses = self.cache.lookup(keys, self.metrics.epochs)
             chosen = self._select_recorded(keys, fresh, losses, group)
-            self.count += 1
             scored = np.flatnonzero(fresh)
             self._note_nonfinite(losses[scored])
             self.metrics.record(losses[scored], np.flatnonzero(np.isin(scored, chosen.indices)), 0)
@@ -172,15 +162,11 @@ class Rounds:
         """The kept samples of a round with training scores: InfoBatch's epoch plan, or the
         policy among the samples with a fresh loss plus every sample without one."""
         if isinstance(self.policy, InfoBatchPolicy):
+            self.count += 1
             return self.policy.select_keys(keys)
         scored, unscored = np.flatnonzero(fresh), np.flatnonzero(~fresh)
-        self.policy.observe(np.concatenate(group.allgather(losses[scored])))
-        rng = np.random.default_rng([self.config.seed, self.replica, self.count])
-        chosen = self.policy.select(losses[scored], rng) if len(scored) else Selection.empty()
-        return Selection.of(
-            np.concatenate([scored[chosen.indices], unscored]),
-            np.concatenate([chosen.probs, np.ones(len(unscored))]),
-        )
+        chosen = self._select(losses[scored], group.allgather(losses[scored]))
+        return _with_unscored(scored[chosen.indices], chosen.probs, unscored)
 
     def _scores(self, leaves: Leaves, n: int) -> tuple[Scores, np.ndarray]:
         """The group's losses, and which positions were scored now (the rest reused)."""
@@ -252,6 +238,13 @@ def _scored_part(scores: Scores, n: int) -> tuple[Scores, np.ndarray]:
     if scores.scored is None:
         return scores, np.arange(0, dtype=np.int64)
     return _first(scores, scores.scored), np.arange(scores.scored, n, dtype=np.int64)
+
+
+def _with_unscored(kept: np.ndarray, probs: np.ndarray, unscored: np.ndarray) -> Selection:
+    """The selection of the ``kept`` positions (keep probabilities ``probs``) and of every
+    ``unscored`` one, kept with probability 1."""
+    probs = np.concatenate([probs, np.ones(len(unscored))])
+    return Selection.of(np.concatenate([kept, unscored]), probs)
 
 
 def _first(scores: Scores, n: int) -> Scores:

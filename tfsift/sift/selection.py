@@ -1,4 +1,4 @@
-"""The kept samples of one selection, and the checks every policy shares.
+"""The kept samples of one selection, what a policy is, and the checks every policy shares.
 
 Letters: B samples scored in one selection, k of them kept. Non-finite losses (NaN,
 inf) are never kept: a policy selects among the finite ones and maps back.
@@ -15,7 +15,6 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -61,6 +60,37 @@ class Selection:
         return len(self.indices)
 
 
+class Policy:
+    """What a round asks of every policy that selects within it (``tfsift.sift.policies``);
+    the defaults are those of a policy that keeps no state."""
+
+    needs_logits = False  # whether ``select`` needs the logits and labels (grad_norm does)
+
+    def observe(self, losses: npt.ArrayLike) -> None:
+        """Takes all replicas' losses of a round, before ``select`` (relative keeps them)."""
+
+    def select(
+        self,
+        losses: npt.ArrayLike,
+        rng: np.random.Generator | None = None,
+        logits: npt.ArrayLike | None = None,
+        labels: npt.ArrayLike | None = None,
+    ) -> Selection:
+        """The kept samples of one scored batch."""
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers worth logging each round."""
+        return {}
+
+    def state(self) -> dict[str, Any]:
+        """Plain NumPy and numbers for a checkpoint."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores what ``state`` took."""
+
+
 def check_losses(losses: npt.ArrayLike, batch: int | None = None) -> FloatArray:
     """The per-sample losses as a 1-D float64 array, checked against the batch size.
 
@@ -80,11 +110,6 @@ def check_losses(losses: npt.ArrayLike, batch: int | None = None) -> FloatArray:
             f"Received: shape={array.shape}{suffix}"
         )
     return array
-
-
-def finite_mask(losses: npt.ArrayLike) -> BoolArray:
-    """True where a loss is finite; only those samples may be kept."""
-    return np.isfinite(np.asarray(losses, dtype=np.float64))
 
 
 def kept_count(keep: float, B: int) -> int:

@@ -30,9 +30,9 @@ class ScoreCache:
         [False, False]
     """
 
-    def __init__(self, epochs: int, seed: int = 0) -> None:
+    def __init__(self, epochs: int) -> None:
         self.epochs = epochs
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(0)  # the same projections in every process
         self._projections: dict[tuple[int, int], np.ndarray] = {}
         self._keys = np.empty(0, np.float64)
         self._losses = np.empty(0, np.float64)

@@ -24,10 +24,8 @@ allreduce of the one with more would wait forever. Each round starts with a MIN 
 the replicas of [full batches ready, more data upstream]: every replica yields that
 many, and all stop when the shortest shard ends.
 
-Scores from training (``scores="training"``): a round runs no forward; it looks up the
-loss each candidate had when it was last trained (``tfsift.sift.recorder``), which the
-loop hands back after each step with ``SiftedDataset.record``, and keeps the candidates
-without one (never trained, or more than ``stale`` epochs ago) unscored.
+Scores from training (``scores="training"``): a round runs no forward, and selects by
+the losses the loop hands back after each step (``tfsift.sift.recorder``).
 """
 
 from __future__ import annotations
@@ -51,13 +49,13 @@ from tfsift.sift.elements import sifted_spec, with_weights
 from tfsift.sift.indexed import ROWS, IndexedSiftedDataset, IndexedSifter
 from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs
 from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_empty_epoch
-from tfsift.sift.policies import Policy, make_policy
+from tfsift.sift.policies import make_policy
 from tfsift.sift.reader import SourceReader
 from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import COUNTS, FULL_BATCHES, REMAINDER, ReplicaGroup
 from tfsift.sift.rounds import Leaves, Rounds
 from tfsift.sift.scorer import FullScorer, NoScorer, Scorer, StepScorer
-from tfsift.sift.selection import Selection
+from tfsift.sift.selection import Policy, Selection
 from tfsift.state import STATE
 
 log = logging.getLogger("tfsift")
@@ -220,8 +218,6 @@ class Sifter:
     def __init__(self, element_spec: Any, scorer: Scorer, config: SiftConfig) -> None:
         rt = runtime.get()
         self.config = config
-        assert config.score_batches is not None  # SiftConfig resolves None
-        self.g = config.score_batches  # source batches per round
         self.element_spec = element_spec
         self.M = rt.config.microbatches
         self.rounds = Rounds(config, scorer, _policy(config), element_spec, rt.replica)
@@ -336,7 +332,7 @@ class Sifter:
             self.epoch_read, self.buffer = resume
             source = source.skip(self.epoch_read)
         buffer = self.buffer
-        reader = SourceReader(source, self.batch_size, self.g)
+        reader = SourceReader(source, self.batch_size, self.rounds.g)
         try:
             while True:
                 leaves = self._read(reader)
@@ -387,7 +383,7 @@ class Sifter:
 
     def _read(self, reader: SourceReader) -> list[np.ndarray] | None:
         """The next g source batches (1 during the delay) as one element's leaves."""
-        g = 1 if self.batches_read < self.config.delay else self.g
+        g = 1 if self.batches_read < self.config.delay else self.rounds.g
         read = reader.read(g)
         if read is None:
             return None
@@ -450,10 +446,6 @@ class Sifter:
             change,
         )
 
-    def output_signature(self) -> Any:
-        """The sifted elements' spec: the source's with an unknown batch size (+ weight)."""
-        return sifted_spec(self.element_spec, self.config.rescale)
-
 
 class SiftedDataset(PythonDataset):
     """The dataset ``tfsift.sift`` returns: a ``tf.data.Dataset`` whose Python iteration
@@ -461,7 +453,8 @@ class SiftedDataset(PythonDataset):
 
     def __init__(self, sifter: Sifter, source: tf.data.Dataset) -> None:
         self.sifter, self.source = sifter, source
-        super().__init__(sifter.output_signature(), options=in_step_options())
+        spec = sifted_spec(sifter.element_spec, sifter.config.rescale)
+        super().__init__(spec, options=in_step_options())
 
     def _elements(self) -> Iterator[Any]:
         return self.sifter.epoch(self.source)

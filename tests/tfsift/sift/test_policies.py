@@ -14,14 +14,9 @@ import tfsift.sift.scores
 import tfsift.sift.selection
 from tfsift.sift.config import METHODS, POLICIES, SiftConfig
 from tfsift.sift.experimental.adaptive import AdaptivePolicy
-from tfsift.sift.policies import (
-    FractionPolicy,
-    RelativePolicy,
-    choose,
-    coreset_extremes,
-    kept_count,
-    make_policy,
-)
+from tfsift.sift.policies import FractionPolicy, choose, coreset_extremes, make_policy
+from tfsift.sift.relative import RelativePolicy
+from tfsift.sift.selection import kept_count
 
 NAN = float("nan")
 # infobatch decides once per epoch, by sample key, from a table of training losses

@@ -16,8 +16,8 @@ import tfsift
 import tfsift.sift.recorder
 from tfsift.pipeline.outputs import StepOutput
 from tfsift.sift.infobatch import infobatch_keep
-from tfsift.sift.policies import RelativePolicy
 from tfsift.sift.recorder import Recorder
+from tfsift.sift.relative import RelativePolicy
 from tfsift.sift.scorer import Scorer
 from tfsift.sift.selection import Selection
 from tfsift.sift.stale import ScoreCache

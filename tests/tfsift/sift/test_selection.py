@@ -4,7 +4,6 @@ import pytest
 from tfsift.sift.selection import (
     Selection,
     check_losses,
-    finite_mask,
     finite_rows,
     kept_count,
     require_logits,
@@ -64,11 +63,6 @@ def test_check_losses_returns_float64() -> None:
     losses = check_losses(np.array([1, 2], np.float16), 2)
     assert losses.dtype == np.float64
     assert losses.tolist() == [1.0, 2.0]
-
-
-def test_finite_mask_is_false_for_nan_and_inf() -> None:
-    mask = finite_mask([0.1, float("nan"), float("inf"), -float("inf"), 0.0])
-    assert mask.tolist() == [True, False, False, False, True]
 
 
 @pytest.mark.parametrize(

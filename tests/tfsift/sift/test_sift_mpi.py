@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import mpi
-from tfsift.sift.policies import RelativePolicy
+from tfsift.sift.relative import RelativePolicy
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 B, SEED = 16, 5

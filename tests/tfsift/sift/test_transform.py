@@ -12,8 +12,8 @@ import tensorflow as tf
 from events import scalars
 
 import tfsift
-from tfsift.sift.policies import RelativePolicy
 from tfsift.sift.reader import SourceReader
+from tfsift.sift.relative import RelativePolicy
 from tfsift.sift.scorer import Scorer, Scores
 from tfsift.sift.selection import Selection
 from tfsift.sift.transform import SiftedDataset, Sifter

@@ -2,7 +2,8 @@
 
 What never paid on any task measured (docs/sifting.md, docs/benchmarks.md) is kept here,
 apart from the core of ``tfsift.sift``: ``SiftConfig(scorer="early_exit")`` scores with
-stage 0's layers and a small head that learns online (``early_exit``, ``exit_head``),
+stage 0's layers and a small head that learns online (``early_exit``, ``exit_head``;
+``collectives``: the head's exchanges between the replicas),
 ``overlap=True`` in stage 0's waits for gradients (``overlap``), and
 ``policy="adaptive"`` weighs the selection methods against each other (``adaptive``).
 The core reaches it only when a config asks for it (``tfsift.sift.transform``,

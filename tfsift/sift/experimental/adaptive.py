@@ -53,9 +53,9 @@ from tfsift.sift.scores import (
 )
 from tfsift.sift.selection import (
     FloatArray,
+    Policy,
     Selection,
     check_losses,
-    finite_mask,
     finite_rows,
     kept_count,
     require_logits,
@@ -65,7 +65,7 @@ from tfsift.sift.selection import (
 _FLOOR = 0.01
 
 
-class AdaptivePolicy:
+class AdaptivePolicy(Policy):
     """AdaSelection over `methods`; see the module docstring for the exact rule.
 
     Example:
@@ -100,23 +100,19 @@ class AdaptivePolicy:
         """The current weight of each method."""
         return {m: float(w) for m, w in zip(self.methods, self._weights, strict=True)}
 
-    def observe(self, losses: npt.ArrayLike) -> None:
-        """Nothing: AdaSelection keeps no loss history."""
-
     def select(
         self,
         losses: npt.ArrayLike,
         rng: np.random.Generator | None = None,
         logits: npt.ArrayLike | None = None,
         labels: npt.ArrayLike | None = None,
-        uniforms: npt.ArrayLike | None = None,
     ) -> Selection:
         """Updates the method weights, keeps the k most important finite samples and
-        records what the next update needs. `uniforms` is unused."""
+        records what the next update needs."""
         array = check_losses(losses)
         if self.needs_logits:
             require_logits("grad_norm", logits, labels)
-        finite = np.flatnonzero(finite_mask(array))
+        finite = np.flatnonzero(np.isfinite(array))
         if len(finite) == 0:
             return Selection.empty()
         scored = array[finite]

@@ -38,6 +38,7 @@ from tfsift.parallel.comm import StageBroadcast
 from tfsift.planning.graph import StageGraph
 from tfsift.planning.profiler import profile
 from tfsift.sift.config import SiftConfig
+from tfsift.sift.experimental.collectives import HeadGroup
 from tfsift.sift.experimental.exit_head import ExitHead, call_seconds
 from tfsift.sift.experimental.overlap import BATCH, FINISH, UPDATE, WaitModel
 from tfsift.sift.replicas import DEFAULT_EXIT, ReplicaGroup
@@ -100,7 +101,7 @@ class EarlyExitScorer(Scorer):
 
     def bind(self, group: ReplicaGroup) -> None:
         """The replicas the head's gradients are averaged over (set by the sifter)."""
-        self._group = group
+        self._group = HeadGroup(group)
 
     def __call__(self, element: Any) -> Scores:
         x, y = _pair(element)

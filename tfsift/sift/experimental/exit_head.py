@@ -37,7 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfsift.pipeline.compiled import Compiled
-from tfsift.sift.replicas import HEAD_WEIGHTS, ReplicaGroup
+from tfsift.sift.experimental.collectives import HeadGroup
+from tfsift.sift.replicas import HEAD_WEIGHTS
 
 Grads = list[Any]
 # features, labels and mask of kept rows (1.0) of a part of a round's scoring, and the
@@ -66,7 +67,7 @@ class ExitHead:
         loss: Callable[..., Any],
         lr: float,
         features: Callable[[tf.Tensor], tf.Tensor],
-        group: ReplicaGroup,
+        group: HeadGroup,
         learn_rest: bool = True,
     ) -> None:
         self.model = make_head(user, tuple(feature.shape[1:]), out_shape)

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import tfsift
 from tfsift.parallel import runtime
+from tfsift.sift.experimental.collectives import HeadGroup
 from tfsift.sift.experimental.exit_head import ExitHead, call_seconds
 from tfsift.sift.replicas import ReplicaGroup
 
@@ -25,7 +26,7 @@ def head(learn_rest: bool = True) -> ExitHead:
     """A fresh head (the same weights every time) on 4 features, 3 classes."""
     tfsift.init({})
     keras.utils.set_random_seed(5)
-    group = ReplicaGroup(runtime.get())
+    group = HeadGroup(ReplicaGroup(runtime.get()))
     return ExitHead(None, FEATURES, (3,), PER_SAMPLE, LR, tf.identity, group, learn_rest)
 
 
