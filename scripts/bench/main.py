@@ -68,6 +68,8 @@ def run(
         raw, meta = saved["raw"], saved["meta"]
         chosen = bench.quick if meta.get("quick") and settings is None else chosen
     else:
+        if not args.no_docs and not args.quick:  # before an hour's run, not after it
+            report.section_file(bench.name)
         load, note = harness.wait_for_quiet(bench.max_load, 0.0 if args.quick else bench.max_wait)
         start = time.monotonic()
         raw = bench.measure(chosen)
