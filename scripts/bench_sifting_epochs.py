@@ -66,13 +66,10 @@ METHODS = (
 FULL = Settings(
     tasks=tuple(epoch_task(t) for t in TASKS),
     methods=METHODS,
-    pipeline_methods=METHODS,
     fixed_epochs=True,
     pipeline_tasks=tuple(t.name for t in TASKS),
 )
-QUICK_EPOCHS = dataclasses.replace(
-    QUICK, methods=METHODS, pipeline_methods=METHODS, fixed_epochs=True
-)
+QUICK_EPOCHS = dataclasses.replace(QUICK, methods=METHODS, fixed_epochs=True)
 
 
 # ---------------------------------------------------------------- summarising (pure)
