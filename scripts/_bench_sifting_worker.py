@@ -199,7 +199,9 @@ class Run:
         self.model = make_model(self.task, self.x)
         self.loss = per_sample_loss(self.task)
         self.optimizer = keras.optimizers.Adam(self.task["lr"])
-        self.recording = method.get("scores", "forward") == "training"
+        self.config = self.sift_config() if method["policy"] != "none" else None
+        self.recording = self.config is not None and self.config.scores == "training"
+        self.weighted = self.config is not None and self.config.rescale is not None
         self.train_step, self.predict = self._steps()
         self.apply = tf.function(self._apply)  # eager Adam costs more than a small model's step
         self.sifted: Any = None  # the sifted dataset, which records (scores="training")
@@ -238,26 +240,27 @@ class Run:
                 tf.data.Dataset.from_tensor_slices((self.x, self.y)), len(self.x), seed
             )
             train = source.batch(B, drop_remainder=True).prefetch(2)
-        if self.method["policy"] == "none":
+        if self.config is None:
             return train
-        self.sifted = train.apply(tfsift.sift(self.model, self.loss, self.sift_config()))
+        self.sifted = train.apply(tfsift.sift(self.model, self.loss, self.config))
         return self.sifted
 
     def sift_config(self) -> tfsift.SiftConfig:
-        m, epochs = self.method, self.task["epochs"]  # infobatch's run length: the task's
-        stale = epochs if m.get("stale") == "epochs" else int(m.get("stale", 0))
+        """The method's config; what it leaves None (``scores``, ``stale``) and the sample
+        weights are what ``SiftConfig`` implies from the policy (InfoBatch: training scores,
+        its weights, every score kept for its epochs, which are the task's)."""
+        m = self.method
         return tfsift.SiftConfig(
             policy=m["policy"],
-            beta=float(m.get("beta", 1.0)),
-            stale=stale,
+            beta=float(m["beta"]),
+            stale=m["stale"],
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],
-            scores=m.get("scores", "forward"),
-            rescale=m.get("rescale"),
-            prune=float(m.get("prune", 0.5)),
-            anneal=float(m.get("anneal", 0.125)),
-            epochs=epochs if m["policy"] == "infobatch" else None,
+            scores=m["scores"],
+            prune=float(m["prune"]),
+            anneal=float(m["anneal"]),
+            epochs=self.task["epochs"] if m["policy"] == "infobatch" else None,
         )
 
     def evaluate(self) -> float:
@@ -281,7 +284,7 @@ class Run:
     def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
         """Traces the training step and the update once, outside the clock; the update
         applies zero gradients, which moves Adam's weights by 0 (its step count by 1)."""
-        weight = [tf.ones(len(x))] if self.method.get("rescale") else []
+        weight = [tf.ones(len(x))] if self.weighted else []
         grads, _ = self.train_step(tf.constant(x), tf.constant(y), *weight)
         grads = tfsift.allreduce(grads)
         if grads:

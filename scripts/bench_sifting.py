@@ -65,14 +65,14 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One sifting setting, the same on every task and layout."""
+    """One sifting setting, the same on every task and layout; ``scores``, ``stale`` and
+    the sample weights left to what ``SiftConfig`` implies from the policy."""
 
     name: str
     policy: str  # a SiftConfig policy, or "none"
     beta: float = 1.0
-    stale: int | str = 0  # epochs a sample's loss is reused (Stale-SB); "epochs": the task's
-    scores: str = "forward"  # "training": the loss each sample had when last trained
-    rescale: str | None = None  # the sample weights the training step applies
+    scores: str | None = None  # "training": the loss each sample had when last trained
+    stale: int | None = None  # epochs a sample's loss is reused (Stale-SB)
     prune: float = 0.5  # infobatch (whose epochs are the task's)
     anneal: float = 0.125  # infobatch
     # the input: "tf.data" (shard, shuffle, batch) or "arrays" (tfsift.from_arrays: by row)
@@ -84,11 +84,10 @@ class Method:
 
 AGAIN = "none-again"  # no sifting once more, last in each job: the baselines' own spread
 NONE = Method("none", "none")
-# scores="training" needs stale >= 1; infobatch also rescale, and stale = its epochs keeps
-# every score it ever recorded (the reference's table)
-TRAINING = Method("relative-1-training", "relative", beta=1.0, stale=1, scores="training")
-INFOBATCH = Method("infobatch", "infobatch", stale="epochs", scores="training",
-                   rescale="unbiased", prune=0.5, anneal=0.125)  # fmt: skip
+# training scores imply stale=1; InfoBatch implies them, its weights and stale = its epochs,
+# which keeps every score it ever recorded (the reference's table)
+TRAINING = Method("relative-1-training", "relative", beta=1.0, scores="training")
+INFOBATCH = Method("infobatch", "infobatch", prune=0.5, anneal=0.125)
 # Retired after 9def9c9's run, which docs/benchmarks.md keeps: relative-3, adaptive
 # (AdaSelection), uniform (random at relative-1's kept fraction) and relative-1-stale, none
 # of which met the bar; early exit and overlap scoring before them.

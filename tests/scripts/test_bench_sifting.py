@@ -178,11 +178,13 @@ def test_jobs_run_every_task_then_the_pipeline_for_each_seed(bench: ModuleType) 
     names = [m["name"] for m in pipeline["methods"]]
     assert names == ["none", "relative-1", "relative-1-training", "infobatch", "none-again"]
     infobatch = next(m for m in pipeline["methods"] if m["name"] == "infobatch")
-    assert {k: infobatch[k] for k in ("policy", "prune", "anneal", "scores", "rescale")} == {
-        "policy": "infobatch", "prune": 0.5, "anneal": 0.125, "scores": "training",
-        "rescale": "unbiased",
+    # training scores, InfoBatch's weights and stale = its epochs (every score it ever
+    # recorded) are what SiftConfig implies from the policy, the worker's epochs the task's
+    assert {k: infobatch[k] for k in ("policy", "prune", "anneal", "scores", "stale")} == {
+        "policy": "infobatch", "prune": 0.5, "anneal": 0.125, "scores": None, "stale": None,
     }  # fmt: skip
-    assert infobatch["stale"] == "epochs"  # every score it ever recorded
+    training = next(m for m in pipeline["methods"] if m["name"] == "relative-1-training")
+    assert (training["scores"], training["stale"]) == ("training", None)
 
 
 def test_every_job_runs_the_same_methods_on_either_layout(bench: ModuleType) -> None:
