@@ -13,27 +13,23 @@ in a simulated host's namespace sees as its host's) before and after the timed s
 
 from __future__ import annotations
 
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
 import tensorflow as tf
 
-import tfsift  # before mpi4py starts MPI, as a user's script does
+# bench_pipeline's worker imports tfsift before mpi4py and fixes one compute thread
+from _bench_pipeline_worker import LOSS, synced_time
+from mpi4py import MPI
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+import tfsift
+from bench.harness import write_rank
 
-import json  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
-
-from bench.harness import write_rank  # noqa: E402
-
-LOSS = keras.losses.MeanSquaredError()
 LINK = Path("/sys/class/net/tfsift0/statistics")
 
 
@@ -58,13 +54,6 @@ def counters() -> dict[str, int]:
     if not LINK.exists():
         return {"tx_bytes": 0, "rx_bytes": 0}
     return {name: int((LINK / name).read_text()) for name in ("tx_bytes", "rx_bytes")}
-
-
-def synced_time(step: Any) -> float:
-    MPI.COMM_WORLD.Barrier()
-    start = time.perf_counter()
-    step()
-    return float(max(MPI.COMM_WORLD.allgather(time.perf_counter() - start)))
 
 
 def main() -> None:
@@ -97,10 +86,10 @@ def main() -> None:
         update(tfsift.allreduce([g.accumulate() for g in grads]))
 
     for _ in range(cfg["warmup"]):
-        synced_time(train)
+        synced_time(train, collect=False)
     MPI.COMM_WORLD.Barrier()
     before = counters()
-    times = [synced_time(train) for _ in range(cfg["steps"])]
+    times = [synced_time(train, collect=False) for _ in range(cfg["steps"])]
     after = counters()
     write_rank(
         tfsift.rank(),

@@ -46,21 +46,9 @@ def data(cfg: Config, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randn(shape).contiguous(memory_format=CHANNELS_LAST)
 
 
-def single(cfg: Config) -> Callable[[], None]:
-    model = chain(cfg)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = data(cfg, cfg["batch"])
-
-    def step() -> None:
-        optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
-
-    return step
-
-
-def ddp(cfg: Config) -> Callable[[], None]:
-    model = nn.parallel.DistributedDataParallel(chain(cfg))
+def data_parallel(cfg: Config) -> Callable[[], None]:
+    """The whole batch in one process (``single``), or B / SIZE a rank with DDP (``ddp``)."""
+    model = nn.parallel.DistributedDataParallel(chain(cfg)) if SIZE > 1 else chain(cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = data(cfg, cfg["batch"] // SIZE)
 
@@ -153,7 +141,7 @@ def main() -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(cfg["port"])
         dist.init_process_group("gloo", rank=RANK, world_size=SIZE)
-    build = {"single": single, "ddp": ddp}.get(mode) or (lambda c: pipelined(c, mode))
+    build = data_parallel if mode in ("single", "ddp") else lambda c: pipelined(c, mode)
     step = build(cfg)
     for _ in range(cfg["warmup"]):
         synced(step)

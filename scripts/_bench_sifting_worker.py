@@ -85,17 +85,14 @@ LOADERS: dict[str, Callable[[Config, Path], Arrays]] = {
 }
 
 
-def load(task: Config, seed: int, cache: Path) -> tuple[Arrays, set[bytes]]:
-    """The task's arrays, and the training inputs (as bytes) whose label was flipped."""
+def load(task: Config, seed: int, cache: Path) -> Arrays:
+    """The task's arrays, ``noise`` of the training labels flipped."""
     x, y, x_test, y_test = LOADERS[task["data"]](task, cache)
-    x, x_test = x.astype(np.float32), x_test.astype(np.float32)
-    flipped: set[bytes] = set()
     if task.get("noise", 0.0) > 0:
-        noisy = flip_labels(y, task["noise"], int(y.max()) + 1, seed)
-        flipped = {row.tobytes() for row in x[noisy != y]}
-        y = noisy
+        y = flip_labels(y, task["noise"], int(y.max()) + 1, seed)
     label = np.float32 if task["loss"] == "mse" else np.int32
-    return (x, y.astype(label), x_test, y_test.astype(label)), flipped
+    x, x_test = x.astype(np.float32), x_test.astype(np.float32)
+    return x, y.astype(label), x_test, y_test.astype(label)
 
 
 def flip_labels(y: np.ndarray, fraction: float, classes: int, seed: int) -> np.ndarray:
@@ -193,19 +190,18 @@ def agreed(flag: bool) -> bool:
 class Run:
     """Trains one fresh model with one method and records the held-out curve."""
 
-    def __init__(
-        self, job: Config, method: Config, data: Arrays, flipped: set[bytes], budget: float | None
-    ) -> None:
+    def __init__(self, job: Config, method: Config, data: Arrays, budget: float | None) -> None:
         self.job, self.task, self.method = job, job["task"], method
         self.budget = budget  # training seconds; None: the baseline's epochs instead
-        self.flipped, self.flipped_seen = flipped, 0
         self.off_clock: list[float] = []  # one-time seconds taken off the clock
         keras.utils.set_random_seed(job["seed"])  # the same initial weights for every method
         self.x, self.y, self.x_test, self.y_test = data
         self.model = make_model(self.task, self.x)
         self.loss = per_sample_loss(self.task)
         self.optimizer = keras.optimizers.Adam(self.task["lr"])
-        self.recording = method.get("scores", "forward") == "training"
+        self.config = self.sift_config() if method["policy"] != "none" else None
+        self.recording = self.config is not None and self.config.scores == "training"
+        self.weighted = self.config is not None and self.config.rescale is not None
         self.train_step, self.predict = self._steps()
         self.apply = tf.function(self._apply)  # eager Adam costs more than a small model's step
         self.sifted: Any = None  # the sifted dataset, which records (scores="training")
@@ -244,27 +240,27 @@ class Run:
                 tf.data.Dataset.from_tensor_slices((self.x, self.y)), len(self.x), seed
             )
             train = source.batch(B, drop_remainder=True).prefetch(2)
-        if self.method["policy"] == "none":
+        if self.config is None:
             return train
-        self.sifted = train.apply(tfsift.sift(self.model, self.loss, self.sift_config()))
+        self.sifted = train.apply(tfsift.sift(self.model, self.loss, self.config))
         return self.sifted
 
     def sift_config(self) -> tfsift.SiftConfig:
-        m, epochs = self.method, self.task["epochs"]  # infobatch's run length: the task's
-        stale = epochs if m.get("stale") == "epochs" else int(m.get("stale", 0))
+        """The method's config; what it leaves None (``scores``, ``stale``) and the sample
+        weights are what ``SiftConfig`` implies from the policy (InfoBatch: training scores,
+        its weights, every score kept for its epochs, which are the task's)."""
+        m = self.method
         return tfsift.SiftConfig(
             policy=m["policy"],
-            beta=float(m.get("beta", 1.0)),
-            keep=float(m.get("keep", 0.5)),
-            stale=stale,
+            beta=float(m["beta"]),
+            stale=m["stale"],
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],
-            scores=m.get("scores", "forward"),
-            rescale=m.get("rescale"),
-            prune=float(m.get("prune", 0.5)),
-            anneal=float(m.get("anneal", 0.125)),
-            epochs=epochs if m["policy"] == "infobatch" else None,
+            scores=m["scores"],
+            prune=float(m["prune"]),
+            anneal=float(m["anneal"]),
+            epochs=self.task["epochs"] if m["policy"] == "infobatch" else None,
         )
 
     def evaluate(self) -> float:
@@ -288,7 +284,7 @@ class Run:
     def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
         """Traces the training step and the update once, outside the clock; the update
         applies zero gradients, which moves Adam's weights by 0 (its step count by 1)."""
-        weight = [tf.ones(len(x))] if self.method.get("rescale") else []
+        weight = [tf.ones(len(x))] if self.weighted else []
         grads, _ = self.train_step(tf.constant(x), tf.constant(y), *weight)
         grads = tfsift.allreduce(grads)
         if grads:
@@ -349,10 +345,6 @@ class Run:
             self.apply(grads)
         self.steps += 1
         self.samples += int(x.shape[0])
-        if self.flipped:  # bookkeeping, outside the clock
-            self.clock.stop()
-            self.flipped_seen += sum(row.tobytes() in self.flipped for row in np.asarray(x))
-            self.clock.start()
 
     def over(self, epochs: int) -> bool:
         if self.budget is None:
@@ -364,35 +356,15 @@ class Run:
         out: Config = {"method": self.method["name"], "epochs": epochs, "curve": self.curve}
         out["off_clock_s"] = self.off_clock
         out["sift"] = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-        if self.flipped:
-            out["flipped"] = self.flipped_seen / max(1, self.samples)
         return out
 
 
 # ---------------------------------------------------------------- the job
 
 
-def resolve(method: Config, done: list[Config]) -> Config:
-    """A method with ``keep="kept:<name>"`` keeps what that earlier run kept after its delay."""
-    keep = method.get("keep")
-    if not (isinstance(keep, str) and keep.startswith("kept:")):
-        return method
-    source = next(r for r in done if r["method"] == keep.split(":", 1)[1])
-    return method | {"keep": sifted_fraction(source["sift"])}
-
-
-def sifted_fraction(sift: Config) -> float:
-    """Kept / scored after the delay (the delay keeps every sample and is not scored)."""
-    seen, scored, kept = (int(sift[k]) for k in ("samples_seen", "samples_scored", "samples_kept"))
-    return min(1.0, max(0.01, (kept - (seen - scored)) / max(1, scored)))
-
-
-def run_method(
-    job: Config, method: Config, data: tuple[Arrays, set[bytes]], budget: float | None
-) -> Config:
+def run_method(job: Config, method: Config, data: Arrays, budget: float | None) -> Config:
     start = time.perf_counter()
-    out = Run(job, method, *data, budget).train()
-    out["resolved"] = {k: v for k, v in method.items() if k != "name"}
+    out = Run(job, method, data, budget).train()
     out["wall_s"] = time.perf_counter() - start
     return out
 
@@ -404,7 +376,6 @@ def main() -> None:
     results: list[Config] = []
     budget: float | None = None
     for method in job["methods"]:
-        method = resolve(method, results)
         baseline = method["policy"] == "none"  # trains for the task's epochs, every time
         # fixed_epochs: every method trains for the task's epochs (InfoBatch's own view)
         by_epochs = baseline or job.get("fixed_epochs", False)

@@ -170,10 +170,7 @@ def infobatch(dataset: Any, rounds: int, g: int | None = None) -> Any:
     first (no annealing) for the ``rounds`` timed epochs."""
     import tfsift
 
-    config = tfsift.SiftConfig(
-        policy="infobatch", scores="training", stale=rounds + 1, epochs=rounds + 1,
-        anneal=0.0, rescale="unbiased", score_batches=g,
-    )  # fmt: skip
+    config = tfsift.SiftConfig(policy="infobatch", epochs=rounds + 1, anneal=0.0, score_batches=g)
     return dataset.apply(tfsift.sift(config=config))
 
 
@@ -268,9 +265,7 @@ def trained_cases(rounds: int, steps: int) -> dict[str, dict[str, float]]:
         mean = keras.ops.mean(per_sample * wb)
         return tfsift.gradients(mean, model.trainable_variables), per_sample
 
-    config = tfsift.SiftConfig(
-        policy="infobatch", scores="training", epochs=10, stale=10, rescale="unbiased"
-    )
+    config = tfsift.SiftConfig(policy="infobatch", epochs=10)
 
     def loop(sifted: bool) -> dict[str, float]:
         dataset = tfsift.from_arrays((x, y), INPUT_B, seed=0)

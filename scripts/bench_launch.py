@@ -21,7 +21,6 @@ usage: .venv/bin/python scripts/bench_launch.py [--repeats N] [--quick] [--no-do
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -121,16 +120,5 @@ BENCH = Benchmark(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--repeats", type=int, help="rounds of the rotation (default 3)")
-    known, rest = own.parse_known_args(argv)
-    if known.repeats is not None and known.repeats < 1:
-        own.error(f"--repeats must be at least 1. Received: --repeats {known.repeats}")
-    base = QUICK if "--quick" in rest else Settings()
-    repeats = known.repeats if known.repeats is not None else base.repeats
-    run(BENCH, argv, dataclasses.replace(base, repeats=repeats), own=own)
-
-
 if __name__ == "__main__":
-    main()
+    run(BENCH)

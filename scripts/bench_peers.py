@@ -38,7 +38,7 @@ from bench_pipeline import Settings as ChainSettings
 
 from bench import harness, report
 from bench.harness import ROOT, Result, say
-from bench.main import Benchmark, run
+from bench.main import Benchmark, at_least_one, run
 
 TORCH_WORKER = ROOT / "scripts" / "_bench_peers_torch_worker.py"
 TORCH_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
@@ -219,15 +219,12 @@ def main(argv: list[str] | None = None) -> None:
     own.add_argument(
         "--torch", default=str(TORCH_PYTHON), help="PyTorch's Python (default: .venv-peers)"
     )
-    own.add_argument("--repeats", type=int, help="rounds of the rotation (default 3)")
     own.add_argument("--microbatches", type=int, help="M of the pipelines (default 8)")
     own.add_argument(
         "--pipelines-only", action="store_true", help="the one-process and pipeline rows only"
     )
     known, rest = own.parse_known_args(argv)
-    for flag, value in (("--repeats", known.repeats), ("--microbatches", known.microbatches)):
-        if value is not None and value < 1:
-            own.error(f"{flag} must be at least 1. Received: {flag} {value}")
+    at_least_one(own, microbatches=known.microbatches)
     other = known.microbatches is not None or known.pipelines_only
     if other and "--no-docs" not in rest:
         own.error("--microbatches and --pipelines-only need --no-docs (the docs keep M=8's run)")
@@ -235,7 +232,6 @@ def main(argv: list[str] | None = None) -> None:
     settings = dataclasses.replace(
         base,
         torch=known.torch,
-        repeats=known.repeats if known.repeats is not None else base.repeats,
         M=known.microbatches if known.microbatches is not None else base.M,
         pipelines_only=known.pipelines_only,
     )

@@ -19,13 +19,10 @@ B=128; one compute thread per rank, ranks bound to cores), K=2, M=8, optimize="s
   (which charges the virtual stages' extra transfers and actions).
 
 usage: .venv/bin/python scripts/bench_schedules.py [--quick] [--no-docs] [--json F] [--render F]
-       [--schedules interleaved,interleaved/2]  (a subset, ``interleaved`` in it; needs
-       --no-docs, lest it overwrite the docs' table of all three)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -47,8 +44,7 @@ class Settings:
     chain: ChainSettings = dataclasses.field(default_factory=ChainSettings)
     M: int = 8
     rounds: int = 5  # paired rounds: a job of each schedule per round
-    split_steps: int = 30  # timed rounds of the split measurement (with zero_bubble)
-    schedules: tuple[str, ...] = SCHEDULES
+    split_steps: int = 30  # timed rounds of the split measurement
 
 
 QUICK = Settings(
@@ -72,13 +68,11 @@ def schedule_config(token: str) -> Result:
 
 def measure(s: Settings) -> Result:
     c = s.chain
-    split = None
-    if ZERO_BUBBLE in s.schedules:
-        say(f"one process: the chain's second half, M={s.M}: fused backward and B + W")
-        cfg = c.worker_config(M=s.M, steps=s.split_steps)
-        split = harness.run_job(WORKER, ["split", json.dumps(cfg)], 1, timeout=900)[0]["times"]
+    say(f"one process: the chain's second half, M={s.M}: fused backward and B + W")
+    cfg = c.worker_config(M=s.M, steps=s.split_steps)
+    split = harness.run_job(WORKER, ["split", json.dumps(cfg)], 1, timeout=900)[0]["times"]
     rounds: list[dict[str, Result]] = []
-    for r, token in harness.rotations(s.schedules, s.rounds):
+    for r, token in harness.rotations(SCHEDULES, s.rounds):
         if len(rounds) == r:
             rounds.append({})
         say(f"round {r}: K={c.K}, M={s.M}, {token}")
@@ -236,29 +230,5 @@ BENCH = Benchmark(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Reads ``--schedules`` (this benchmark's own option); the rest is the shared command
-    line's."""
-    own = argparse.ArgumentParser(add_help=False)
-    own.add_argument(
-        "--schedules",
-        help=f"comma-separated, among {','.join(SCHEDULES)}, with {BASE} (default: all)",
-    )
-    known, rest = own.parse_known_args(argv)
-    base = QUICK if "--quick" in rest else Settings()
-    if known.schedules is None:
-        run(BENCH, argv, base, own=own)
-        return
-    chosen = tuple(known.schedules.split(","))
-    if BASE not in chosen or not set(chosen) <= set(SCHEDULES) or len(set(chosen)) < 2:
-        own.error(
-            f"--schedules takes {BASE} and one or more of {list(SCHEDULES[1:])}. "
-            f"Received: --schedules {known.schedules}"
-        )
-    if "--no-docs" not in rest and set(chosen) != set(SCHEDULES):
-        own.error("--schedules with a subset needs --no-docs (the docs keep all three)")
-    run(BENCH, argv, dataclasses.replace(base, schedules=chosen), own=own)
-
-
 if __name__ == "__main__":
-    main()
+    run(BENCH)

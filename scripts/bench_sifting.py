@@ -7,25 +7,20 @@ a method's speed-up is no sifting's training seconds to it over the method's.
 ``scripts/bench_sifting_epochs.py`` runs the same jobs for a fixed epoch budget.
 
 usage: .venv/bin/python scripts/bench_sifting.py [--quick] [--no-docs] [--json P] [--render P]
-       .venv/bin/python scripts/bench_sifting.py --methods NAME ... --no-docs
-       .venv/bin/python scripts/bench_sifting.py --pipeline-only [--methods NAME ...] [--seeds N]
-       .venv/bin/python scripts/bench_sifting.py --epochs ...   (bench_sifting_epochs.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from bench import harness, report
 from bench.harness import Result, say
-from bench.main import Benchmark, parser, run
+from bench.main import Benchmark, run
 
 WORKER = harness.ROOT / "scripts" / "_bench_sifting_worker.py"
 CACHE = Path.home() / ".cache" / "tfsift" / "bench_sifting"
@@ -70,15 +65,14 @@ class Task:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One sifting setting, the same on every task. ``keep="kept:<name>"``: what that run kept."""
+    """One sifting setting, the same on every task and layout; ``scores``, ``stale`` and
+    the sample weights left to what ``SiftConfig`` implies from the policy."""
 
     name: str
     policy: str  # a SiftConfig policy, or "none"
     beta: float = 1.0
-    keep: float | str = 0.5
-    stale: int | str = 0  # epochs a sample's loss is reused (Stale-SB); "epochs": the task's
-    scores: str = "forward"  # "training": the loss each sample had when last trained
-    rescale: str | None = None  # the sample weights the training step applies
+    scores: str | None = None  # "training": the loss each sample had when last trained
+    stale: int | None = None  # epochs a sample's loss is reused (Stale-SB)
     prune: float = 0.5  # infobatch (whose epochs are the task's)
     anneal: float = 0.125  # infobatch
     # the input: "tf.data" (shard, shuffle, batch) or "arrays" (tfsift.from_arrays: by row)
@@ -90,23 +84,20 @@ class Method:
 
 AGAIN = "none-again"  # no sifting once more, last in each job: the baselines' own spread
 NONE = Method("none", "none")
-# scores="training" needs stale >= 1; infobatch also rescale, and stale = its epochs keeps
-# every score it ever recorded (the reference's table)
-TRAINING = Method("relative-1-training", "relative", beta=1.0, stale=1, scores="training")
-INFOBATCH = Method("infobatch", "infobatch", stale="epochs", scores="training",
-                   rescale="unbiased", prune=0.5, anneal=0.125)  # fmt: skip
+# training scores imply stale=1; InfoBatch implies them, its weights and stale = its epochs,
+# which keeps every score it ever recorded (the reference's table)
+TRAINING = Method("relative-1-training", "relative", beta=1.0, scores="training")
+INFOBATCH = Method("infobatch", "infobatch", prune=0.5, anneal=0.125)
+# Retired after 9def9c9's run, which docs/benchmarks.md keeps: relative-3, adaptive
+# (AdaSelection), uniform (random at relative-1's kept fraction) and relative-1-stale, none
+# of which met the bar; early exit and overlap scoring before them.
 METHODS = (
     NONE,
     Method("relative-1", "relative", beta=1.0),
-    Method("relative-3", "relative", beta=3.0),
-    Method("adaptive", "adaptive", keep=0.5),
-    Method("uniform", "uniform", keep="kept:relative-1"),
-    Method("relative-1-stale", "relative", beta=1.0, stale=1),
     TRAINING,
     INFOBATCH,
     Method(AGAIN, "none"),
 )
-PIPELINE_METHODS = (NONE, METHODS[1], TRAINING, INFOBATCH, METHODS[-1])
 SMALL_CNN = ("cnn", 32, 2, 128)
 # fmt: off
 TASKS = (
@@ -130,35 +121,30 @@ class Settings:
     tasks: tuple[Task, ...] = TASKS
     methods: tuple[Method, ...] = METHODS
     seeds: tuple[int, ...] = (0, 1, 2)
-    pipeline_task: str = "mnist1d"  # "" skips the 2-stage runs
-    one_process: bool = True  # False: the 2-stage runs alone (--pipeline-only)
-    pipeline_methods: tuple[Method, ...] = PIPELINE_METHODS
+    pipeline_tasks: tuple[str, ...] = ("mnist1d",)  # run on the pipeline too
     partitions: int = 2
     microbatches: int = 4
     score_batches: int = 8  # g: source batches scored in one call, every sifting method
     budget_factor: float = 1.25  # a sifting run trains this x the no-sifting run's seconds
     max_epochs: int = 200  # a cap on a sifting run's source epochs, far above any here
     fixed_epochs: bool = False  # True: every method trains for the task's epochs
-    pipeline_tasks: tuple[str, ...] = ()  # with fixed_epochs: these run on the pipeline too
 
     def jobs(self) -> list[Result]:
         """Every job, in the order they run: per seed, each task, then the pipeline."""
         K, M, out = self.partitions, self.microbatches, []
         for seed in self.seeds:
-            out += [self.job(t, seed, self.methods, 1, 1) for t in self.tasks if self.one_process]
-            names = self.pipeline_tasks or (self.pipeline_task,)
-            pipeline = [t for t in self.tasks if t.name in names]
-            out += [self.job(t, seed, self.pipeline_methods, K, M) for t in pipeline]
+            out += [self.job(t, seed, 1, 1) for t in self.tasks]
+            out += [self.job(t, seed, K, M) for t in self.tasks if t.name in self.pipeline_tasks]
         return out
 
-    def job(self, task: Task, seed: int, methods: tuple[Method, ...], K: int, M: int) -> Result:
+    def job(self, task: Task, seed: int, K: int, M: int) -> Result:
         """What the worker reads: the task, the seed, the methods in order, the layout."""
         keys = ("score_batches", "budget_factor", "max_epochs", "fixed_epochs")
         config = {k: getattr(self, k) for k in keys}
         return config | {
             "task": task.worker_config(),
             "seed": seed,
-            "methods": [dataclasses.asdict(m) for m in methods],
+            "methods": [dataclasses.asdict(m) for m in self.methods],
             "partitions": K,
             "microbatches": M,
             "cache": str(CACHE),
@@ -434,77 +420,11 @@ def render(raw: Result, meta: Result, settings: Settings) -> str:
         "### Optimizer steps to the target / no sifting's, and seconds per step / no sifting's",
         method_table(summary, cost_cell, "method"),
     ]
-    head: list[str] = []
-    if not all("@" in key for key in summary):  # not --pipeline-only
-        head = [verdict_table(summary), "### Tasks", tasks_table(settings)]
+    head = [verdict_table(summary), "### Tasks", tasks_table(settings)]
     return "\n\n".join([report.provenance(meta, BENCH.command), *head, *results])
-
-
-# ---------------------------------------------------------------- command line
-
-
-def options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    every = {m.name: m for m in (*METHODS, *PIPELINE_METHODS)}
-    names = [name for name in every if name not in (NONE.name, AGAIN)]
-    p.add_argument("--pipeline-only", action="store_true", help="the 2-stage jobs alone, printed")
-    p.add_argument(
-        "--methods",
-        nargs="+",
-        choices=names,
-        help="these only (no sifting runs first and last anyway); without --pipeline-only "
-        "the docs keep the full table: add --no-docs (and --json)",
-    )
-    p.add_argument("--seeds", type=int, help="with --pipeline-only: seeds 0..N-1")
-    p.add_argument("--epochs", action="store_true", help="bench_sifting_epochs.py's benchmark")
-    return p
-
-
-def pipeline_settings(args: argparse.Namespace) -> Settings:
-    base = QUICK if args.quick else FULL
-    names = (NONE.name, AGAIN, *(args.methods or [m.name for m in PIPELINE_METHODS]))
-    methods = tuple(m for m in PIPELINE_METHODS if m.name in names)
-    seeds = tuple(range(args.seeds)) if args.seeds else base.seeds
-    return dataclasses.replace(base, one_process=False, pipeline_methods=methods, seeds=seeds)
-
-
-def method_settings(args: argparse.Namespace) -> Settings:
-    """``--methods`` for every job: those methods, with no sifting first and last."""
-    base = QUICK if args.quick else FULL
-    names = (NONE.name, AGAIN, *args.methods)
-    return dataclasses.replace(
-        base,
-        methods=tuple(m for m in METHODS if m.name in names),
-        pipeline_methods=tuple(m for m in PIPELINE_METHODS if m.name in names),
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    given = list(argv if argv is not None else sys.argv[1:])
-    if "--epochs" in given:  # the command the docs cite for the epoch budget
-        import bench_sifting_epochs
-
-        given.remove("--epochs")
-        bench_sifting_epochs.main(given)
-        return
-    own = options(argparse.ArgumentParser(add_help=False))
-    cli = parser(BENCH, own)
-    args = cli.parse_args(given)
-    if args.seeds and not args.pipeline_only:
-        cli.error("--seeds goes with --pipeline-only")
-    if args.methods and not args.pipeline_only:
-        if not args.no_docs:
-            cli.error("--methods without --pipeline-only needs --no-docs")
-        run(BENCH, given, settings=method_settings(args), own=own)
-        return
-    if args.seeds is not None and args.seeds < 1:
-        cli.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
-    if not args.pipeline_only:
-        run(BENCH, given, own=own)
-        return
-    run(BENCH, [*given, "--no-docs"], settings=pipeline_settings(args), own=own)
 
 
 BENCH = Benchmark("sifting", __doc__.splitlines()[0], FULL, QUICK, measure, render)
 
 if __name__ == "__main__":
-    main()
+    run(BENCH)

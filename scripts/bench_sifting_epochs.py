@@ -39,7 +39,7 @@ from bench_sifting import (
 
 from bench import report
 from bench.harness import Result
-from bench.main import Benchmark, parser, run
+from bench.main import Benchmark, at_least_one, parser, run
 
 RECOMMENDED = "infobatch"  # the README's configuration
 NONE_TF_DATA = "none-tf.data"  # no sifting on the tf.data input: what the input alone costs
@@ -66,13 +66,10 @@ METHODS = (
 FULL = Settings(
     tasks=tuple(epoch_task(t) for t in TASKS),
     methods=METHODS,
-    pipeline_methods=METHODS,
     fixed_epochs=True,
     pipeline_tasks=tuple(t.name for t in TASKS),
 )
-QUICK_EPOCHS = dataclasses.replace(
-    QUICK, methods=METHODS, pipeline_methods=METHODS, fixed_epochs=True
-)
+QUICK_EPOCHS = dataclasses.replace(QUICK, methods=METHODS, fixed_epochs=True)
 
 
 # ---------------------------------------------------------------- summarising (pure)
@@ -365,8 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     own = options(argparse.ArgumentParser(add_help=False))
     cli = parser(BENCH, own)
     args = cli.parse_args(argv)
-    if args.seeds is not None and args.seeds < 1:
-        cli.error(f"--seeds must be at least 1. Received: --seeds {args.seeds}")
+    at_least_one(cli, seeds=args.seeds)
     if (args.tasks or args.seeds) and not args.no_docs:
         cli.error("--tasks or --seeds needs --no-docs (the docs keep the full run)")
     # without a subset, as before: a --render of a --quick file renders the quick settings

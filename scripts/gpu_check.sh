@@ -4,7 +4,7 @@
 #   2. `tfsift doctor`;
 #   3. one rank per GPU: more ranks than GPUs must fail at init with the reason;
 #   4. a variable of a one-process model lands on the GPU;
-#   5. the main example (a 2-stage pipeline) and the sifting example with early exit,
+#   5. the main example (a 2-stage pipeline) and the sifting example (InfoBatch),
 #      timed, then the same on the CPU of this host (CUDA_VISIBLE_DEVICES="");
 #   6. with `tests`: the test suite's multi-process tests with GPU kernels, with TF32 off
 #      (NVIDIA_TF32_OVERRIDE=0: the tests compare with one process to float32 rounding,
@@ -73,11 +73,11 @@ if [ "$GPUS" -lt 2 ]; then share=(env TFSIFT_PIN_GPU=0 TF_FORCE_GPU_ALLOW_GROWTH
 timed() { local t0=$SECONDS; "$@" 2>&1 | grep -v "^\s*$" | tail -4; echo "(${PIPESTATUS[0]}: exit status; $((SECONDS - t0)) s)"; }
 step "5a. main example, 2 ranks, GPU"
 timed "${share[@]}" "$PY" -m tfsift.cli run -np 2 examples/mnist_pipeline.py
-step "5b. sifting example, early exit, 2 ranks, GPU"
-timed "${share[@]}" "$PY" -m tfsift.cli run -np 2 examples/sift_mnist1d.py --scorer early_exit
+step "5b. sifting example, InfoBatch, 2 ranks, GPU"
+timed "${share[@]}" "$PY" -m tfsift.cli run -np 2 examples/sift_mnist1d.py
 step "5c. the same two on this host's CPU"
 timed env CUDA_VISIBLE_DEVICES= "$PY" -m tfsift.cli run -np 2 examples/mnist_pipeline.py
-timed env CUDA_VISIBLE_DEVICES= "$PY" -m tfsift.cli run -np 2 examples/sift_mnist1d.py --scorer early_exit
+timed env CUDA_VISIBLE_DEVICES= "$PY" -m tfsift.cli run -np 2 examples/sift_mnist1d.py
 
 if [ "$WHAT" = tests ]; then
   step "6. multi-process tests with GPU kernels"

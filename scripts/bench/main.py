@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -50,7 +51,20 @@ def parser(
     p.add_argument("--no-docs", action="store_true", help="print only; leave docs/ as it is")
     p.add_argument("--json", type=Path, help="save the raw results and metadata here")
     p.add_argument("--render", type=Path, help="render the docs from a saved --json file")
+    default = getattr(bench.full, "repeats", None)  # the benchmarks that repeat their jobs
+    if default is not None:
+        p.add_argument(
+            "--repeats", type=int, help=f"jobs of each configuration (default {default})"
+        )
     return p
+
+
+def at_least_one(p: argparse.ArgumentParser, **counts: int | None) -> None:
+    """Refuses a count option given below 1 (``repeats=0`` is ``--repeats 0``)."""
+    for name, value in counts.items():
+        flag = "--" + name.replace("_", "-")
+        if value is not None and value < 1:
+            p.error(f"{flag} must be at least 1. Received: {flag} {value}")
 
 
 def run(
@@ -60,14 +74,22 @@ def run(
     own: argparse.ArgumentParser | None = None,
 ) -> str:
     """Measures (or loads ``--render``), prints the section and writes it into the docs;
-    ``own``'s options in ``argv`` are the caller's, read into ``settings``."""
-    args = parser(bench, own).parse_args(argv)
+    ``own``'s options in ``argv`` are the caller's, read into ``settings``; ``--repeats``
+    is read here, into whichever settings run."""
+    p = parser(bench, own)
+    args = p.parse_args(argv)
     chosen = settings if settings is not None else bench.quick if args.quick else bench.full
+    repeats = getattr(args, "repeats", None)
+    at_least_one(p, repeats=repeats)
+    if repeats is not None:
+        chosen = dataclasses.replace(chosen, repeats=repeats)
     if args.render:
         saved = json.loads(args.render.read_text())
         raw, meta = saved["raw"], saved["meta"]
         chosen = bench.quick if meta.get("quick") and settings is None else chosen
     else:
+        if not args.no_docs and not args.quick:  # before an hour's run, not after it
+            report.section_file(bench.name)
         load, note = harness.wait_for_quiet(bench.max_load, 0.0 if args.quick else bench.max_wait)
         start = time.monotonic()
         raw = bench.measure(chosen)

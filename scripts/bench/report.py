@@ -8,7 +8,9 @@ from pathlib import Path
 
 from bench.harness import ROOT, Result
 
-DOC = ROOT / "docs" / "benchmarks.md"
+# Where a section's markers are looked for, in this order: the answers, then the log
+# (where a section moves once its question is settled).
+DOCS = (ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks-log.md")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -30,14 +32,31 @@ def provenance(meta: Result, command: str) -> str:
     )
 
 
-def write_section(name: str, text: str, path: Path = DOC) -> None:
-    """Replaces the text between ``<!-- name:begin -->`` and ``<!-- name:end -->``, leaving
-    the rest of the file as it is; appends the section if the markers are missing."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in current and end in current:
-        head, rest = current.split(begin, 1)
-        path.write_text(head + block + rest.split(end, 1)[1])
-    else:
-        path.write_text(current.rstrip("\n") + "\n\n" + block + "\n")
+def section_file(name: str, paths: Sequence[Path] = DOCS) -> Path:
+    """The first of ``paths`` holding both of section ``name``'s markers.
+
+    Raises:
+        ValueError: no file of ``paths`` has both markers.
+    """
+    for path in paths:
+        current = path.read_text() if path.exists() else ""
+        if all(marker in current for marker in markers(name)):
+            return path
+    begin, end = markers(name)
+    raise ValueError(
+        f"a benchmark's section needs {begin} and {end} in {' or '.join(map(str, paths))}. "
+        f"Received: name={name!r}, in neither"
+    )
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def write_section(name: str, text: str, paths: Sequence[Path] = DOCS) -> Path:
+    """Replaces the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in
+    ``section_file(name, paths)``, leaving the rest of that file as it is; returns it."""
+    path, (begin, end) = section_file(name, paths), markers(name)
+    head, rest = path.read_text().split(begin, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
+    return path

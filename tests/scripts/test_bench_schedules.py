@@ -101,15 +101,14 @@ def test_virtual_stages_are_paired_with_interleaved_in_the_same_rounds(
     assert "| interleaved/2 peak memory | 1.100 | - | - |" in text
 
 
-def test_a_run_of_interleaved_and_virtual_stages_alone_renders_their_section_only(
+def test_a_saved_run_of_interleaved_and_virtual_stages_alone_renders_their_section_only(
     bench: ModuleType,
 ) -> None:
     alone = with_virtual(raw())
     alone["split"] = None
     for r in alone["rounds"]:  # type: ignore[attr-defined]
         del r["zero_bubble"]
-    settings = bench.Settings(schedules=("interleaved", "interleaved/2"))
-    text = bench.render(alone, META, settings)
+    text = bench.render(alone, META, bench.Settings())
     assert "| interleaved/2 step | 0.940 | 0.950 | - |" in text
     assert "zero_bubble" not in text and "Backward of the second half" not in text
 
@@ -118,19 +117,3 @@ def test_schedules_name_the_pipeline_and_its_virtual_stages(bench: ModuleType) -
     assert bench.schedule_config("interleaved/2") == {"pipeline": "interleaved",
                                                       "virtual_stages": 2}  # fmt: skip
     assert bench.schedule_config("zero_bubble") == {"pipeline": "zero_bubble"}
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--schedules", "zero_bubble,interleaved/2", "--no-docs"],
-         "Received: --schedules zero_bubble,interleaved/2"),
-        (["--schedules", "interleaved,interleaved/2"], "needs --no-docs"),
-    ],
-)  # fmt: skip
-def test_a_subset_of_schedules_needs_interleaved_and_leaves_the_docs(
-    bench: ModuleType, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit):
-        bench.main(argv)
-    assert message in capsys.readouterr().err

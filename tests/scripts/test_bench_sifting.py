@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import subprocess
 import sys
@@ -165,50 +164,33 @@ def test_the_tables_have_a_row_per_method_and_a_column_per_task_and_layout(
     assert "| >= 1.3x to target on >= 2 tasks, the metric at no sifting's last second" in text
     assert "| digits | scikit-learn `load_digits`, 1437 / 360 | 1 x Dense(128) | 32 |" in text
     assert text.split("\n\n")[0].endswith("Rerun: `.venv/bin/python scripts/bench_sifting.py`.")
-    only = bench.render({"jobs": [pipeline]}, META, bench.QUICK)  # --pipeline-only
-    assert only.split("\n\n")[1] == "### Speed-up to the target (medians of the seeds)"
-    assert "| task |" not in only
-    assert scripts_module.prose(text) == scripts_module.prose(only) == []
+    assert scripts_module.prose(text) == []
 
 
 def test_jobs_run_every_task_then_the_pipeline_for_each_seed(bench: ModuleType) -> None:
     settings = bench.Settings(seeds=(0, 1))
     order = [(j["seed"], j["task"]["name"], j["partitions"]) for j in settings.jobs()]
     tasks = [t.name for t in settings.tasks]
-    per_seed = [(name, 1) for name in tasks] + [(settings.pipeline_task, 2)]
+    per_seed = [(name, 1) for name in tasks] + [("mnist1d", 2)]
     assert order == [(s, name, k) for s in (0, 1) for name, k in per_seed]
     pipeline = next(j for j in settings.jobs() if j["partitions"] == 2)
     assert pipeline["microbatches"] == 4
     names = [m["name"] for m in pipeline["methods"]]
     assert names == ["none", "relative-1", "relative-1-training", "infobatch", "none-again"]
     infobatch = next(m for m in pipeline["methods"] if m["name"] == "infobatch")
-    assert {k: infobatch[k] for k in ("policy", "prune", "anneal", "scores", "rescale")} == {
-        "policy": "infobatch", "prune": 0.5, "anneal": 0.125, "scores": "training",
-        "rescale": "unbiased",
+    # training scores, InfoBatch's weights and stale = its epochs (every score it ever
+    # recorded) are what SiftConfig implies from the policy, the worker's epochs the task's
+    assert {k: infobatch[k] for k in ("policy", "prune", "anneal", "scores", "stale")} == {
+        "policy": "infobatch", "prune": 0.5, "anneal": 0.125, "scores": None, "stale": None,
     }  # fmt: skip
-    assert infobatch["stale"] == "epochs"  # every score it ever recorded
+    training = next(m for m in pipeline["methods"] if m["name"] == "relative-1-training")
+    assert (training["scores"], training["stale"]) == ("training", None)
 
 
-def test_methods_choose_the_methods_of_every_job_between_the_two_no_sifting_runs(
-    bench: ModuleType,
-) -> None:
-    args = bench.options(argparse.ArgumentParser()).parse_args(
-        ["--methods", "infobatch", "relative-1"]
-    )
-    args.quick = False
-    settings = bench.method_settings(args)
-    for job in settings.jobs():
-        names = [m["name"] for m in job["methods"]]
-        assert names == ["none", "relative-1", "infobatch", "none-again"]
-    with pytest.raises(SystemExit):  # without --no-docs it would overwrite the full table
-        bench.main(["--methods", "infobatch"])
-
-
-def test_uniform_keeps_relative_1s_fraction_and_comes_after_it(bench: ModuleType) -> None:
-    names = [m.name for m in bench.METHODS]
-    uniform = bench.METHODS[names.index("uniform")]
-    assert uniform.keep == "kept:relative-1"
-    assert names.index("relative-1") < names.index("uniform")
+def test_every_job_runs_the_same_methods_on_either_layout(bench: ModuleType) -> None:
+    names = [[m["name"] for m in job["methods"]] for job in bench.FULL.jobs()]
+    assert names == [names[0]] * len(names)
+    assert names[0] == [m.name for m in bench.METHODS]
 
 
 @pytest.mark.parametrize("name", ["bench_sifting", "bench_sifting_epochs"])
@@ -216,13 +198,3 @@ def test_the_benchmarks_import_without_tensorflow(name: str) -> None:
     code = f"import {name}, sys; print('tensorflow' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], cwd=SCRIPTS, capture_output=True, text=True)
     assert (run.returncode, run.stdout.strip()) == (0, "False"), run.stderr
-
-
-def test_epochs_runs_the_epoch_budgets_command_line(
-    bench: ModuleType, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # the docs cite `bench_sifting.py --epochs`: its options reach bench_sifting_epochs.py
-    with pytest.raises(SystemExit) as exit_:
-        bench.main(["--epochs", "--tasks", "friedman"])  # a subset without --no-docs
-    assert exit_.value.code == 2
-    assert "--tasks or --seeds needs --no-docs" in capsys.readouterr().err

@@ -65,7 +65,7 @@ def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts
     grid = {j["task"]["name"]: j["task"]["eval_every"] for j in jobs}
     assert grid == {t.name: 2 * t.eval_every for t in bench.TASKS}
     assert all(isinstance(every, int) and every > 0 for every in grid.values())
-    assert sifting.FULL.job(bench.TASKS[0], 0, sifting.METHODS, 1, 1)["fixed_epochs"] is False
+    assert sifting.FULL.job(bench.TASKS[0], 0, 1, 1)["fixed_epochs"] is False
 
 
 def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType) -> None:
