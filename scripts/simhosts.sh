@@ -26,7 +26,8 @@
 #                                    every link's MTU is 65521 (few frames to copy per MB).
 #                                    A rate still goes on tfsift0 inside the host: ip netns
 #                                    exec tfsift-hK tc qdisc replace dev tfsift0 root tbf ...
-#                                    (a burst of at least the MTU)
+#                                    (a burst of at least the MTU). Ending a delay line
+#                                    prints the frames and bytes it copied and its CPU time
 #
 # TFSIFT_SIMHOSTS_PRIVATE=DIR: every host sees its own empty DIR (a tmpfs mounted there
 # for that host's processes only): a directory that is not shared between hosts.
@@ -113,6 +114,7 @@ delay() {
   if [ -n "$pid" ]; then  # its TAP devices go with it (when it exits: the fds close)
     kill "$pid"
     wait_for sh -c "! ip -n $SWITCH link show p$k >/dev/null 2>&1"
+    tail -n 1 "$log"  # what it copied and the CPU it took
   fi
   if awk "BEGIN { exit !($ms == 0) }"; then
     [ "$(link_mtu)" = "$DELAY_MTU" ] || set_mtu "$MTU"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -155,6 +156,15 @@ def test_a_rate_on_the_delayed_link_adds_to_the_delay(delayed: None) -> None:
     # tbf's burst lets through at once
     print(f"{nbytes / 1e6:g} MB at 100 Mbit/s, 20 ms each way: {seconds:.3f} s")
     assert rate + 0.040 - 0.010 <= seconds < 1.2 * rate + 0.040, seconds
+    off = simhosts("delay", "1", "off")
+    print(off.stdout)
+    # 'delayline tfsift-h1: 510 frames, 9034085 bytes, 0.050 s CPU': the large MTU copies
+    # the 9 MB in frames of tens of kB (a 1500-byte MTU's would be 1.3 kB on average)
+    said = re.fullmatch(r"delayline tfsift-h1: (\d+) frames, (\d+) bytes, [\d.]+ s CPU\n",
+                        off.stdout)  # fmt: skip
+    assert said is not None, off.stdout
+    frames, copied = said.groups()
+    assert int(copied) > 9_000_000 and int(copied) / int(frames) > 16_000, off.stdout
 
 
 def test_an_mpi_job_runs_across_the_delayed_link(delayed: None) -> None:
