@@ -157,5 +157,5 @@ case "${1:-}" in
     exec "$HERE/simhosts-bin/on-host" "${PREFIX}1" env PATH="$HERE/simhosts-bin:$PATH" \
       OMPI_MCA_btl_tcp_if_include="$NET.0/24" OMPI_MCA_oob_tcp_if_include="$NET.0/24" "$@"
     ;;
-  *) sed -n '2,32p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,33p' "$0" >&2; exit 2 ;;
 esac
