@@ -99,35 +99,49 @@ set_mtu() {  # every host's link, both ends
   done
 }
 
-wait_for() {  # polls CMD... for up to 5 s
-  local i
-  for i in $(seq 50); do "$@" && return 0; sleep 0.1; done
+wait_for() {  # polls CMD... for up to 5 s, until it exits 0 (then 0) or 2 (then 1)
+  local i rc
+  for i in $(seq 50); do
+    rc=0
+    "$@" || rc=$?
+    [ "$rc" = 0 ] && return 0
+    [ "$rc" = 2 ] && return 1
+    sleep 0.1
+  done
   return 1
 }
 
+delayline_log() { echo "${TMPDIR:-/tmp}/tfsift-delayline-$1.log"; }
+
+stop_delayline() {  # host K's, if it runs; its TAP devices go with it (its fds close)
+  local pid
+  pid="$(delayline_pid "$1 ")"
+  [ -n "$pid" ] || return 0
+  kill "$pid"
+  wait_for sh -c "! ip -n $SWITCH link show p$1 >/dev/null 2>&1"
+  tail -n 1 "$(delayline_log "$1")"  # what it copied and the CPU it took
+}
+
 delay() {
-  local k="$1" ms="$2" pid log="${TMPDIR:-/tmp}/tfsift-delayline-$1.log"
+  local k="$1" ms="$2" log
+  log="$(delayline_log "$1")"
   ip netns list | awk '{print $1}' | grep -qx "$PREFIX$k" || { echo "simhosts: delay needs an existing host number. Received: '$k'" >&2; exit 2; }
   [ "$ms" = off ] && ms=0
   [[ "$ms" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "simhosts: delay needs a delay in ms (a number >= 0, or off). Received: '$2'" >&2; exit 2; }
-  pid="$(delayline_pid "$k ")"
-  if [ -n "$pid" ]; then  # its TAP devices go with it (when it exits: the fds close)
-    kill "$pid"
-    wait_for sh -c "! ip -n $SWITCH link show p$k >/dev/null 2>&1"
-    tail -n 1 "$log"  # what it copied and the CPU it took
-  fi
+  stop_delayline "$k"
   if awk "BEGIN { exit !($ms == 0) }"; then
     [ "$(link_mtu)" = "$DELAY_MTU" ] || set_mtu "$MTU"
     ip -n "$PREFIX$k" link show "$IFACE" >/dev/null 2>&1 || veth "$k" "$(link_mtu)"
     return
   fi
   ip -n "$SWITCH" link del "p$k" 2>/dev/null || true  # the veth, both ends
-  trap 'veth "$k" "$(link_mtu)"' ERR  # a failed start leaves the host its veth
+  # a failed start leaves the host its veth
+  trap 'stop_delayline "$k" >/dev/null; veth "$k" "$(link_mtu)"' ERR
   setsid python3 "$HERE/simhosts-bin/delayline.py" "$PREFIX$k" "$IFACE" "$SWITCH" "p$k" "$ms" \
     </dev/null >"$log" 2>&1 &
-  pid=$!
-  if ! wait_for sh -c "ip -n $SWITCH link show p$k && ip -n $PREFIX$k link show $IFACE" >/dev/null 2>&1; then
-    kill "$pid" 2>/dev/null || true
+  # until both devices exist, or it ended (gone, or a zombie, which kill -0 does not tell)
+  if ! wait_for sh -c "{ ! [ -e /proc/$!/stat ] || grep -q '^[^)]*) Z' /proc/$!/stat; } && exit 2
+    ip -n $SWITCH link show p$k && ip -n $PREFIX$k link show $IFACE" >/dev/null 2>&1; then
     echo "simhosts: host $k's delay line did not start: $(cat "$log")" >&2
     false
   fi

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +142,21 @@ def test_bad_delays_say_what_was_expected(two_hosts: int) -> None:
     got = simhosts("delay", "7", "5")
     assert got.returncode == 2
     assert got.stderr == "simhosts: delay needs an existing host number. Received: '7'\n"
+
+
+def test_a_delay_line_that_cannot_start_leaves_the_host_its_veth(
+    two_hosts: int, tmp_path: Path
+) -> None:
+    fake = tmp_path / "python3"  # found first on PATH by simhosts.sh
+    fake.write_text("#!/bin/sh\necho 'no TAP devices here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    got = subprocess.run(["bash", str(mpi.SIMHOSTS), "delay", "1", "5"],
+                         capture_output=True, text=True, env=env)  # fmt: skip
+    assert got.returncode == 1
+    assert got.stderr == "simhosts: host 1's delay line did not start: no TAP devices here\n"
+    assert link(1) == ("veth", "1500")
+    assert median(exchange()) < 5
 
 
 def test_a_rate_on_the_delayed_link_adds_to_the_delay(delayed: None) -> None:
