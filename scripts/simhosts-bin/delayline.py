@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import fcntl
 import os
 import select
@@ -33,6 +34,12 @@ FRAME_MAX = 65535 + 14  # a TAP's largest MTU and its Ethernet header
 QUEUE_MAX = 4096  # frames waiting per direction; beyond it a frame is dropped, as a full link
 READ_BATCH = 64  # frames read from one side before the other is looked at (fairness)
 Queue = collections.deque[tuple[float, bytes]]  # (release time, frame)
+
+
+@dataclasses.dataclass
+class Copied:
+    frames: int = 0
+    bytes: int = 0
 
 
 def setns(name: str) -> None:
@@ -57,7 +64,7 @@ def open_tap(name: str) -> int:
     return fd
 
 
-def read_all(fd: int, queue: Queue, release: float, stats: list[int]) -> None:
+def read_all(fd: int, queue: Queue, release: float, copied: Copied) -> None:
     """Queues the frames ``fd`` has now (up to READ_BATCH), each to be released at ``release``."""
     for _ in range(READ_BATCH):
         try:
@@ -66,8 +73,8 @@ def read_all(fd: int, queue: Queue, release: float, stats: list[int]) -> None:
             return
         if len(queue) < QUEUE_MAX:
             queue.append((release, frame))
-            stats[0] += 1
-            stats[1] += len(frame)
+            copied.frames += 1
+            copied.bytes += len(frame)
 
 
 def write_due(fd: int, queue: Queue, now: float) -> None:
@@ -80,8 +87,9 @@ def write_due(fd: int, queue: Queue, now: float) -> None:
             pass  # the device is down (EIO) or the kernel is short of memory: a lost frame
 
 
-def run(host_fd: int, switch_fd: int, delay: float, stats: list[int]) -> None:
-    """Copies frames both ways between the two TAP fds, each ``delay`` seconds late."""
+def run(host_fd: int, switch_fd: int, delay: float, copied: Copied) -> None:
+    """Copies frames both ways between two fds (TAP devices, or any that read and write
+    whole frames), each ``delay`` seconds late; never returns."""
     to_switch: Queue = collections.deque()
     to_host: Queue = collections.deque()
     while True:
@@ -90,43 +98,52 @@ def run(host_fd: int, switch_fd: int, delay: float, stats: list[int]) -> None:
         readable, _, _ = select.select([host_fd, switch_fd], [], [], timeout)
         now = time.monotonic()
         if host_fd in readable:
-            read_all(host_fd, to_switch, now + delay, stats)
+            read_all(host_fd, to_switch, now + delay, copied)
         if switch_fd in readable:
-            read_all(switch_fd, to_host, now + delay, stats)
+            read_all(switch_fd, to_host, now + delay, copied)
         write_due(switch_fd, to_switch, now)
         write_due(host_fd, to_host, now)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 5:
-        print(__doc__, "\nusage: delayline.py HOST_NS HOST_TAP SWITCH_NS SWITCH_TAP DELAY_MS",
-              file=sys.stderr)  # fmt: skip
+        usage = "usage: delayline.py HOST_NS HOST_TAP SWITCH_NS SWITCH_TAP DELAY_MS"
+        print(f"{__doc__}\n{usage}", file=sys.stderr)
         return 2
     host_ns, host_tap, switch_ns, switch_tap, delay_ms = argv
-    delay = float(delay_ms) / 1e3
+    try:
+        delay = float(delay_ms) / 1e3
+    except ValueError:
+        delay = -1.0
     if not delay >= 0:
-        print(f"delayline: the delay must be >= 0 ms. Received: {delay_ms!r}", file=sys.stderr)
+        print(f"delayline: the delay must be a number >= 0 (ms). Received: {delay_ms!r}",
+              file=sys.stderr)  # fmt: skip
         return 2
     # a TAP is made in the namespace its fd was opened in, and stays usable from any other
-    setns(host_ns)
-    host_fd = open_tap(host_tap)
-    setns(switch_ns)
-    switch_fd = open_tap(switch_tap)
-    stats = [0, 0]  # frames and bytes copied
+    try:
+        setns(host_ns)
+        host_fd = open_tap(host_tap)
+        setns(switch_ns)
+        switch_fd = open_tap(switch_tap)
+    except OSError as err:
+        print(f"delayline: cannot make the TAP devices {host_ns}/{host_tap} and "
+              f"{switch_ns}/{switch_tap}: {err}", file=sys.stderr)  # fmt: skip
+        return 1
+    copied = Copied()
     start = os.times()
 
     def stop(signum: int, _: object) -> None:
         used = os.times()
         cpu = used.user + used.system - start.user - start.system
-        print(f"delayline {host_ns}: {stats[0]} frames, {stats[1]} bytes, {cpu:.3f} s CPU",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"delayline {host_ns}: {copied.frames} frames, {copied.bytes} bytes, "
+              f"{cpu:.3f} s CPU", file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(f"delayline {host_ns}: {host_tap} <-> {switch_ns}/{switch_tap}, {delay_ms} ms",
           file=sys.stderr, flush=True)  # fmt: skip
-    run(host_fd, switch_fd, delay, stats)
+    run(host_fd, switch_fd, delay, copied)
     return 0
 
 
