@@ -24,10 +24,11 @@
 #                                    the frames, for kernels without netem. A frame between
 #                                    two delayed hosts is delayed twice. While a delay is on,
 #                                    every link's MTU is 65521 (few frames to copy per MB).
-#                                    A rate still goes on tfsift0 inside the host: ip netns
-#                                    exec tfsift-hK tc qdisc replace dev tfsift0 root tbf ...
-#                                    (a burst of at least the MTU). Ending a delay line
-#                                    prints the frames and bytes it copied and its CPU time
+#                                    A rate still goes on tfsift0 inside the host, after the
+#                                    delay (each delay makes new devices): ip netns exec
+#                                    tfsift-hK tc qdisc replace dev tfsift0 root tbf ... (a
+#                                    burst of at least the MTU). Ending a delay line prints
+#                                    the frames and bytes it copied and its CPU time
 #
 # TFSIFT_SIMHOSTS_PRIVATE=DIR: every host sees its own empty DIR (a tmpfs mounted there
 # for that host's processes only): a directory that is not shared between hosts.
@@ -171,5 +172,5 @@ case "${1:-}" in
     exec "$HERE/simhosts-bin/on-host" "${PREFIX}1" env PATH="$HERE/simhosts-bin:$PATH" \
       OMPI_MCA_btl_tcp_if_include="$NET.0/24" OMPI_MCA_oob_tcp_if_include="$NET.0/24" "$@"
     ;;
-  *) sed -n '2,33p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,34p' "$0" >&2; exit 2 ;;
 esac
