@@ -2,7 +2,8 @@
 
 Two simulated hosts (``scripts/simhosts.sh``) whose link is shaped inside their
 namespaces with ``tc`` (``tbf`` for a rate; ``netem`` for a delay, where the kernel has
-it), and a job of 4 ranks for each of three configurations:
+it, else host 1's userspace delay line, ``simhosts.sh delay 1 MS``), and a job of 4
+ranks for each of three configurations:
 
 - one host: the 4 ranks on host 1 (their messages in shared memory), the reference;
 - 2 hosts, ``placement_strategy="cluster"``: each replica's two stages on one host, so the
@@ -80,7 +81,7 @@ class Settings:
         Link("the bare veth (unshaped)"),
         Link("1 Gbit/s", rate_mbit=1000),
         Link("100 Mbit/s", rate_mbit=100),
-        Link("100 Mbit/s, 5 ms each way", rate_mbit=100, delay_ms=5),  # where netem is
+        Link("100 Mbit/s, 5 ms each way", rate_mbit=100, delay_ms=5),  # netem or delay line
     )
 
     def worker_config(self, placement: str) -> Result:
@@ -179,7 +180,12 @@ def simhosts(*args: str) -> None:
         )
 
 
-def shape(link: Link) -> None:
+def shape(link: Link, delay_line: bool = False) -> None:
+    """Shapes the link; with ``delay_line``, the delay is host 1's delay line (MS ms each
+    way between the hosts, as ``netem`` on both) and only the rate is ``tc``'s."""
+    if delay_line:  # its 64 KiB frames need a tbf burst of 64 KiB: 100 Mbit/s's is 125 kB
+        simhosts("delay", "1", f"{link.delay_ms:g}" if link.delay_ms else "off")
+        link = dataclasses.replace(link, delay_ms=None)
     for namespace in NAMESPACES:
         subprocess.run(unshape_commands(namespace), capture_output=True, check=False)
         for cmd in tc_commands(link, namespace):
@@ -202,15 +208,14 @@ def measure(s: Settings) -> Result:
     simhosts("check")
     links = s.links
     delayed = [link.name for link in links if link.delay_ms is not None]
-    unshaped = delayed if delayed and not has_netem() else []
-    if unshaped:
-        say(f"no netem qdisc in this kernel: {', '.join(unshaped)} left out")
-        links = tuple(link for link in links if link.name not in unshaped)
+    delay_line = delayed if delayed and not has_netem() else []
+    if delay_line:
+        say(f"no netem qdisc in this kernel: {', '.join(delay_line)} by the delay line")
     simhosts("up", "2")
     out: dict[str, dict[str, list[Result]]] = {}
     try:
         for link in links:
-            shape(link)
+            shape(link, bool(delay_line))
             jobs: dict[str, list[Result]] = {name: [] for name, _, _ in CASES}
             cases = {name: (placement, hosts) for name, placement, hosts in CASES}
             for repeat, name in harness.rotations(list(cases), s.repeats):
@@ -223,7 +228,7 @@ def measure(s: Settings) -> Result:
             out[link.name] = jobs
     finally:
         simhosts("down")  # the shaping goes with the namespaces
-    return {"links": out, "unshaped": unshaped}
+    return {"links": out, "delay_line": delay_line}
 
 
 def rows(s: Settings, link: Link, jobs: dict[str, list[Result]]) -> list[list[str]]:
@@ -264,7 +269,13 @@ def answer(link: Link, jobs: dict[str, list[Result]]) -> list[str]:
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
     links = {link.name: link for link in s.links}
+    by_line = set(raw.get("delay_line", []))  # delayed by the userspace delay line, not netem
+
+    def label(name: str) -> str:
+        return f"{name} (delay line)" if name in by_line else name
+
     answers = [answer(links[n], j) for n, j in raw["links"].items() if n in links]
+    answers = [[label(a[0]), *a[1:]] for a in answers if a]
     answers += [[name, "not measured: this kernel has no netem (a delay)", ""]
                 for name in raw.get("unshaped", [])]  # fmt: skip
     parts = [
@@ -276,7 +287,7 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
     header = ["link", "configuration", "step ms", "vs one host", "crosses the link",
               "MB/step measured", "MB/step predicted", "predicted link ms"]  # fmt: skip
     every = [
-        [name, *row]
+        [label(name), *row]
         for name, jobs in raw["links"].items()
         if name in links
         for row in rows(s, links[name], jobs)

@@ -106,3 +106,15 @@ def test_a_delay_the_kernel_cannot_shape_is_said_not_measured(bench: ModuleType)
     row = "| 100 Mbit/s, 5 ms each way | not measured: this kernel has no netem (a delay) |  |"
     assert row in text
     assert bench.Settings().links[-1].delay_ms == 5
+
+
+def test_a_delay_by_the_delay_line_is_said_in_both_tables(bench: ModuleType) -> None:
+    meta = {"date": "2026-12-06", "cores": 2, "commit": "abc", "load_start": 0.1,
+            "load_end": 0.2, "seconds": 60}  # fmt: skip
+    far = "100 Mbit/s, 5 ms each way"
+    raw = {"links": {"100 Mbit/s": jobs(0.2, 3.0, 0.4), far: jobs(0.2, 3.1, 0.5)},
+           "delay_line": [far]}  # fmt: skip
+    text = bench.render(raw, meta, bench.Settings())
+    assert f"| {far} (delay line) | `spread` | 6.20 |" in text
+    assert f"| {far} (delay line) | 2 hosts, spread | 500.0 | 2.50x |" in text
+    assert "| 100 Mbit/s | `spread` | 7.50 |" in text  # undelayed: no label
