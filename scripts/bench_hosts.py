@@ -81,6 +81,8 @@ class Settings:
         Link("the bare veth (unshaped)"),
         Link("1 Gbit/s", rate_mbit=1000),
         Link("100 Mbit/s", rate_mbit=100),
+        # the delay line's control: its MTU and copying at a delay of nothing
+        Link("100 Mbit/s, 1 µs each way", rate_mbit=100, delay_ms=0.001),
         Link("100 Mbit/s, 5 ms each way", rate_mbit=100, delay_ms=5),  # netem or delay line
     )
 
