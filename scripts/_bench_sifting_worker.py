@@ -1,13 +1,12 @@
-"""One job of ``scripts/bench_sifting*.py``: trains one task and seed with each method, in turn.
+"""One job of ``scripts/bench_sifting_epochs.py``: trains one task and seed with each method.
 
 usage: _bench_sifting_worker.py CONFIG_JSON   (run by ``bench.harness.run_job``)
 
 Every rank runs one compute thread and reports (``harness.write_rank``): per method, the
 held-out metric at each evaluation with the training seconds, optimizer steps and samples
 backpropagated so far, and ``tfsift.sift_metrics()`` at the end. The model is evaluated
-every ``eval_every`` optimizer steps, with the training clock stopped. On a pipeline, rank
-0's clock decides when a run's time is up, and tells the other ranks at each evaluation,
-so that every rank takes the same decisions.
+every ``eval_every`` optimizer steps, with the training clock stopped; every run trains
+for the task's epochs.
 With ``scores="training"`` each step hands its per-sample losses (unweighted; on every
 rank of a pipeline) back to the sifted dataset with ``record``, on the clock; with
 ``rescale`` (InfoBatch) the batches carry weights and the step's loss is the mean of
@@ -31,7 +30,6 @@ from typing import Any  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
 import tfsift  # noqa: E402
 from bench import harness  # noqa: E402
@@ -178,21 +176,14 @@ class Clock:
         return self.total + (time.perf_counter() - self.since if self.since is not None else 0.0)
 
 
-def agreed(flag: bool) -> bool:
-    """Rank 0's ``flag`` on every rank (its clock decides for the pipeline)."""
-    comm = MPI.COMM_WORLD
-    return bool(comm.bcast(flag, root=0)) if comm.Get_size() > 1 else flag
-
-
 # ---------------------------------------------------------------- one run
 
 
 class Run:
     """Trains one fresh model with one method and records the held-out curve."""
 
-    def __init__(self, job: Config, method: Config, data: Arrays, budget: float | None) -> None:
+    def __init__(self, job: Config, method: Config, data: Arrays) -> None:
         self.job, self.task, self.method = job, job["task"], method
-        self.budget = budget  # training seconds; None: the baseline's epochs instead
         self.off_clock: list[float] = []  # one-time seconds taken off the clock
         keras.utils.set_random_seed(job["seed"])  # the same initial weights for every method
         self.x, self.y, self.x_test, self.y_test = data
@@ -246,18 +237,15 @@ class Run:
         return self.sifted
 
     def sift_config(self) -> tfsift.SiftConfig:
-        """The method's config; what it leaves None (``scores``, ``stale``) and the sample
-        weights are what ``SiftConfig`` implies from the policy (InfoBatch: training scores,
-        its weights, every score kept for its epochs, which are the task's)."""
+        """The method's config; ``scores``, ``stale`` and the sample weights are what
+        ``SiftConfig`` implies from the policy (InfoBatch: training scores, its weights,
+        every score kept for its epochs, which are the task's)."""
         m = self.method
         return tfsift.SiftConfig(
             policy=m["policy"],
-            beta=float(m["beta"]),
-            stale=m["stale"],
             delay=self.task["delay"],
             score_batches=self.job["score_batches"],
             seed=self.job["seed"],
-            scores=m["scores"],
             prune=float(m["prune"]),
             anneal=float(m["anneal"]),
             epochs=self.task["epochs"] if m["policy"] == "infobatch" else None,
@@ -295,24 +283,18 @@ class Run:
         train = self.dataset()
         self.warm_up(self.x[:B], self.y[:B])
         self.record()
-        epochs, done = 0, False
         self.clock.start()
-        while not done:
+        for _ in range(self.task["epochs"]):
             for batch in self.batches(train):
                 self.step(*batch)
                 if self.steps % self.task["eval_every"] == 0:  # equal on every rank
                     self.clock.stop()
                     self.record()
-                    done = self.over(epochs)
                     self.clock.start()
-                    if done:
-                        break
-            epochs += 1
-            done = done or self.over(epochs)
         self.clock.stop()
         if self.curve[-1][1] != self.steps:
             self.record()
-        return self.result(epochs)
+        return self.result(self.task["epochs"])
 
     def batches(self, train: tf.data.Dataset) -> Iterator[tuple[tf.Tensor, ...]]:
         """``train``'s batches, with one-time work taken off the clock as ``warm_up`` does
@@ -346,11 +328,6 @@ class Run:
         self.steps += 1
         self.samples += int(x.shape[0])
 
-    def over(self, epochs: int) -> bool:
-        if self.budget is None:
-            return agreed(epochs >= self.task["epochs"])
-        return agreed(self.clock.total >= self.budget or epochs >= self.job["max_epochs"])
-
     def result(self, epochs: int) -> Config:
         metrics = tfsift.sift_metrics() if self.method["policy"] != "none" else {}
         out: Config = {"method": self.method["name"], "epochs": epochs, "curve": self.curve}
@@ -362,9 +339,9 @@ class Run:
 # ---------------------------------------------------------------- the job
 
 
-def run_method(job: Config, method: Config, data: Arrays, budget: float | None) -> Config:
+def run_method(job: Config, method: Config, data: Arrays) -> Config:
     start = time.perf_counter()
-    out = Run(job, method, data, budget).train()
+    out = Run(job, method, data).train()
     out["wall_s"] = time.perf_counter() - start
     return out
 
@@ -374,15 +351,9 @@ def main() -> None:
     tfsift.init({"partitions": job["partitions"], "microbatches": job["microbatches"]})
     data = load(job["task"], job["seed"], Path(job["cache"]))
     results: list[Config] = []
-    budget: float | None = None
     for method in job["methods"]:
-        baseline = method["policy"] == "none"  # trains for the task's epochs, every time
-        # fixed_epochs: every method trains for the task's epochs (InfoBatch's own view)
-        by_epochs = baseline or job.get("fixed_epochs", False)
-        result = run_method(job, method, data, None if by_epochs else budget)
+        result = run_method(job, method, data)
         results.append(result)
-        if baseline and budget is None:
-            budget = job["budget_factor"] * result["curve"][-1][0]
         log_line(job, result)
     harness.write_rank(tfsift.rank(), {"job": job, "rank": tfsift.rank(), "results": results})
 

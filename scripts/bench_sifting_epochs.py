@@ -1,11 +1,15 @@
 """With the epochs no sifting trains for, how much training time does InfoBatch save?
 
-bench_sifting.py's jobs with every method training for the task's epochs (twice those of
-the time-to-target runs, so that InfoBatch, which prunes in no epoch but the first and the
-annealed last eighth, prunes in most of them), evaluated half as often, on one process and
-on the 2-stage pipeline: InfoBatch on ``tfsift.from_arrays`` against no sifting on the same
-input, and three controls of no sifting: on the tf.data input, in another data order (the
-same initial weights), and again after the others.
+Per task and seed one job (``scripts/_bench_sifting_worker.py``) trains a fresh model with
+every method in turn, from the same initial weights, each for the task's epochs, on one
+process and on the 2-stage pipeline: InfoBatch on ``tfsift.from_arrays`` against no sifting
+on the same input, and three controls of no sifting: on the tf.data input, in another data
+order (the same initial weights), and again after the others. The epochs are twice those of
+the retired time-to-target benchmark's runs (docs/benchmarks-log.md), evaluated half as
+often, so that InfoBatch, which prunes in every epoch but the first and the annealed last
+eighth, prunes in most of them. Per seed the target is the first no-sifting run's final
+metric less 0.5 point (or its MSE x 1.02); a speed-up is no sifting's training seconds to
+it over the run's.
 
 usage: .venv/bin/python scripts/bench_sifting_epochs.py [--quick] [--no-docs] [--json P]
            [--render P] [--tasks NAME ...] [--seeds N]   (a subset needs --no-docs)
@@ -15,64 +19,235 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import statistics
+from pathlib import Path
 
-from bench_sifting import (
-    ACCURACY_SLACK,
-    AGAIN,
-    INFOBATCH,
-    MSE_SLACK,
-    NONE,
-    QUICK,
-    TASKS,
-    Method,
-    Settings,
-    Task,
-    by_task,
-    jobs_of,
-    measure,
-    median,
-    seed_rows,
-    speedup_value,
-)
-
-from bench import report
-from bench.harness import Result
+from bench import harness, report
+from bench.harness import Result, say
 from bench.main import Benchmark, at_least_one, parser, run
 
+WORKER = harness.ROOT / "scripts" / "_bench_sifting_worker.py"
+CACHE = Path.home() / ".cache" / "tfsift" / "bench_sifting"
+PARTIAL = CACHE / "partial-jobs.json"  # the jobs done so far, rewritten after each
+ACCURACY_SLACK, MSE_SLACK = 0.005, 0.02  # the target's distance from the no-sifting run's final
 RECOMMENDED = "infobatch"  # the README's configuration
 NONE_TF_DATA = "none-tf.data"  # no sifting on the tf.data input: what the input alone costs
 NONE_ORDER = "none-order"  # no sifting in another data order: what the order alone moves
-CONTROLS = (NONE_TF_DATA, NONE_ORDER, AGAIN)
+AGAIN = "none-again"  # no sifting once more, last in each job: the baselines' own spread
 EPOCH_SPEEDUP, EPOCH_TASKS, EPOCH_FLOOR = 1.25, 3, 0.95  # the issue's bar for it
 LAST = 3  # evaluations averaged for a second view of the end
 
 
-def epoch_task(task: Task) -> Task:
-    """``task`` for twice its epochs, evaluated half as often."""
-    return dataclasses.replace(task, epochs=2 * task.epochs, eval_every=2 * task.eval_every)
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A data set, a model and the epochs every run trains for."""
+
+    name: str
+    title: str
+    data: str  # mnist1d, digits or friedman (see the worker's loaders)
+    loss: str  # "ce" (accuracy is the metric) or "mse" (the held-out MSE is)
+    model: tuple[str, int, int, int]  # (cnn|mlp, width, layers, hidden)
+    samples: int = 30000  # generated, 80% train (mnist1d, friedman)
+    noise: float = 0.0  # fraction of training labels flipped to another class
+    batch: int = 64
+    lr: float = 2e-3
+    epochs: int = 6
+    delay: int = 0  # source batches each sifting run trains on unsifted first
+    # Evaluated every this many optimizer steps, the same steps for every method, so
+    # that a rerun of the same trajectory is evaluated at the same points and its ratio
+    # to the first run measures the speed of its steps alone (the noise floor).
+    eval_every: int = 200
+
+    def worker_config(self) -> Result:
+        kind, width, layers, hidden = self.model
+        config = dataclasses.asdict(self) | {"data_seed": 0}
+        return config | {
+            "model": {"kind": kind, "width": width, "layers": layers, "hidden": hidden}
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One run's setting, the same on every task and layout; what ``SiftConfig`` implies
+    from the policy (InfoBatch: training scores, its weights, every score kept for its
+    epochs, which are the task's) left to it."""
+
+    name: str
+    policy: str  # a SiftConfig policy, or "none"
+    prune: float = 0.5  # infobatch
+    anneal: float = 0.125  # infobatch
+    # the input: "tf.data" (shard, shuffle, batch) or "arrays" (tfsift.from_arrays: by row)
+    source: str = "tf.data"
+    # added to the data order's seed (the initial weights stay the seed's): no sifting in
+    # another order shows how far the end moves with the order alone
+    order: int = 0
 
 
 # a sifted run trains on another order too, so a gap in the end smaller than what the
 # order alone moves is no evidence
 METHODS = (
-    dataclasses.replace(NONE, source="arrays"),
-    dataclasses.replace(INFOBATCH, source="arrays"),
+    Method("none", "none", source="arrays"),
+    Method(RECOMMENDED, "infobatch", prune=0.5, anneal=0.125, source="arrays"),
     Method(NONE_TF_DATA, "none"),
     Method(NONE_ORDER, "none", source="arrays", order=1000),
     Method(AGAIN, "none", source="arrays"),
 )
-FULL = Settings(
-    tasks=tuple(epoch_task(t) for t in TASKS),
-    methods=METHODS,
-    fixed_epochs=True,
-    pipeline_tasks=tuple(t.name for t in TASKS),
+SMALL_CNN = ("cnn", 32, 2, 128)
+# fmt: off
+TASKS = (
+    Task("mnist1d", "MNIST-1D", "mnist1d", "ce", SMALL_CNN, epochs=10, delay=188, eval_every=200),
+    Task("mnist1d-noisy", "MNIST-1D, 20% labels flipped", "mnist1d", "ce", SMALL_CNN, noise=0.2,
+         epochs=10, delay=188, eval_every=200),
+    Task("digits", "digits (8x8)", "digits", "ce", ("mlp", 128, 1, 0), batch=32, epochs=60,
+         delay=45, eval_every=40),
+    Task("friedman", "Friedman #1 regression", "friedman", "mse", ("mlp", 64, 2, 0),
+         samples=20000, epochs=16, delay=125, eval_every=100),
+    Task("mnist1d-wide", "MNIST-1D, wide CNN", "mnist1d", "ce", ("cnn", 64, 3, 256), epochs=4,
+         delay=188, eval_every=100),
 )
-QUICK_EPOCHS = dataclasses.replace(QUICK, methods=METHODS, fixed_epochs=True)
+# fmt: on
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one benchmark run measures."""
+
+    tasks: tuple[Task, ...] = TASKS
+    methods: tuple[Method, ...] = METHODS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    pipeline_tasks: tuple[str, ...] = tuple(t.name for t in TASKS)  # run on the pipeline too
+    partitions: int = 2
+    microbatches: int = 4
+    score_batches: int = 8  # g: source batches scored in one call, every sifting method
+
+    def jobs(self) -> list[Result]:
+        """Every job, in the order they run: per seed, each task, then the pipeline."""
+        K, M, out = self.partitions, self.microbatches, []
+        for seed in self.seeds:
+            out += [self.job(t, seed, 1, 1) for t in self.tasks]
+            out += [self.job(t, seed, K, M) for t in self.tasks if t.name in self.pipeline_tasks]
+        return out
+
+    def job(self, task: Task, seed: int, K: int, M: int) -> Result:
+        """What the worker reads: the task, the seed, the methods in order, the layout."""
+        return {
+            "score_batches": self.score_batches,
+            "task": task.worker_config(),
+            "seed": seed,
+            "methods": [dataclasses.asdict(m) for m in self.methods],
+            "partitions": K,
+            "microbatches": M,
+            "cache": str(CACHE),
+        }
+
+
+def quick_task(task: Task) -> Task:
+    """The same task on a few thousand samples for about one epoch: a smoke test."""
+    return dataclasses.replace(
+        task,
+        samples=3000,
+        epochs=1 if task.data != "digits" else 3,
+        delay=min(task.delay, 8),
+        eval_every=10,
+    )
+
+
+FULL = Settings()
+# a smoke test: one seed, and MNIST-1D alone on the pipeline
+QUICK = Settings(tasks=tuple(quick_task(t) for t in TASKS), seeds=(0,), pipeline_tasks=("mnist1d",))
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def measure(settings: Settings) -> Result:
+    """Every job, one at a time; a failed job is tried once more."""
+    jobs, out = settings.jobs(), []
+    for i, job in enumerate(jobs):
+        K = job["partitions"]
+        say(f"[{i + 1}/{len(jobs)}] {job['task']['name']}, seed {job['seed']}, K={K}")
+        try:
+            ranks = harness.run_job(WORKER, [json.dumps(job)], K, mpi=K > 1)
+        except RuntimeError as error:
+            say(f"{error}\ntrying the job once more")
+            ranks = harness.run_job(WORKER, [json.dumps(job)], K, mpi=K > 1)
+        out.append({"job": job, "ranks": ranks})
+        PARTIAL.write_text(json.dumps({"jobs": out}))  # what a cut-short run measured
+    return {"jobs": out}
+
+
+def jobs_of(raw: Result | list[Result]) -> list[Result]:
+    """The jobs' reports (a --json file from before the harness holds the list itself)."""
+    return raw if isinstance(raw, list) else list(raw["jobs"])
 
 
 # ---------------------------------------------------------------- summarising (pure)
+
+
+def target(final: float, regression: bool) -> float:
+    """The no-sifting run's final metric, less 0.5 point of accuracy or plus 2% of MSE."""
+    return final * (1 + MSE_SLACK) if regression else final - ACCURACY_SLACK
+
+
+def reached(metric: float, goal: float, regression: bool) -> bool:
+    return metric <= goal if regression else metric >= goal
+
+
+def first_reach(curve: list[list[float]], goal: float, regression: bool) -> list[float] | None:
+    """The first ``[seconds, steps, samples, metric]`` point that reaches ``goal``."""
+    return next((p for p in curve if reached(p[3], goal, regression)), None)
+
+
+def seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
+    """Per method of one job (rank 0's records): when it reached the target, and its
+    seconds per step."""
+    results = {r["method"]: r for r in ranks[0]["results"]}
+    base = results["none"]["curve"]
+    goal = target(base[-1][3], regression)
+    first = first_reach(base, goal, regression) or base[-1]  # reached by construction
+    # No sifting's time to target: the mean of its two runs, first and last in the job,
+    # so that a drift of the machine's speed during the job (or a slow first run) does not
+    # favour the methods; the repeat's own row compares it with the first run.
+    again = first_reach(results.get(AGAIN, {}).get("curve", []), goal, regression)
+    mean = [(a + b) / 2 for a, b in zip(first, again, strict=True)] if again else first
+    return {
+        n: seed_row(r, first if n == AGAIN else mean, goal, regression) for n, r in results.items()
+    }
+
+
+def seed_row(r: Result, reference: list[float], goal: float, regression: bool) -> Result:
+    """One run against the target and the no-sifting ``reference`` point that reached it."""
+    if "curve" not in r or r.get("status"):
+        return {"status": r.get("status", "failed")}
+    hit = first_reach(r["curve"], goal, regression) or [math.inf] * 4
+    end = r["curve"][-1]
+    return {
+        "seconds": hit[0],
+        "steps": hit[1],
+        "speedup": reference[0] / hit[0] if hit[0] > 0 else 0.0,  # 0: never
+        "step_s": end[0] / max(1, end[1]),
+        "sift": r.get("sift", {}),
+    }
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def by_task(raw: list[Result]) -> dict[str, list[Result]]:
+    """The jobs (one a seed) of each ``task`` (``task@K2`` for the pipeline)."""
+    groups: dict[str, list[Result]] = {}
+    for entry in raw:
+        groups.setdefault(job_key(entry["job"]), []).append(entry)
+    return groups
+
+
+def job_key(job: Result) -> str:
+    """The task's name, with ``@K<partitions>`` for a pipeline job."""
+    name = str(job["task"]["name"])
+    return name + (f"@K{job['partitions']}" if job["partitions"] > 1 else "")
 
 
 def gap(metric: float, base: float, regression: bool) -> float:
@@ -236,6 +411,11 @@ def epoch_floor(rows: list[Result]) -> Result | None:
 # ---------------------------------------------------------------- tables
 
 
+def speedup_value(value: float) -> str:
+    """A speed-up; 0 stands for a run that never reached the target."""
+    return "never" if value == 0 else f"{value:.2f}"
+
+
 def delta_text(value: float, regression: bool) -> str:
     return f"{100 * value:+.1f}%" if regression else f"{100 * value:+.2f} pt"
 
@@ -347,7 +527,7 @@ def options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def subset(args: argparse.Namespace) -> Settings:
     """The jobs of ``--tasks`` (on both layouts) and ``--seeds``."""
-    base = QUICK_EPOCHS if args.quick else FULL
+    base = QUICK if args.quick else FULL
     names = args.tasks or [t.name for t in TASKS]
     tasks = tuple(t for t in base.tasks if t.name in names)
     # the quick run keeps its one pipeline task; the full one runs each task on both layouts
@@ -371,7 +551,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 BENCH: Benchmark[Settings] = Benchmark(
-    "sifting-epochs", __doc__.splitlines()[0], FULL, QUICK_EPOCHS, measure, render
+    "sifting-epochs", __doc__.splitlines()[0], FULL, QUICK, measure, render
 )
 
 if __name__ == "__main__":

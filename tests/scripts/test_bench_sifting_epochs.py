@@ -1,8 +1,12 @@
-"""The pure parts of scripts/bench_sifting_epochs.py: the ends, the bar, the pruning model."""
+"""The pure parts of scripts/bench_sifting_epochs.py: the jobs, time to the target, the ends,
+the bar, the pruning model, the tables."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import subprocess
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -14,12 +18,7 @@ META = {"date": "2026-12-06", "cores": 2, "commit": "abc1234", "load_start": 0.1
 
 
 @pytest.fixture(scope="module")
-def sifting() -> ModuleType:
-    return scripts_module.load("bench_sifting")
-
-
-@pytest.fixture(scope="module")
-def bench(sifting: ModuleType) -> ModuleType:
+def bench() -> ModuleType:
     return scripts_module.load("bench_sifting_epochs")
 
 
@@ -42,7 +41,7 @@ def job(curves: dict[str, list[list[float]]], loss: str = "ce") -> Any:
 
 
 def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts(
-    bench: ModuleType, sifting: ModuleType
+    bench: ModuleType,
 ) -> None:
     settings = bench.FULL
     jobs = settings.jobs()
@@ -51,7 +50,10 @@ def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts
     order = [(j["seed"], j["task"]["name"], j["partitions"]) for j in jobs]
     assert order == [(s, name, k) for s in (0, 1, 2) for name, k in per_seed]
     for j in jobs:
-        assert j["fixed_epochs"] is True
+        # what the worker reads: every run trains for the task's epochs, no time budget
+        assert set(j) == {"score_batches", "task", "seed", "methods", "partitions",
+                          "microbatches", "cache"}  # fmt: skip
+        assert (j["microbatches"], j["score_batches"]) == (4 if j["partitions"] == 2 else 1, 8)
         names = [m["name"] for m in j["methods"]]
         assert names == ["none", "infobatch", "none-tf.data", "none-order", "none-again"]
         # every run on from_arrays, but one no-sifting run on the tf.data input
@@ -59,13 +61,60 @@ def test_the_epoch_budget_runs_every_method_for_the_tasks_epochs_on_both_layouts
         assert sources == ["arrays", "arrays", "tf.data", "arrays", "arrays"]
         # one no-sifting run in another order of the data; the rest in the seed's
         assert [m["order"] for m in j["methods"]] == [0, 0, 0, 1000, 0]
+        infobatch = j["methods"][1]
+        # training scores, InfoBatch's weights and stale = its epochs (every score it ever
+        # recorded) are what SiftConfig implies from the policy, the worker's epochs the task's
+        assert {k: infobatch[k] for k in ("policy", "prune", "anneal")} == {
+            "policy": "infobatch", "prune": 0.5, "anneal": 0.125,
+        }  # fmt: skip
+    # twice the epochs of the retired time-to-target runs (docs/benchmarks-log.md)
     epochs = {t.name: t.epochs for t in settings.tasks}
-    assert epochs == {t.name: 2 * t.epochs for t in bench.TASKS}
-    # evaluated on a grid of optimizer steps (not seconds), half as dense
+    assert epochs == {"mnist1d": 10, "mnist1d-noisy": 10, "digits": 60, "friedman": 16,
+                      "mnist1d-wide": 4}  # fmt: skip
+    # evaluated on a grid of optimizer steps (not seconds), half as dense as those runs
     grid = {j["task"]["name"]: j["task"]["eval_every"] for j in jobs}
-    assert grid == {t.name: 2 * t.eval_every for t in bench.TASKS}
-    assert all(isinstance(every, int) and every > 0 for every in grid.values())
-    assert sifting.FULL.job(bench.TASKS[0], 0, 1, 1)["fixed_epochs"] is False
+    assert grid == {"mnist1d": 200, "mnist1d-noisy": 200, "digits": 40, "friedman": 100,
+                    "mnist1d-wide": 100}  # fmt: skip
+
+
+def test_the_quick_run_is_one_seed_of_every_task_and_mnist1d_on_the_pipeline(
+    bench: ModuleType,
+) -> None:
+    order = [(j["seed"], j["task"]["name"], j["partitions"]) for j in bench.QUICK.jobs()]
+    assert order == [(0, t.name, 1) for t in bench.TASKS] + [(0, "mnist1d", 2)]
+    assert [t.epochs for t in bench.QUICK.tasks] == [1, 1, 3, 1, 1]
+
+
+def test_target_is_half_a_point_below_accuracy_and_two_percent_above_mse(bench: ModuleType) -> None:
+    assert bench.target(0.9, regression=False) == pytest.approx(0.895)
+    assert bench.target(0.5, regression=True) == pytest.approx(0.51)
+
+
+def test_first_reach_is_the_first_evaluation_at_or_past_the_target(bench: ModuleType) -> None:
+    c = curve((0, 0.1), (1, 0.8), (2, 0.91), (3, 0.89), (4, 0.95))
+    assert bench.first_reach(c, 0.9, regression=False)[0] == 2
+    assert bench.first_reach(c, 0.99, regression=False) is None
+    mse = curve((0, 2.0), (1, 0.6), (2, 0.5))
+    assert bench.first_reach(mse, 0.55, regression=True)[0] == 2
+
+
+def test_a_speedup_is_no_siftings_mean_time_over_the_runs_and_the_repeats_over_the_first(
+    bench: ModuleType,
+) -> None:
+    curves = {
+        "none": curve((0, 0.1), (4, 0.90), (8, 0.92)),  # target 0.915, hit at 8
+        "fast": curve((0, 0.1), (2, 0.92), (10, 0.93)),  # hit at 2
+        "slow": curve((0, 0.1), (9, 0.5)),  # never
+        "none-again": curve((0, 0.1), (4, 0.92), (8, 0.92)),  # hit at 4: a faster machine
+    }
+    rows = bench.seed_rows(job(curves)["ranks"], regression=False)
+    assert rows["fast"]["speedup"] == pytest.approx(6.0 / 2.0)
+    assert rows["fast"]["steps"] == 20
+    assert rows["none-again"]["speedup"] == pytest.approx(8.0 / 4.0)
+    assert rows["slow"]["speedup"] == 0.0
+    assert math.isinf(rows["slow"]["seconds"])
+    # seconds per step from the run's end: 10 s for 100 steps
+    assert rows["fast"]["step_s"] == pytest.approx(0.1)
 
 
 def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType) -> None:
@@ -100,6 +149,32 @@ def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType
     assert rows["infobatch"]["delta"] == pytest.approx(0.103 / 0.1 - 1)  # relative
     # the mean of the last 3 evaluations: 0.5, 0.1, 0.103 against 0.5, 0.1, 0.1
     assert rows["infobatch"]["delta_last"] == pytest.approx(0.703 / 0.7 - 1)
+
+
+def test_the_summary_takes_medians_over_seeds_and_keeps_each_seeds_value(
+    bench: ModuleType,
+) -> None:
+    seeds = [
+        job({"none": curve((0, 0), (10, 0.9)), "infobatch": curve((0, 0), (t, 0.9))})
+        for t in (5.0, 10.0, 20.0)
+    ]
+    row = bench.epoch_summary(seeds)["toy"][1]
+    assert row["speedups"] == pytest.approx([2.0, 1.0, 0.5])
+    assert row["speedup"] == pytest.approx(1.0)
+    assert row["saveds"] == pytest.approx([0.5, 0.0, -1.0])
+    assert row["saved"] == pytest.approx(0.0)
+
+
+def test_a_method_without_results_is_reported_failed_and_left_out_of_the_tables(
+    bench: ModuleType,
+) -> None:
+    entry = job({"none": curve((0, 0), (1, 0.9)), "none-order": curve((0, 0), (1, 0.9))})
+    entry["job"]["methods"].insert(1, {"name": "infobatch", "policy": "infobatch", "anneal": 0.125})
+    entry["ranks"][0]["results"].insert(1, {"method": "infobatch", "status": "failed"})
+    summary = bench.epoch_summary([entry])
+    assert summary["toy"][1] == {"method": "infobatch", "status": "failed"}
+    assert len(bench.recommended_table(summary).splitlines()) == 2  # the header alone
+    assert bench.epoch_verdict(summary, pipeline=False)["tasks"] == 0
 
 
 def test_the_epoch_bar_needs_three_fast_tasks_none_slow_and_every_final_within_the_slack(
@@ -260,3 +335,11 @@ def test_the_epoch_budget_runs_the_tasks_and_seeds_asked_for_on_both_layouts(
             bench.main(argv)
     with pytest.raises(SystemExit):
         bench.main(["--seeds", "0", "--no-docs"])
+
+
+def test_the_benchmark_imports_without_tensorflow() -> None:
+    code = "import bench_sifting_epochs, sys; print('tensorflow' in sys.modules)"
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=scripts_module.SCRIPTS, capture_output=True, text=True
+    )
+    assert (run.returncode, run.stdout.strip()) == (0, "False"), run.stderr

@@ -7,8 +7,8 @@ models and for sifting:
 
 - A batch is gathered with one NumPy fancy index per array (``x[rows]``), not sample by
   sample through tf.data's shuffle and batch, which costs a few microseconds per sample
-  (about 0.65 ms per batch of 128 on ``scripts/bench_sifting.py``'s MNIST-1D, a quarter
-  of its training step).
+  (about 0.65 ms per batch of 128 on ``scripts/bench_sifting_epochs.py``'s MNIST-1D, a
+  quarter of its training step).
 - Every sample has a stable key, its row, so a sifting policy that decides per epoch
   (InfoBatch) can leave the pruned rows out of the epoch's order: they are never read,
   as in the reference implementation's sampler (``tfsift.sift.indexed``).

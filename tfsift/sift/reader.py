@@ -2,8 +2,8 @@
 
 A sifted step needs 1/kept source batches, and every ``next()`` on a tf.data
 iterator costs a fixed fraction of a millisecond of Python and runtime work
-(``scripts/bench_sifting.py`` measured it as a visible part of a sifted step on small
-models). When every source batch has the same static size B, the reader asks tf.data
+(the retired ``scripts/bench_sifting.py`` measured it as a visible part of a sifted step
+on small models). When every source batch has the same static size B, the reader asks tf.data
 for g of them at once (``source.batch(g)``: one call, the copy done in C++) and hands
 out views of that block; rounds never cross two blocks, so nothing is copied again,
 and the next block is prefetched (source data only: scoring never runs ahead). The

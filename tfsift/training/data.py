@@ -54,7 +54,7 @@ def training_data(
 
     Arrays become ``tfsift.from_arrays``: each batch one NumPy gather per array (through
     tf.data's shuffle and batch, sample by sample, the input cost a small model as much
-    as a third of its step: ``scripts/bench_sifting.py --epochs``), and InfoBatch never
+    as a third of its step: ``scripts/bench_sifting_epochs.py``), and InfoBatch never
     reads a pruned row. Batches are whole (``drop_remainder``), so up to a batch per
     replica is left out of an epoch. ``ranks`` are the model's ``input_ranks``, for
     ``checked``.

@@ -64,7 +64,8 @@ ADVICE_AFTER = 50
 LOW_OVERLAP = 0.25
 # With one stage, the default exit ends where at most this share of the model's forward
 # time has been spent: an exit in the middle of a CNN took its costliest convolution and
-# scored at the cost of the whole model (scripts/bench_sifting.py, docs/benchmarks.md).
+# scored at the cost of the whole model (the retired scripts/bench_sifting.py,
+# docs/benchmarks-log.md).
 EXIT_SHARE = 1 / 3
 
 
