@@ -58,7 +58,10 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
     two_hosts: int, tmp_path: Path, K: int, peer: str
 ) -> None:
     # 1 rank on each host
-    args = [str(K), str(STEPS), str(EVERY), "--timeout", str(TIMEOUT), "--pace", "0.02"]
+    # the stall timeout is short only in the job whose host is cut: the uninterrupted run and
+    # the rerun keep the default, so that a loaded machine cannot end them (a rerun's
+    # receive waited over 3 s once, with four pytest workers on the 2 cores)
+    args = [str(K), str(STEPS), str(EVERY), "--pace", "0.02"]
     whole = tmp_path / "whole"
     mpi.reports(mpi.run(2, "checkpoint_train.py", str(whole), *args, hosts=two_hosts))
 
@@ -70,6 +73,8 @@ def test_a_host_cut_off_ends_every_rank_and_the_rerun_resumes_exactly(
         str(mpi.SCRIPTS / "checkpoint_train.py"),
         str(cut),
         *args,
+        "--timeout",
+        str(TIMEOUT),
         "--progress",
         str(progress),
     ]
