@@ -5,11 +5,11 @@ the order it went in, both ways."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import socket
 import sys
 import threading
 import time
+import uuid
 from types import ModuleType
 
 import pytest
@@ -68,10 +68,9 @@ def test_bad_arguments_are_refused_before_anything_is_made(
     assert capsys.readouterr().err.endswith(
         "\nusage: delayline.py HOST_NS HOST_TAP SWITCH_NS SWITCH_TAP DELAY_MS\n"
     )
-    if os.path.exists("/var/run/netns/tfsift-none"):
-        pytest.skip("a namespace named tfsift-none exists")
-    assert delayline.main(["tfsift-none", "tfsift0", "sw", "p1", "5"]) == 1
+    absent = f"tfsift-none-{uuid.uuid4().hex}"  # a namespace nobody made
+    assert delayline.main([absent, "tfsift0", "sw", "p1", "5"]) == 1
     assert capsys.readouterr().err == (
-        "delayline: cannot make the TAP devices tfsift-none/tfsift0 and sw/p1: [Errno 2] "
-        "No such file or directory: '/var/run/netns/tfsift-none'\n"
+        f"delayline: cannot make the TAP devices {absent}/tfsift0 and sw/p1: [Errno 2] "
+        f"No such file or directory: '/var/run/netns/{absent}'\n"
     )
