@@ -64,7 +64,9 @@ def test_microbatched_step_equals_a_full_batch_tape_and_eval_returns_predictions
         np.testing.assert_allclose(got.accumulate().numpy(), ref.numpy(), rtol=1e-5, atol=1e-7)
     assert abs(float(loss.reduce_mean()) - float(want_loss)) < 1e-6
     logits = evaluate(x).concat()
-    np.testing.assert_allclose(logits.numpy(), model.b(model.a(x)).numpy(), rtol=1e-5)
+    # atol: the weights are drawn afresh each run, and a logit near 0 computed on a
+    # microbatch of 2 rows differs from the full batch's in float32's last bits
+    np.testing.assert_allclose(logits.numpy(), model.b(model.a(x)).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_gradients_of_other_variables_are_refused_with_the_counts(

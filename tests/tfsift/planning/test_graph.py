@@ -50,7 +50,7 @@ def test_stages_chained_compute_the_whole_model() -> None:
     assert second.inputs == first.outputs
     out = second.run(first.run([x], training=False), training=False)
     want = model.c(model.b(model.a(x)) + model.a(x))
-    np.testing.assert_allclose(out[0].numpy(), want.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(out[0].numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
     assert [len(s.trainable_variables()) for s in (first, second)] == [4, 2]
 
 

@@ -708,7 +708,7 @@ def test_the_optimizer_is_built_for_the_stage_before_a_step_is_traced() -> None:
     with tf.GradientTape() as tape:
         loss = keras.ops.mean(model.call(np.ones((2, 5), np.float32)) ** 2) * 4.0
     np.testing.assert_allclose(
-        tfsift.allreduce(grads)[0].numpy(), tape.gradient(loss, ref).numpy(), rtol=1e-6
+        tfsift.allreduce(grads)[0].numpy(), tape.gradient(loss, ref).numpy(), rtol=1e-6, atol=1e-7
     )
 
 
@@ -741,7 +741,7 @@ def test_clip_by_global_norm_in_one_process_is_tensorflows() -> None:
     want, want_norm = tf.clip_by_global_norm(grads, 1.0)
     np.testing.assert_allclose(norm.numpy(), want_norm.numpy(), rtol=1e-6)
     for got, expected in zip(clipped, want, strict=True):
-        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError) as error:
         tfsift.clip_by_global_norm(grads, 0.0, model)
     assert str(error.value) == "clip_norm must be a number > 0. Received: clip_norm=0.0"
@@ -766,7 +766,7 @@ def test_the_partitioned_model_gets_sets_and_exports_the_whole_model(tmp_path: P
     served = tf.saved_model.load(str(tmp_path / "served"))
     x = np.ones((4, 5), np.float32)
     np.testing.assert_allclose(
-        served.serve(tf.constant(x)).numpy(), model.predict(x, verbose=0), rtol=1e-6
+        served.serve(tf.constant(x)).numpy(), model.predict(x, verbose=0), rtol=1e-6, atol=1e-7
     )
     with pytest.raises(RuntimeError) as call:
         model(x)
