@@ -283,6 +283,18 @@ def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def tensor_bytes() -> dict[str, int] | None:
+    """TensorFlow's CPU allocator's bytes in use and their peak since the last reset, where
+    the job runs it with statistics (``TF_CPU_ALLOCATOR_USE_BFC=true``); else None.
+
+    Unlike the RSS, this counts the tensors alone (activations, gradients, messages'
+    buffers), not what the process's heap keeps after they are freed."""
+    try:
+        return dict(tf.config.experimental.get_memory_info("CPU:0"))
+    except ValueError:  # "Allocator stats not available": the default allocator
+        return None
+
+
 def time_steps(steps: dict[str, Step], cfg: Config) -> dict[str, list[float]]:
     """Warms each step up, then times them in alternating rounds (drift hits all alike)."""
     for _ in range(cfg["warmup"]):
@@ -385,6 +397,8 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     gc.collect()
     reset_peak_rss()
     resting = psutil.Process().memory_info().rss / 2**20  # the peak mark starts here
+    if (tensors := tensor_bytes()) is not None:
+        tf.config.experimental.reset_memory_stats("CPU:0")
     action_s, events = timeline(train)
     # the step call alone as many times again, where asked (bench_small: the prediction's
     # scope, which the user's update is outside of)
@@ -392,7 +406,13 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     calls = [synced_time(call, cfg["collect"]) for _ in range(repeat)]
     plan = Plan.load(plan_file) if plan_file.exists() else None
     shutil.rmtree(plan_file.parent, ignore_errors=True)  # each rank made its own folder
-    return timed(train, cfg) | {
+    result = timed(train, cfg)
+    if tensors is not None:
+        now = tensor_bytes()
+        assert now is not None
+        result["tensor_resting_bytes"] = tensors["current"]
+        result["tensor_peak_bytes"] = now["peak"]
+    return result | {
         "predicted_peak_bytes": list(plan.peak_memory) if plan else None,
         "sent_bytes": sent_bytes(model, cfg),
         "call_times": calls,
