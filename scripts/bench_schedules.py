@@ -15,10 +15,10 @@ B=128; one compute thread per rank, ranks bound to cores), K=2, M=8, optimize="s
   slowest rank's time of steps started together, the median) and each rank's peak
   tensor bytes during them above those in use when they began (what a step holds:
   activations, gradients, messages; TensorFlow's CPU allocator's own count, run with
-  statistics) and its RSS's peak rise; the ratio of each round's steps to
-  ``interleaved``'s, and its median over the rounds, against the ratio of the steps (and
-  of the peak memory) each job's start-up plan predicted (which charges the virtual
-  stages' extra transfers and actions).
+  statistics; the RSS does not show it: that allocator keeps what it took); the ratio of
+  each round's steps to ``interleaved``'s, and its median over the rounds, against the
+  ratio of the steps (and of the peak memory) each job's start-up plan predicted (which
+  charges the virtual stages' extra transfers and actions).
 
 usage: .venv/bin/python scripts/bench_schedules.py [--quick] [--no-docs] [--json F] [--render F]
 """
@@ -88,7 +88,6 @@ def measure(s: Settings) -> Result:
         rounds[r][token] = {
             "times": ranks[0]["times"],
             "predicted": ranks[0]["startup_predicted_s"],
-            "step_mib": [k["maxrss_timed_mib"] - k["rss_reset_mib"] for k in ranks],
             "tensor_mib": [
                 (k["tensor_peak_bytes"] - k["tensor_resting_bytes"]) / MIB for k in ranks
             ],
@@ -108,20 +107,17 @@ def split_summary(times: dict[str, list[float]]) -> Result:
 def rounds_summary(rounds: list[dict[str, Result]], other: str = ZERO_BUBBLE) -> Result:
     """Per round: ``interleaved``'s and ``other``'s median step (ms) and other /
     interleaved; the medians over the rounds of that ratio, of the predicted one and of
-    the peak ratios (tensors, RSS, predicted), each of the rank that held the most."""
+    the peak ratios (tensors, predicted), each of the rank that held the most."""
     rows = []
     pair = (BASE, other)
     for r in rounds:
         step = {p: 1e3 * statistics.median(r[p]["times"]) for p in pair}
-        peak = {p: max(r[p]["step_mib"]) for p in pair}
         tensors = {p: max(r[p]["tensor_mib"]) for p in pair}
         rows.append(
             {
                 "step_ms": step,
                 "ratio": step[other] / step[BASE],
                 "predicted": r[other]["predicted"] / r[BASE]["predicted"],
-                "peak_mib": peak,
-                "peak_ratio": peak[other] / peak[BASE],
                 "tensor_mib": tensors,
                 "tensor_ratio": tensors[other] / tensors[BASE],
                 "predicted_peak": r[other]["predicted_peak_mib"] / r[BASE]["predicted_peak_mib"],
@@ -131,7 +127,6 @@ def rounds_summary(rounds: list[dict[str, Result]], other: str = ZERO_BUBBLE) ->
         "rows": rows,
         "ratio": statistics.median(row["ratio"] for row in rows),
         "predicted": statistics.median(row["predicted"] for row in rows),
-        "peak_ratio": statistics.median(row["peak_ratio"] for row in rows),
         "tensor_ratio": statistics.median(row["tensor_ratio"] for row in rows),
         "predicted_peak": statistics.median(row["predicted_peak"] for row in rows),
     }
@@ -179,12 +174,12 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             got += [summaries[t]["rows"][i][key][t] for t in others]
             return " / ".join(f"{p:.1f}" for p in got)
 
-        return [*row, peaks("tensor_mib"), peaks("peak_mib")]
+        return [*row, peaks("tensor_mib")]
 
     rounds = [round_row(i) for i in range(len(raw["rounds"]))]
     parts += [
         f"Paired rounds (step: median of {c.steps} after {c.warmup} warm-up; peak: the "
-        "most a rank's tensors (TensorFlow's allocator) and its RSS rose during them, MiB):",
+        "most a rank's tensors rose during them, MiB, as TensorFlow's allocator counts them):",
         report.table(
             [
                 "round",
@@ -192,7 +187,6 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
                 *(f"{t} ms" for t in others),
                 *(h for t in others for h in (f"{t} / {BASE}", "predicted")),
                 "peak tensors (" + " / ".join((BASE, *others)) + ")",
-                "peak RSS",
             ],
             rounds,
         ),
@@ -214,7 +208,6 @@ def summary_rows(summaries: dict[str, Result], split: Result | None) -> list[lis
              target(zb["ratio"], TARGET_STEP)],
             ["zero_bubble peak tensors", f"{zb['tensor_ratio']:.3f}",
              f"{zb['predicted_peak']:.3f}", target(zb["tensor_ratio"], TARGET_MEMORY)],
-            ["zero_bubble peak RSS", f"{zb['peak_ratio']:.3f}", "-", "-"],
             ["zero_bubble prediction's error",
              f"{abs(zb['predicted'] - zb['ratio']) / zb['ratio']:.1%}", "-",
              target(abs(zb["predicted"] - zb["ratio"]) / zb["ratio"], TARGET_PREDICTION, True)],
@@ -233,7 +226,6 @@ def summary_rows(summaries: dict[str, Result], split: Result | None) -> list[lis
                 f"{v['predicted_peak']:.3f}",
                 "-",
             ],
-            [f"{VIRTUAL} peak RSS", f"{v['peak_ratio']:.3f}", "-", "-"],
         ]
     return rows
 
