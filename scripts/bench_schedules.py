@@ -168,13 +168,9 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         for t in others:
             got = summaries[t]["rows"][i]
             row += [f"{got['ratio']:.3f}", f"{got['predicted']:.3f}"]
-
-        def peaks(key: str) -> str:
-            got = [summaries[others[0]]["rows"][i][key][BASE]]
-            got += [summaries[t]["rows"][i][key][t] for t in others]
-            return " / ".join(f"{p:.1f}" for p in got)
-
-        return [*row, peaks("tensor_mib")]
+        peaks = [summaries[others[0]]["rows"][i]["tensor_mib"][BASE]]
+        peaks += [summaries[t]["rows"][i]["tensor_mib"][t] for t in others]
+        return [*row, " / ".join(f"{p:.1f}" for p in peaks)]
 
     rounds = [round_row(i) for i in range(len(raw["rounds"]))]
     parts += [
