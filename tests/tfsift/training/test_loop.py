@@ -741,7 +741,7 @@ def test_clip_by_global_norm_in_one_process_is_tensorflows() -> None:
     want, want_norm = tf.clip_by_global_norm(grads, 1.0)
     np.testing.assert_allclose(norm.numpy(), want_norm.numpy(), rtol=1e-6)
     for got, expected in zip(clipped, want, strict=True):
-        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
     with pytest.raises(ValueError) as error:
         tfsift.clip_by_global_norm(grads, 0.0, model)
     assert str(error.value) == "clip_norm must be a number > 0. Received: clip_norm=0.0"
