@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -216,13 +217,36 @@ TIMINGS = "TFSIFT_TEST_TIMINGS"  # a file: rank 0 appends each timed part's seco
 @contextlib.contextmanager
 def timed(label: str) -> Iterator[None]:
     """Called inside a rank: where ``TIMINGS`` names a file, rank 0 appends how long the
-    block took, and ``label`` (how the suite's slowest scenarios are found)."""
-    start = time.monotonic()
+    block took, the CPU seconds it used, and ``label`` (how the suite's slowest scenarios
+    are found)."""
+    start, cpu = time.monotonic(), time.process_time()
     yield
     timings = os.environ.get(TIMINGS)
     if timings and os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
         with open(timings, "a") as out:
-            out.write(f"{time.monotonic() - start:7.1f} s  {label}\n")
+            out.write(
+                f"{time.monotonic() - start:7.1f} s {time.process_time() - cpu:7.1f} cpu  {label}\n"
+            )
+
+
+def computed_once(name: str, compute: Callable[[], Any], timeout: float = 600) -> Any:
+    """Called inside every rank of a job on one host: rank 0 runs ``compute`` and pickles
+    its value into the reports folder, the others sleep until it is there and read it. A
+    one-process reference costs each rank seconds of CPU that the suite's other jobs want;
+    a blocking MPI broadcast would keep the waiting ranks polling instead."""
+    path = Path(os.environ[REPORTS]) / f"{name}.pickle"
+    if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+        value = compute()
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(value))
+        partial.replace(path)  # whole or not there: a reader never sees half of it
+        return value
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not write {path} within {timeout:.0f} s")
+        time.sleep(0.05)
+    return pickle.loads(path.read_bytes())
 
 
 def report(**values: Any) -> None:

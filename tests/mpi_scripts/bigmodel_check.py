@@ -8,11 +8,12 @@ usage: bigmodel_check.py K CKPT_DIR [all|loop]
   checkpoint in CKPT_DIR (with K = 2) that the test restores in one process. ``loop``
   runs the fp32 custom loop only.
 
-The one-process reference runs first on every rank, on its own copy of the model (the
-same seed and layer names, so the same variable paths): in float32 on the whole global
-batch, as a single Keras process trains; in half precision on the same microbatches as
-the pipeline (each microbatch's gradient is rounded to half precision before they are
-added, so a whole-batch gradient differs by that rounding, not by the pipeline).
+The one-process reference runs first, on rank 0 (the others read what it found), on its
+own copy of the model (the same seed and layer names, so the same variable paths): in
+float32 on the whole global batch, as a single Keras process trains; in half precision
+on the same microbatches as the pipeline (each microbatch's gradient is rounded to half
+precision before they are added, so a whole-batch gradient differs by that rounding,
+not by the pipeline).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfsift
-from mpi import report
+from mpi import computed_once, report
 
 V, T, D, HEADS = 24, 8, 16, 2  # vocabulary, sequence, width, attention heads
 B, M, SEED, STEPS, CLIP = 16, 2, 3, 12, 0.05  # global batch, microbatches, seed, steps, norm
@@ -140,10 +141,13 @@ _REFERENCES: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 def reference(kind: str, spike: bool, microbatched: bool, steps: int) -> dict[str, Any]:
     """One process: the whole model, Keras' optimizer, the same global batches; computed
-    once per policy and arguments (the loop's and fit's cases share theirs)."""
+    once per policy and arguments (the loop's and fit's cases share theirs), by rank 0."""
     key = (keras.mixed_precision.global_policy().name, kind, spike, microbatched, steps)
     if key not in _REFERENCES:
-        _REFERENCES[key] = _reference(kind, spike, microbatched, steps)
+        _REFERENCES[key] = computed_once(
+            "reference-" + "-".join(map(str, key)),
+            lambda: _reference(kind, spike, microbatched, steps),
+        )
     return _REFERENCES[key]
 
 
