@@ -214,6 +214,11 @@ def _read(folder: Path) -> Reports:
 TIMINGS = "TFSIFT_TEST_TIMINGS"  # a file: rank 0 appends each timed part's seconds to it
 
 
+def _rank_zero() -> bool:
+    """Called inside a rank: whether it is rank 0 of its job (a process outside one is)."""
+    return os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0"
+
+
 @contextlib.contextmanager
 def timed(label: str) -> Iterator[None]:
     """Called inside a rank: where ``TIMINGS`` names a file, rank 0 appends how long the
@@ -222,7 +227,7 @@ def timed(label: str) -> Iterator[None]:
     start, cpu = time.monotonic(), time.process_time()
     yield
     timings = os.environ.get(TIMINGS)
-    if timings and os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+    if timings and _rank_zero():
         with open(timings, "a") as out:
             out.write(
                 f"{time.monotonic() - start:7.1f} s {time.process_time() - cpu:7.1f} cpu  {label}\n"
@@ -235,7 +240,7 @@ def computed_once(name: str, compute: Callable[[], Any], timeout: float = 600) -
     one-process reference costs each rank seconds of CPU that the suite's other jobs want;
     a blocking MPI broadcast would keep the waiting ranks polling instead."""
     path = Path(os.environ[REPORTS]) / f"{name}.pickle"
-    if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+    if _rank_zero():
         value = compute()
         partial = path.with_suffix(".partial")
         partial.write_bytes(pickle.dumps(value))
