@@ -15,7 +15,7 @@ from partitioner.costs import CostModel, format_bytes
 from partitioner.plan import AUTO, AUTO_VIRTUAL_STAGES, Plan, candidates, make_plan
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import SimResult, simulate_plan, stage_times
-from partitioner.solver import OPTIMIZE, InfeasibleError, solve, stage_transfers
+from partitioner.solver import OPTIMIZE, InfeasibleError, stage_transfers
 from partitioner.timeline import draw_timeline, draw_timelines
 
 _UNITS = {
@@ -165,7 +165,8 @@ def _plan(args: argparse.Namespace) -> int:
     print(format_plan(costs, plan))
     if args.pipeline == AUTO:
         print(
-            f"pipeline auto: {label(plan.pipeline, plan.virtual_stages)}, the shortest "
+            f"pipeline auto: {label(plan.pipeline, plan.virtual_stages, plan.deferred)}, the "
+            "shortest "
             "simulated step within the cap"
         )
     plan.save(args.output)
@@ -178,11 +179,12 @@ def _plan(args: argparse.Namespace) -> int:
             pipeline=plan.pipeline,
             recompute=plan.recompute,
             virtual_stages=plan.virtual_stages,
+            deferred=plan.deferred,
         )
         draw_timeline(
             result,
             args.timeline,
-            f"{args.costs}: {label(plan.pipeline, plan.virtual_stages)}, "
+            f"{args.costs}: {label(plan.pipeline, plan.virtual_stages, plan.deferred)}, "
             f"K={plan.partitions}, M={plan.microbatches}",
         )
         print(f"wrote {args.timeline}")
@@ -219,22 +221,24 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def label(pipeline: str, virtual_stages: int) -> str:
-    """A pipeline's name, with its virtual stages where there are more than one.
+def label(pipeline: str, virtual_stages: int, deferred: Sequence[int] | None = None) -> str:
+    """A pipeline's name, with its virtual stages where there are more than one, and the
+    zero-bubble schedule's W's deferred on each stage where it was planned (`Plan.deferred`).
 
     Example:
-        >>> label("interleaved", 1), label("interleaved", 2)
-        ('interleaved', 'interleaved(v=2)')
+        >>> label("interleaved", 1), label("interleaved", 2), label("zero_bubble", 1, (0, 1))
+        ('interleaved', 'interleaved(v=2)', 'zero_bubble(d=0,1)')
     """
+    if deferred is not None:
+        return f"{pipeline}(d={','.join(map(str, deferred))})"
     return pipeline if virtual_stages == 1 else f"{pipeline}(v={virtual_stages})"
 
 
 def _simulate_row(
     costs: CostModel, args: argparse.Namespace, M: int, pipeline: str, v: int = 1
 ) -> tuple[list[str], SimResult | None]:
-    name = label(pipeline, v)
-    try:
-        partition = solve(
+    try:  # as `plan` makes it: the same cut, and the zero-bubble schedule's deferral
+        plan = make_plan(
             costs,
             args.partitions,
             M,
@@ -245,17 +249,18 @@ def _simulate_row(
         )
     except InfeasibleError as error:
         needs = f"over the cap, needs {format_bytes(error.smallest_cap)}"
-        return [name, str(M), "-", "-", "-", needs], None
+        return [label(pipeline, v), str(M), "-", "-", "-", needs], None
     result = simulate_plan(
         costs,
-        partition,
+        plan.partition,
         M,
         pipeline=pipeline,
-        recompute=args.optimize == "memory",
+        recompute=plan.recompute,
         virtual_stages=v,
+        deferred=plan.deferred,
     )
     row = [
-        name,
+        label(pipeline, v, plan.deferred),
         str(M),
         _seconds(result.step_time),
         _seconds(result.step_time / (M * costs.batch_size)),
@@ -312,6 +317,7 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
         pipeline=plan.pipeline,
         recompute=plan.recompute,
         virtual_stages=v,
+        deferred=plan.deferred,
     )
     rows = []
     for c, names in enumerate(plan.stage_layers):
@@ -338,7 +344,7 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
         f"{_table(header, rows)}\n"
         f"predicted step time {_seconds(plan.predicted_step_time)}, bubble "
         f"{plan.predicted_bubble:.1%} (M={plan.microbatches}, "
-        f"{label(plan.pipeline, v)}, "
+        f"{label(plan.pipeline, v, plan.deferred)}, "
         f"optimize={plan.optimize}{', recompute' if plan.recompute else ''})"
     )
 

@@ -11,9 +11,15 @@ from typing import Any
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
-from partitioner.schedule import PIPELINES, check_virtual
+from partitioner.schedule import PIPELINES, build, check_virtual
 from partitioner.simulator import simulate_plan
-from partitioner.solver import OPTIMIZE, InfeasibleError, peak_memory_estimate, solve
+from partitioner.solver import (
+    OPTIMIZE,
+    InfeasibleError,
+    fit_deferred,
+    peak_memory_estimate,
+    solve,
+)
 from partitioner.ties import settle
 
 AUTO = "auto"  # the pipeline whose simulated step is the shortest (`fastest_plan`)
@@ -57,6 +63,9 @@ class Plan:
             optimize == "memory".
         virtual_stages: v, the chunks each rank runs (`partitioner.schedule.virtual`);
             plan files without it mean 1.
+        deferred: with `zero_bubble`, the W's each stage defers (`make_plan` fits them in
+            the memory; `partitioner.schedule.zero_bubble`); None with the others, and in
+            plan files made before it, which ran ZB-H1's s on stage s.
     """
 
     bounds: tuple[int, ...]
@@ -72,6 +81,7 @@ class Plan:
     scoring_call: float = 0.0
     recompute: bool = False
     virtual_stages: int = 1
+    deferred: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bounds", tuple(self.bounds))
@@ -93,6 +103,9 @@ class Plan:
                 'optimize="memory" always recomputes. Received: optimize="memory", recompute=False'
             )
         check_virtual(self.pipeline, self.virtual_stages)
+        if self.deferred is not None:
+            object.__setattr__(self, "deferred", tuple(self.deferred))
+            build(self.pipeline, self.partitions, self.microbatches, deferred=self.deferred)
         if len(sizes) % self.virtual_stages:
             raise ValueError(
                 "a plan with virtual stages holds virtual_stages chunks per stage. "
@@ -131,12 +144,18 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         """Builds a plan from `to_dict` output, rejecting unknown or missing keys."""
         names = {f.name for f in fields(cls)}
-        # files written before `scoring`, `scoring_call`, `recompute` or `virtual_stages`
-        # existed were planned without scoring, recomputed exactly with optimize="memory"
-        # and ran one chunk per rank
+        # files written before `scoring`, `scoring_call`, `recompute`, `virtual_stages` or
+        # `deferred` existed were planned without scoring, recomputed exactly with
+        # optimize="memory", ran one chunk per rank and ZB-H1's deferral
         if isinstance(data, Mapping):
             memory = data.get("optimize") == "memory"
-            old = {"scoring": 0.0, "scoring_call": 0.0, "recompute": memory, "virtual_stages": 1}
+            old = {
+                "scoring": 0.0,
+                "scoring_call": 0.0,
+                "recompute": memory,
+                "virtual_stages": 1,
+                "deferred": None,
+            }
             data = {**old, **data}
         if not isinstance(data, Mapping) or set(data) != names:
             keys = sorted(data) if isinstance(data, Mapping) else data
@@ -251,10 +270,13 @@ def make_plan(
         first_stage_min=first_stage_min,
         virtual_stages=v,
     )
+    least = (0,) * K if pipeline == "zero_bubble" else None  # what `solve` fits in the cap
     if optimize == "speed" and objective is None and v == 1:
 
         def fits(p: Partition) -> bool:
-            peak = peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=False)
+            peak = peak_memory_estimate(
+                costs, p, M, pipeline=pipeline, recompute=False, deferred=least
+            )
             return memory_cap is None or max(peak) <= memory_cap
 
         partition = settle(costs, partition, M, fits, first_stage_min)
@@ -262,8 +284,17 @@ def make_plan(
         recompute = optimize == "memory"
     elif optimize == "memory" and not recompute:
         raise ValueError('optimize="memory" always recomputes. Received: recompute=False')
+    deferred = None
+    if pipeline == "zero_bubble":
+        deferred = _deferred(costs, partition, M, memory_cap, recompute)
     result = simulate_plan(
-        costs, partition, M, pipeline=pipeline, recompute=recompute, virtual_stages=v
+        costs,
+        partition,
+        M,
+        pipeline=pipeline,
+        recompute=recompute,
+        virtual_stages=v,
+        deferred=deferred,
     )
     return Plan(
         bounds=partition.bounds,
@@ -282,7 +313,23 @@ def make_plan(
         scoring_call=float(scoring_call),
         recompute=recompute,
         virtual_stages=v,
+        deferred=deferred,
     )
+
+
+def _deferred(
+    costs: CostModel, partition: Partition, M: int, cap: int | None, recompute: bool
+) -> tuple[int, ...]:
+    """The W's each stage of `zero_bubble` defers: as many as fit ``cap``, or without one
+    1F1B's peak on the same partition (ZB-H1's promise: its memory, not more); none
+    where the stages recompute (they run whole backwards: nothing to defer)."""
+    if recompute:
+        return (0,) * partition.num_stages
+    if cap is None:
+        cap = max(
+            peak_memory_estimate(costs, partition, M, pipeline="interleaved", recompute=False)
+        )
+    return fit_deferred(costs, partition, M, cap)
 
 
 def fastest_plan(

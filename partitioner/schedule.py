@@ -19,6 +19,7 @@ forward of microbatch 0 through chunk 2, whose input comes from chunk 1 on rank 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -227,20 +228,22 @@ def _nth(s: int, K: int, v: int, P: int, i: int, kind: Kind) -> Action:
     return Action(chunk, kind, P * (i // (v * P)) + i % P)
 
 
-def zero_bubble(K: int, M: int) -> Schedule:
+def zero_bubble(K: int, M: int, deferred: Sequence[int] | None = None) -> Schedule:
     """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each
     backward split into B (input gradients) and W (weight gradients), W deferred.
 
     Stage s runs 1F1B's forwards and B's in 1F1B's order (a warm-up of min(K - s - 1, M)
-    forwards, then the next forward, if any, and one B per microbatch); after its
-    (s + 1)-th B on, each B is followed by the W of the microbatch s before it, and the
-    last s W's end its row. In 1F1B the later stages idle at the end of a step while the
-    last input gradients travel back to stage 0; here a B is about half a backward, so
-    they travel sooner, and stage s fills that end with its s deferred W's. A stage holds
-    at most min(K, M) microbatches' activations (from F to W): 1F1B's peak, that of its
-    stage 0. Stage 0 computes no input gradients: its B is its whole backward and its W
-    is empty (`splits_stage`). K=3, M=4, forward 1 tick, backward 2 ticks (B 1, W 1), no
-    transfer time, as `interleaved`'s picture, which takes 18 ticks (`simulate` draws it):
+    forwards, then the next forward, if any, and one B per microbatch); with d_s =
+    ``deferred[s]``, after its (d_s + 1)-th B on, each B is followed by the W of the
+    microbatch d_s before it, and the last d_s W's end its row. In 1F1B the later stages
+    idle at the end of a step while the last input gradients travel back to stage 0; here
+    a B is about half a backward, so they travel sooner (with any d_s), and stage s fills
+    that end with its d_s deferred W's. ZB-H1 defers d_s = s (the default): stage s then
+    holds at most min(K, M) microbatches' activations (from F to W), 1F1B's count on its
+    stage 0, and d_s = 0 holds 1F1B's own min(K - s, M). Stage 0 computes no input
+    gradients: its B is its whole backward and its W is empty (`splits_stage`). K=3, M=4,
+    forward 1 tick, backward 2 ticks (B 1, W 1), no transfer time, as `interleaved`'s
+    picture, which takes 18 ticks (`simulate` draws it), ZB-H1:
 
         tick     0  1  2  3  4  5  6  7  8  9 10 11 12 13
         stage 0  F0 F1 F2 .  .  B0 B0 F3 B1 B1 B2 B2 B3 B3
@@ -250,11 +253,14 @@ def zero_bubble(K: int, M: int) -> Schedule:
     Args:
         K: number of stages.
         M: number of microbatches.
+        deferred: d_s, the W's stage s defers, 0 <= d_s <= s (`check_deferred`); None:
+            ZB-H1's s.
 
     Returns:
         The compute-only schedule; `add_communication` adds the transfers.
     """
     _check_sizes(K, M)
+    d = check_deferred(K, deferred)
     schedule: Schedule = {}
     for s in range(K):
         warmup = min(K - s - 1, M)
@@ -263,11 +269,35 @@ def zero_bubble(K: int, M: int) -> Schedule:
             if warmup + m < M:
                 actions.append(Action(s, Kind.FORWARD, warmup + m))
             actions.append(Action(s, Kind.BACKWARD, m))
-            if m >= s:
-                actions.append(Action(s, Kind.WEIGHT, m - s))
-        actions += [Action(s, Kind.WEIGHT, m) for m in range(max(M - s, 0), M)]
+            if m >= d[s]:
+                actions.append(Action(s, Kind.WEIGHT, m - d[s]))
+        actions += [Action(s, Kind.WEIGHT, m) for m in range(max(M - d[s], 0), M)]
         schedule[s] = actions
     return schedule
+
+
+def check_deferred(K: int, deferred: Sequence[int] | None) -> tuple[int, ...]:
+    """The W's each of K stages defers in `zero_bubble`: ``deferred`` checked, or ZB-H1's
+    (0, 1, ..., K - 1) for None.
+
+    Example:
+        >>> check_deferred(3, None), check_deferred(3, [0, 0, 1])
+        ((0, 1, 2), (0, 0, 1))
+
+    Raises:
+        ValueError: not K integers with 0 <= deferred[s] <= s.
+    """
+    if deferred is None:
+        return tuple(range(K))
+    d = tuple(deferred)
+    if len(d) != K or any(
+        not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= s for s, x in enumerate(d)
+    ):
+        raise ValueError(
+            f"deferred must list the W's each of the {K} stages defers, an integer from 0 to "
+            f"s on stage s (ZB-H1: {list(range(K))}). Received: deferred={list(d)}"
+        )
+    return d
 
 
 def forward_only(K: int, M: int, virtual_stages: int = 1) -> Schedule:
@@ -288,19 +318,33 @@ _forward_only = forward_only  # `build` has a keyword of the same name
 
 
 def build(
-    pipeline: str, K: int, M: int, *, forward_only: bool = False, virtual_stages: int = 1
+    pipeline: str,
+    K: int,
+    M: int,
+    *,
+    forward_only: bool = False,
+    virtual_stages: int = 1,
+    deferred: Sequence[int] | None = None,
 ) -> Schedule:
     """The compute schedule named `pipeline` (one of `PIPELINES`); with ``virtual_stages``
-    v > 1, `interleaved` only (Megatron-LM's interleaved 1F1B)."""
+    v > 1, `interleaved` only (Megatron-LM's interleaved 1F1B); ``deferred``, the W's
+    each stage defers, `zero_bubble` only (None: ZB-H1's)."""
     if pipeline not in PIPELINES:
         raise ValueError(
             f"pipeline must be one of {list(PIPELINES)}. Received: pipeline={pipeline!r}"
         )
     check_virtual(pipeline, virtual_stages)
+    if deferred is not None and pipeline != "zero_bubble":
+        raise ValueError(
+            "deferred (the W's each stage defers) shapes the zero-bubble schedule only. "
+            f"Received: pipeline={pipeline!r}, deferred={list(deferred)}"
+        )
     if forward_only:
         return _forward_only(K, M, virtual_stages)
     if virtual_stages != 1:
         return interleaved(K, M, virtual_stages)
+    if pipeline == "zero_bubble":
+        return zero_bubble(K, M, deferred)
     return _BUILDERS[pipeline](K, M)
 
 

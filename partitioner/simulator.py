@@ -319,10 +319,11 @@ def simulate_plan(
     pipeline: str,
     recompute: bool = False,
     virtual_stages: int = 1,
+    deferred: Sequence[int] | None = None,
 ) -> SimResult:
-    """Simulates `build(pipeline, K, M)` on `partition` (of K v chunks with
-    ``virtual_stages`` v)."""
+    """Simulates `build(pipeline, K, M, deferred=deferred)` on `partition` (of K v chunks
+    with ``virtual_stages`` v)."""
     v = virtual_stages
     K = partition.num_stages // v
-    schedule = build(pipeline, K, M, virtual_stages=v)
+    schedule = build(pipeline, K, M, virtual_stages=v, deferred=deferred)
     return simulate(costs, partition, schedule, recompute=recompute, virtual_stages=v)

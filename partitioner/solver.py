@@ -27,7 +27,7 @@ import dataclasses
 import heapq
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -36,7 +36,14 @@ import numpy as np
 from partitioner.costs import CostModel, format_bytes
 from partitioner.partition import Partition
 from partitioner.probe import Array, Limit, cheapest
-from partitioner.schedule import PIPELINES, Kind, build, check_virtual, splits_stage
+from partitioner.schedule import (
+    PIPELINES,
+    Kind,
+    build,
+    check_deferred,
+    check_virtual,
+    splits_stage,
+)
 from partitioner.simulator import peak_memory
 
 OPTIMIZE = ("speed", "memory")
@@ -62,12 +69,19 @@ class InfeasibleError(ValueError):
 
 
 def in_flight(
-    pipeline: str, K: int, M: int, *, recompute: bool = False, virtual_stages: int = 1
+    pipeline: str,
+    K: int,
+    M: int,
+    *,
+    recompute: bool = False,
+    virtual_stages: int = 1,
+    deferred: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """Most microbatches a stage holds at once: M for simple (1 on its last stage, which
     runs each backward right after its forward), min(K - s, M) for 1F1B, and for the
-    zero-bubble schedule min(K, M) on a stage that `splits_stage` (held from F to W), as
-    1F1B elsewhere. With ``virtual_stages`` v > 1, per chunk (K v of them), counted on
+    zero-bubble schedule min(K - s + d_s, M) on a stage that `splits_stage` (held from F
+    to W; d_s = ``deferred[s]``, None: ZB-H1's s, so min(K, M)), as 1F1B elsewhere. With
+    ``virtual_stages`` v > 1, per chunk (K v of them), counted on
     `partitioner.schedule.virtual`'s rows."""
     _check_choice(pipeline, PIPELINES, "pipeline")
     if virtual_stages != 1:
@@ -75,7 +89,8 @@ def in_flight(
     if pipeline == "simple":
         return tuple(M if s < K - 1 else 1 for s in range(K))
     if pipeline == "zero_bubble":
-        return tuple(min(K if splits_stage(s, recompute) else K - s, M) for s in range(K))
+        d = check_deferred(K, deferred)
+        return tuple(min(K - s + d[s] * splits_stage(s, recompute), M) for s in range(K))
     return tuple(min(K - s, M) for s in range(K))
 
 
@@ -89,18 +104,27 @@ def _chunks_in_flight(pipeline: str, K: int, M: int, v: int) -> tuple[int, ...]:
 
 
 def pending_weights(
-    pipeline: str, K: int, M: int, *, recompute: bool = False, virtual_stages: int = 1
+    pipeline: str,
+    K: int,
+    M: int,
+    *,
+    recompute: bool = False,
+    virtual_stages: int = 1,
+    deferred: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """Most microbatches whose output gradients a stage keeps for a later W at once, when
-    it holds `in_flight` activations: min(s + 1, M) where the zero-bubble schedule splits
-    a stage's backward (`splits_stage`), 0 elsewhere (tests/partitioner/test_solver.py walks
-    the schedules to check both maxima fall on one action); per chunk, all 0, with
-    ``virtual_stages`` v > 1 (only 1F1B interleaves)."""
+    it holds `in_flight` activations: min(d_s + 1, M) where the zero-bubble schedule
+    splits a stage's backward (`splits_stage`; d_s = ``deferred[s]``, None: ZB-H1's s), 0
+    elsewhere (tests/partitioner/test_solver.py walks the schedules to check both maxima
+    fall on one action); per chunk, all 0, with ``virtual_stages`` v > 1 (only 1F1B
+    interleaves)."""
     _check_choice(pipeline, PIPELINES, "pipeline")
     if virtual_stages != 1:
         return (0,) * (K * virtual_stages)
-    split = pipeline == "zero_bubble"
-    return tuple(min(s + 1, M) if split and splits_stage(s, recompute) else 0 for s in range(K))
+    if pipeline != "zero_bubble":
+        return (0,) * K
+    d = check_deferred(K, deferred)
+    return tuple(min(d[s] + 1, M) if splits_stage(s, recompute) else 0 for s in range(K))
 
 
 def stage_loads(costs: CostModel, partition: Partition) -> Array:
@@ -152,6 +176,7 @@ def peak_memory_estimate(
     pipeline: str,
     recompute: bool,
     virtual_stages: int = 1,
+    deferred: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """Peak bytes per stage under `pipeline`, in closed form.
 
@@ -160,8 +185,9 @@ def peak_memory_estimate(
     activations; plus, for d_s = `pending_weights`, d_s sets of the output gradients a
     split backward keeps from B to W. A stage that holds a copy of shared weights
     (`CostModel.shared`) counts its state too. Equals `simulate(...).peak_memory` for
-    `build(pipeline, K, M)`. With ``virtual_stages`` v > 1 (`partition` of K v chunks),
-    per rank: the simulator's walk of the schedule (the chunks' maxima fall apart).
+    `build(pipeline, K, M, deferred=deferred)`. With ``virtual_stages`` v > 1
+    (`partition` of K v chunks), per rank: the simulator's walk of the schedule (the
+    chunks' maxima fall apart).
     """
     if virtual_stages != 1:
         K = partition.num_stages // virtual_stages
@@ -170,9 +196,38 @@ def peak_memory_estimate(
             costs, partition, schedule, recompute=recompute, virtual_stages=virtual_stages
         )
     K = partition.num_stages
-    n = in_flight(pipeline, K, M, recompute=recompute)
-    d = pending_weights(pipeline, K, M, recompute=recompute)
+    n = in_flight(pipeline, K, M, recompute=recompute, deferred=deferred)
+    d = pending_weights(pipeline, K, M, recompute=recompute, deferred=deferred)
     return _part_peaks(costs, partition, n, d, recompute)
+
+
+def fit_deferred(
+    costs: CostModel, partition: Partition, M: int, limit: int, *, recompute: bool = False
+) -> tuple[int, ...]:
+    """The W's each stage of `zero_bubble` defers on `partition`: on stage s the most, up
+    to ZB-H1's s, whose peak (`peak_memory_estimate`) stays within ``limit`` bytes, or 0
+    where none does (a stage's peak grows with its own deferral alone).
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 10, 10, 10) for i in range(3)))
+        >>> fit_deferred(costs, Partition((0, 1, 2, 3)), 4, 70)  # 1F1B's peak
+        (0, 0, 0)
+        >>> fit_deferred(costs, Partition((0, 1, 2, 3)), 4, 80)
+        (0, 0, 1)
+    """
+    K = partition.num_stages
+    found = [0] * K
+    for s in range(1, K):
+        for d in range(1, s + 1):
+            trial = (*found[:s], d, *found[s + 1 :])
+            peak = peak_memory_estimate(
+                costs, partition, M, pipeline="zero_bubble", recompute=recompute, deferred=trial
+            )
+            if peak[s] > limit:
+                break
+            found[s] = d
+    return tuple(found)
 
 
 def _part_peaks(
@@ -285,7 +340,8 @@ def solve_speed(
         costs: the cost model.
         K: number of stages.
         M: number of microbatches.
-        pipeline: "interleaved" (1F1B) or "simple" (GPipe), for the memory model.
+        pipeline: one of `partitioner.schedule.PIPELINES`, for the memory model (the
+            zero-bubble schedule's deferring no W, `_Chain.deferred`).
         memory_cap: bytes each stage may hold without recompute, or None.
         objective: a partition's seconds per step with stage 0's own work, e.g.
             ``functools.partial(sifted_step_time, costs, M=M, ...)`` of the partition.
@@ -392,7 +448,12 @@ class _Chain:
         with virtual stages a chunk's alone (its state and its most microbatches held)."""
         if self.virtual == 1:
             return peak_memory_estimate(
-                self.costs, partition, self.M, pipeline=self.pipeline, recompute=recompute
+                self.costs,
+                partition,
+                self.M,
+                pipeline=self.pipeline,
+                recompute=recompute,
+                deferred=self.deferred,
             )
         n = in_flight(self.pipeline, self.ranks, self.M, virtual_stages=self.virtual)
         return _part_peaks(self.costs, partition, n, (0,) * self.K, recompute)
@@ -400,6 +461,12 @@ class _Chain:
     @property
     def L(self) -> int:
         return self.costs.num_layers
+
+    @property
+    def deferred(self) -> tuple[int, ...] | None:
+        """The zero-bubble schedule is solved deferring no W: the least it holds, as
+        `partitioner.plan.make_plan` then defers only what fits (`fit_deferred`)."""
+        return (0,) * self.K if self.pipeline == "zero_bubble" and self.virtual == 1 else None
 
     @cached_property
     def state(self) -> Array:
@@ -420,9 +487,10 @@ class _Chain:
         if cap is None:
             return [[] for _ in range(self.K)]
         p, v = self.costs.prefix, self.virtual
-        held = in_flight(self.pipeline, self.ranks, self.M, recompute=recompute, virtual_stages=v)
+        pipeline, K, M, least = self.pipeline, self.ranks, self.M, self.deferred
+        held = in_flight(pipeline, K, M, recompute=recompute, virtual_stages=v, deferred=least)
         pending = pending_weights(
-            self.pipeline, self.ranks, self.M, recompute=recompute, virtual_stages=v
+            pipeline, K, M, recompute=recompute, virtual_stages=v, deferred=least
         )
         limits = []
         for s, (n, d) in enumerate(zip(held, pending, strict=True)):

@@ -384,8 +384,10 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
             "optimize": cfg["optimize"],
             "profile_repeats": cfg["profile_repeats"],
             "plan_file": str(plan_file),
-            # bench_schedules: interleaved on v chunks a stage
+            # bench_schedules: interleaved on v chunks a stage; zero_bubble with room for
+            # ZB-H1's deferral
             **({"virtual_stages": cfg["virtual_stages"]} if cfg.get("virtual_stages") else {}),
+            **({"memory_cap": cfg["memory_cap"]} if cfg.get("memory_cap") else {}),
         }
     )
     x, y = data(cfg)
@@ -414,6 +416,7 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
         result["tensor_peak_bytes"] = now["peak"]
     return result | {
         "predicted_peak_bytes": list(plan.peak_memory) if plan else None,
+        "deferred": list(plan.deferred) if plan and plan.deferred is not None else None,
         "sent_bytes": sent_bytes(model, cfg),
         "call_times": calls,
         "action_s": action_s,

@@ -9,9 +9,11 @@ B=128; one compute thread per rank, ranks bound to cores), K=2, M=8, optimize="s
   stage's compiled forward, as 1F1B runs it) and split into B then W
   (``tfsift.pipeline.split``, as the zero-bubble schedule runs it), every action timed
   alone, the two in alternating rounds;
-- paired rounds: a K=2 job of ``interleaved``, one of ``zero_bubble`` and one of
-  ``interleaved`` on 2 virtual stages (Megatron-LM's interleaved 1F1B, 2 chunks a rank:
-  ``interleaved/2``) in each round (the order rotating), each timing its steps (the
+- paired rounds: a K=2 job of ``interleaved``, one of ``zero_bubble`` (deferring the W's
+  that fit in 1F1B's peak), one of ``zero_bubble`` with room for ZB-H1's deferral
+  (``memory_cap`` 1 GB: ``zero_bubble@1GB``) and one of ``interleaved`` on 2 virtual
+  stages (Megatron-LM's interleaved 1F1B, 2 chunks a rank: ``interleaved/2``) in each
+  round (the order rotating), each timing its steps (the
   slowest rank's time of steps started together, the median) and each rank's peak
   tensor bytes during them above those in use when they began (what a step holds:
   activations, gradients, messages; TensorFlow's CPU allocator's own count, run with
@@ -36,8 +38,9 @@ from bench import harness, report
 from bench.harness import Result, say
 from bench.main import Benchmark, run
 
-BASE, ZERO_BUBBLE, VIRTUAL = "interleaved", "zero_bubble", "interleaved/2"
-SCHEDULES = (BASE, ZERO_BUBBLE, VIRTUAL)  # pipeline[/virtual stages]
+BASE, ZERO_BUBBLE, ZB_H1, VIRTUAL = "interleaved", "zero_bubble", "zero_bubble@1GB", "interleaved/2"
+SCHEDULES = (BASE, ZERO_BUBBLE, ZB_H1, VIRTUAL)  # pipeline[/virtual stages][@memory cap]
+SPLITTING = (ZERO_BUBBLE, ZB_H1)
 TARGET_STEP, TARGET_MEMORY, TARGET_SPLIT, TARGET_PREDICTION = 0.95, 1.10, 1.10, 0.03
 # TensorFlow's CPU allocator with statistics (the BFC allocator GPUs use), in every job alike
 ALLOCATOR = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
@@ -61,14 +64,21 @@ QUICK = Settings(
 
 def schedule_config(token: str) -> Result:
     """A schedule token's worker config: ``interleaved/2`` is ``interleaved`` on 2 virtual
-    stages.
+    stages, ``zero_bubble@1GB`` ``zero_bubble`` under a memory cap of 1 GB.
 
     Example:
         >>> schedule_config("interleaved/2")
         {'pipeline': 'interleaved', 'virtual_stages': 2}
+        >>> schedule_config("zero_bubble@1GB")
+        {'pipeline': 'zero_bubble', 'memory_cap': '1GB'}
     """
+    token, _, cap = token.partition("@")
     pipeline, _, v = token.partition("/")
-    return {"pipeline": pipeline, **({"virtual_stages": int(v)} if v else {})}
+    return {
+        "pipeline": pipeline,
+        **({"virtual_stages": int(v)} if v else {}),
+        **({"memory_cap": cap} if cap else {}),
+    }
 
 
 def measure(s: Settings) -> Result:
@@ -94,6 +104,7 @@ def measure(s: Settings) -> Result:
             "predicted_peak_mib": max(ranks[0]["predicted_peak_bytes"]) / MIB,
             "action_s": [k["action_s"] for k in ranks],
             "bounds": ranks[0]["bounds"],
+            "deferred": ranks[0].get("deferred"),
         }
     return {"split": split, "rounds": rounds}
 
@@ -135,14 +146,14 @@ def rounds_summary(rounds: list[dict[str, Result]], other: str = ZERO_BUBBLE) ->
 def render(raw: Result, meta: Result, s: Settings) -> str:
     c = s.chain
     measured = set(raw["rounds"][0]) if raw["rounds"] else set()
-    others = [t for t in (ZERO_BUBBLE, VIRTUAL) if t in measured]
+    others = [t for t in SCHEDULES[1:] if t in measured]
     parts = [
         report.provenance(meta, BENCH.command),
         f"### Conv2D({c.width}, 3x3) x {c.layers} on {c.side} x {c.side} x {c.width}, "
         f"B={c.batch}, K={c.K}, M={s.M}",
     ]
     split = split_summary(raw["split"]) if raw.get("split") else None
-    if ZERO_BUBBLE in measured and split is not None:
+    if measured & set(SPLITTING) and split is not None:
         parts += [
             f"Backward of the second half, one microbatch, one process (ms, median of "
             f"{s.split_steps}):",
@@ -191,23 +202,30 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             summary_rows(summaries, split),
         ),
     ]
+    deferred = {t: raw["rounds"][0][t].get("deferred") for t in others if t in SPLITTING}
+    if any(d is not None for d in deferred.values()):
+        parts.append(
+            "W's deferred per stage (the plans'): "
+            + "; ".join(f"{t}: {d}" for t, d in deferred.items() if d is not None)
+        )
     return "\n\n".join(parts)
 
 
 def summary_rows(summaries: dict[str, Result], split: Result | None) -> list[list[str]]:
     """The measured ratios beside the plan lines' and the issue's targets."""
     rows = []
-    if ZERO_BUBBLE in summaries:
-        zb = summaries[ZERO_BUBBLE]
+    for t in (t for t in SPLITTING if t in summaries):
+        zb = summaries[t]
         rows += [
-            ["zero_bubble step", f"{zb['ratio']:.3f}", f"{zb['predicted']:.3f}",
+            [f"{t} step", f"{zb['ratio']:.3f}", f"{zb['predicted']:.3f}",
              target(zb["ratio"], TARGET_STEP)],
-            ["zero_bubble peak tensors", f"{zb['tensor_ratio']:.3f}",
+            [f"{t} peak tensors", f"{zb['tensor_ratio']:.3f}",
              f"{zb['predicted_peak']:.3f}", target(zb["tensor_ratio"], TARGET_MEMORY)],
-            ["zero_bubble prediction's error",
+            [f"{t} prediction's error",
              f"{abs(zb['predicted'] - zb['ratio']) / zb['ratio']:.1%}", "-",
              target(abs(zb["predicted"] - zb["ratio"]) / zb["ratio"], TARGET_PREDICTION, True)],
         ]  # fmt: skip
+    if set(SPLITTING) & set(summaries):
         if split is not None:
             ratio = split["ratio"]
             rows.append(["B + W / fused backward", f"{ratio:.3f}", "-",

@@ -48,6 +48,7 @@ class Partitioned:
     tied: TiedWeights = dataclasses.field(default_factory=TiedWeights)  # weights on 2+ stages
     pipeline: str = ""  # the schedule it was planned for (what pipeline="auto" chose)
     virtual_stages: int = 1  # the chunks each rank runs (what pipeline="auto" chose)
+    deferred: tuple[int, ...] | None = None  # zero_bubble's W's deferred per stage (the plan's)
 
 
 @dataclasses.dataclass
@@ -170,7 +171,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             return self.partitioned
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
-        bounds, recompute, pipeline, v = plan_bounds(
+        layout = plan_bounds(
             graph,
             self._tfsift.placements,
             flat,
@@ -178,6 +179,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             reservation=hooks.stage0_reservation(self),  # room for work of a feature's
             stage_call=microbatch_seconds,
         )
+        bounds, recompute, v = layout.bounds, layout.recompute, layout.virtual_stages
         K, s = rt.topology.partitions, rt.stage
         shared = ties(graph, bounds, K if v > 1 else None)
         chunks = range(s, len(bounds) - 1, K)  # s alone, or s, s + K, ... (virtual stages)
@@ -198,8 +200,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             graph.structure,
             rt.config,
             tied,
-            pipeline,
+            layout.pipeline,
             v,
+            layout.deferred,
         )
         self._tfsift.partitioned = part
         held = ", ".join(f"{bounds[c]}..{bounds[c + 1] - 1}" for c in chunks)

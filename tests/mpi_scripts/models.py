@@ -149,10 +149,16 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def schedule(token: str) -> dict[str, Any]:
-    """A script argument's schedule as config values: ``interleaved``, or with virtual
-    stages ``interleaved/2`` (``virtual_stages=2``)."""
+    """A script argument's schedule as config values: ``interleaved``, with virtual
+    stages ``interleaved/2`` (``virtual_stages=2``), with a memory cap ``zero_bubble@1GB``
+    (``memory_cap="1GB"``: room for ZB-H1's deferral)."""
+    token, _, cap = token.partition("@")
     pipeline, _, v = token.partition("/")
-    return {"pipeline": pipeline, **({"virtual_stages": int(v)} if v else {})}
+    return {
+        "pipeline": pipeline,
+        **({"virtual_stages": int(v)} if v else {}),
+        **({"memory_cap": cap} if cap else {}),
+    }
 
 
 def grid(lists: list[list[str]], cover: str = "all") -> list[tuple[str, ...]]:

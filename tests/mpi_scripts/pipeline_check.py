@@ -96,6 +96,7 @@ def check(
         # the schedule it ran: the config's, or what pipeline="auto" chose
         "planned": model.partitioned.pipeline,  # type: ignore[union-attr]
         "virtual": model.partitioned.virtual_stages,  # type: ignore[union-attr]
+        "deferred": model.partitioned.deferred,  # type: ignore[union-attr]
         "chunks": [s.index for s in model.partitioned.stage.stages],  # type: ignore[union-attr]
         "summary_title": summary[0],
     }

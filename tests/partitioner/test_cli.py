@@ -1,5 +1,6 @@
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,9 +150,11 @@ def test_simulate_draws_every_row_into_one_timeline(
     # header, the three pipelines and interleaved on 2 and 4 virtual stages (8 layers make
     # 2 x 4 chunks) for M=2 and 4, the note, the fastest per M, wrote
     assert len(lines) == 1 + 10 + 1 + 2 + 1
-    assert [line.split()[0] for line in lines[1:6]] == [
-        "simple", "interleaved", "interleaved(v=2)", "interleaved(v=4)", "zero_bubble"
+    assert [line.split()[0] for line in lines[1:5]] == [
+        "simple", "interleaved", "interleaved(v=2)", "interleaved(v=4)"
     ]  # fmt: skip
+    # the zero-bubble row names the W's its plan defers on each stage (none on stage 0)
+    assert re.fullmatch(r"zero_bubble\(d=0,[01]\)", lines[5].split()[0])
     assert lines[-1] == f"wrote {timeline}"
     assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -292,3 +295,15 @@ def test_the_transfers_column_leaves_out_the_runtimes_cost_per_action(
     # each stage sends or receives across its one cut: 0.1 ms + 1000 B at 1 MB/s = 1.1 ms;
     # its compute column holds 2 x 12 ms and the 0.6 ms per forward and per backward
     assert [line.split()[7:11] for line in lines[1:3]] == [["25.200", "ms", "1.100", "ms"]] * 2
+
+
+def test_the_zero_bubble_rows_defer_what_the_cap_holds(
+    costs_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--partitions", "2", "--pipeline", "zero_bubble", "--memory-cap", "1GB"]
+    assert main(["simulate", str(costs_file), "--microbatches", "4", *args]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "zero_bubble(d=0,1)"  # ZB-H1
+    output = tmp_path / "plan.json"
+    code = main(["plan", str(costs_file), "--microbatches", "4", "--output", str(output), *args])
+    assert code == 0 and Plan.load(output).deferred == (0, 1)
+    assert "(M=4, zero_bubble(d=0,1), optimize=speed)" in capsys.readouterr().out

@@ -209,3 +209,43 @@ def test_auto_compares_every_pipeline_and_the_virtual_stages_the_model_allows() 
     assert partitioner.plan.candidates(2, 8, 8, scoring=True) == [
         ("simple", 1), ("interleaved", 1), ("zero_bubble", 1)
     ]  # fmt: skip
+
+
+def test_zero_bubble_defers_what_fits_in_1f1bs_peak_or_in_the_cap() -> None:
+    # equal layers: a deferred W would hold one more microbatch than 1F1B's stage 0
+    equal = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 10, 10, 10) for i in range(3)))
+    plan = make_plan(equal, 3, 4, pipeline="zero_bubble")
+    one_f_one_b = make_plan(equal, 3, 4, pipeline="interleaved")
+    assert plan.bounds == one_f_one_b.bounds and plan.deferred == (0, 0, 0)
+    assert max(plan.peak_memory) == max(one_f_one_b.peak_memory)
+    # a cap with room for ZB-H1's: every stage defers s W's, the schedule of before
+    roomy = make_plan(equal, 3, 4, pipeline="zero_bubble", memory_cap=10**6)
+    assert roomy.deferred == (0, 1, 2) and roomy.predicted_step_time < plan.predicted_step_time
+    zb_h1 = simulate(equal, roomy.partition, build("zero_bubble", 3, 4))
+    assert (roomy.predicted_step_time, roomy.peak_memory) == (zb_h1.step_time, zb_h1.peak_memory)
+    # recomputing stages run whole backwards: nothing deferred
+    assert make_plan(equal, 3, 4, pipeline="zero_bubble", optimize="memory").deferred == (0, 0, 0)
+
+
+def test_zero_bubble_defers_on_a_stage_whose_activations_leave_room() -> None:
+    # stage 1's activations are a tenth of stage 0's: two microbatches and their output
+    # gradients fit within stage 0's two microbatches
+    layers = (LayerCost("big", 1.0, 2.0, 10, 100, 10), LayerCost("small", 1.0, 2.0, 10, 10, 10))
+    plan = make_plan(CostModel(layers), 2, 8, pipeline="zero_bubble")
+    assert plan.deferred == (0, 1)
+    assert plan.peak_memory[1] <= plan.peak_memory[0]
+
+
+def test_a_deferral_belongs_to_the_zero_bubble_schedule_and_older_files_mean_zb_h1() -> None:
+    data = make_plan(costs_of(), 2, 4, pipeline="zero_bubble").to_dict()
+    assert Plan.from_json(Plan.from_dict(data).to_json()) == Plan.from_dict(data)
+    del data["deferred"]  # a plan file written before it existed ran ZB-H1's
+    assert Plan.from_dict(data).deferred is None
+    with pytest.raises(ValueError) as info:
+        Plan.from_dict({**data, "pipeline": "interleaved", "deferred": [0, 0]})
+    assert str(info.value) == (
+        "deferred (the W's each stage defers) shapes the zero-bubble schedule only. "
+        "Received: pipeline='interleaved', deferred=[0, 0]"
+    )
+    with pytest.raises(ValueError, match=r"Received: deferred=\[0, 2\]"):
+        Plan.from_dict({**data, "deferred": [0, 2]})

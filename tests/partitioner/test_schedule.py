@@ -139,6 +139,68 @@ def test_zero_bubble_holds_at_most_min_k_m_from_forward_to_weights(K: int, M: in
         assert peak == min(K, M)
 
 
+def test_zero_bubble_reference_k3_m4_deferring_one_w_on_the_last_stage() -> None:
+    # stage 1 runs each W right after its B, as 1F1B's backward but with its input
+    # gradients sent first; stage 2 defers one W, as ZB-H1's stage 1
+    assert rows(zero_bubble(3, 4, deferred=(0, 0, 1))) == [
+        ["0F0", "0F1", "0F2", "0B0", "0W0", "0F3", "0B1", "0W1", "0B2", "0W2", "0B3", "0W3"],
+        ["1F0", "1F1", "1B0", "1W0", "1F2", "1B1", "1W1", "1F3", "1B2", "1W2", "1B3", "1W3"],
+        ["2F0", "2B0", "2F1", "2B1", "2W0", "2F2", "2B2", "2W1", "2F3", "2B3", "2W2", "2W3"],
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 10), st.data())
+def test_zero_bubble_defers_each_stages_w_by_its_own_count_and_holds_k_minus_s_plus_it(
+    K: int, M: int, data: st.DataObject
+) -> None:
+    deferred = tuple(data.draw(st.integers(0, s)) for s in range(K))
+    schedule = zero_bubble(K, M, deferred)
+    validate(schedule, M)
+    for s, row in schedule.items():
+        d = deferred[s]
+        assert [a for a in row if a.kind is not Kind.WEIGHT] == interleaved(K, M)[s]
+        assert [a.microbatch for a in row if a.kind is Kind.WEIGHT] == list(range(M))
+        for m in range(M - d):  # W of m right after the B of m + d
+            assert row[row.index(Action(s, Kind.BACKWARD, m + d)) + 1] == Action(s, Kind.WEIGHT, m)
+        held = peak = 0
+        for a in row:
+            held += {Kind.FORWARD: 1, Kind.WEIGHT: -1}.get(a.kind, 0)
+            peak = max(peak, held)
+        assert peak == min(K - s + d, M)
+
+
+@pytest.mark.parametrize(
+    "deferred, received",
+    [
+        ((0, 2), "[0, 2]"),  # more than s
+        ((0, -1), "[0, -1]"),
+        ((0,), "[0]"),  # one per stage
+        ((0, True), "[0, True]"),
+    ],
+)
+def test_a_deferral_beyond_zb_h1_or_of_another_length_is_refused(
+    deferred: tuple[int, ...], received: str
+) -> None:
+    message = (
+        "deferred must list the W's each of the 2 stages defers, an integer from 0 to s on "
+        f"stage s (ZB-H1: [0, 1]). Received: deferred={received}"
+    )
+    with pytest.raises(ValueError) as info:
+        zero_bubble(2, 4, deferred)
+    assert str(info.value) == message
+
+
+def test_only_the_zero_bubble_schedule_takes_a_deferral() -> None:
+    assert build("zero_bubble", 2, 2, deferred=(0, 1)) == zero_bubble(2, 2)
+    with pytest.raises(ValueError) as info:
+        build("interleaved", 2, 2, deferred=(0, 0))
+    assert str(info.value) == (
+        "deferred (the W's each stage defers) shapes the zero-bubble schedule only. "
+        "Received: pipeline='interleaved', deferred=[0, 0]"
+    )
+
+
 def test_which_stages_split_their_backward() -> None:
     assert splits_backward(zero_bubble(2, 2)) and not splits_backward(interleaved(2, 2))
     assert [splits_stage(s, recompute=False) for s in range(3)] == [False, True, True]

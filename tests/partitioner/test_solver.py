@@ -17,6 +17,7 @@ from partitioner.simulator import simulate
 from partitioner.solver import (
     InfeasibleError,
     Objective,
+    fit_deferred,
     in_flight,
     peak_memory_estimate,
     pending_weights,
@@ -66,7 +67,11 @@ def all_partitions(L: int, K: int) -> Iterator[Partition]:
 
 
 def peak(costs: CostModel, p: Partition, M: int, pipeline: str, recompute: bool) -> int:
-    return max(peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=recompute))
+    """The peak the solvers fit in a cap: the zero-bubble schedule's deferring no W."""
+    least = (0,) * p.num_stages if pipeline == "zero_bubble" else None
+    return max(
+        peak_memory_estimate(costs, p, M, pipeline=pipeline, recompute=recompute, deferred=least)
+    )
 
 
 def same(a: float, b: float) -> bool:
@@ -240,14 +245,15 @@ def pareto_optimum(costs: CostModel, K: int, M: int, cap: int | None, pipeline: 
     """Least T by a Pareto DP over (bottleneck, cut total): exact, another algorithm."""
     L, p = costs.num_layers, costs.prefix
     # simple: M microbatches in flight, but 1 on the last stage (its B follows its F);
-    # zero_bubble: min(K, M) from F to W, and from B to W the output gradients of up to
-    # s + 1 microbatches where the stage splits its backward (s > 0)
+    # zero_bubble, solved deferring no W (make_plan defers what then fits): 1F1B's
+    # min(K - s, M) from F to W, and from B to W the output gradients of one microbatch
+    # where the stage splits its backward (s > 0)
     n = {
         "simple": [M if s < K - 1 else 1 for s in range(K)],
         "interleaved": [min(K - s, M) for s in range(K)],
-        "zero_bubble": [min(K, M)] * K,
+        "zero_bubble": [min(K - s, M) for s in range(K)],
     }[pipeline]
-    d = [min(s + 1, M) if pipeline == "zero_bubble" and s > 0 else 0 for s in range(K)]
+    d = [1 if pipeline == "zero_bubble" and s > 0 else 0 for s in range(K)]
     fronts: list[dict[int, list[tuple[float, float]]]] = [{0: [(0.0, 0.0)]}]
     for s in range(K):
         nxt: dict[int, list[tuple[float, float]]] = {}
@@ -335,6 +341,48 @@ def test_peak_memory_estimate_equals_the_simulator(
     assert simulated.peak_memory == peak_memory_estimate(
         costs, partition, M, pipeline=pipeline, recompute=recompute
     )
+
+
+@st.composite
+def deferrals(draw: st.DrawFn, K: int) -> tuple[int, ...]:
+    """W's deferred per stage of K: 0 <= d_s <= s."""
+    return tuple(draw(st.integers(0, s)) for s in range(K))
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.booleans(), st.data())
+def test_peak_memory_estimate_of_any_deferral_equals_the_simulator(
+    problem: tuple[CostModel, int, int, str], recompute: bool, data: st.DataObject
+) -> None:
+    costs, K, M, _ = problem
+    d = data.draw(deferrals(K))
+    partition = next(all_partitions(costs.num_layers, K))
+    schedule = build("zero_bubble", K, M, deferred=d)
+    simulated = simulate(costs, partition, schedule, recompute=recompute)
+    assert simulated.peak_memory == peak_memory_estimate(
+        costs, partition, M, pipeline="zero_bubble", recompute=recompute, deferred=d
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(problems(), st.floats(0.5, 2.0))
+def test_fit_deferred_defers_the_most_that_fits_on_each_stage(
+    problem: tuple[CostModel, int, int, str], slack: float
+) -> None:
+    # brute force over every deferral, each peak from the simulator's walk of the schedule
+    costs, K, M, _ = problem
+    partition = next(all_partitions(costs.num_layers, K))
+    limit = int(max(peak_memory_estimate(costs, partition, M, pipeline="interleaved",
+                                         recompute=False)) * slack)  # fmt: skip
+    every = itertools.product(*(range(s + 1) for s in range(K)))
+    peaks = {
+        d: simulate(costs, partition, build("zero_bubble", K, M, deferred=d)).peak_memory
+        for d in every
+    }
+    expected = tuple(
+        max([0] + [d[s] for d, peak in peaks.items() if peak[s] <= limit]) for s in range(K)
+    )
+    assert fit_deferred(costs, partition, M, limit) == expected
 
 
 def chain(times: list[float], cut_bytes: int = 0) -> CostModel:

@@ -98,7 +98,7 @@ def test_pipelines_only_leaves_out_the_data_parallel_rows(bench: ModuleType) -> 
         ("K=2 pipeline, GPipe", "tfsift", 2, "simple"),
         ("K=2 pipeline, 1F1B", "tfsift", 2, "interleaved"),
         ("K=2 pipeline, interleaved 1F1B, 2 stages a rank", "tfsift", 2, "interleaved/2"),
-        ("K=2 pipeline, zero bubble (ZB-H1)", "tfsift", 2, "zero_bubble"),
+        ("K=2 pipeline, zero bubble (ZB-H1)", "tfsift", 2, "zero_bubble@1GB"),
     ]
 
 

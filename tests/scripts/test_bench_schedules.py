@@ -124,3 +124,21 @@ def test_schedules_name_the_pipeline_and_its_virtual_stages(bench: ModuleType) -
     assert bench.schedule_config("interleaved/2") == {"pipeline": "interleaved",
                                                       "virtual_stages": 2}  # fmt: skip
     assert bench.schedule_config("zero_bubble") == {"pipeline": "zero_bubble"}
+    assert bench.schedule_config("zero_bubble@1GB") == {"pipeline": "zero_bubble",
+                                                        "memory_cap": "1GB"}  # fmt: skip
+
+
+def test_both_zero_bubble_jobs_are_paired_and_name_the_ws_their_plans_defer(
+    bench: ModuleType,
+) -> None:
+    both = raw()
+    for r in both["rounds"]:  # type: ignore[attr-defined]
+        r["zero_bubble"]["deferred"] = [0, 0]
+        r["zero_bubble@1GB"] = job(0.090, 0.081, [48.0, 30.0]) | {"deferred": [0, 1]}
+    text = bench.render(both, META, bench.Settings())
+    assert "| zero_bubble step | 0.941 | 0.930 | <= 0.95: met |" in text
+    assert "| zero_bubble@1GB step | 0.900 | 0.900 | <= 0.95: met |" in text
+    assert "| zero_bubble@1GB peak tensors | 1.200 | 1.160 | <= 1.10: missed |" in text
+    assert (
+        "W's deferred per stage (the plans'): zero_bubble: [0, 0]; zero_bubble@1GB: [0, 1]" in text
+    )

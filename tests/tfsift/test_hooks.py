@@ -48,10 +48,11 @@ def test_the_planner_reads_the_reservation_when_it_cuts_the_model(monkeypatch: A
     tfsift.init({})
     seen: list[Any] = []
     from tfsift import model as model_module
+    from tfsift.planning.bounds import Layout
 
     def plan_bounds(graph: Any, *args: Any, reservation: Any = None, **kwargs: Any) -> Any:
         seen.append(reservation)
-        return (0, len(graph)), False, "interleaved", 1
+        return Layout((0, len(graph)), False, "interleaved")
 
     monkeypatch.setattr(model_module, "plan_bounds", plan_bounds)
     net = Chain()

@@ -249,7 +249,12 @@ def make_plan(
     # the schedule the model was planned for: the config's, or what "auto" chose
     pipeline = part.pipeline or cfg.pipeline
     compute = schedule.build(
-        pipeline, K, cfg.microbatches, forward_only=not backward, virtual_stages=v
+        pipeline,
+        K,
+        cfg.microbatches,
+        forward_only=not backward,
+        virtual_stages=v,
+        deferred=part.deferred if pipeline == "zero_bubble" else None,
     )
     actions = schedule.add_communication(compute, virtual_stages=v)
     s = part.stage.index

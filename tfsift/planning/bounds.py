@@ -28,7 +28,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import keras
 import numpy as np
@@ -51,6 +51,19 @@ log = logging.getLogger("tfsift")
 UNSOLVED_AUTO = "interleaved"  # pipeline="auto" without a plan to compare schedules by
 
 
+class Layout(NamedTuple):
+    """What every rank takes from the plan: the K v + 1 bounds, whether the stages
+    recompute (``Plan.recompute``), the schedule, its virtual stages v and, for
+    ``zero_bubble``, the W's each stage defers (``Plan.deferred``; None where nothing was
+    solved: ZB-H1's)."""
+
+    bounds: tuple[int, ...]
+    recompute: bool
+    pipeline: str
+    virtual_stages: int = 1
+    deferred: tuple[int, ...] | None = None
+
+
 def plan_bounds(
     graph: Graph,
     placements: dict[int, int],
@@ -59,11 +72,12 @@ def plan_bounds(
     *,
     reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
-) -> tuple[tuple[int, ...], bool, str, int]:
-    """The K+1 stage bounds of ``graph`` (K v + 1 chunk bounds), whether the stages
-    recompute their forward in the backward (``Plan.recompute``), the schedule
+) -> Layout:
+    """The `Layout` of ``graph``: its K+1 stage bounds (K v + 1 chunk bounds), whether the
+    stages recompute their forward in the backward (``Plan.recompute``), the schedule
     (``pipeline="auto"``: the one the plan found fastest; "interleaved" where nothing is
-    solved) and its virtual stages v, the same on every rank (a collective).
+    solved), its virtual stages v and the zero-bubble schedule's deferral, the same on
+    every rank (a collective).
 
     Rank 0 reads the plan file or profiles and solves; the bounds or the error are
     broadcast. ``placements`` maps layer ids to ``tfsift.partition`` indices.
@@ -85,10 +99,10 @@ def plan_bounds(
             f"{cfg.partitions}{chunks})"
         )
     if cfg.partitions == 1:
-        return (0, L), memory, unsolved, 1
+        return Layout((0, L), memory, unsolved)
     if not cfg.auto_partition:  # tfsift.partition indices name the K v chunks
         bounds = manual_bounds(graph, placements, cfg.partitions * v, cfg.default_partition)
-        return bounds, memory, unsolved, v
+        return Layout(bounds, memory, unsolved, v)
     # Rank 0's pipeline times a message between its stages 0 and 1 for the plan (about
     # 10 ms), before rank 0 profiles: stage 1 cannot know whether rank 0 reuses a plan
     # file, and after profiling it would wait in a receive bounded by the timeout.
@@ -110,8 +124,7 @@ def plan_bounds(
     status, payload = bcast_object(rt.world, outcome)  # the others sleep while rank 0 profiles
     if status == "error":
         raise ValueError(payload)
-    bounds, recompute, pipeline, chunks = payload
-    return tuple(bounds), bool(recompute), str(pipeline), int(chunks)
+    return Layout(*payload)
 
 
 def rank0_bounds(
@@ -121,10 +134,10 @@ def rank0_bounds(
     reservation: Reservation | None = None,
     stage_call: StageCall | None = None,
     latency: float = 0.0,
-) -> tuple[tuple[int, ...], bool, str, int]:
+) -> Layout:
     """Rank 0's part of ``plan_bounds``: reuse the plan file if it was made for this run,
     else profile, solve, log the plan and write the file (when ``plan_file`` is set).
-    Returns the plan's bounds, ``recompute``, pipeline and virtual stages.
+    Returns the plan's `Layout`.
 
     ``latency``: the seconds a message between stages takes (``message_latency``), which
     the simulator charges at every crossing of a stage boundary.
@@ -148,7 +161,7 @@ def rank0_bounds(
     if plan is not None:
         log.info("reusing the plan in %s\n%s", cfg.plan_file, describe(plan, weights(graph, plan)))
         _keep_for_run_log(plan, cfg)
-        return plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages
+        return _layout(plan)
     log.info(
         "profiling %d nodes on rank 0 (%d timed runs each) to cut them into %d stages; %s"
         "the other ranks wait",
@@ -199,6 +212,7 @@ def rank0_bounds(
         pipeline=plan.pipeline,
         recompute=plan.recompute,
         virtual_stages=plan.virtual_stages,
+        deferred=plan.deferred,
     )
     log.info("%s", describe(plan, weights(graph, plan), result))
     advice = no_gain(costs, cfg.microbatches, result.step_time)
@@ -208,7 +222,11 @@ def rank0_bounds(
         plan.save(cfg.plan_file)
         log.info("wrote the plan to %s", cfg.plan_file)
     _keep_for_run_log(plan, cfg)
-    return plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages
+    return _layout(plan)
+
+
+def _layout(plan: Plan) -> Layout:
+    return Layout(plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages, plan.deferred)
 
 
 def _first_weighted(graph: Graph) -> int:
@@ -304,7 +322,7 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
     lines = [
         f"plan: {plan.partitions} stages"
         + (f" x {v} virtual stages" if v > 1 else "")
-        + f", M={plan.microbatches}, {plan.pipeline}, optimize={plan.optimize}"
+        + f", M={plan.microbatches}, {plan.pipeline}{deferral(plan)}, optimize={plan.optimize}"
         + (" with recompute (timed faster)" if plan.recompute and plan.optimize == "speed" else "")
         + f": predicted step {format_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
@@ -328,6 +346,13 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         for c in range(s, len(plan.stage_layers), plan.partitions):
             lines.append(f"    chunk {c}: {_nodes(plan, weight_bytes, c)}")
     return "\n".join(lines)
+
+
+def deferral(plan: Plan) -> str:
+    """`` (deferred W's: 0, 1)`` for a zero-bubble plan, else ""."""
+    if plan.deferred is None:
+        return ""
+    return f" (deferred W's: {', '.join(map(str, plan.deferred))})"
 
 
 def _nodes(plan: Plan, weight_bytes: Sequence[int], c: int) -> str:

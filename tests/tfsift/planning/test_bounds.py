@@ -112,7 +112,7 @@ def test_rank0_says_it_profiles_then_prints_the_plan_and_writes_it(
 ) -> None:
     cfg = config(tmp_path)
     with caplog.at_level(logging.INFO, logger="tfsift"):
-        bounds, recompute, pipeline, _ = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
+        bounds, recompute, pipeline, _, _ = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg)
     plan = Plan.load(tmp_path / "plan.json")
     assert (bounds, recompute, pipeline) == (plan.bounds, plan.recompute, "interleaved")
     [profiling, described, wrote] = messages(caplog)
@@ -150,7 +150,7 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
     # were profiled once
     assert timed == [False, True, recomputing_faster]
     plan = Plan.load(cfg.plan_file or "")
-    assert got == (plan.bounds, recomputing_faster, "interleaved", 1)
+    assert got == (plan.bounds, recomputing_faster, "interleaved", 1, None)
     assert plan.recompute == recomputing_faster
     header = messages(caplog)[1][1].splitlines()[0]
     speed = (
@@ -171,7 +171,10 @@ def test_zero_bubble_keeps_tapes_without_timing_the_recompute(tmp_path: Path) ->
 
     cfg = config(tmp_path, pipeline="zero_bubble")
     got = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, stage_call=stage_call)
-    assert timed == [False] and got[1:] == (False, "zero_bubble", 1)
+    assert timed == [False] and got[1:4] == (False, "zero_bubble", 1)
+    # the W's each stage defers, fitted by the plan (none on stage 0), reach every rank
+    deferred = Plan.load(cfg.plan_file or "").deferred
+    assert deferred is not None and got.deferred == deferred and deferred[0] == 0
 
 
 def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
@@ -190,7 +193,7 @@ def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
     graph, example = traced(units=64), [tf.zeros((1, 3))]
     got = rank0_bounds(graph, example, config(tmp_path, pipeline="auto"))
     [plan] = chosen
-    assert got == (plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages)
+    assert got == (plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages, plan.deferred)
     assert plan.pipeline in ("simple", "interleaved", "zero_bubble")
     assert Plan.load(tmp_path / "plan.json") == plan
     with caplog.at_level(logging.INFO, logger="tfsift"):  # whichever pipeline it chose
@@ -275,7 +278,7 @@ def test_a_plan_file_made_for_another_config_is_solved_again_with_a_warning(
     rank0_bounds(graph, [tf.zeros((1, 3))], config(tmp_path))
     cfg = config(tmp_path, **changes)
     with caplog.at_level(logging.WARNING, logger="tfsift"):
-        bounds, _, _, _ = rank0_bounds(graph, [tf.zeros((1, 3))], cfg)
+        bounds = rank0_bounds(graph, [tf.zeros((1, 3))], cfg).bounds
     assert messages(caplog) == [
         ("WARNING", f"the plan file {cfg.plan_file} was made for another run ({difference}); "
                     "solving again and overwriting it")
@@ -292,8 +295,8 @@ def test_virtual_stages_cut_k_v_chunks_and_the_plan_line_lists_them_by_stage(
     with caplog.at_level(logging.INFO, logger="tfsift"):
         got = rank0_bounds(graph, example, cfg)
     plan = Plan.load(cfg.plan_file or "")
-    assert got == ((0, 1, 2, 3, 4), plan.recompute, "interleaved", 2) == (
-        plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages
+    assert got == ((0, 1, 2, 3, 4), plan.recompute, "interleaved", 2, None) == (
+        plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages, plan.deferred
     )  # fmt: skip
     lines = messages(caplog)[1][1].splitlines()
     assert lines[0].startswith("plan: 2 stages x 2 virtual stages, M=2, interleaved, ")
