@@ -85,7 +85,9 @@ class Decoder(tfsift.DistributedModel):
 
     def __init__(self, spike: bool = False) -> None:
         super().__init__(name="decoder")
-        self.embed = keras.layers.ReversibleEmbedding(V, D, name="embed")
+        # float32 logits from the head itself (KerasHub's way) rather than a cast after it:
+        # a cast node of its own could be a last stage alone, holding no copy of the tie
+        self.embed = keras.layers.ReversibleEmbedding(V, D, reverse_dtype="float32", name="embed")
         self.positions = Positions(T, D, name="positions")
         self.norm_a = keras.layers.LayerNormalization(name="norm_a")
         self.attention = keras.layers.MultiHeadAttention(
@@ -105,7 +107,7 @@ class Decoder(tfsift.DistributedModel):
         h = self.norm(x)
         if self.spike is not None:
             h = self.spike(h, ids)
-        return keras.ops.cast(self.embed(h, reverse=True), "float32")
+        return self.embed(h, reverse=True)
 
 
 def optimizer(kind: str) -> Any:
