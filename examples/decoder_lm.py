@@ -87,8 +87,11 @@ class DecoderLM(tfsift.DistributedModel):
         super().__init__()
         self.blocks = blocks
         init = keras.initializers.RandomNormal(stddev=0.02)
+        # reverse_dtype: the head's logits in float32 under mixed precision, from the tied
+        # layer itself (a cast after it would be a node a cut could leave alone on the
+        # last stage, with no copy of the tie)
         self.embed = keras.layers.ReversibleEmbedding(
-            VOCAB, dim, embeddings_initializer=init, name="token_embedding"
+            VOCAB, dim, embeddings_initializer=init, reverse_dtype="float32", name="token_embedding"
         )
         self.positions = Positions(length, dim, name="position_embedding")
         for b in range(blocks):
@@ -108,7 +111,7 @@ class DecoderLM(tfsift.DistributedModel):
             x = x + getattr(self, f"attention{b}")(h, h, use_causal_mask=True)
             h = getattr(self, f"hidden{b}")(getattr(self, f"norm{b}b")(x))
             x = x + getattr(self, f"project{b}")(h)
-        return keras.ops.cast(self.embed(self.norm(x), reverse=True), "float32")
+        return self.embed(self.norm(x), reverse=True)
 
 
 def optimizer(args: argparse.Namespace, steps: int) -> keras.optimizers.Optimizer:
