@@ -344,8 +344,13 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
         f"{_table(header, rows)}\n"
         f"predicted step time {_seconds(plan.predicted_step_time)}, bubble "
         f"{plan.predicted_bubble:.1%} (M={plan.microbatches}, "
-        f"{label(plan.pipeline, v, plan.deferred)}, "
+        f"{label(plan.pipeline, v)}, "
         f"optimize={plan.optimize}{', recompute' if plan.recompute else ''})"
+        + (
+            f"; W's deferred per stage: {', '.join(map(str, plan.deferred))}"
+            if plan.deferred is not None
+            else ""
+        )
     )
 
 

@@ -306,4 +306,6 @@ def test_the_zero_bubble_rows_defer_what_the_cap_holds(
     output = tmp_path / "plan.json"
     code = main(["plan", str(costs_file), "--microbatches", "4", "--output", str(output), *args])
     assert code == 0 and Plan.load(output).deferred == (0, 1)
-    assert "(M=4, zero_bubble(d=0,1), optimize=speed)" in capsys.readouterr().out
+    assert "(M=4, zero_bubble, optimize=speed); W's deferred per stage: 0, 1\n" in (
+        capsys.readouterr().out
+    )

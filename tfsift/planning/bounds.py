@@ -322,7 +322,7 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
     lines = [
         f"plan: {plan.partitions} stages"
         + (f" x {v} virtual stages" if v > 1 else "")
-        + f", M={plan.microbatches}, {plan.pipeline}{deferral(plan)}, optimize={plan.optimize}"
+        + f", M={plan.microbatches}, {plan.pipeline}, optimize={plan.optimize}"
         + (" with recompute (timed faster)" if plan.recompute and plan.optimize == "speed" else "")
         + f": predicted step {format_seconds(plan.predicted_step_time)}, "
         f"bubble {plan.predicted_bubble:.1%}"
@@ -332,6 +332,7 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
             if plan.scoring
             else ""
         )
+        + deferral(plan)
     ]
     for s in range(plan.partitions):
         busy = ""
@@ -349,10 +350,11 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
 
 
 def deferral(plan: Plan) -> str:
-    """`` (deferred W's: 0, 1)`` for a zero-bubble plan, else ""."""
+    """``; W's deferred per stage: 0, 1`` for a zero-bubble plan, else "" (after the
+    step's figures: the header's "stages, M, pipeline, optimize" read as before)."""
     if plan.deferred is None:
         return ""
-    return f" (deferred W's: {', '.join(map(str, plan.deferred))})"
+    return f"; W's deferred per stage: {', '.join(map(str, plan.deferred))}"
 
 
 def _nodes(plan: Plan, weight_bytes: Sequence[int], c: int) -> str:

@@ -159,7 +159,9 @@ def test_speed_recomputes_where_the_stage_timed_that_path_faster_and_the_plan_ke
     assert header.startswith(f"plan: 2 stages, M=2, interleaved, {speed}: predicted step ")
 
 
-def test_zero_bubble_keeps_tapes_without_timing_the_recompute(tmp_path: Path) -> None:
+def test_zero_bubble_keeps_tapes_without_timing_the_recompute(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # its gain is the split backward, which a recomputing stage does not make
     timed: list[bool] = []
 
@@ -170,11 +172,15 @@ def test_zero_bubble_keeps_tapes_without_timing_the_recompute(tmp_path: Path) ->
         return [0.002 if recompute else 0.02] * len(ends)  # recomputing looks faster
 
     cfg = config(tmp_path, pipeline="zero_bubble")
-    got = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, stage_call=stage_call)
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        got = rank0_bounds(traced(), [tf.zeros((1, 3))], cfg, stage_call=stage_call)
     assert timed == [False] and got[1:4] == (False, "zero_bubble", 1)
     # the W's each stage defers, fitted by the plan (none on stage 0), reach every rank
     deferred = Plan.load(cfg.plan_file or "").deferred
     assert deferred is not None and got.deferred == deferred and deferred[0] == 0
+    header = messages(caplog)[1][1].splitlines()[0]  # the stages, M, pipeline as for any plan
+    assert header.startswith("plan: 2 stages, M=2, zero_bubble, optimize=speed: predicted step ")
+    assert header.endswith(f"; W's deferred per stage: 0, {deferred[1]}")
 
 
 def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
