@@ -12,7 +12,14 @@ import sys
 from collections.abc import Sequence
 
 from partitioner.costs import CostModel, format_bytes
-from partitioner.plan import AUTO, AUTO_VIRTUAL_STAGES, Plan, candidates, make_plan
+from partitioner.plan import (
+    AUTO,
+    AUTO_VIRTUAL_STAGES,
+    Plan,
+    candidates,
+    deferral_note,
+    make_plan,
+)
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import SimResult, simulate_plan, stage_times
 from partitioner.solver import OPTIMIZE, InfeasibleError, stage_transfers
@@ -345,12 +352,7 @@ def format_plan(costs: CostModel, plan: Plan) -> str:
         f"predicted step time {_seconds(plan.predicted_step_time)}, bubble "
         f"{plan.predicted_bubble:.1%} (M={plan.microbatches}, "
         f"{label(plan.pipeline, v)}, "
-        f"optimize={plan.optimize}{', recompute' if plan.recompute else ''})"
-        + (
-            f"; W's deferred per stage: {', '.join(map(str, plan.deferred))}"
-            if plan.deferred is not None
-            else ""
-        )
+        f"optimize={plan.optimize}{', recompute' if plan.recompute else ''})" + deferral_note(plan)
     )
 
 

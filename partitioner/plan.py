@@ -19,6 +19,7 @@ from partitioner.solver import (
     fit_deferred,
     peak_memory_estimate,
     solve,
+    solved_deferral,
 )
 from partitioner.ties import settle
 
@@ -270,7 +271,7 @@ def make_plan(
         first_stage_min=first_stage_min,
         virtual_stages=v,
     )
-    least = (0,) * K if pipeline == "zero_bubble" else None  # what `solve` fits in the cap
+    least = solved_deferral(pipeline, K)  # what `solve` fitted in the cap
     if optimize == "speed" and objective is None and v == 1:
 
         def fits(p: Partition) -> bool:
@@ -315,6 +316,22 @@ def make_plan(
         virtual_stages=v,
         deferred=deferred,
     )
+
+
+def deferral_note(plan: Plan) -> str:
+    """``; W's deferred per stage: 0, 1`` for a zero-bubble plan, else "": what the plan
+    line and `tfsift plan` add after the step's figures (so that what comes before reads
+    as for any plan).
+
+    Example:
+        >>> from partitioner.costs import LayerCost
+        >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 0, 0, 0) for i in range(2)))
+        >>> deferral_note(make_plan(costs, 2, 4, pipeline="zero_bubble", memory_cap=10**6))
+        "; W's deferred per stage: 0, 1"
+    """
+    if plan.deferred is None:
+        return ""
+    return f"; W's deferred per stage: {', '.join(map(str, plan.deferred))}"
 
 
 def _deferred(

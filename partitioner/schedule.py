@@ -313,7 +313,6 @@ def forward_only(K: int, M: int, virtual_stages: int = 1) -> Schedule:
 
 
 PIPELINES = ("simple", "interleaved", "zero_bubble")
-_BUILDERS = {"simple": simple, "interleaved": interleaved, "zero_bubble": zero_bubble}
 _forward_only = forward_only  # `build` has a keyword of the same name
 
 
@@ -341,11 +340,11 @@ def build(
         )
     if forward_only:
         return _forward_only(K, M, virtual_stages)
-    if virtual_stages != 1:
-        return interleaved(K, M, virtual_stages)
     if pipeline == "zero_bubble":
         return zero_bubble(K, M, deferred)
-    return _BUILDERS[pipeline](K, M)
+    if pipeline == "simple":
+        return simple(K, M)
+    return interleaved(K, M, virtual_stages)
 
 
 def check_virtual(pipeline: str, virtual_stages: int) -> None:

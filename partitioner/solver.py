@@ -201,6 +201,13 @@ def peak_memory_estimate(
     return _part_peaks(costs, partition, n, d, recompute)
 
 
+def solved_deferral(pipeline: str, K: int) -> tuple[int, ...] | None:
+    """The deferral the solvers fit in a memory cap: for the zero-bubble schedule no W
+    deferred, the least it holds (`partitioner.plan.make_plan` then defers what still
+    fits: `fit_deferred`); None for the schedules that defer nothing."""
+    return (0,) * K if pipeline == "zero_bubble" else None
+
+
 def fit_deferred(
     costs: CostModel, partition: Partition, M: int, limit: int, *, recompute: bool = False
 ) -> tuple[int, ...]:
@@ -341,7 +348,7 @@ def solve_speed(
         K: number of stages.
         M: number of microbatches.
         pipeline: one of `partitioner.schedule.PIPELINES`, for the memory model (the
-            zero-bubble schedule's deferring no W, `_Chain.deferred`).
+            zero-bubble schedule's deferring no W, `solved_deferral`).
         memory_cap: bytes each stage may hold without recompute, or None.
         objective: a partition's seconds per step with stage 0's own work, e.g.
             ``functools.partial(sifted_step_time, costs, M=M, ...)`` of the partition.
@@ -464,9 +471,8 @@ class _Chain:
 
     @property
     def deferred(self) -> tuple[int, ...] | None:
-        """The zero-bubble schedule is solved deferring no W: the least it holds, as
-        `partitioner.plan.make_plan` then defers only what fits (`fit_deferred`)."""
-        return (0,) * self.K if self.pipeline == "zero_bubble" and self.virtual == 1 else None
+        """`solved_deferral` (one chunk a rank: only 1F1B interleaves)."""
+        return solved_deferral(self.pipeline, self.K) if self.virtual == 1 else None
 
     @cached_property
     def state(self) -> Array:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from bench_pipeline import WORKER
 from bench_pipeline import Settings as ChainSettings
+from bench_schedules import schedule_config
 
 from bench import harness, report
 from bench.harness import ROOT, Result, say
@@ -111,12 +112,11 @@ def job(s: Settings, framework: str, ranks: int, mode: str) -> list[Result]:
         cfg = {f: getattr(c, f) for f in ("layers", "width", "side", "batch", "warmup", "steps")}
         args = [mode, json.dumps(cfg | {"M": s.M, "port": free_port()})]
         return harness.run_job(TORCH_WORKER, args, ranks, timeout=600, python=s.torch)
-    mode, _, cap = mode.partition("@")  # zero_bubble@1GB: under a memory cap of 1 GB
-    pipeline, _, virtual = mode.partition("/")  # interleaved/2: 2 virtual stages a rank
-    extra = {"M": s.M, "optimize": "speed", "pipeline": pipeline if ranks > 1 else "simple"}
-    extra |= {"virtual_stages": int(virtual)} if virtual else {}
-    extra |= {"memory_cap": cap} if cap else {}
-    if pipeline in ("simple", "interleaved", "zero_bubble"):
+    config = schedule_config(mode)  # interleaved/2, zero_bubble@1GB: as bench_schedules reads
+    extra = {"M": s.M, "optimize": "speed", **config}
+    if ranks == 1:
+        extra["pipeline"] = "simple"
+    if config["pipeline"] in ("simple", "interleaved", "zero_bubble"):
         mode = "pipeline"
     extra["ports"] = [free_port() for _ in range(ranks)]
     args = [mode, json.dumps(c.worker_config(**extra))]

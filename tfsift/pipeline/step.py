@@ -254,7 +254,7 @@ def make_plan(
         cfg.microbatches,
         forward_only=not backward,
         virtual_stages=v,
-        deferred=part.deferred if pipeline == "zero_bubble" else None,
+        deferred=part.deferred,  # a zero-bubble plan's (None for the other schedules)
     )
     actions = schedule.add_communication(compute, virtual_stages=v)
     s = part.stage.index

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from partitioner.costs import format_bytes, format_seconds
+from partitioner.plan import deferral_note
 from tfsift.config import AUTO, Config
 from tfsift.parallel import runtime
 from tfsift.parallel.comm import PipeComm, bcast_object, message_latency
@@ -332,7 +333,7 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
             if plan.scoring
             else ""
         )
-        + deferral(plan)
+        + deferral_note(plan)
     ]
     for s in range(plan.partitions):
         busy = ""
@@ -347,14 +348,6 @@ def describe(plan: Plan, weight_bytes: Sequence[int], result: SimResult | None =
         for c in range(s, len(plan.stage_layers), plan.partitions):
             lines.append(f"    chunk {c}: {_nodes(plan, weight_bytes, c)}")
     return "\n".join(lines)
-
-
-def deferral(plan: Plan) -> str:
-    """``; W's deferred per stage: 0, 1`` for a zero-bubble plan, else "" (after the
-    step's figures: the header's "stages, M, pipeline, optimize" read as before)."""
-    if plan.deferred is None:
-        return ""
-    return f"; W's deferred per stage: {', '.join(map(str, plan.deferred))}"
 
 
 def _nodes(plan: Plan, weight_bytes: Sequence[int], c: int) -> str:
