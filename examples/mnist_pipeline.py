@@ -115,8 +115,7 @@ def main() -> None:
         for images, labels in train:
             grads, loss = train_step(images, labels)
             grads = tfsift.allreduce([g.accumulate() for g in grads])
-            if grads:  # a stage may hold no variables (e.g. only a flatten)
-                update(grads)
+            update(grads)  # every rank, a stage without variables too (update([]))
             losses.append(float(loss.reduce_mean()))
         say(
             f"epoch {epoch + 1}/{args.epochs}  loss {np.mean(losses):.4f}  "

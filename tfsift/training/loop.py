@@ -334,9 +334,9 @@ def _train_batch(
     back to the sifted dataset."""
     x, y, weight = batch
     grads, loss, y_pred = compiled.train_step(x, y, *_weights(weight))
-    grads = allreduce(grads)
-    if grads:  # a stage may hold no trainable variables
-        compiled.update(grads)
+    # every stage, one without trainable variables too: it takes its part in the sums the
+    # others' update makes over the pipeline (a global norm, a loss scale's finite check)
+    compiled.update(allreduce(grads))
     if record is not None:
         record(y, y_pred)
     return _update(compiled, tracker, loss, y_pred, y, weight)

@@ -1,0 +1,109 @@
+"""Every rank: 2 stages, the last without trainable variables (an activation alone), trained
+by ``fit`` and by the README's loop with optimizers whose update sums over every stage
+(``global_clipnorm``, a ``LossScaleOptimizer``'s finite check, both with
+``gradient_accumulation_steps``); each against one process's Keras ``fit``.
+
+usage: bystander_check.py
+  The weightless stage applies nothing but must still take its part in the other stage's
+  pipeline sums; the config's short ``timeout`` turns a stage that waits for it in vain
+  into a failed job within seconds instead of a hung one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+import tfsift
+from mpi import computed_once, report
+
+N, B, M, CLIP = 64, 16, 2, 0.01  # samples, batch, microbatches, a norm every step exceeds
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+OPTIMIZERS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
+    "clipnorm": lambda: keras.optimizers.SGD(0.5, global_clipnorm=CLIP),
+    "loss_scale": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.5, global_clipnorm=CLIP)
+    ),
+    "accumulated": lambda: keras.optimizers.SGD(
+        0.5, global_clipnorm=CLIP, gradient_accumulation_steps=2
+    ),
+}
+
+
+def layers() -> list[keras.layers.Layer]:
+    """The same initial weights in every model made of them."""
+    return [
+        keras.layers.Dense(8, "relu", kernel_initializer=keras.initializers.GlorotUniform(1)),
+        keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(2)),
+        keras.layers.Activation("tanh"),  # logits in (-1, 1): a head without weights
+    ]
+
+
+class Net(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, head = layers()
+        with tfsift.partition(1):
+            self.head = head
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.b(self.a(x)))
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(N, 5)).astype(np.float32), rng.integers(0, 3, N)
+
+
+def reference(name: str) -> list[np.ndarray]:
+    """One process's Keras fit, the same batches in the same order."""
+    model = keras.Sequential([keras.Input((5,)), *layers()])
+    model.compile(optimizer=OPTIMIZERS[name](), loss=LOSS)
+    model.fit(*data(), batch_size=B, epochs=1, shuffle=False, verbose=0)
+    return [w.numpy() for w in model.trainable_weights]
+
+
+def error(model: Net, want: list[np.ndarray]) -> float:
+    """The largest difference from one process's weights over the whole model."""
+    got = model.get_weights()  # collective: every rank gets every stage's
+    return max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True))
+
+
+def fitted(name: str) -> float:
+    model = Net()
+    model.compile(optimizer=OPTIMIZERS[name](), loss=LOSS)
+    model.fit(*data(), batch_size=B, epochs=1, shuffle=False, verbose=0)
+    return error(model, computed_once(f"bystander-{name}", lambda: reference(name)))
+
+
+def looped(name: str) -> tuple[float, int]:
+    """The README's loop: ``update(grads)`` on every rank, ``update([])`` on the last."""
+    model, optimizer = Net(), OPTIMIZERS[name]()
+    update = tfsift.compiled_update(optimizer, model)
+
+    @tfsift.step
+    def train(x: Any, y: Any) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        return tfsift.gradients(optimizer.scale_loss(loss), model.trainable_variables), loss
+
+    x, y = data()
+    for i in range(0, N, B):
+        grads, _ = train(x[i : i + B], y[i : i + B])
+        update(tfsift.allreduce(grads))
+    return error(model, computed_once(f"bystander-{name}", lambda: reference(name))), len(
+        model.trainable_variables
+    )
+
+
+def main() -> None:
+    tfsift.init({"partitions": 2, "microbatches": M, "auto_partition": False, "timeout": 20})
+    found: dict[str, Any] = {f"fit_{name}": fitted(name) for name in OPTIMIZERS}
+    found["loop_loss_scale"], found["variables"] = looped("loss_scale")
+    report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
+
+
+if __name__ == "__main__":
+    main()
