@@ -3,10 +3,11 @@ process: a token embedding tied to the output head (``keras.layers.ReversibleEmb
 AdamW with warm-up and cosine decay, ``global_clipnorm`` (small enough to clip every
 step), mixed precision with a loss scale; ``get_weights``, ``set_weights``, ``export``.
 
-usage: bigmodel_check.py K CKPT_DIR [all|loop]
+usage: bigmodel_check.py K CKPT_DIR [all|loop] [SCHEDULE]
   K stages (the world's other factor is data-parallel replicas); the fp32 loop leaves a
   checkpoint in CKPT_DIR (with K = 2) that the test restores in one process. ``loop``
-  runs the fp32 custom loop only.
+  runs the fp32 custom loop only. SCHEDULE: a schedule as `models.schedule` reads it
+  (default: the config's default).
 
 The one-process reference runs first, on rank 0 (the others read what it found), on its
 own copy of the model (the same seed and layer names, so the same variable paths): in
@@ -36,6 +37,7 @@ V, T, D, HEADS = 24, 8, 16, 2  # vocabulary, sequence, width, attention heads
 B, M, SEED, STEPS, CLIP = 16, 2, 3, 12, 0.05  # global batch, microbatches, seed, steps, norm
 MARK, MARKED = V - 1, (0, 5)  # a token only the batches of steps MARKED hold (Spike)
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+SCHEDULE: dict[str, Any] = {}  # the script's SCHEDULE argument as config values
 
 
 @keras.saving.register_keras_serializable("tfsift_tests")
@@ -198,7 +200,7 @@ def embedding_digest(model: Any) -> str | None:
 
 def loop(K: int, kind: str, spike: bool = False, steps: int = STEPS) -> dict[str, Any]:
     """The README's loop: step, allreduce, compiled_update; each replica its share."""
-    tfsift.init({"partitions": K, "microbatches": M, "profile_repeats": 1})
+    init(K)
     keras.utils.set_random_seed(SEED)
     model, opt = Decoder(spike), optimizer(kind)
     update = tfsift.compiled_update(opt, model)
@@ -224,6 +226,10 @@ def loop(K: int, kind: str, spike: bool = False, steps: int = STEPS) -> dict[str
     return found
 
 
+def init(K: int) -> None:
+    tfsift.init({"partitions": K, "microbatches": M, "profile_repeats": 1, **SCHEDULE})
+
+
 def fp32_loop(K: int, ckpt_dir: Path) -> dict[str, Any]:
     ref = reference("adamw", False, False, STEPS)
     run = loop(K, "adamw")
@@ -232,6 +238,7 @@ def fp32_loop(K: int, ckpt_dir: Path) -> dict[str, Any]:
         "loop_error": difference(model, ref),
         "embedding": embedding_digest(model),
         "stage": tfsift.mp_rank(),
+        "schedule": [model.partitioned.pipeline, model.partitioned.deferred],
     }
     whole = model.get_weights()  # collective: the whole model, Keras' order, every rank
     found["get_weights_error"] = max(
@@ -284,7 +291,7 @@ def exported(model: Any, where: Path) -> dict[str, Any]:
 def fitted(K: int) -> dict[str, Any]:
     """``fit`` with the same optimizer: equal to the one-process loop."""
     ref = reference("adamw", False, False, STEPS)  # the loop's
-    tfsift.init({"partitions": K, "microbatches": M, "profile_repeats": 1})
+    init(K)
     keras.utils.set_random_seed(SEED)
     model = Decoder()
     model.compile(optimizer=optimizer("adamw"), loss=LOSS)
@@ -311,7 +318,7 @@ def fitted_fp16(K: int) -> dict[str, Any]:
     puts it; the spiking layer's stage overflows alone, every stage skips those steps."""
     with policy("mixed_float16"):
         ref = reference("scaled", True, True, 10)
-        tfsift.init({"partitions": K, "microbatches": M, "profile_repeats": 1})
+        init(K)
         keras.utils.set_random_seed(SEED)
         model, opt = Decoder(spike=True), optimizer("scaled")
         model.compile(optimizer=opt, loss=LOSS)
@@ -327,7 +334,7 @@ def fitted_bf16(K: int) -> dict[str, Any]:
     """mixed_bfloat16 through fit: activations cross the cut in bfloat16."""
     with policy("mixed_bfloat16"):
         ref = reference("adamw", False, True, 8)
-        tfsift.init({"partitions": K, "microbatches": M, "profile_repeats": 1})
+        init(K)
         keras.utils.set_random_seed(SEED)
         model = Decoder()
         model.compile(optimizer=optimizer("adamw"), loss=LOSS)
@@ -343,6 +350,10 @@ def fitted_bf16(K: int) -> dict[str, Any]:
 def main() -> None:
     K, ckpt_dir = int(sys.argv[1]), Path(sys.argv[2])
     which = sys.argv[3] if len(sys.argv) > 3 else "all"
+    if len(sys.argv) > 4:
+        from models import schedule  # here: the tests import this module from mpi_scripts
+
+        SCHEDULE.update(schedule(sys.argv[4]))
     found = fp32_loop(K, ckpt_dir)
     if which == "all":
         found.update(fitted(K))
