@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,17 @@ class Partitioned:
     pipeline: str = ""  # the schedule it was planned for (what pipeline="auto" chose)
     virtual_stages: int = 1  # the chunks each rank runs (what pipeline="auto" chose)
     deferred: tuple[int, ...] | None = None  # zero_bubble's W's deferred per stage (the plan's)
+
+
+# The trainable variables of this process's stages of pipelines (K > 1), by id: an optimizer
+# given only these holds one stage's gradients (tfsift.training.reductions refuses an update
+# of them that would take its global norm or finite check over that stage alone).
+_STAGE_VARIABLES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def on_a_pipeline(variables: Sequence[Any]) -> bool:
+    """Whether any of ``variables`` is a trainable variable of a stage of a pipeline."""
+    return any(_STAGE_VARIABLES.get(id(v)) is v for v in variables)
 
 
 @dataclasses.dataclass
@@ -205,6 +217,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             layout.deferred,
         )
         self._tfsift.partitioned = part
+        if K > 1:
+            _STAGE_VARIABLES.update((id(v), v) for v in part.stage.variables)
         held = ", ".join(f"{bounds[c]}..{bounds[c + 1] - 1}" for c in chunks)
         log.info("rank %d holds stage %d: nodes %s", rt.rank, s, held)
         callbacks, self._tfsift.on_partitioned = self._tfsift.on_partitioned, []

@@ -1,7 +1,8 @@
 """Every rank: 2 stages, the last without trainable variables (an activation alone), trained
 by ``fit`` and by the README's loop with optimizers whose update sums over every stage
 (``global_clipnorm``, a ``LossScaleOptimizer``'s finite check, both with
-``gradient_accumulation_steps``); each against one process's Keras ``fit``.
+``gradient_accumulation_steps``); each against one process's Keras ``fit``. And what
+Keras' own ``apply_gradients`` of a stage's gradients says of each optimizer.
 
 usage: bystander_check.py
   The weightless stage applies nothing but must still take its part in the other stage's
@@ -98,10 +99,35 @@ def looped(name: str) -> tuple[float, int]:
     )
 
 
+def applied_eagerly() -> dict[str, str]:
+    """Keras' own ``apply_gradients`` of a stage's gradients, per optimizer: what it says."""
+    model = Net()
+
+    @tfsift.step
+    def train(x: Any, y: Any) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    x, y = data()
+    grads = tfsift.allreduce(train(x[:B], y[:B])[0])
+    found = {}
+    for name, make in {"plain": lambda: keras.optimizers.SGD(0.5), **OPTIMIZERS}.items():
+        if not grads:  # Keras' apply_gradients takes no empty list
+            found[name] = "no variables"
+            continue
+        try:
+            make().apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            found[name] = "applied"
+        except ValueError as err:
+            found[name] = str(err)
+    return found
+
+
 def main() -> None:
     tfsift.init({"partitions": 2, "microbatches": M, "auto_partition": False, "timeout": 20})
     found: dict[str, Any] = {f"fit_{name}": fitted(name) for name in OPTIMIZERS}
     found["loop_loss_scale"], found["variables"] = looped("loss_scale")
+    found["apply_gradients"] = applied_eagerly()
     report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
 
 

@@ -16,7 +16,7 @@ Keeping them here means a Keras upgrade is checked in one file;
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -128,6 +128,41 @@ def keras_finite_check(optimizer: Any) -> bool:
     """Whether a ``LossScaleOptimizer`` decides with Keras' own ``check_finite`` and ``apply``."""
     cls = keras.optimizers.LossScaleOptimizer
     return type(optimizer).check_finite is cls.check_finite and type(optimizer).apply is cls.apply
+
+
+def check_before_apply(check: Callable[[Any, Sequence[Any]], None]) -> None:
+    """From now on Keras' ``apply`` (and so ``apply_gradients``), a ``LossScaleOptimizer``'s
+    too, first calls ``check(optimizer, variables)``, the variables it is about to update
+    (the optimizer's own where none are given). Once per process."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    for cls in (BaseOptimizer, keras.optimizers.LossScaleOptimizer):
+        original = cls.__dict__["apply"]
+        if getattr(original, "_tfsift_checked", False):
+            continue
+
+        def apply(
+            self: Any, grads: Any, trainable_variables: Any = None, *, _o: Any = original
+        ) -> Any:
+            listed = trainable_variables
+            if listed is None:
+                listed = getattr(self, "_trainable_variables", None) or []
+            check(self, list(listed))
+            return _o(self, grads, trainable_variables)
+
+        apply._tfsift_checked = True  # type: ignore[attr-defined]
+        apply.__doc__, apply.__name__ = original.__doc__, "apply"
+        cls.apply = apply
+
+
+def spans_stages(optimizer: Any) -> tuple[bool, bool]:
+    """Whether ``global_reductions`` is in force on ``optimizer``: (its clipping, its finite
+    check), each True where the optimizer has none to make."""
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    clipping = optimizer.inner_optimizer if scaled else optimizer
+    clips = not clips_by_global_norm(clipping) or "_clip_gradients" in vars(clipping)
+    finite = not scaled or "check_finite" in vars(optimizer)
+    return clips, finite
 
 
 @contextlib.contextmanager

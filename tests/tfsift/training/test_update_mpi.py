@@ -2,7 +2,8 @@
 makes over the pipeline, under real mpirun (tests/mpi_scripts/bystander_check.py): ``fit``
 and the README's loop with ``global_clipnorm``, a ``LossScaleOptimizer`` and
 ``gradient_accumulation_steps`` train as one process does, where they used to wait for
-that stage until the job's timeout."""
+that stage until the job's timeout. Keras' own ``apply_gradients`` of a stage's gradients,
+whose norm or finite check would see that stage alone, is refused."""
 
 from __future__ import annotations
 
@@ -22,3 +23,30 @@ def test_a_stage_without_variables_joins_the_global_norm_and_finite_check() -> N
     for rep in reports.values():
         for key in ("fit_clipnorm", "fit_loss_scale", "fit_accumulated", "loop_loss_scale"):
             assert rep[key] < 1e-6, (key, rep)  # the whole model's weights, one process's
+
+
+CLIPS = (
+    "on a pipeline, an optimizer's own apply (apply_gradients) with global_clipnorm would "
+    "clip this stage's gradients by their own norm, not the whole model's. Update with "
+    "update = tfsift.compiled_update(optimizer, model), or fit, which clip by the norm over "
+    "every stage, or clip with tfsift.clip_by_global_norm(grads, clip_norm, model) and pass "
+    "an optimizer without global_clipnorm. Received: SGD(global_clipnorm=0.01) updating a "
+    "stage's variables"
+)
+
+
+@mpi.TWO_STAGES.mark
+def test_apply_gradients_refuses_a_norm_or_finite_check_of_one_stage() -> None:
+    reports = WEIGHTLESS_LAST_STAGE()
+    by_stage = {r["stage"]: r["apply_gradients"] for r in reports.values()}
+    assert by_stage[0] == {
+        "plain": "applied",  # nothing it computes spans the gradients
+        "clipnorm": CLIPS,
+        "accumulated": CLIPS,
+        "loss_scale": "on a pipeline, a LossScaleOptimizer's own apply (apply_gradients) "
+        "would skip a step on the stages whose gradients are not finite and take it on the "
+        "others. Update with update = tfsift.compiled_update(optimizer, model), or fit, "
+        "which skip it on every stage when any stage's gradients are not finite. Received: "
+        "LossScaleOptimizer(SGD) updating a stage's variables",
+    }
+    assert set(by_stage[1].values()) == {"no variables"}
