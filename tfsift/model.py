@@ -404,9 +404,17 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, **kwargs: Any) -> None:
         """Keras' ``compile``; also builds the pipelined steps that ``fit`` runs.
 
+        As in Keras, ``fit`` and ``evaluate`` add the penalties of regularized weights
+        (``kernel_regularizer``, ``bias_regularizer``, ...) to the loss, each stage its
+        own weights'; an ``activity_regularizer`` is refused here (it would need each
+        microbatch's activations on its stage).
+
         Example:
             >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
             ...               metrics=["accuracy"])
+
+        Raises:
+            ValueError: a layer with an ``activity_regularizer``.
         """
         from tfsift import training
 

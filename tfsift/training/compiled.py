@@ -10,6 +10,7 @@ import keras
 
 from tfsift.pipeline.context import gradients
 from tfsift.pipeline.step import step
+from tfsift.training import regularizers
 from tfsift.training.losses import batch_loss, per_sample_loss
 from tfsift.training.update import compiled_update
 
@@ -37,6 +38,7 @@ class Compiled:
     eval_step: Callable[..., Any]
     predict_step: Callable[..., Any]
     update: Callable[[list[Any]], None]
+    penalties: regularizers.Penalties  # the regularized weights' penalties, as Keras adds
 
 
 def compile_model(model: DistributedModel, **kwargs: Any) -> None:
@@ -47,6 +49,7 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
     XLA stays off: the steps are compiled per stage by ``@tfsift.step``.
     """
     kwargs.setdefault("jit_compile", False)
+    regularizers.check(model)
     keras.Model.compile(model, **kwargs)
     loss = batch_loss(kwargs.get("loss"))
     compiled = Compiled(
@@ -59,6 +62,7 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
         # Eagerly the update costs more than a small model's step (bench_small.py's MLP:
         # 1.6x to 1.8x a step with it compiled), as in Keras' own train step
         update=compiled_update(model.optimizer, model),
+        penalties=regularizers.Penalties(model),
     )
     object.__setattr__(model, _ATTRIBUTE, compiled)
 

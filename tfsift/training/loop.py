@@ -240,7 +240,8 @@ def test_on_batch(
     compiled = compiled_of(model)
     x, y, weight = _one_batch(model, x, y, sample_weight, "test_on_batch")
     loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
-    return _returned(_update(compiled, _reset(compiled), loss, y_pred, y, weight), return_dict)
+    logs = _update(compiled, _reset(compiled), loss, y_pred, y, weight, compiled.penalties.value())
+    return _returned(logs, return_dict)
 
 
 def predict_on_batch(model: DistributedModel, x: Any) -> Any:
@@ -334,12 +335,13 @@ def _train_batch(
     back to the sifted dataset."""
     x, y, weight = batch
     grads, loss, y_pred = compiled.train_step(x, y, *_weights(weight))
+    grads, penalty = compiled.penalties.apply(allreduce(grads))  # Keras' model.losses
     # every stage, one without trainable variables too: it takes its part in the sums the
     # others' update makes over the pipeline (a global norm, a loss scale's finite check)
-    compiled.update(allreduce(grads))
+    compiled.update(grads)
     if record is not None:
         record(y, y_pred)
-    return _update(compiled, tracker, loss, y_pred, y, weight)
+    return _update(compiled, tracker, loss, y_pred, y, weight, penalty)
 
 
 def _sift_logs(train: Any) -> Logs:
@@ -370,11 +372,12 @@ def _test_loop(
 ) -> Logs:
     tracker = _reset(compiled)
     logs: Logs = {}
+    penalty = compiled.penalties.value()  # the weights do not change while evaluating
     cbs.on_test_begin()
     for n, (x, y, weight) in enumerate(data.batches(dataset, steps)):
         cbs.on_test_batch_begin(n)
         loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
-        logs = _update(compiled, tracker, loss, y_pred, y, weight)
+        logs = _update(compiled, tracker, loss, y_pred, y, weight, penalty)
         cbs.on_test_batch_end(n, logs)
     if not logs:  # as predict: a loss of nothing is no number to report
         raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
@@ -409,12 +412,19 @@ def _reset(compiled: Compiled) -> keras.metrics.Mean:
 
 
 def _update(
-    compiled: Compiled, tracker: keras.metrics.Mean, loss: Any, y_pred: Any, y: Any, weight: Any
+    compiled: Compiled,
+    tracker: keras.metrics.Mean,
+    loss: Any,
+    y_pred: Any,
+    y: Any,
+    weight: Any,
+    penalty: float = 0.0,
 ) -> Logs:
-    """Updates the loss mean and the metrics from the step's outputs; the replicas' mean."""
+    """Updates the loss mean (with the weights' ``penalty``, as Keras' loss includes it) and
+    the metrics from the step's outputs; the replicas' mean."""
     y_pred = tree.map_structure(lambda o: o.concat(), y_pred)
     batch = int(tree.flatten(y_pred)[0].shape[0])
-    tracker.update_state(loss.reduce_mean(), sample_weight=batch)
+    tracker.update_state(loss.reduce_mean() + penalty, sample_weight=batch)
     if compiled.metrics is not None:
         compiled.metrics.update_state(y, y_pred, sample_weight=weight)
     return replica_mean({"loss": tracker.result(), **metric_results(compiled.metrics)})

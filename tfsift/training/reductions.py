@@ -105,7 +105,7 @@ def spanning(optimizer: keras.optimizers.Optimizer, model: keras.Model) -> Itera
     if runtime.get().topology.partitions == 1:
         yield
         return
-    counted = _counted(model)
+    counted = counted_variables(model)
     with keras_internals.global_reductions(optimizer, _norm(counted), _finite):
         yield
 
@@ -171,7 +171,7 @@ def clip_by_global_norm(
     tensors = [
         g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads
     ]
-    counted = _counted(model)
+    counted = counted_variables(model)
     if len(tensors) != len(counted):
         raise ValueError(
             "clip_by_global_norm(grads, clip_norm, model) expects one gradient per trainable "
@@ -184,7 +184,7 @@ def clip_by_global_norm(
     return [g * tf.cast(scale, g.dtype) for g in tensors], norm
 
 
-def _counted(model: keras.Model) -> tuple[bool, ...]:
+def counted_variables(model: keras.Model) -> tuple[bool, ...]:
     """Per trainable variable of this rank's stage, whether it counts in a global norm."""
     part = model.partitioned if isinstance(model, DistributedModel) else None
     if part is not None and part.tied.counted:

@@ -1,9 +1,10 @@
 """A stage without trainable variables takes its part in the sums the other stages' update
-makes over the pipeline, under real mpirun (tests/mpi_scripts/bystander_check.py): ``fit``
+makes over the pipeline, under real mpirun (tests/mpi_scripts/update_check.py): ``fit``
 and the README's loop with ``global_clipnorm``, a ``LossScaleOptimizer`` and
 ``gradient_accumulation_steps`` train as one process does, where they used to wait for
 that stage until the job's timeout. Keras' own ``apply_gradients`` of a stage's gradients,
-whose norm or finite check would see that stage alone, is refused."""
+whose norm or finite check would see that stage alone, is refused. fit and evaluate add
+the regularized weights' penalties of every stage, as one process's Keras model does."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
-WEIGHTLESS_LAST_STAGE = mpi.TWO_STAGES.scenario("bystander_check.py", timeout=120)
+JOB = mpi.TWO_STAGES.scenario("update_check.py", timeout=120)
 
 
 @mpi.TWO_STAGES.mark
 def test_a_stage_without_variables_joins_the_global_norm_and_finite_check() -> None:
-    reports = WEIGHTLESS_LAST_STAGE()
+    reports = JOB()
     assert sorted((r["stage"], r["variables"]) for r in reports.values()) == [(0, 4), (1, 0)]
     for rep in reports.values():
         for key in ("fit_clipnorm", "fit_loss_scale", "fit_accumulated", "loop_loss_scale"):
@@ -37,7 +38,7 @@ CLIPS = (
 
 @mpi.TWO_STAGES.mark
 def test_apply_gradients_refuses_a_norm_or_finite_check_of_one_stage() -> None:
-    reports = WEIGHTLESS_LAST_STAGE()
+    reports = JOB()
     by_stage = {r["stage"]: r["apply_gradients"] for r in reports.values()}
     assert by_stage[0] == {
         "plain": "applied",  # nothing it computes spans the gradients
@@ -50,3 +51,12 @@ def test_apply_gradients_refuses_a_norm_or_finite_check_of_one_stage() -> None:
         "LossScaleOptimizer(SGD) updating a stage's variables",
     }
     assert set(by_stage[1].values()) == {"no variables"}
+
+
+@mpi.TWO_STAGES.mark
+def test_fit_and_evaluate_add_every_stages_weight_penalties() -> None:
+    for rep in JOB().values():
+        assert rep["penalty"] > 0.1  # left out, losses and weights would differ far more
+        assert rep["penalized_loss_error"] < 1e-5, rep
+        assert rep["penalized_evaluate_error"] < 1e-5, rep
+        assert rep["penalized_weights_error"] < 1e-6, rep

@@ -2,9 +2,11 @@
 by ``fit`` and by the README's loop with optimizers whose update sums over every stage
 (``global_clipnorm``, a ``LossScaleOptimizer``'s finite check, both with
 ``gradient_accumulation_steps``); each against one process's Keras ``fit``. And what
-Keras' own ``apply_gradients`` of a stage's gradients says of each optimizer.
+Keras' own ``apply_gradients`` of a stage's gradients says of each optimizer. Last, 2
+stages with regularized weights on each (an L2 kernel, an L1 bias): ``fit`` and
+``evaluate`` against one process's Keras model, the penalties added as Keras adds them.
 
-usage: bystander_check.py
+usage: update_check.py
   The weightless stage applies nothing but must still take its part in the other stage's
   pipeline sums; the config's short ``timeout`` turns a stage that waits for it in vain
   into a failed job within seconds instead of a hung one.
@@ -123,11 +125,65 @@ def applied_eagerly() -> dict[str, str]:
     return found
 
 
+def regularized_layers() -> list[keras.layers.Layer]:
+    return [
+        keras.layers.Dense(
+            8,
+            "relu",
+            kernel_initializer=keras.initializers.GlorotUniform(1),
+            kernel_regularizer=keras.regularizers.L2(0.1),
+        ),
+        keras.layers.Dense(
+            3,
+            kernel_initializer=keras.initializers.GlorotUniform(2),
+            bias_initializer="ones",
+            bias_regularizer=keras.regularizers.L1(0.05),
+        ),
+    ]
+
+
+class Regularized(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, head = regularized_layers()
+        with tfsift.partition(1):
+            self.head = head
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.a(x))
+
+
+def penalized(model: keras.Model) -> tuple[list[float], float]:
+    model.compile(optimizer=keras.optimizers.SGD(0.5, global_clipnorm=1.0), loss=LOSS)
+    history = model.fit(*data(), batch_size=B, epochs=2, shuffle=False, verbose=0)
+    return history.history["loss"], model.evaluate(*data(), batch_size=B, verbose=0)
+
+
+def regularized() -> dict[str, Any]:
+    """fit's and evaluate's losses and the weights against one process's Keras model."""
+
+    def reference() -> tuple[list[float], float, list[np.ndarray], float]:
+        model = keras.Sequential([keras.Input((5,)), *regularized_layers()])
+        losses, evaluated = penalized(model)
+        return losses, evaluated, model.get_weights(), float(sum(model.losses))
+
+    want_losses, want_evaluated, want_weights, penalty = computed_once("penalized", reference)
+    model = Regularized()
+    losses, evaluated = penalized(model)
+    return {
+        "penalty": penalty,
+        "penalized_loss_error": max(abs(a - b) for a, b in zip(losses, want_losses, strict=True)),
+        "penalized_evaluate_error": abs(evaluated - want_evaluated),
+        "penalized_weights_error": error(model, want_weights),
+    }
+
+
 def main() -> None:
     tfsift.init({"partitions": 2, "microbatches": M, "auto_partition": False, "timeout": 20})
     found: dict[str, Any] = {f"fit_{name}": fitted(name) for name in OPTIMIZERS}
     found["loop_loss_scale"], found["variables"] = looped("loss_scale")
     found["apply_gradients"] = applied_eagerly()
+    found.update(regularized())
     report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
 
 

@@ -1,0 +1,95 @@
+"""One process: ``fit`` and ``evaluate`` add the regularized weights' penalties as Keras'
+do (weights and losses equal to a Keras model's, a loss scale too), and refuse an
+``activity_regularizer``; tests/mpi_scripts/update_check.py runs a pipeline's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+import tfsift
+
+N, B = 64, 16
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def layers(activity: bool = False) -> list[keras.layers.Layer]:
+    """The same initial weights in every model made of them: an L2 kernel, an L1 bias."""
+    return [
+        keras.layers.Dense(
+            8,
+            "relu",
+            name="hidden",
+            kernel_initializer=keras.initializers.GlorotUniform(1),
+            kernel_regularizer=keras.regularizers.L2(0.1),
+            activity_regularizer=keras.regularizers.L1(0.01) if activity else None,
+        ),
+        keras.layers.Dense(
+            3,
+            name="head",
+            kernel_initializer=keras.initializers.GlorotUniform(2),
+            bias_initializer="ones",
+            bias_regularizer=keras.regularizers.L1(0.05),
+        ),
+    ]
+
+
+class Net(tfsift.DistributedModel):
+    def __init__(self, activity: bool = False) -> None:
+        super().__init__()
+        self.a, self.b = layers(activity)
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(N, 5)).astype(np.float32), rng.integers(0, 3, N)
+
+
+def trained(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> tuple[Any, float]:
+    model.compile(optimizer=optimizer, loss=LOSS)
+    history = model.fit(*data(), batch_size=B, epochs=2, shuffle=False, verbose=0)
+    return history.history["loss"], model.evaluate(*data(), batch_size=B, verbose=0)
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda: keras.optimizers.SGD(0.5),
+        lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5)),
+    ],
+    ids=["sgd", "loss_scale"],
+)
+def test_fit_and_evaluate_add_the_weights_penalties_as_keras_does(
+    optimizer: Callable[[], keras.optimizers.Optimizer],
+) -> None:
+    keras_model = keras.Sequential([keras.Input((5,)), *layers()])
+    want = trained(keras_model, optimizer())
+    tfsift.init({"microbatches": 2})
+    model = Net()
+    got = trained(model, optimizer())
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)  # History's loss, each epoch
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)  # evaluate's
+    for g, w in zip(model.get_weights(), keras_model.get_weights(), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    # the penalties weigh: left out, losses and weights would differ far beyond rounding
+    assert float(sum(keras_model.losses)) > 0.1
+
+
+def test_an_activity_regularizer_is_refused_at_compile() -> None:
+    tfsift.init({"microbatches": 2})
+    with pytest.raises(ValueError) as err:
+        Net(activity=True).compile(optimizer="sgd", loss=LOSS)
+    assert str(err.value) == (
+        "tfsift's fit adds the penalties of regularized weights (kernel_regularizer, "
+        "bias_regularizer, ...) to the loss as Keras does, but not an activity_regularizer, "
+        "which depends on each microbatch's activations on its stage. Add the penalty to the "
+        "loss in a @tfsift.step loop, or regularize the weights. Received: layer 'hidden' "
+        "with activity_regularizer=L1"
+    )

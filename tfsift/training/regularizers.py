@@ -1,0 +1,101 @@
+"""Keras' weight regularizers (``kernel_regularizer=``, ``bias_regularizer=``, ...) in ``fit``.
+
+Keras' train and test steps add ``model.losses`` to the loss: each regularized variable's
+penalty, ``regularizer(variable)``. On a pipeline a rank holds its stage's variables only,
+so each stage adds the gradient of its own variables' penalties to their gradients (under
+a loss scale, scaled as the loss is), and the penalties' value, summed over the stages, to
+the loss it reports; a weight tied across stages gets the gradient on every stage that
+holds it (the step gave each the same sum) and counts once in the value. Penalties on
+activations (``activity_regularizer``, ``add_loss``) depend on a microbatch's activations
+on its stage: ``fit`` refuses a layer with an ``activity_regularizer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfsift.parallel.collectives import pipeline_sum
+from tfsift.pipeline.compiled import Compiled
+from tfsift.training.reductions import counted_variables
+
+
+def check(model: keras.Model) -> None:
+    """Refuses a model with a penalty ``fit`` cannot add as Keras does.
+
+    Raises:
+        ValueError: a layer with an ``activity_regularizer``, named.
+    """
+    for layer in model._flatten_layers(include_self=False):
+        regularizer = getattr(layer, "activity_regularizer", None)
+        if regularizer is not None:
+            raise ValueError(
+                "tfsift's fit adds the penalties of regularized weights (kernel_regularizer, "
+                "bias_regularizer, ...) to the loss as Keras does, but not an "
+                "activity_regularizer, which depends on each microbatch's activations on "
+                "its stage. Add the penalty to the loss in a @tfsift.step loop, or "
+                f"regularize the weights. Received: layer {layer.name!r} with "
+                f"activity_regularizer={type(regularizer).__name__}"
+            )
+
+
+class Penalties:
+    """This rank's stage's weight penalties, for ``fit``'s steps (made at ``compile``;
+    the variables are read once the model is partitioned)."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self._add: Any = None  # the compiled (gradients, value) of the penalties
+        self._indices: list[int] = []
+        self._counted: list[bool] = []
+        self._anywhere = False  # a regularized variable on some stage: values to sum
+
+    def _build(self) -> None:
+        variables = self.model.trainable_variables
+        owned = counted_variables(self.model)
+        self._indices = [i for i, v in enumerate(variables) if v.regularizer is not None]
+        self._counted = [owned[i] for i in self._indices]
+        chosen = [variables[i] for i in self._indices]
+        optimizer = self.model.optimizer
+
+        def penalties() -> tuple[list[tf.Tensor], tf.Tensor]:
+            with tf.GradientTape() as tape:
+                terms = [tf.cast(v.regularizer(v), tf.float32) for v in chosen]
+                scaled = optimizer.scale_loss(tf.add_n(terms))  # as the loss is scaled
+            value = tf.add_n(
+                [t for t, mine in zip(terms, self._counted, strict=True) if mine] or [tf.zeros(())]
+            )
+            return tape.gradient(scaled, chosen), value
+
+        self._add = Compiled(penalties, "the weights' penalties", autograph=False)
+        # once: whether any stage has a penalty (else no step sums them)
+        found = pipeline_sum(np.array([len(chosen)]), "count their regularized weights")
+        self._anywhere = bool(found[0] > 0)
+
+    def apply(self, grads: Sequence[Any]) -> tuple[list[Any], float]:
+        """``grads`` (this stage's, averaged) with the penalties' gradients added, and the
+        penalties' value over every stage of the pipeline (every stage calls it)."""
+        if self._add is None:
+            self._build()
+        grads = list(grads)
+        local = 0.0
+        if self._indices:
+            extra, value = self._add()
+            for i, g in zip(self._indices, extra, strict=True):
+                grads[i] = grads[i] + tf.cast(g, grads[i].dtype)
+            local = float(value)
+        return grads, self.value(local)
+
+    def value(self, local: float | None = None) -> float:
+        """The penalties' value summed over every stage (every stage calls it)."""
+        if self._add is None:
+            self._build()
+        if not self._anywhere:
+            return 0.0
+        if local is None:
+            local = float(self._add()[1]) if self._indices else 0.0
+        return float(pipeline_sum(np.array([local]), "add up their weights' penalties")[0])
