@@ -406,8 +406,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
         As in Keras, ``fit`` and ``evaluate`` add the penalties of regularized weights
         (``kernel_regularizer``, ``bias_regularizer``, ...) to the loss, each stage its
-        own weights'; an ``activity_regularizer`` is refused here (it would need each
-        microbatch's activations on its stage).
+        own weights'; an ``activity_regularizer`` is refused here and a layer's
+        ``add_loss`` at the first step (each would need every microbatch's activations on
+        its stage).
 
         Example:
             >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",

@@ -4,7 +4,8 @@ by ``fit`` and by the README's loop with optimizers whose update sums over every
 ``gradient_accumulation_steps``); each against one process's Keras ``fit``. And what
 Keras' own ``apply_gradients`` of a stage's gradients says of each optimizer. Last, 2
 stages with regularized weights on each (an L2 kernel, an L1 bias): ``fit`` and
-``evaluate`` against one process's Keras model, the penalties added as Keras adds them.
+``evaluate`` against one process's Keras model, the penalties added as Keras adds them;
+a layer that calls ``add_loss`` on the last stage, refused by ``fit`` on every rank.
 
 usage: update_check.py
   The weightless stage applies nothing but must still take its part in the other stage's
@@ -178,12 +179,41 @@ def regularized() -> dict[str, Any]:
     }
 
 
+class Penalized(keras.layers.Layer):
+    def call(self, x: Any) -> Any:
+        self.add_loss(keras.ops.mean(x**2))  # a penalty on this stage's activations
+        return x
+
+
+class AddsLoss(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, _ = layers()
+        with tfsift.partition(1):
+            self.penalized = Penalized(name="penalized")
+
+    def call(self, x: Any) -> Any:
+        return self.penalized(self.b(self.a(x)))
+
+
+def add_loss_refused() -> str:
+    """What fit says, on every rank, of a layer that calls add_loss on the last stage."""
+    model = AddsLoss()
+    model.compile(optimizer="sgd", loss=LOSS)
+    try:
+        model.fit(*data(), batch_size=B, epochs=1, verbose=0)
+    except ValueError as err:
+        return str(err)
+    return "not refused"
+
+
 def main() -> None:
     tfsift.init({"partitions": 2, "microbatches": M, "auto_partition": False, "timeout": 20})
     found: dict[str, Any] = {f"fit_{name}": fitted(name) for name in OPTIMIZERS}
     found["loop_loss_scale"], found["variables"] = looped("loss_scale")
     found["apply_gradients"] = applied_eagerly()
     found.update(regularized())
+    found["add_loss"] = add_loss_refused()
     report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
 
 

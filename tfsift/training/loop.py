@@ -372,11 +372,12 @@ def _test_loop(
 ) -> Logs:
     tracker = _reset(compiled)
     logs: Logs = {}
-    penalty = compiled.penalties.value()  # the weights do not change while evaluating
     cbs.on_test_begin()
     for n, (x, y, weight) in enumerate(data.batches(dataset, steps)):
         cbs.on_test_batch_begin(n)
         loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
+        if n == 0:  # after a step (the model partitioned); the weights stay as they are
+            penalty = compiled.penalties.value()
         logs = _update(compiled, tracker, loss, y_pred, y, weight, penalty)
         cbs.on_test_batch_end(n, logs)
     if not logs:  # as predict: a loss of nothing is no number to report

@@ -7,7 +7,8 @@ a loss scale, scaled as the loss is), and the penalties' value, summed over the 
 the loss it reports; a weight tied across stages gets the gradient on every stage that
 holds it (the step gave each the same sum) and counts once in the value. Penalties on
 activations (``activity_regularizer``, ``add_loss``) depend on a microbatch's activations
-on its stage: ``fit`` refuses a layer with an ``activity_regularizer``.
+on its stage: ``compile`` refuses a layer with an ``activity_regularizer``, the first step
+of ``fit`` or ``evaluate`` a layer that called ``add_loss``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfsift.parallel import runtime
 from tfsift.parallel.collectives import pipeline_sum
+from tfsift.parallel.comm import allgather_object
 from tfsift.pipeline.compiled import Compiled
 from tfsift.training.reductions import counted_variables
 
@@ -45,7 +48,8 @@ def check(model: keras.Model) -> None:
 
 class Penalties:
     """This rank's stage's weight penalties, for ``fit``'s steps (made at ``compile``;
-    the variables are read once the model is partitioned)."""
+    the variables are read at the first call, after the first step partitioned the
+    model)."""
 
     def __init__(self, model: keras.Model) -> None:
         self.model = model
@@ -55,12 +59,28 @@ class Penalties:
         self._anywhere = False  # a regularized variable on some stage: values to sum
 
     def _build(self) -> None:
+        """After the first step (the model partitioned, its layers called); collective."""
         variables = self.model.trainable_variables
         owned = counted_variables(self.model)
         self._indices = [i for i, v in enumerate(variables) if v.regularizer is not None]
         self._counted = [owned[i] for i in self._indices]
         chosen = [variables[i] for i in self._indices]
         optimizer = self.model.optimizer
+        # Keras' add_loss outside its own steps keeps the losses on the layer; only the
+        # stage that ran it knows, so the stages tell each other (and whether any of them
+        # has a penalty, else no step sums them)
+        adds = [layer.name for layer in self.model._flatten_layers() if layer._losses]
+        told = allgather_object(runtime.get().pipe_comm, (adds, len(chosen)))
+        adds = sorted({name for names, _ in told for name in names})
+        if adds:
+            raise ValueError(
+                "tfsift's fit adds the penalties of regularized weights to the loss as "
+                "Keras does, but not the losses a layer adds in call (add_loss), which "
+                "depend on each microbatch's activations on its stage. Add them to the "
+                "loss in a @tfsift.step loop, or regularize the weights. Received: "
+                f"add_loss in layer {', '.join(map(repr, adds))}"
+            )
+        self._anywhere = any(count for _, count in told)
 
         def penalties() -> tuple[list[tf.Tensor], tf.Tensor]:
             with tf.GradientTape() as tape:
@@ -72,9 +92,6 @@ class Penalties:
             return tape.gradient(scaled, chosen), value
 
         self._add = Compiled(penalties, "the weights' penalties", autograph=False)
-        # once: whether any stage has a penalty (else no step sums them)
-        found = pipeline_sum(np.array([len(chosen)]), "count their regularized weights")
-        self._anywhere = bool(found[0] > 0)
 
     def apply(self, grads: Sequence[Any]) -> tuple[list[Any], float]:
         """``grads`` (this stage's, averaged) with the penalties' gradients added, and the

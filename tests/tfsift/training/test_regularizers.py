@@ -93,3 +93,37 @@ def test_an_activity_regularizer_is_refused_at_compile() -> None:
         "loss in a @tfsift.step loop, or regularize the weights. Received: layer 'hidden' "
         "with activity_regularizer=L1"
     )
+
+
+def test_evaluate_before_any_fit_adds_them_too() -> None:
+    keras_model = keras.Sequential([keras.Input((5,)), *layers()])
+    keras_model.compile(optimizer="sgd", loss=LOSS)
+    tfsift.init({"microbatches": 2})
+    model = Net()
+    model.compile(optimizer="sgd", loss=LOSS)
+    got = model.evaluate(*data(), batch_size=B, verbose=0)  # the model cut by this call
+    np.testing.assert_allclose(got, keras_model.evaluate(*data(), batch_size=B, verbose=0))
+
+
+class Penalized(keras.layers.Layer):
+    def call(self, x: Any) -> Any:
+        self.add_loss(keras.ops.mean(x**2))
+        return x
+
+
+class AddsLoss(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(3)
+        self.penalized = Penalized(name="penalized")
+
+    def call(self, x: Any) -> Any:
+        return self.penalized(self.a(x))
+
+
+def test_a_layer_that_adds_a_loss_is_refused_at_the_first_step() -> None:
+    tfsift.init({"microbatches": 2})
+    model = AddsLoss()
+    model.compile(optimizer="sgd", loss=LOSS)
+    with pytest.raises(ValueError, match=r"\(add_loss\).*Received: add_loss in layer 'penalized'"):
+        model.fit(*data(), batch_size=B, epochs=1, verbose=0)

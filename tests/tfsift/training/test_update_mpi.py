@@ -4,7 +4,8 @@ and the README's loop with ``global_clipnorm``, a ``LossScaleOptimizer`` and
 ``gradient_accumulation_steps`` train as one process does, where they used to wait for
 that stage until the job's timeout. Keras' own ``apply_gradients`` of a stage's gradients,
 whose norm or finite check would see that stage alone, is refused. fit and evaluate add
-the regularized weights' penalties of every stage, as one process's Keras model does."""
+the regularized weights' penalties of every stage, as one process's Keras model does, and
+refuses a layer's add_loss on every rank."""
 
 from __future__ import annotations
 
@@ -60,3 +61,14 @@ def test_fit_and_evaluate_add_every_stages_weight_penalties() -> None:
         assert rep["penalized_loss_error"] < 1e-5, rep
         assert rep["penalized_evaluate_error"] < 1e-5, rep
         assert rep["penalized_weights_error"] < 1e-6, rep
+
+
+@mpi.TWO_STAGES.mark
+def test_fit_refuses_add_loss_on_every_stage() -> None:
+    for rep in JOB().values():
+        assert rep["add_loss"] == (
+            "tfsift's fit adds the penalties of regularized weights to the loss as Keras "
+            "does, but not the losses a layer adds in call (add_loss), which depend on each "
+            "microbatch's activations on its stage. Add them to the loss in a @tfsift.step "
+            "loop, or regularize the weights. Received: add_loss in layer 'penalized'"
+        )
