@@ -41,9 +41,11 @@ if TYPE_CHECKING:
     from tfsift.sift.config import SiftConfig
     from tfsift.sift.transform import sift, sift_metrics
     from tfsift.training.reductions import clip_by_global_norm
+    from tfsift.training.regularizers import add_weight_penalties
     from tfsift.training.update import compiled_update
 
 _EXPORTS = {
+    "add_weight_penalties": "tfsift.training.regularizers",
     "CheckpointManager": "tfsift.checkpoint",
     "DistributedModel": "tfsift.model",
     "SiftConfig": "tfsift.sift.config",
@@ -80,6 +82,7 @@ __all__ = [
     "SiftConfig",
     "StepOutput",
     "__version__",
+    "add_weight_penalties",
     "allreduce",
     "broadcast_variables",
     "callbacks",

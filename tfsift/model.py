@@ -130,6 +130,21 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             self._tfsift.on_partitioned.append(callback)
 
     @property
+    def losses(self) -> list[Any]:
+        """Keras' ``losses``; refused inside a ``@tfsift.step`` function, where a stage
+        holds its own weights only (``tfsift.add_weight_penalties`` adds their penalties
+        after the step)."""
+        if context.current() is not None:
+            raise ValueError(
+                "model.losses cannot join the loss inside a @tfsift.step function: on a "
+                "pipeline each stage holds only its own weights. Leave the penalties out "
+                "of the loss and add them after tfsift.allreduce with grads, penalty = "
+                "tfsift.add_weight_penalties(grads, model, optimizer) (fit adds them "
+                f"itself). Received: {self.name}.losses read inside a step function"
+            )
+        return super().losses  # type: ignore[no-any-return]
+
+    @property
     def partitioned(self) -> Partitioned | None:
         """This rank's stage once the model has been partitioned, else None."""
         return self._tfsift.partitioned  # type: ignore[no-any-return]

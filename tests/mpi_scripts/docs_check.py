@@ -129,7 +129,9 @@ grads, loss = train_step(tokens[:8], next_tokens[:8])
 """,
         ),
         ("block", 2),  # clip_by_global_norm in a hand-written update
-        ("block", 3),  # mixed_float16 with a loss scale
+        ("code", "update = tfsift.compiled_update(optimizer, model)"),
+        ("block", 3),  # weight penalties in the loop
+        ("block", 4),  # mixed_float16 with a loss scale
     ],
     "README.md": [
         ("code", IMAGES),

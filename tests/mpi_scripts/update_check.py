@@ -5,7 +5,9 @@ by ``fit`` and by the README's loop with optimizers whose update sums over every
 Keras' own ``apply_gradients`` of a stage's gradients says of each optimizer. Last, 2
 stages with regularized weights on each (an L2 kernel, an L1 bias): ``fit`` and
 ``evaluate`` against one process's Keras model, the penalties added as Keras adds them;
-a layer that calls ``add_loss`` on the last stage, refused by ``fit`` on every rank.
+a layer that calls ``add_loss`` on the last stage, refused by ``fit`` on every rank; the
+README's loop, ``model.losses`` in its step refused and ``tfsift.add_weight_penalties``
+after ``tfsift.allreduce``, against the same reference.
 
 usage: update_check.py
   The weightless stage applies nothing but must still take its part in the other stage's
@@ -15,6 +17,7 @@ usage: update_check.py
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -145,7 +148,7 @@ def regularized_layers() -> list[keras.layers.Layer]:
 
 class Regularized(tfsift.DistributedModel):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(name="regularized")
         self.a, head = regularized_layers()
         with tfsift.partition(1):
             self.head = head
@@ -160,15 +163,18 @@ def penalized(model: keras.Model) -> tuple[list[float], float]:
     return history.history["loss"], model.evaluate(*data(), batch_size=B, verbose=0)
 
 
+@functools.cache
+def penalized_reference() -> tuple[list[float], float, list[np.ndarray], float]:
+    """One process's Keras model: fit's losses, evaluate's, the weights, the penalty."""
+    model = keras.Sequential([keras.Input((5,)), *regularized_layers()])
+    losses, evaluated = penalized(model)
+    return losses, evaluated, model.get_weights(), float(sum(model.losses))
+
+
 def regularized() -> dict[str, Any]:
     """fit's and evaluate's losses and the weights against one process's Keras model."""
-
-    def reference() -> tuple[list[float], float, list[np.ndarray], float]:
-        model = keras.Sequential([keras.Input((5,)), *regularized_layers()])
-        losses, evaluated = penalized(model)
-        return losses, evaluated, model.get_weights(), float(sum(model.losses))
-
-    want_losses, want_evaluated, want_weights, penalty = computed_once("penalized", reference)
+    want = computed_once("penalized", penalized_reference)
+    want_losses, want_evaluated, want_weights, penalty = want
     model = Regularized()
     losses, evaluated = penalized(model)
     return {
@@ -176,6 +182,42 @@ def regularized() -> dict[str, Any]:
         "penalized_loss_error": max(abs(a - b) for a, b in zip(losses, want_losses, strict=True)),
         "penalized_evaluate_error": abs(evaluated - want_evaluated),
         "penalized_weights_error": error(model, want_weights),
+    }
+
+
+def looped_penalties() -> dict[str, Any]:
+    """The README's loop on the same model: ``model.losses`` in the step refused, then the
+    penalties added by ``tfsift.add_weight_penalties``; against the same reference."""
+    model = Regularized()
+    optimizer = keras.optimizers.SGD(0.5, global_clipnorm=1.0)
+    update = tfsift.compiled_update(optimizer, model)
+
+    @tfsift.step
+    def inside(x: Any, y: Any) -> Any:
+        loss = LOSS(y, model(x, training=True)) + sum(model.losses)
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    @tfsift.step
+    def train(x: Any, y: Any) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    x, y = data()
+    try:
+        inside(x[:B], y[:B])
+        refused = "not refused"
+    except ValueError as err:
+        refused = str(err)
+    for _ in range(2):
+        for i in range(0, N, B):
+            grads, _ = train(x[i : i + B], y[i : i + B])
+            grads, penalty = tfsift.add_weight_penalties(tfsift.allreduce(grads), model)
+            update(grads)
+    _, _, want_weights, _ = computed_once("penalized", penalized_reference)
+    return {
+        "losses_refused": refused,
+        "loop_penalty": penalty,
+        "loop_penalized_weights_error": error(model, want_weights),
     }
 
 
@@ -213,6 +255,7 @@ def main() -> None:
     found["loop_loss_scale"], found["variables"] = looped("loss_scale")
     found["apply_gradients"] = applied_eagerly()
     found.update(regularized())
+    found.update(looped_penalties())
     found["add_loss"] = add_loss_refused()
     report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
 

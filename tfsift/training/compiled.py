@@ -62,7 +62,7 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
         # Eagerly the update costs more than a small model's step (bench_small.py's MLP:
         # 1.6x to 1.8x a step with it compiled), as in Keras' own train step
         update=compiled_update(model.optimizer, model),
-        penalties=regularizers.Penalties(model),
+        penalties=regularizers.Penalties(model, model.optimizer),
     )
     object.__setattr__(model, _ATTRIBUTE, compiled)
 

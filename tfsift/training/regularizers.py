@@ -8,11 +8,14 @@ the loss it reports; a weight tied across stages gets the gradient on every stag
 holds it (the step gave each the same sum) and counts once in the value. Penalties on
 activations (``activity_regularizer``, ``add_loss``) depend on a microbatch's activations
 on its stage: ``compile`` refuses a layer with an ``activity_regularizer``, the first step
-of ``fit`` or ``evaluate`` a layer that called ``add_loss``.
+of ``fit`` or ``evaluate`` a layer that called ``add_loss``. A ``@tfsift.step`` loop adds
+them with ``add_weight_penalties`` after ``tfsift.allreduce``, where a Keras loop adds
+``sum(model.losses)`` to its loss.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,8 +54,9 @@ class Penalties:
     the variables are read at the first call, after the first step partitioned the
     model)."""
 
-    def __init__(self, model: keras.Model) -> None:
+    def __init__(self, model: keras.Model, optimizer: Any = None) -> None:
         self.model = model
+        self.optimizer = optimizer  # its loss scale scales the penalties (None: none)
         self._add: Any = None  # the compiled (gradients, value) of the penalties
         self._indices: list[int] = []
         self._counted: list[bool] = []
@@ -65,7 +69,7 @@ class Penalties:
         self._indices = [i for i, v in enumerate(variables) if v.regularizer is not None]
         self._counted = [owned[i] for i in self._indices]
         chosen = [variables[i] for i in self._indices]
-        optimizer = self.model.optimizer
+        scale = self.optimizer.scale_loss if self.optimizer is not None else (lambda x: x)
         # Keras' add_loss outside its own steps keeps the losses on the layer; only the
         # stage that ran it knows, so the stages tell each other (and whether any of them
         # has a penalty, else no step sums them)
@@ -85,7 +89,7 @@ class Penalties:
         def penalties() -> tuple[list[tf.Tensor], tf.Tensor]:
             with tf.GradientTape() as tape:
                 terms = [tf.cast(v.regularizer(v), tf.float32) for v in chosen]
-                scaled = optimizer.scale_loss(tf.add_n(terms))  # as the loss is scaled
+                scaled = scale(tf.add_n(terms))  # as the loss is scaled
             value = tf.add_n(
                 [t for t, mine in zip(terms, self._counted, strict=True) if mine] or [tf.zeros(())]
             )
@@ -116,3 +120,49 @@ class Penalties:
         if local is None:
             local = float(self._add()[1]) if self._indices else 0.0
         return float(pipeline_sum(np.array([local]), "add up their weights' penalties")[0])
+
+
+_LOOPS: weakref.WeakKeyDictionary[keras.Model, dict[int, Penalties]] = weakref.WeakKeyDictionary()
+
+
+def add_weight_penalties(
+    grads: Sequence[Any], model: keras.Model, optimizer: Any = None
+) -> tuple[list[tf.Tensor], float]:
+    """``grads`` with the gradients of the penalties of ``model``'s regularized weights
+    (``kernel_regularizer=``, ...) added, and the penalties' value: what adding
+    ``sum(model.losses)`` to the loss does in a Keras loop, for a ``@tfsift.step`` loop.
+
+    On a pipeline each rank holds its stage's weights, so the penalties cannot join the
+    loss inside the step; each stage adds its own weights' after ``tfsift.allreduce``
+    (``fit`` does this itself). Every rank of a pipeline calls it; the value is summed
+    over the stages (a weight tied across stages counted once), the same on every rank.
+
+    Example:
+        >>> grads = tfsift.allreduce(grads)                                   # doctest: +SKIP
+        >>> grads, penalty = tfsift.add_weight_penalties(grads, model, optimizer)  # doctest: +SKIP
+        >>> update(grads)                                                     # doctest: +SKIP
+
+    Args:
+        grads: this rank's stage's gradients, in the order of ``model.trainable_variables``
+            (tensors, or the ``StepOutput`` gradients of a step).
+        model: the ``tfsift.DistributedModel`` they are the gradients of.
+        optimizer: the optimizer that will apply them, when its ``scale_loss`` scaled the
+            step's loss (a ``LossScaleOptimizer``): the penalties are scaled alike.
+
+    Raises:
+        ValueError: not one gradient per trainable variable.
+    """
+    tensors = [
+        g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads
+    ]
+    if len(tensors) != len(model.trainable_variables):
+        raise ValueError(
+            "add_weight_penalties(grads, model) expects one gradient per trainable variable "
+            f"of this rank's stage of {model.name!r} ({len(model.trainable_variables)}). "
+            f"Received: {len(tensors)} gradients"
+        )
+    made = _LOOPS.setdefault(model, {})
+    key = id(optimizer)
+    if key not in made:
+        made[key] = Penalties(model, optimizer)
+    return made[key].apply(tensors)

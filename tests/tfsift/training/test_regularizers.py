@@ -127,3 +127,33 @@ def test_a_layer_that_adds_a_loss_is_refused_at_the_first_step() -> None:
     model.compile(optimizer="sgd", loss=LOSS)
     with pytest.raises(ValueError, match=r"\(add_loss\).*Received: add_loss in layer 'penalized'"):
         model.fit(*data(), batch_size=B, epochs=1, verbose=0)
+
+
+def test_the_loop_adds_them_with_add_weight_penalties_under_a_loss_scale() -> None:
+    keras_model = keras.Sequential([keras.Input((5,)), *layers()])
+    trained(keras_model, keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5)))
+    tfsift.init({"microbatches": 2})
+    model = Net()
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+    update = tfsift.compiled_update(optimizer, model)
+
+    @tfsift.step
+    def train(x: Any, y: Any) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        return tfsift.gradients(optimizer.scale_loss(loss), model.trainable_variables), loss
+
+    x, y = data()
+    for _ in range(2):
+        for i in range(0, N, B):
+            grads, _ = train(x[i : i + B], y[i : i + B])
+            grads, penalty = tfsift.add_weight_penalties(tfsift.allreduce(grads), model, optimizer)
+            update(grads)
+    assert penalty > 0.1  # the value at the last step, before its update
+    for g, w in zip(model.get_weights(), keras_model.get_weights(), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError) as err:
+        tfsift.add_weight_penalties(grads[:1], model)
+    assert str(err.value) == (
+        "add_weight_penalties(grads, model) expects one gradient per trainable variable of "
+        f"this rank's stage of {model.name!r} (4). Received: 1 gradients"
+    )

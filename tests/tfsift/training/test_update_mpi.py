@@ -64,6 +64,20 @@ def test_fit_and_evaluate_add_every_stages_weight_penalties() -> None:
 
 
 @mpi.TWO_STAGES.mark
+def test_the_loop_adds_every_stages_weight_penalties_after_allreduce() -> None:
+    for rep in JOB().values():
+        assert rep["losses_refused"] == (
+            "model.losses cannot join the loss inside a @tfsift.step function: on a pipeline "
+            "each stage holds only its own weights. Leave the penalties out of the loss and "
+            "add them after tfsift.allreduce with grads, penalty = "
+            "tfsift.add_weight_penalties(grads, model, optimizer) (fit adds them itself). "
+            "Received: regularized.losses read inside a step function"
+        )
+        assert rep["loop_penalized_weights_error"] < 1e-6, rep
+        assert rep["loop_penalty"] > 0.1, rep
+
+
+@mpi.TWO_STAGES.mark
 def test_fit_refuses_add_loss_on_every_stage() -> None:
     for rep in JOB().values():
         assert rep["add_loss"] == (
