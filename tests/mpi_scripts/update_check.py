@@ -86,16 +86,24 @@ def fitted(name: str) -> float:
     return error(model, computed_once(f"bystander-{name}", lambda: reference(name)))
 
 
+def readme_step(model: tfsift.DistributedModel, optimizer: Any = None) -> Any:
+    """The README's step: the loss (scaled by ``optimizer``'s loss scale) and gradients."""
+
+    @tfsift.step
+    def train(x: Any, y: Any) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss) if optimizer is not None else loss
+        return tfsift.gradients(scaled, model.trainable_variables), loss
+
+    return train
+
+
 def looped(name: str) -> tuple[float, int]:
     """The README's loop: ``update(grads)`` on every rank, ``update([])`` on the last."""
     model, optimizer = Net(), OPTIMIZERS[name]()
     update = tfsift.compiled_update(optimizer, model)
 
-    @tfsift.step
-    def train(x: Any, y: Any) -> Any:
-        loss = LOSS(y, model(x, training=True))
-        return tfsift.gradients(optimizer.scale_loss(loss), model.trainable_variables), loss
-
+    train = readme_step(model, optimizer)
     x, y = data()
     for i in range(0, N, B):
         grads, _ = train(x[i : i + B], y[i : i + B])
@@ -109,11 +117,7 @@ def applied_eagerly() -> dict[str, str]:
     """Keras' own ``apply_gradients`` of a stage's gradients, per optimizer: what it says."""
     model = Net()
 
-    @tfsift.step
-    def train(x: Any, y: Any) -> Any:
-        loss = LOSS(y, model(x, training=True))
-        return tfsift.gradients(loss, model.trainable_variables), loss
-
+    train = readme_step(model)
     x, y = data()
     grads = tfsift.allreduce(train(x[:B], y[:B])[0])
     found = {}
@@ -197,11 +201,7 @@ def looped_penalties() -> dict[str, Any]:
         loss = LOSS(y, model(x, training=True)) + sum(model.losses)
         return tfsift.gradients(loss, model.trainable_variables), loss
 
-    @tfsift.step
-    def train(x: Any, y: Any) -> Any:
-        loss = LOSS(y, model(x, training=True))
-        return tfsift.gradients(loss, model.trainable_variables), loss
-
+    train = readme_step(model)
     x, y = data()
     try:
         inside(x[:B], y[:B])
