@@ -439,8 +439,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Keras' ``fit``, pipelined and data-parallel.
 
-        Every rank runs it; the ``History`` is the same on every rank (losses and metrics
-        averaged over the replicas) and the progress bar shows on rank 0 only.
+        Every rank runs it; the ``History`` is the same on every rank (the loss averaged
+        over the replicas, the metrics computed over every replica's samples, as Keras'
+        distribution strategies combine their states) and the progress bar shows on rank
+        0 only.
 
         Example:
             >>> model.fit(tfsift.shard(ds).batch(32, drop_remainder=True), epochs=3)
@@ -479,7 +481,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Keras' ``evaluate`` (``batch_size``, ``sample_weight``, ``verbose``, ``steps``,
-        ``callbacks``, ``return_dict``): the loss and metrics averaged over the replicas."""
+        ``callbacks``, ``return_dict``): the loss averaged over the replicas, the metrics
+        over every replica's samples."""
         from tfsift import training
 
         return training.evaluate(self, x, y, **kwargs)
@@ -501,7 +504,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     ) -> Any:
         """Keras' ``train_on_batch``: one optimizer step on this replica's batch (every
         rank of a pipeline passes the same one). Returns the batch's loss and metrics,
-        averaged over the replicas; unlike Keras, the metrics restart at each call."""
+        combined over the replicas as ``fit``'s; unlike Keras, the metrics restart at each
+        call."""
         from tfsift import training
 
         return training.train_on_batch(self, x, y, sample_weight, class_weight, return_dict)
@@ -509,7 +513,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     def test_on_batch(
         self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False
     ) -> Any:
-        """Keras' ``test_on_batch``: the batch's loss and metrics, averaged over the replicas."""
+        """Keras' ``test_on_batch``: the batch's loss and metrics, combined over the replicas
+        as ``evaluate``'s."""
         from tfsift import training
 
         return training.test_on_batch(self, x, y, sample_weight, return_dict)

@@ -1,4 +1,5 @@
-"""Logs for Keras callbacks: loss and metric results averaged over the replicas."""
+"""Logs for Keras callbacks: the loss averaged over the replicas, the metrics computed from
+their states summed over the replicas."""
 
 from __future__ import annotations
 
@@ -30,6 +31,37 @@ def replica_mean(logs: dict[str, Any]) -> dict[str, float]:
     rows = rows[np.lexsort(rows.T[::-1])]
     mean = rows.sum(axis=0) / len(rows)
     return {k: float(v) for k, v in zip(values, mean, strict=True)}
+
+
+def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
+    """The loss averaged over the data-parallel replicas, and ``metrics`` (Keras'
+    ``CompileMetrics``, or None) computed from their variables combined over the replicas
+    as Keras' distribution strategies combine them (``aggregation``: summed, or averaged
+    for "mean"): an AUC or a precision over every replica's samples, where the mean of
+    each replica's would differ. The same on every rank (one gather, rows in one order).
+    """
+    rt = runtime.get()
+    if not rt.horovod or rt.topology.replicas == 1:
+        return {"loss": float(loss), **{k: float(v) for k, v in metric_results(metrics).items()}}
+    import horovod.tensorflow as hvd
+
+    variables = list(metrics.variables) if metrics is not None and metrics.built else []
+    values = [np.asarray(v.numpy(), np.float64) for v in variables]
+    row = np.concatenate([[float(loss)], *(v.ravel() for v in values)])
+    with collectives.bounded(rt, "gather the logs"):
+        rows = hvd.allgather(tf.constant(row[None]), process_set=rt.dp_set).numpy()
+    rows = rows[np.lexsort(rows.T[::-1])]
+    logs = {"loss": float(rows[:, 0].sum() / len(rows))}
+    if not variables:
+        return logs
+    combined, at = [], 1
+    for var, value in zip(variables, values, strict=True):
+        part = rows[:, at : at + value.size]
+        at += value.size
+        total = part.mean(axis=0) if var.aggregation == "mean" else part.sum(axis=0)
+        combined.append(tf.constant(total.reshape(value.shape), var.dtype))
+    results = metrics.stateless_result(combined)
+    return {**logs, **{k: float(v) for k, v in results.items()}}
 
 
 def metric_results(metrics: Any) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The epoch and batch loops of ``fit``, ``evaluate`` and ``predict``, and their callbacks.
 
 Every rank runs the same loop: the steps return the last stage's values on every rank
-of a pipeline, the logs are averaged over the replicas (``logs.replica_mean``), so every
+of a pipeline, the logs are combined over the replicas (``logs.replica_logs``), so every
 callback sees the same logs everywhere and acts the same (``EarlyStopping`` stops every
 rank at the same epoch). Only rank 0 shows Keras' progress bar.
 """
@@ -24,7 +24,7 @@ from tfsift.sift.transform import sift as sift_transform
 from tfsift.training import data
 from tfsift.training.callbacks import check_writable, for_rank
 from tfsift.training.compiled import Compiled, compiled_of, predict_step_of
-from tfsift.training.logs import metric_results, replica_mean
+from tfsift.training.logs import replica_logs, replica_mean
 from tfsift.training.progress import SiftedProgbar
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def evaluate(
     callbacks: list[keras.callbacks.Callback] | None = None,
     return_dict: bool = False,
 ) -> Any:
-    """Keras' ``evaluate``: the loss and metrics, averaged over the replicas."""
+    """Keras' ``evaluate``: the loss and metrics, combined over the replicas."""
     compiled = compiled_of(model)
     M = runtime.get().config.microbatches
     dataset = data.training_data(
@@ -428,7 +428,7 @@ def _update(
     tracker.update_state(loss.reduce_mean() + penalty, sample_weight=batch)
     if compiled.metrics is not None:
         compiled.metrics.update_state(y, y_pred, sample_weight=weight)
-    return replica_mean({"loss": tracker.result(), **metric_results(compiled.metrics)})
+    return replica_logs(tracker.result(), compiled.metrics)
 
 
 def _weights(weight: Any) -> tuple[Any, ...]:
