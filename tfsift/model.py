@@ -196,6 +196,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         if self.partitioned is not None:
             _check_same_partitioning(self.partitioned.config, rt.config)
             return self.partitioned
+        _refuse_synchronized_statistics(self, rt.topology.replicas)
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         layout = plan_bounds(
@@ -562,3 +563,20 @@ def _check_same_partitioning(made: Config, now: Config) -> None:
             + " and tfsift.init was called again since; create the model after the last "
             "tfsift.init. Received: " + ", ".join(f"{k}={getattr(now, k)!r}" for k in changed)
         )
+
+
+def _refuse_synchronized_statistics(model: keras.Model, replicas: int) -> None:
+    """Keras' ``BatchNormalization(synchronized=True)`` asks for the statistics of every
+    replica's batch, which tfsift's replicas do not share: refused rather than run as
+    ``synchronized=False`` without a word (every rank raises, before any training)."""
+    if replicas == 1:
+        return
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.synchronized:
+            raise ValueError(
+                "BatchNormalization(synchronized=True) normalizes by the statistics of every "
+                "replica's batch, which tfsift's data-parallel replicas do not share (each "
+                "normalizes by its own microbatches, as with synchronized=False). Pass "
+                "synchronized=False, or train on one replica. Received: layer "
+                f"{layer.name!r} with synchronized=True on {replicas} replicas"
+            )

@@ -1,6 +1,6 @@
 """Bad set-ups that must fail on every rank, before training, with a clear message.
 
-usage: errors_check.py too_many_partitions|memory_cap     (run on 2 ranks)
+usage: errors_check.py too_many_partitions|memory_cap|synchronized_bn     (run on 2 ranks)
 """
 
 from __future__ import annotations
@@ -23,9 +23,22 @@ class OneLayer(tfsift.DistributedModel):
         return self.flatten(x)
 
 
+class SynchronizedNorm(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = keras.layers.BatchNormalization(synchronized=True, name="norm")
+        self.head = keras.layers.Dense(10)
+
+    def call(self, x: Any) -> Any:
+        return self.head(keras.ops.reshape(self.norm(x), (-1, 8 * 8)))
+
+
 if sys.argv[1] == "too_many_partitions":
     tfsift.init({"partitions": 2, "microbatches": 2})
     model: tfsift.DistributedModel = OneLayer()
+elif sys.argv[1] == "synchronized_bn":  # 2 data-parallel replicas
+    tfsift.init({"partitions": 1, "microbatches": 2})
+    model = SynchronizedNorm()
 else:
     tfsift.init({"partitions": 2, "microbatches": 2, "memory_cap": "1KiB"})
     model = MODELS["conv"]()

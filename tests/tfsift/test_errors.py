@@ -24,6 +24,14 @@ pytestmark = pytest.mark.mpi
             "memory_cap",
             "no partition into 2 stages fits the memory cap; the smallest cap that fits is ",
         ),
+        (
+            "synchronized_bn",
+            "BatchNormalization(synchronized=True) normalizes by the statistics of every "
+            "replica's batch, which tfsift's data-parallel replicas do not share (each "
+            "normalizes by its own microbatches, as with synchronized=False). Pass "
+            "synchronized=False, or train on one replica. Received: layer 'norm' with "
+            "synchronized=True on 2 replicas",
+        ),
     ],
 )
 def test_bad_setup_fails_on_every_rank_before_training(case: str, message: str) -> None:
