@@ -53,14 +53,51 @@ class Partitioned:
 
 
 # The trainable variables of this process's stages of pipelines (K > 1), by id: an optimizer
-# given only these holds one stage's gradients (tfsift.training.reductions refuses an update
-# of them that would take its global norm or finite check over that stage alone).
+# given only these holds one stage's gradients (`_refuse_one_stage` refuses an update of
+# them that would take its global norm or finite check over that stage alone).
 _STAGE_VARIABLES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
-def on_a_pipeline(variables: Sequence[Any]) -> bool:
+def _on_a_pipeline(variables: Sequence[Any]) -> bool:
     """Whether any of ``variables`` is a trainable variable of a stage of a pipeline."""
     return any(_STAGE_VARIABLES.get(id(v)) is v for v in variables)
+
+
+def _refuse_one_stage(optimizer: Any, variables: Sequence[Any]) -> None:
+    """Keras' ``apply`` of a pipeline stage's variables outside ``compiled_update``: refused
+    where its global norm or finite check would see this stage's gradients alone.
+
+    Raises:
+        ValueError: saying what would differ from one process and what to call instead.
+    """
+    if not variables or not _on_a_pipeline(variables):
+        return
+    clips, finite = keras_internals.spans_stages(optimizer)
+    if clips and finite:
+        return
+    name = type(optimizer).__name__
+    if not finite:
+        inner = type(optimizer.inner_optimizer).__name__
+        raise ValueError(
+            "on a pipeline, a LossScaleOptimizer's own apply (apply_gradients) would skip a "
+            "step on the stages whose gradients are not finite and take it on the others. "
+            "Update with update = tfsift.compiled_update(optimizer, model), or fit, which "
+            "skip it on every stage when any stage's gradients are not finite. Received: "
+            f"{name}({inner}) updating a stage's variables"
+        )
+    raise ValueError(
+        "on a pipeline, an optimizer's own apply (apply_gradients) with global_clipnorm "
+        "would clip this stage's gradients by their own norm, not the whole model's. Update "
+        "with update = tfsift.compiled_update(optimizer, model), or fit, which clip by the "
+        "norm over every stage, or clip with tfsift.clip_by_global_norm(grads, clip_norm, "
+        f"model) and pass an optimizer without global_clipnorm. Received: {name}("
+        f"global_clipnorm={optimizer.global_clipnorm}) updating a stage's variables"
+    )
+
+
+# here, where the stages' variables are listed: a loop that never imports tfsift.training
+# (no fit, no compiled_update) is checked too
+keras_internals.check_before_apply(_refuse_one_stage)
 
 
 @dataclasses.dataclass

@@ -251,9 +251,11 @@ def add_loss_refused() -> str:
 
 def main() -> None:
     tfsift.init({"partitions": 2, "microbatches": M, "auto_partition": False, "timeout": 20})
-    found: dict[str, Any] = {f"fit_{name}": fitted(name) for name in OPTIMIZERS}
+    # first, before anything imports tfsift.training (fit, compiled_update): Keras' own
+    # apply is checked wherever a model is partitioned
+    found: dict[str, Any] = {"apply_gradients": applied_eagerly()}
+    found.update({f"fit_{name}": fitted(name) for name in OPTIMIZERS})
     found["loop_loss_scale"], found["variables"] = looped("loss_scale")
-    found["apply_gradients"] = applied_eagerly()
     found.update(regularized())
     found.update(looped_penalties())
     found["add_loss"] = add_loss_refused()

@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfsift.model import DistributedModel, on_a_pipeline
+from tfsift.model import DistributedModel
 from tfsift.parallel import runtime
 from tfsift.parallel.collectives import pipeline_sum
 from tfsift.planning import keras_internals
@@ -61,41 +61,6 @@ def check(optimizer: keras.optimizers.Optimizer) -> None:
             f"LossScaleOptimizer only. Received: {type(optimizer).__name__}, which overrides "
             "check_finite or apply"
         )
-
-
-def _refuse_one_stage(optimizer: keras.optimizers.Optimizer, variables: Sequence[Any]) -> None:
-    """Keras' ``apply`` of a pipeline stage's variables outside ``compiled_update``: refused
-    where its global norm or finite check would see this stage's gradients alone.
-
-    Raises:
-        ValueError: saying what would differ from one process and what to call instead.
-    """
-    if not variables or not on_a_pipeline(variables):
-        return
-    clips, finite = keras_internals.spans_stages(optimizer)
-    if clips and finite:
-        return
-    name = type(optimizer).__name__
-    if not finite:
-        inner = type(optimizer.inner_optimizer).__name__
-        raise ValueError(
-            "on a pipeline, a LossScaleOptimizer's own apply (apply_gradients) would skip a "
-            "step on the stages whose gradients are not finite and take it on the others. "
-            "Update with update = tfsift.compiled_update(optimizer, model), or fit, which "
-            "skip it on every stage when any stage's gradients are not finite. Received: "
-            f"{name}({inner}) updating a stage's variables"
-        )
-    raise ValueError(
-        "on a pipeline, an optimizer's own apply (apply_gradients) with global_clipnorm "
-        "would clip this stage's gradients by their own norm, not the whole model's. Update "
-        "with update = tfsift.compiled_update(optimizer, model), or fit, which clip by the "
-        "norm over every stage, or clip with tfsift.clip_by_global_norm(grads, clip_norm, "
-        f"model) and pass an optimizer without global_clipnorm. Received: {name}("
-        f"global_clipnorm={optimizer.global_clipnorm}) updating a stage's variables"
-    )
-
-
-keras_internals.check_before_apply(_refuse_one_stage)
 
 
 @contextlib.contextmanager
