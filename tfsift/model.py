@@ -468,7 +468,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             ...               metrics=["accuracy"])
 
         Raises:
-            ValueError: a layer with an ``activity_regularizer``.
+            ValueError: a layer with an ``activity_regularizer``; ``loss_weights`` (``fit``
+                trains one unweighted loss: scale the loss itself).
         """
         from tfsift import training
 

@@ -49,6 +49,12 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
     XLA stays off: the steps are compiled per stage by ``@tfsift.step``.
     """
     kwargs.setdefault("jit_compile", False)
+    if kwargs.get("loss_weights") is not None:  # Keras scales the loss by it; fit would not
+        raise ValueError(
+            "tfsift's fit trains one loss on the model's output, unweighted; scale the loss "
+            "itself (a keras.losses.Loss, or a function, that multiplies it) instead of "
+            f"passing loss_weights. Received: loss_weights={kwargs['loss_weights']!r}"
+        )
     regularizers.check(model)
     keras.Model.compile(model, **kwargs)
     loss = batch_loss(kwargs.get("loss"))

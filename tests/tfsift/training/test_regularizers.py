@@ -1,6 +1,7 @@
 """One process: ``fit`` and ``evaluate`` add the regularized weights' penalties as Keras'
 do (weights and losses equal to a Keras model's, a loss scale too), and refuse an
-``activity_regularizer``; tests/mpi_scripts/update_check.py runs a pipeline's."""
+``activity_regularizer`` (and ``loss_weights``); tests/mpi_scripts/update_check.py runs a
+pipeline's."""
 
 from __future__ import annotations
 
@@ -156,4 +157,16 @@ def test_the_loop_adds_them_with_add_weight_penalties_under_a_loss_scale() -> No
     assert str(err.value) == (
         "add_weight_penalties(grads, model) expects one gradient per trainable variable of "
         f"this rank's stage of {model.name!r} (4). Received: 1 gradients"
+    )
+
+
+def test_loss_weights_are_refused_at_compile() -> None:
+    # Keras scales the loss by them (0.5 halves evaluate's loss); fit trains one loss
+    tfsift.init({"microbatches": 2})
+    with pytest.raises(ValueError) as err:
+        Net().compile(optimizer="sgd", loss=LOSS, loss_weights=0.5)
+    assert str(err.value) == (
+        "tfsift's fit trains one loss on the model's output, unweighted; scale the loss "
+        "itself (a keras.losses.Loss, or a function, that multiplies it) instead of passing "
+        "loss_weights. Received: loss_weights=0.5"
     )
