@@ -36,9 +36,10 @@ def replica_mean(logs: dict[str, Any]) -> dict[str, float]:
 def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
     """The loss averaged over the data-parallel replicas, and ``metrics`` (Keras'
     ``CompileMetrics``, or None) computed from their variables combined over the replicas
-    as Keras' distribution strategies combine them (``aggregation``: summed, or averaged
-    for "mean"): an AUC or a precision over every replica's samples, where the mean of
-    each replica's would differ. The same on every rank (one gather, rows in one order).
+    as Keras' distribution strategies combine them (by ``aggregation``: summed, averaged
+    for "mean", replica 0's for "only_first_replica" and "none"): an AUC or
+    a precision over every replica's samples, where the mean of each replica's would
+    differ. The same on every rank (one gather, summed in one order).
     """
     rt = runtime.get()
     if not rt.horovod or rt.topology.replicas == 1:
@@ -49,8 +50,8 @@ def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
     values = [np.asarray(v.numpy(), np.float64) for v in variables]
     row = np.concatenate([[float(loss)], *(v.ravel() for v in values)])
     with collectives.bounded(rt, "gather the logs"):
-        rows = hvd.allgather(tf.constant(row[None]), process_set=rt.dp_set).numpy()
-    rows = rows[np.lexsort(rows.T[::-1])]
+        by_replica = hvd.allgather(tf.constant(row[None]), process_set=rt.dp_set).numpy()
+    rows = by_replica[np.lexsort(by_replica.T[::-1])]
     logs = {"loss": float(rows[:, 0].sum() / len(rows))}
     if not variables:
         return logs
@@ -58,7 +59,13 @@ def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
     for var, value in zip(variables, values, strict=True):
         part = rows[:, at : at + value.size]
         at += value.size
-        total = part.mean(axis=0) if var.aggregation == "mean" else part.sum(axis=0)
+        if var.aggregation == "mean":
+            total = part.mean(axis=0)
+        elif var.aggregation in ("only_first_replica", "none"):
+            # replica 0's (gathered in replica order): every rank logs the same values
+            total = by_replica[0, at - value.size : at]
+        else:
+            total = part.sum(axis=0)
         combined.append(tf.constant(total.reshape(value.shape), var.dtype))
     results = metrics.stateless_result(combined)
     return {**logs, **{k: float(v) for k, v in results.items()}}
