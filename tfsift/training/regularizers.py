@@ -134,8 +134,10 @@ def add_weight_penalties(
 
     On a pipeline each rank holds its stage's weights, so the penalties cannot join the
     loss inside the step; each stage adds its own weights' after ``tfsift.allreduce``
-    (``fit`` does this itself). Every rank of a pipeline calls it; the value is summed
-    over the stages (a weight tied across stages counted once), the same on every rank.
+    and before any clipping (``tfsift.clip_by_global_norm``: Keras clips the gradients of
+    the whole loss); ``fit`` does this itself. Every rank of a pipeline calls it; the
+    value is summed over the stages (a weight tied across stages counted once), the same
+    on every rank.
 
     Example:
         >>> grads = tfsift.allreduce(grads)                                   # doctest: +SKIP
