@@ -7,7 +7,8 @@ stages with regularized weights on each (an L2 kernel, an L1 bias): ``fit`` and
 ``evaluate`` against one process's Keras model, the penalties added as Keras adds them;
 a layer that calls ``add_loss`` on the last stage, refused by ``fit`` on every rank; the
 README's loop, ``model.losses`` in its step refused and ``tfsift.add_weight_penalties``
-after ``tfsift.allreduce``, against the same reference.
+after ``tfsift.allreduce``, against the same reference; a regularized embedding tied to
+the head across the 2 stages, trained by ``fit``, against one process's Keras model.
 
 usage: update_check.py
   The weightless stage applies nothing but must still take its part in the other stage's
@@ -249,6 +250,61 @@ def add_loss_refused() -> str:
     return "not refused"
 
 
+def tied_layers() -> list[keras.layers.Layer]:
+    """A regularized embedding that is also the head, and a norm between its two calls."""
+    return [
+        keras.layers.ReversibleEmbedding(
+            12,
+            4,
+            embeddings_initializer=keras.initializers.RandomUniform(seed=3),
+            embeddings_regularizer=keras.regularizers.L2(0.1),
+            name="embed",
+        ),
+        keras.layers.LayerNormalization(name="norm"),
+    ]
+
+
+class TiedLM(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__(name="tied")
+        self.embed, self.norm = tied_layers()
+
+    def call(self, ids: Any) -> Any:
+        return self.embed(self.norm(self.embed(ids)), reverse=True)
+
+
+def tokens() -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(1).integers(0, 12, (N, 3)).astype(np.int32)
+    return ids, np.roll(ids, -1, axis=1)
+
+
+@functools.cache
+def tied_reference() -> tuple[list[float], list[np.ndarray]]:
+    embed, norm = tied_layers()
+    ids = keras.Input((3,), dtype="int32")
+    model = keras.Model(ids, embed(norm(embed(ids)), reverse=True))
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    history = model.fit(*tokens(), batch_size=B, epochs=2, shuffle=False, verbose=0)
+    return history.history["loss"], model.get_weights()
+
+
+def tied_penalty() -> dict[str, Any]:
+    """fit with the regularized embedding tied across the 2 stages (3 nodes: any cut
+    parts its calls): its penalty's gradient on both copies, its value counted once."""
+    tfsift.init({"partitions": 2, "microbatches": M, "timeout": 20, "profile_repeats": 1})
+    want_losses, want_weights = computed_once("tied", tied_reference)
+    model = TiedLM()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+    history = model.fit(*tokens(), batch_size=B, epochs=2, shuffle=False, verbose=0)
+    losses = history.history["loss"]
+    held = [v.path for v in model.trainable_variables if v.path == "embed/embeddings"]
+    return {
+        "tied_held": held,
+        "tied_loss_error": max(abs(a - b) for a, b in zip(losses, want_losses, strict=True)),
+        "tied_weights_error": error(model, want_weights),
+    }
+
+
 def main() -> None:
     tfsift.init({"partitions": 2, "microbatches": M, "auto_partition": False, "timeout": 20})
     # first, before anything imports tfsift.training (fit, compiled_update): Keras' own
@@ -259,6 +315,7 @@ def main() -> None:
     found.update(regularized())
     found.update(looped_penalties())
     found["add_loss"] = add_loss_refused()
+    found.update(tied_penalty())  # last: it initialises another config
     report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
 
 

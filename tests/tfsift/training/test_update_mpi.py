@@ -86,3 +86,11 @@ def test_fit_refuses_add_loss_on_every_stage() -> None:
             "microbatch's activations on its stage. Add them to the loss in a @tfsift.step "
             "loop, or regularize the weights. Received: add_loss in layer 'penalized'"
         )
+
+
+@mpi.TWO_STAGES.mark
+def test_a_regularized_embedding_tied_across_stages_trains_as_in_one_process() -> None:
+    for rep in JOB().values():
+        assert rep["tied_held"] == ["embed/embeddings"]  # a copy on each stage
+        assert rep["tied_loss_error"] < 1e-5, rep  # the penalty counted once
+        assert rep["tied_weights_error"] < 1e-6, rep  # its gradient on both copies
