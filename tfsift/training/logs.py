@@ -20,17 +20,32 @@ def replica_mean(logs: dict[str, Any]) -> dict[str, float]:
     everywhere, which a reduction over each stage's own process set would not promise.
     """
     values = {k: float(v) for k, v in logs.items()}
-    rt = runtime.get()
-    if not rt.horovod or rt.topology.replicas == 1 or not values:
+    if not _replicated() or not values:
         return values
-    import horovod.tensorflow as hvd
-
-    row = tf.constant([list(values.values())], tf.float64)
-    with collectives.bounded(rt, "gather the logs"):
-        rows = hvd.allgather(row, process_set=rt.dp_set).numpy()
-    rows = rows[np.lexsort(rows.T[::-1])]
+    rows = _sorted(_gathered(list(values.values())))
     mean = rows.sum(axis=0) / len(rows)
     return {k: float(v) for k, v in zip(values, mean, strict=True)}
+
+
+def _replicated() -> bool:
+    """Whether this rank's logs have replicas to be combined with."""
+    rt = runtime.get()
+    return bool(rt.horovod) and rt.topology.replicas > 1
+
+
+def _gathered(row: Any) -> np.ndarray:
+    """``row`` (numbers) of every replica, one row each, in replica order."""
+    import horovod.tensorflow as hvd
+
+    rt = runtime.get()
+    with collectives.bounded(rt, "gather the logs"):
+        rows = hvd.allgather(tf.constant([row], tf.float64), process_set=rt.dp_set)
+    return np.asarray(rows.numpy())
+
+
+def _sorted(rows: np.ndarray) -> np.ndarray:
+    """``rows`` in one order whatever the replica: sums over them are bitwise equal."""
+    return rows[np.lexsort(rows.T[::-1])]
 
 
 def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
@@ -41,17 +56,12 @@ def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
     a precision over every replica's samples, where the mean of each replica's would
     differ. The same on every rank (one gather, summed in one order).
     """
-    rt = runtime.get()
-    if not rt.horovod or rt.topology.replicas == 1:
+    if not _replicated():
         return {"loss": float(loss), **{k: float(v) for k, v in metric_results(metrics).items()}}
-    import horovod.tensorflow as hvd
-
     variables = list(metrics.variables) if metrics is not None and metrics.built else []
     values = [np.asarray(v.numpy(), np.float64) for v in variables]
-    row = np.concatenate([[float(loss)], *(v.ravel() for v in values)])
-    with collectives.bounded(rt, "gather the logs"):
-        by_replica = hvd.allgather(tf.constant(row[None]), process_set=rt.dp_set).numpy()
-    rows = by_replica[np.lexsort(by_replica.T[::-1])]
+    by_replica = _gathered(np.concatenate([[float(loss)], *(v.ravel() for v in values)]))
+    rows = _sorted(by_replica)
     logs = {"loss": float(rows[:, 0].sum() / len(rows))}
     if not variables:
         return logs
