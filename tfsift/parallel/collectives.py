@@ -27,6 +27,11 @@ def bounded(rt: runtime.Runtime, what: str) -> Any:
     return watchdog.guard(rt.config.timeout, waited_for)
 
 
+def as_tensors(grads: Sequence[Any]) -> list[tf.Tensor]:
+    """``grads`` as tensors: a ``StepOutput``'s ``accumulate()``, anything else converted."""
+    return [g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads]
+
+
 def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
     """Averages gradients over the caller's data-parallel group in one fused allreduce.
 
@@ -36,9 +41,7 @@ def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
     Returns:
         The averaged gradients, in the order given.
     """
-    tensors = [
-        g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads
-    ]
+    tensors = as_tensors(grads)
     rt = runtime.get()
     if not rt.horovod or rt.topology.replicas == 1 or not tensors:
         return tensors

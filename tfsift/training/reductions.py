@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tfsift.model import DistributedModel
 from tfsift.parallel import runtime
-from tfsift.parallel.collectives import pipeline_sum
+from tfsift.parallel.collectives import as_tensors, pipeline_sum
 from tfsift.planning import keras_internals
 
 
@@ -133,20 +133,28 @@ def clip_by_global_norm(
     """
     if not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
         raise ValueError(f"clip_norm must be a number > 0. Received: clip_norm={clip_norm!r}")
-    tensors = [
-        g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads
-    ]
-    counted = counted_variables(model)
-    if len(tensors) != len(counted):
-        raise ValueError(
-            "clip_by_global_norm(grads, clip_norm, model) expects one gradient per trainable "
-            f"variable of this rank's stage of {model.name!r} ({len(counted)}). Received: "
-            f"{len(tensors)} gradients"
-        )
-    norm = _norm(counted)(tensors)
+    tensors = stage_gradients(grads, model, "clip_by_global_norm(grads, clip_norm, model)")
+    norm = _norm(counted_variables(model))(tensors)
     scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
     scale = scale + (norm - norm)
     return [g * tf.cast(scale, g.dtype) for g in tensors], norm
+
+
+def stage_gradients(grads: Sequence[Any], model: keras.Model, call: str) -> list[tf.Tensor]:
+    """``grads`` as tensors, checked to be one per trainable variable of this rank's stage
+    of ``model`` (what ``call``, a public function taking them, expects).
+
+    Raises:
+        ValueError: another number of gradients, naming ``call``.
+    """
+    tensors = as_tensors(grads)
+    expected = len(model.trainable_variables)
+    if len(tensors) != expected:
+        raise ValueError(
+            f"{call} expects one gradient per trainable variable of this rank's stage of "
+            f"{model.name!r} ({expected}). Received: {len(tensors)} gradients"
+        )
+    return tensors
 
 
 def counted_variables(model: keras.Model) -> tuple[bool, ...]:

@@ -27,7 +27,7 @@ from tfsift.parallel import runtime
 from tfsift.parallel.collectives import pipeline_sum
 from tfsift.parallel.comm import allgather_object
 from tfsift.pipeline.compiled import Compiled
-from tfsift.training.reductions import counted_variables
+from tfsift.training.reductions import counted_variables, stage_gradients
 
 
 def check(model: keras.Model) -> None:
@@ -154,15 +154,7 @@ def add_weight_penalties(
     Raises:
         ValueError: not one gradient per trainable variable.
     """
-    tensors = [
-        g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads
-    ]
-    if len(tensors) != len(model.trainable_variables):
-        raise ValueError(
-            "add_weight_penalties(grads, model) expects one gradient per trainable variable "
-            f"of this rank's stage of {model.name!r} ({len(model.trainable_variables)}). "
-            f"Received: {len(tensors)} gradients"
-        )
+    tensors = stage_gradients(grads, model, "add_weight_penalties(grads, model)")
     made = _LOOPS.setdefault(model, {})
     key = id(optimizer)
     if key not in made:
