@@ -469,7 +469,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
         Raises:
             ValueError: a layer with an ``activity_regularizer``; ``loss_weights`` (``fit``
-                trains one unweighted loss: scale the loss itself).
+                trains one unweighted loss: scale the loss itself); a loss whose
+                ``reduction`` is not Keras' default ``"sum_over_batch_size"`` (``fit``
+                averages the microbatches' losses, which is the batch's loss only then).
         """
         from tfsift import training
 

@@ -11,7 +11,7 @@ import keras
 from tfsift.pipeline.context import gradients
 from tfsift.pipeline.step import step
 from tfsift.training import regularizers
-from tfsift.training.losses import batch_loss, per_sample_loss
+from tfsift.training.losses import batch_loss, check_reduction, per_sample_loss
 from tfsift.training.update import compiled_update
 
 if TYPE_CHECKING:
@@ -56,8 +56,9 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
             f"passing loss_weights. Received: loss_weights={kwargs['loss_weights']!r}"
         )
     regularizers.check(model)
-    keras.Model.compile(model, **kwargs)
     loss = batch_loss(kwargs.get("loss"))
+    check_reduction(loss)  # before Keras compiles: a refused compile leaves nothing behind
+    keras.Model.compile(model, **kwargs)
     compiled = Compiled(
         loss=loss,
         per_sample_loss=per_sample_loss(loss),

@@ -42,6 +42,33 @@ def batch_loss(loss: Any) -> keras.losses.Loss:
     raise ValueError(f"loss must be a keras.losses.Loss, a name or a function. Received: {loss!r}")
 
 
+MEAN = "sum_over_batch_size"  # Keras' default reduction, the one fit reduces exactly
+
+
+def check_reduction(loss: keras.losses.Loss) -> None:
+    """Refuses a loss that ``fit`` and ``evaluate`` cannot reduce as Keras does.
+
+    They average each microbatch's loss over the microbatches and the replicas. With
+    Keras' default reduction, ``"sum_over_batch_size"``, that is the loss of the whole
+    batch (the microbatches are the same size); ``"sum"`` would give the batch's sum
+    divided by M and the replicas (gradients too: 1/M of Keras' in one process), ``None``
+    likewise (Keras' ``fit`` sums the per-sample values for the gradients), and
+    ``"mean_with_sample_weight"`` divides each microbatch by its own weights' sum.
+
+    Raises:
+        ValueError: a reduction other than ``"sum_over_batch_size"``.
+    """
+    reduction = getattr(loss, "reduction", MEAN)
+    if reduction != MEAN:
+        raise ValueError(
+            "tfsift's fit and evaluate average each microbatch's loss over the microbatches "
+            "and replicas, which is Keras' loss of the whole batch only with "
+            f"reduction={MEAN!r} (Keras' default): pass the loss with that reduction (and "
+            "scale it yourself for a sum). Received: "
+            f"{type(loss).__name__}(reduction={reduction!r})"
+        )
+
+
 def per_sample_loss(loss: keras.losses.Loss) -> Callable[..., Any]:
     """``loss`` with ``reduction=None`` (one value per sample), for ``tfsift.sift``."""
     if isinstance(loss, PerSampleMean):

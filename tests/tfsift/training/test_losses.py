@@ -1,4 +1,5 @@
-"""The compiled loss as a batch mean (what a step trains on) and per sample (what sift scores)."""
+"""The compiled loss as a batch mean (what a step trains on) and per sample (what sift scores);
+``fit`` reduces it as Keras does, or refuses it at ``compile``."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import keras
 import numpy as np
 import pytest
 
+import tfsift
 from tfsift.training.losses import batch_loss, per_sample_loss
 
 Y = np.array([0, 2, 1, 1])
 LOGITS = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
 WANT = keras.losses.sparse_categorical_crossentropy(Y, LOGITS, from_logits=True).numpy()
+LOSS_OBJECT = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 class Scaled(keras.losses.Loss):  # type: ignore[misc]
@@ -58,3 +61,56 @@ def test_a_loss_name_resolves_through_keras() -> None:
 def test_no_loss_says_to_compile_with_one() -> None:
     with pytest.raises(ValueError, match=r"model.compile\(loss=...\). Received: None"):
         batch_loss(None)
+
+
+class Net(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, "relu", name="hidden")
+        self.head = keras.layers.Dense(3, name="head")
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.hidden(x))
+
+
+def test_fit_with_sample_weights_on_microbatches_equals_keras() -> None:
+    # the default reduction: each microbatch's mean, averaged, is the batch's mean
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 5)).astype(np.float32), rng.integers(0, 3, 64)
+    weights = np.where(np.arange(64) % 16 < 4, 3.0, 1.0).astype(np.float32)  # not even
+    keras.utils.set_random_seed(1)
+    ref = keras.Sequential([keras.Input((5,)), *Net().layers])
+    model = Net()
+    model.predict(x[:2], verbose=0)
+    model.set_weights(ref.get_weights())
+    histories = []
+    for m in (ref, model):
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS_OBJECT)
+        fit = m.fit(x, y, sample_weight=weights, batch_size=16, shuffle=False, verbose=0)
+        histories.append(fit.history["loss"])
+    np.testing.assert_allclose(histories[1], histories[0], rtol=1e-6)
+    for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["sum", None, "mean_with_sample_weight"])
+def test_a_loss_fit_would_reduce_otherwise_than_keras_is_refused_at_compile(
+    reduction: str | None,
+) -> None:
+    # measured before the refusal, 2 microbatches, SGD: "sum" halved the loss and left the
+    # weights 0.038 from Keras' after one epoch; None, the same (Keras' fit sums it);
+    # "mean_with_sample_weight" with uneven weights, 0.0016
+    tfsift.init({"microbatches": 2})
+    model = Net()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+    with pytest.raises(ValueError) as err:
+        model.compile(optimizer="sgd", loss=loss)
+    assert str(err.value) == (
+        "tfsift's fit and evaluate average each microbatch's loss over the microbatches and "
+        "replicas, which is Keras' loss of the whole batch only with "
+        "reduction='sum_over_batch_size' (Keras' default): pass the loss with that reduction "
+        "(and scale it yourself for a sum). Received: "
+        f"SparseCategoricalCrossentropy(reduction={reduction!r})"
+    )
+    assert getattr(model, "optimizer", None) is None  # refused before Keras compiled
