@@ -234,6 +234,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _check_same_partitioning(self.partitioned.config, rt.config)
             return self.partitioned
         _refuse_synchronized_statistics(self, rt.topology.replicas)
+        if rt.rank == 0:
+            _say_microbatch_statistics(self, rt.config.microbatches, example)
         graph = trace(self, example)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         layout = plan_bounds(
@@ -602,6 +604,29 @@ def _check_same_partitioning(made: Config, now: Config) -> None:
             + ", ".join(f"{k}={getattr(made, k)!r}" for k in changed)
             + " and tfsift.init was called again since; create the model after the last "
             "tfsift.init. Received: " + ", ".join(f"{k}={getattr(now, k)!r}" for k in changed)
+        )
+
+
+def _say_microbatch_statistics(model: keras.Model, M: int, example: Sequence[Any]) -> None:
+    """Rank 0 says, once per model, that its BatchNormalization layers normalize by each
+    microbatch's statistics in training: with M > 1 a step's batch reaches them M calls
+    of its microbatches, as in GPipe and torch's pipelining, where one Keras process with
+    the same batch normalizes by the whole batch's."""
+    if M == 1:
+        return
+    names = [
+        layer.name
+        for layer in model._flatten_layers(include_self=False)
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    if names:
+        rows = tree.flatten(list(example))[0].shape[0]
+        log.info(
+            "BatchNormalization layers (%s) normalize by each microbatch's statistics in "
+            "training (%s samples a call, microbatches=%d), not by the whole batch's",
+            ", ".join(names),
+            rows,
+            M,
         )
 
 

@@ -254,3 +254,36 @@ def test_python_control_flow_on_tensors_in_a_step_function_is_converted_by_autog
     assert conversion.is_allowlisted(stage.Stage.forward)
     assert conversion.is_allowlisted(head.Head._run)
     assert not conversion.is_allowlisted(scaled.__wrapped__)
+
+
+class Normed(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(8)
+        self.norm = keras.layers.BatchNormalization(name="norm")
+        self.b = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.norm(self.a(x)))
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_batchnorm_on_microbatches_is_said_to_normalize_by_each_microbatch(
+    caplog: pytest.LogCaptureFixture, microbatches: int
+) -> None:
+    # a step's batch reaches BatchNormalization as M calls: its statistics are a
+    # microbatch's, where one Keras process with the same batch takes the whole batch's
+    tfsift.init({"microbatches": microbatches})
+    model, (x, y) = Normed(), batch()
+    step = standard_step(model)
+    with caplog.at_level("INFO", logger="tfsift"):
+        step(x, y)
+        step(x, y)
+    said = [r.getMessage() for r in caplog.records if "BatchNormalization" in r.getMessage()]
+    if microbatches == 1:
+        assert said == []
+    else:
+        assert said == [
+            "BatchNormalization layers (norm) normalize by each microbatch's statistics in "
+            "training (4 samples a call, microbatches=2), not by the whole batch's"
+        ]
