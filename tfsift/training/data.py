@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -65,10 +66,34 @@ def training_data(
                 f"{what}: y and sample_weight come from the dataset. Received: y, x a dataset"
             )
         return checked(x, M, what, ranks)
+    refuse_unread(x, what)
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
     return checked(ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what), M, what)
+
+
+def refuse_unread(x: Any, what: str) -> None:
+    """Refuses the inputs Keras reads that tfsift does not: a ``keras.utils.PyDataset`` and
+    a generator (or any other iterator). Each would be read whole on every rank, so that
+    data-parallel replicas trained on the same batches, and an iterator once only: its
+    batches go through ``tf.data`` instead, where ``tfsift.shard`` deals them out.
+
+    Raises:
+        TypeError: ``x`` is a ``PyDataset`` or an iterator.
+    """
+    if isinstance(x, keras.utils.PyDataset):
+        kind = "keras.utils.PyDataset"
+    elif isinstance(x, Iterator):
+        kind = "generator" if inspect.isgenerator(x) else "iterator"
+    else:
+        return
+    raise TypeError(
+        f"{what} reads a tf.data.Dataset of batches, (x, y) or (x, y, sample_weight), or "
+        f"arrays; a {kind} is not read: make it a tf.data.Dataset (e.g. "
+        "tf.data.Dataset.from_generator) and, with data-parallel replicas, give each its "
+        f"shard with tfsift.shard. Received: x={type(x).__name__}"
+    )
 
 
 def split(x: Any, y: Any, sample_weight: Any, fraction: float) -> tuple[tuple[Any, ...], Any]:
@@ -163,6 +188,7 @@ def prediction_data(
     """
     if isinstance(x, tf.data.Dataset):
         return checked(x, M, "predict", ranks), None
+    refuse_unread(x, "predict")
     batch = batch_size or DEFAULT_BATCH
     if batch % M:
         raise ValueError(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from autotune import record_prompt_end
 
+import tfsift
 from tfsift.training import data
 
 X = np.arange(20, dtype=np.float32).reshape(10, 2)
@@ -141,3 +145,47 @@ def test_fit_reads_a_dataset_without_the_autotuner(monkeypatch: pytest.MonkeyPat
     dataset = tf.data.Dataset.from_tensor_slices((X, X[:, 0])).batch(5)
     assert [len(x) for x, _, _ in data.batches(dataset, None)] == [5, 5]
     assert read == [False]
+
+
+class Batches(keras.utils.PyDataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return X[i * 4 : (i + 1) * 4], X[i * 4 : (i + 1) * 4, :1]
+
+
+def unread(what: str, kind: str, name: str) -> str:
+    return (
+        f"{what} reads a tf.data.Dataset of batches, (x, y) or (x, y, sample_weight), or "
+        f"arrays; a {kind} is not read: make it a tf.data.Dataset (e.g. "
+        "tf.data.Dataset.from_generator) and, with data-parallel replicas, give each its "
+        f"shard with tfsift.shard. Received: x={name}"
+    )
+
+
+def test_a_pydataset_or_a_generator_is_refused_naming_what_fit_reads() -> None:
+    # Keras reads both; fit said "needs targets: pass y" (every rank would have read all of
+    # it, the replicas training on the same batches)
+    tfsift.init({"microbatches": 2})
+    model = Net()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(TypeError) as err:
+        model.fit(Batches(), verbose=0)
+    assert str(err.value) == unread("fit", "keras.utils.PyDataset", "Batches")
+    batches = ((X[:4], X[:4, :1]) for _ in range(2))
+    with pytest.raises(TypeError) as err:
+        data.training_data(batches, None, None, 4, 2, "evaluate", False)
+    assert str(err.value) == unread("evaluate", "generator", "generator")
+    with pytest.raises(TypeError) as err:
+        data.prediction_data(iter([X]), 4, 2)
+    assert str(err.value) == unread("predict", "iterator", "list_iterator")
+
+
+class Net(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def call(self, x: Any) -> Any:
+        return self.dense(x)
