@@ -237,6 +237,15 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         if rt.rank == 0:
             _say_microbatch_statistics(self, rt.config.microbatches, example)
         graph = trace(self, example)
+        if rt.rank == 0 and any(
+            getattr(t, "_keras_mask", None) is not None for t in tree.flatten(graph.structure)
+        ):  # fit refuses such a model (training.losses.check_output_mask); a loop is told
+            log.warning(
+                "the output of %r carries a Keras mask (padding), which a Keras loss in one "
+                "process weighs by; the outputs of a @tfsift.step carry none, so a loss there "
+                "counts the masked positions: weigh it by the padding yourself",
+                self.name,
+            )
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         layout = plan_bounds(
             graph,

@@ -8,7 +8,8 @@ stages with regularized weights on each (an L2 kernel, an L1 bias): ``fit`` and
 a layer that calls ``add_loss`` on the last stage, refused by ``fit`` on every rank; the
 README's loop, ``model.losses`` in its step refused and ``tfsift.add_weight_penalties``
 after ``tfsift.allreduce``, against the same reference; a regularized embedding tied to
-the head across the 2 stages, trained by ``fit``, against one process's Keras model.
+the head across the 2 stages, trained by ``fit``, against one process's Keras model; a
+model whose output carries a padding mask, refused by ``fit`` on every rank.
 
 usage: update_check.py
   The weightless stage applies nothing but must still take its part in the other stage's
@@ -250,6 +251,32 @@ def add_loss_refused() -> str:
     return "not refused"
 
 
+class Padded(tfsift.DistributedModel):
+    """Token ids with padding 0 (``mask_zero``): the mask reaches the output, across the cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = keras.layers.Embedding(6, 4, mask_zero=True, name="tokens")
+        with tfsift.partition(1):
+            self.head = keras.layers.Dense(3, name="token_head")
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.embed(x))
+
+
+def mask_refused() -> str:
+    """What fit says, on every rank, of a model whose output carries a mask."""
+    model = Padded()
+    model.compile(optimizer="sgd", loss=LOSS)
+    x, y = data()
+    tokens = (np.abs(x[:, :4]) * 3).astype("int32") % 6  # some zeros: padding
+    try:
+        model.fit(tokens, np.stack([y] * 4, 1), batch_size=B, epochs=1, verbose=0)
+    except ValueError as err:
+        return str(err)
+    return "not refused"
+
+
 def tied_layers() -> list[keras.layers.Layer]:
     """A regularized embedding that is also the head, and a norm between its two calls."""
     return [
@@ -315,6 +342,7 @@ def main() -> None:
     found.update(regularized())
     found.update(looped_penalties())
     found["add_loss"] = add_loss_refused()
+    found["output_mask"] = mask_refused()
     found.update(tied_penalty())  # last: it initialises another config
     report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
 

@@ -287,3 +287,34 @@ def test_batchnorm_on_microbatches_is_said_to_normalize_by_each_microbatch(
             "BatchNormalization layers (norm) normalize by each microbatch's statistics in "
             "training (4 samples a call, microbatches=2), not by the whole batch's"
         ]
+
+
+class Padded(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = keras.layers.Embedding(5, 4, mask_zero=True)
+        self.head = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.embed(x))
+
+
+def test_a_step_of_a_model_whose_output_is_masked_says_its_outputs_carry_no_mask(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tfsift.init({})
+    model = Padded()
+    x = tf.constant([[1, 2, 0, 0], [3, 4, 1, 0]])
+
+    @tfsift.step
+    def scores(tokens: tf.Tensor) -> Any:
+        return model(tokens)
+
+    with caplog.at_level("WARNING", logger="tfsift"):
+        out = scores(x)
+    assert getattr(out.concat(), "_keras_mask", None) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the output of {model.name!r} carries a Keras mask (padding), which a Keras loss in "
+        "one process weighs by; the outputs of a @tfsift.step carry none, so a loss there "
+        "counts the masked positions: weigh it by the padding yourself"
+    ]

@@ -25,6 +25,7 @@ from tfsift.training import data
 from tfsift.training.callbacks import check_writable, for_rank
 from tfsift.training.compiled import Compiled, compiled_of, predict_step_of
 from tfsift.training.logs import replica_logs, replica_mean
+from tfsift.training.losses import check_output_mask
 from tfsift.training.progress import SiftedProgbar
 
 if TYPE_CHECKING:
@@ -335,6 +336,7 @@ def _train_batch(
     back to the sifted dataset."""
     x, y, weight = batch
     grads, loss, y_pred = compiled.train_step(x, y, *_weights(weight))
+    check_output_mask(model)  # on every rank, before any update
     grads, penalty = compiled.penalties.apply(allreduce(grads))  # Keras' model.losses
     # every stage, one without trainable variables too: it takes its part in the sums the
     # others' update makes over the pipeline (a global norm, a loss scale's finite check)
@@ -377,6 +379,7 @@ def _test_loop(
         cbs.on_test_batch_begin(n)
         loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
         if n == 0:  # after a step (the model partitioned); the weights stay as they are
+            check_output_mask(model)
             penalty = compiled.penalties.value()
         logs = _update(compiled, tracker, loss, y_pred, y, weight, penalty)
         cbs.on_test_batch_end(n, logs)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
+from keras import tree
+
+if TYPE_CHECKING:
+    from tfsift.model import DistributedModel
 
 
 class PerSampleMean(keras.losses.Loss):  # type: ignore[misc]
@@ -66,6 +70,35 @@ def check_reduction(loss: keras.losses.Loss) -> None:
             f"reduction={MEAN!r} (Keras' default): pass the loss with that reduction (and "
             "scale it yourself for a sum). Received: "
             f"{type(loss).__name__}(reduction={reduction!r})"
+        )
+
+
+def check_output_mask(model: DistributedModel) -> None:
+    """Refuses, on every rank, a partitioned model whose output carries a Keras mask.
+
+    Keras' losses weigh each position by the mask on the model's output (padding from an
+    ``Embedding(mask_zero=True)`` or a ``Masking`` layer that reaches it) and average
+    over the unmasked ones; the outputs of tfsift's stages carry no mask, so ``fit``'s
+    loss would count the padding (an embedding model's weights were 0.05 from Keras'
+    after two epochs, equal to those of Keras without the mask). Every rank traced the
+    same model, so each raises alike.
+
+    Raises:
+        ValueError: an output of the traced model has a mask.
+    """
+    partitioned = model.partitioned
+    if partitioned is None:
+        return
+    outputs = tree.flatten(partitioned.graph.structure)
+    masked = [i for i, t in enumerate(outputs) if getattr(t, "_keras_mask", None) is not None]
+    if masked:
+        raise ValueError(
+            "tfsift's fit and evaluate do not weigh the loss by a mask on the model's "
+            "output, as Keras' losses do (padding from Embedding(mask_zero=True) or Masking "
+            "that reaches the output): the loss would count the masked positions. Stop the "
+            "mask before the output and pass the padding as sample_weight, or weigh the "
+            "loss yourself in a @tfsift.step loop. Received: a mask on output "
+            f"{', '.join(map(str, masked))} of model {model.name!r}"
         )
 
 

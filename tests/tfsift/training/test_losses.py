@@ -114,3 +114,54 @@ def test_a_loss_fit_would_reduce_otherwise_than_keras_is_refused_at_compile(
         f"SparseCategoricalCrossentropy(reduction={reduction!r})"
     )
     assert getattr(model, "optimizer", None) is None  # refused before Keras compiled
+
+
+class Tokens(tfsift.DistributedModel):
+    def __init__(self, mask_zero: bool) -> None:
+        super().__init__()
+        self.embed = keras.layers.Embedding(12, 8, mask_zero=mask_zero, name="embed")
+        self.head = keras.layers.Dense(12, name="head")
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.embed(x))
+
+
+def tokens() -> tuple[np.ndarray, np.ndarray]:
+    """Sequences of 6 token ids, the first half of every 16 padded (0) after 2 tokens."""
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(1, 12, size=(32, 6)), rng.integers(0, 12, size=(32, 6))
+    x[np.arange(32) % 16 < 8, 2:] = 0
+    return x, y
+
+
+def test_a_mask_on_the_output_is_refused_and_the_padding_as_weights_equals_keras() -> None:
+    # with the mask Keras averages over the unmasked positions; fit averaged over all of
+    # them (the weights 0.05 from Keras' after two epochs, equal to Keras' without a mask)
+    tfsift.init({"microbatches": 2})
+    x, y = tokens()
+    model = Tokens(mask_zero=True)
+    model.compile(optimizer="sgd", loss=LOSS_OBJECT)
+    for run in (lambda: model.fit(x, y, batch_size=16, verbose=0),
+                lambda: model.evaluate(x, y, batch_size=16, verbose=0)):  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            run()
+        assert str(err.value) == (
+            "tfsift's fit and evaluate do not weigh the loss by a mask on the model's output, "
+            "as Keras' losses do (padding from Embedding(mask_zero=True) or Masking that "
+            "reaches the output): the loss would count the masked positions. Stop the mask "
+            "before the output and pass the padding as sample_weight, or weigh the loss "
+            "yourself in a @tfsift.step loop. Received: a mask on output 0 of model 'tokens'"
+        )
+    # what it says to do: no mask, the padding weighted 0, as Keras weighs it
+    weights = (x != 0).astype(np.float32)
+    keras.utils.set_random_seed(1)
+    plain = Tokens(mask_zero=False)
+    ref = keras.Sequential([keras.Input((6,), dtype="int32"), plain.embed, plain.head])
+    model = Tokens(mask_zero=False)
+    model.predict(x[:2], verbose=0)
+    model.set_weights(ref.get_weights())
+    for m in (ref, model):
+        m.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS_OBJECT)
+        m.fit(x, y, sample_weight=weights, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)

@@ -89,6 +89,19 @@ def test_fit_refuses_add_loss_on_every_stage() -> None:
 
 
 @mpi.TWO_STAGES.mark
+def test_fit_refuses_a_mask_on_the_output_on_every_stage() -> None:
+    # Keras' loss would average over the unmasked positions only; fit's counted them all
+    for rep in JOB().values():
+        assert rep["output_mask"] == (
+            "tfsift's fit and evaluate do not weigh the loss by a mask on the model's output, "
+            "as Keras' losses do (padding from Embedding(mask_zero=True) or Masking that "
+            "reaches the output): the loss would count the masked positions. Stop the mask "
+            "before the output and pass the padding as sample_weight, or weigh the loss "
+            "yourself in a @tfsift.step loop. Received: a mask on output 0 of model 'padded'"
+        )
+
+
+@mpi.TWO_STAGES.mark
 def test_a_regularized_embedding_tied_across_stages_trains_as_in_one_process() -> None:
     for rep in JOB().values():
         assert rep["tied_held"] == ["embed/embeddings"]  # a copy on each stage
