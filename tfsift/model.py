@@ -50,6 +50,32 @@ class Partitioned:
     pipeline: str = ""  # the schedule it was planned for (what pipeline="auto" chose)
     virtual_stages: int = 1  # the chunks each rank runs (what pipeline="auto" chose)
     deferred: tuple[int, ...] | None = None  # zero_bubble's W's deferred per stage (the plan's)
+    # every variable of the traced model, and the ids of those trainable when it was
+    # partitioned: each stage computes the gradients of those (``check_trainable``)
+    watched: tuple[Any, ...] = ()
+    trainable_then: frozenset[int] = frozenset()
+
+    def check_trainable(self) -> None:
+        """Refuses a step after a layer was frozen or unfrozen (``layer.trainable``) since
+        the model was partitioned: the stages compute the gradients of the weights that
+        were trainable then, which the optimizer would pair with others (fine-tuning with
+        a layer frozen after the first epoch trained it on, and moved the others by its
+        gradients). Every rank holds every layer's flags, so each raises alike.
+
+        Raises:
+            ValueError: a variable's ``trainable`` differs from when the model was
+                partitioned.
+        """
+        changed = [v for v in self.watched if v.trainable != (id(v) in self.trainable_then)]
+        if changed:
+            now = ", ".join(f"{v.path} (trainable={v.trainable})" for v in changed)
+            raise ValueError(
+                "a layer's trainable flag changed after the model was partitioned; tfsift "
+                "fixes each stage's trainable weights when it partitions the model (its first "
+                "step). Set trainable before the first step: for fine-tuning, save the weights "
+                "(tfsift.save_weights or a CheckpointManager) and load them into a new model "
+                f"with the layers frozen. Received: {now}"
+            )
 
 
 # The trainable variables of this process's stages of pipelines (K > 1), by id: an optimizer
@@ -232,6 +258,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         rt = runtime.get()
         if self.partitioned is not None:
             _check_same_partitioning(self.partitioned.config, rt.config)
+            self.partitioned.check_trainable()  # a new step function's first call
             return self.partitioned
         _refuse_synchronized_statistics(self, rt.topology.replicas)
         if rt.rank == 0:
@@ -267,6 +294,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         # Replicas must start equal; the optimizer's slots are created equal (zeros) later.
         broadcast_variables(stage.graph.variables())
         first = stage.stages[0].graph
+        whole = graph.stage(0, len(graph))  # every stage's layers (this rank keeps only its own)
         part = Partitioned(
             graph,
             bounds,
@@ -279,6 +307,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             layout.pipeline,
             v,
             layout.deferred,
+            tuple(whole.variables()),
+            frozenset(id(var) for var in whole.trainable_variables()),
         )
         self._tfsift.partitioned = part
         if K > 1:

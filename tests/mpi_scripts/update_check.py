@@ -9,7 +9,8 @@ a layer that calls ``add_loss`` on the last stage, refused by ``fit`` on every r
 README's loop, ``model.losses`` in its step refused and ``tfsift.add_weight_penalties``
 after ``tfsift.allreduce``, against the same reference; a regularized embedding tied to
 the head across the 2 stages, trained by ``fit``, against one process's Keras model; a
-model whose output carries a padding mask, refused by ``fit`` on every rank.
+model whose output carries a padding mask, and a layer frozen after the first step, each
+refused by ``fit`` on every rank.
 
 usage: update_check.py
   The weightless stage applies nothing but must still take its part in the other stage's
@@ -251,6 +252,21 @@ def add_loss_refused() -> str:
     return "not refused"
 
 
+def refrozen() -> str:
+    """What fit says, on every rank, after a layer of stage 0 was frozen since the model was
+    partitioned (rank 1 holds that layer's flags too)."""
+    model = Net()
+    model.compile(optimizer="sgd", loss=LOSS)
+    model.fit(*data(), batch_size=B, epochs=1, verbose=0)
+    model.a.trainable = False
+    model.compile(optimizer="sgd", loss=LOSS)
+    try:
+        model.fit(*data(), batch_size=B, epochs=1, verbose=0)
+    except ValueError as err:
+        return str(err).replace(model.a.name, "A")
+    return "not refused"
+
+
 class Padded(tfsift.DistributedModel):
     """Token ids with padding 0 (``mask_zero``): the mask reaches the output, across the cut."""
 
@@ -343,6 +359,7 @@ def main() -> None:
     found.update(looped_penalties())
     found["add_loss"] = add_loss_refused()
     found["output_mask"] = mask_refused()
+    found["refrozen"] = refrozen()
     found.update(tied_penalty())  # last: it initialises another config
     report(rank=tfsift.rank(), stage=tfsift.mp_rank(), **found)
 

@@ -318,3 +318,31 @@ def test_a_step_of_a_model_whose_output_is_masked_says_its_outputs_carry_no_mask
         "one process weighs by; the outputs of a @tfsift.step carry none, so a loss there "
         "counts the masked positions: weigh it by the padding yourself"
     ]
+
+
+def test_a_layer_frozen_before_the_first_step_stays_and_one_frozen_after_is_refused() -> None:
+    # after the first step, fit kept training the frozen layer and the optimizer paired
+    # the other gradients with other weights (every weight 0.001 to 0.045 from Keras')
+    tfsift.init({"microbatches": 2})
+    x, y = batch()
+    model = Mlp()
+    model.a.trainable = False  # before the model is partitioned: its stage's gradients skip it
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    model.fit(x, y, batch_size=8, verbose=0)
+    kept = [w.copy() for w in model.a.get_weights()]
+    model.fit(x, y, batch_size=8, verbose=0)
+    for a, b in zip(kept, model.a.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    model.a.trainable = True
+    step = standard_step(model)
+    with pytest.raises(ValueError) as err:
+        step(x, y)
+    name = model.a.name
+    assert str(err.value) == (
+        "a layer's trainable flag changed after the model was partitioned; tfsift fixes each "
+        "stage's trainable weights when it partitions the model (its first step). Set "
+        "trainable before the first step: for fine-tuning, save the weights "
+        "(tfsift.save_weights or a CheckpointManager) and load them into a new model with "
+        f"the layers frozen. Received: {name}/kernel (trainable=True), {name}/bias "
+        "(trainable=True)"
+    )

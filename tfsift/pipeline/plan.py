@@ -133,8 +133,11 @@ class StepPlan:
 
         Raises:
             RuntimeError: ``tfsift.init`` was called again since the plan was made.
-            ValueError: the arguments' structure differs from the first call's.
+            ValueError: the arguments' structure differs from the first call's, or a
+                layer's ``trainable`` changed since the model was partitioned.
         """
+        if self.model.partitioned is not None:
+            self.model.partitioned.check_trainable()
         if rt is not self.runtime:
             raise RuntimeError(
                 "tfsift.init was called again after this @tfsift.step function was planned "

@@ -102,6 +102,19 @@ def test_fit_refuses_a_mask_on_the_output_on_every_stage() -> None:
 
 
 @mpi.TWO_STAGES.mark
+def test_a_layer_frozen_after_the_first_step_is_refused_on_every_stage() -> None:
+    # the stages would compute the gradients of the weights trainable at the first step
+    for rep in JOB().values():
+        assert rep["refrozen"] == (
+            "a layer's trainable flag changed after the model was partitioned; tfsift fixes "
+            "each stage's trainable weights when it partitions the model (its first step). "
+            "Set trainable before the first step: for fine-tuning, save the weights "
+            "(tfsift.save_weights or a CheckpointManager) and load them into a new model with "
+            "the layers frozen. Received: A/kernel (trainable=False), A/bias (trainable=False)"
+        )
+
+
+@mpi.TWO_STAGES.mark
 def test_a_regularized_embedding_tied_across_stages_trains_as_in_one_process() -> None:
     for rep in JOB().values():
         assert rep["tied_held"] == ["embed/embeddings"]  # a copy on each stage
