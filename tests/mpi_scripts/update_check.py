@@ -40,6 +40,8 @@ OPTIMIZERS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "accumulated": lambda: keras.optimizers.SGD(
         0.5, global_clipnorm=CLIP, gradient_accumulation_steps=2
     ),
+    # fit ends with the moving averages, the stage without variables finalizing none
+    "ema": lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.9),
 }
 
 

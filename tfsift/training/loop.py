@@ -128,6 +128,10 @@ def fit(
         cbs.on_epoch_end(epoch, epoch_logs)
         if model.stop_training:
             break
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        # as Keras' fit ends: with use_ema, the weights become their moving averages (each
+        # rank its stage's, whose averages its optimizer holds)
+        model.optimizer.finalize_variable_values(model.trainable_weights)
     cbs.on_train_end(logs=epoch_logs)
     object.__setattr__(model, "_fit_sifted", None)
     return next(c for c in cbs.callbacks if isinstance(c, keras.callbacks.History))
