@@ -44,6 +44,7 @@ def test_apply_gradients_refuses_a_norm_or_finite_check_of_one_stage() -> None:
     by_stage = {r["stage"]: r["apply_gradients"] for r in reports.values()}
     assert by_stage[0] == {
         "plain": "applied",  # nothing it computes spans the gradients
+        "ema": "applied",  # nor do moving averages
         "clipnorm": CLIPS,
         "accumulated": CLIPS,
         "loss_scale": "on a pipeline, a LossScaleOptimizer's own apply (apply_gradients) "
