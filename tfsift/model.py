@@ -54,6 +54,9 @@ class Partitioned:
     # partitioned: each stage computes the gradients of those (``check_trainable``)
     watched: tuple[Any, ...] = ()
     trainable_then: frozenset[int] = frozenset()
+    # the indices of the traced model's outputs that carry a Keras mask (padding), which
+    # no stage's output carries on (``tfsift.training.losses.check_output_mask``)
+    masked_outputs: tuple[int, ...] = ()
 
     def check_trainable(self) -> None:
         """Refuses a step after a layer was frozen or unfrozen (``layer.trainable``) since
@@ -260,13 +263,17 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _check_same_partitioning(self.partitioned.config, rt.config)
             self.partitioned.check_trainable()  # a new step function's first call
             return self.partitioned
-        _refuse_synchronized_statistics(self, rt.topology.replicas)
+        norms = _batch_norms(self)
+        _refuse_synchronized_statistics(norms, rt.topology.replicas)
         if rt.rank == 0:
-            _say_microbatch_statistics(self, rt.config.microbatches, example)
+            _say_microbatch_statistics(norms, rt.config.microbatches, example)
         graph = trace(self, example)
-        if rt.rank == 0 and any(
-            getattr(t, "_keras_mask", None) is not None for t in tree.flatten(graph.structure)
-        ):  # fit refuses such a model (training.losses.check_output_mask); a loop is told
+        masked = tuple(
+            i
+            for i, t in enumerate(tree.flatten(graph.structure))
+            if getattr(t, "_keras_mask", None) is not None
+        )
+        if rt.rank == 0 and masked:  # fit refuses such a model (check_output_mask); a loop is told
             log.warning(
                 "the output of %r carries a Keras mask (padding), which a Keras loss in one "
                 "process weighs by; the outputs of a @tfsift.step carry none, so a loss there "
@@ -309,6 +316,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             layout.deferred,
             tuple(whole.variables()),
             frozenset(id(var) for var in whole.trainable_variables()),
+            masked,
         )
         self._tfsift.partitioned = part
         if K > 1:
@@ -647,37 +655,44 @@ def _check_same_partitioning(made: Config, now: Config) -> None:
         )
 
 
-def _say_microbatch_statistics(model: keras.Model, M: int, example: Sequence[Any]) -> None:
-    """Rank 0 says, once per model, that its BatchNormalization layers normalize by each
-    microbatch's statistics in training: with M > 1 a step's batch reaches them M calls
-    of its microbatches, as in GPipe and torch's pipelining, where one Keras process with
-    the same batch normalizes by the whole batch's."""
-    if M == 1:
-        return
-    names = [
-        layer.name
+def _batch_norms(model: keras.Model) -> list[keras.layers.BatchNormalization]:
+    """The model's BatchNormalization layers, which compute over the batch in training."""
+    return [
+        layer
         for layer in model._flatten_layers(include_self=False)
         if isinstance(layer, keras.layers.BatchNormalization)
     ]
-    if names:
-        rows = tree.flatten(list(example))[0].shape[0]
-        log.info(
-            "BatchNormalization layers (%s) normalize by each microbatch's statistics in "
-            "training (%s samples a call, microbatches=%d), not by the whole batch's",
-            ", ".join(names),
-            rows,
-            M,
-        )
 
 
-def _refuse_synchronized_statistics(model: keras.Model, replicas: int) -> None:
+def _say_microbatch_statistics(
+    norms: Sequence[keras.layers.BatchNormalization], M: int, example: Sequence[Any]
+) -> None:
+    """Rank 0 says, once per model, that its BatchNormalization layers ``norms`` normalize
+    by each microbatch's statistics in training: with M > 1 a step's batch reaches them M
+    calls of its microbatches, as in GPipe and torch's pipelining, where one Keras process
+    with the same batch normalizes by the whole batch's."""
+    if M == 1 or not norms:
+        return
+    rows = tree.flatten(list(example))[0].shape[0]
+    log.info(
+        "BatchNormalization layers (%s) normalize by each microbatch's statistics in "
+        "training (%s samples a call, microbatches=%d), not by the whole batch's",
+        ", ".join(layer.name for layer in norms),
+        rows,
+        M,
+    )
+
+
+def _refuse_synchronized_statistics(
+    norms: Sequence[keras.layers.BatchNormalization], replicas: int
+) -> None:
     """Keras' ``BatchNormalization(synchronized=True)`` asks for the statistics of every
     replica's batch, which tfsift's replicas do not share: refused rather than run as
     ``synchronized=False`` without a word (every rank raises, before any training)."""
     if replicas == 1:
         return
-    for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, keras.layers.BatchNormalization) and layer.synchronized:
+    for layer in norms:
+        if layer.synchronized:
             raise ValueError(
                 "BatchNormalization(synchronized=True) normalizes by the statistics of every "
                 "replica's batch, which tfsift's data-parallel replicas do not share (each "

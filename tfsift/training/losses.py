@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
-from keras import tree
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
@@ -84,13 +83,10 @@ def check_output_mask(model: DistributedModel) -> None:
     same model, so each raises alike.
 
     Raises:
-        ValueError: an output of the traced model has a mask.
+        ValueError: an output of the traced model has a mask (``Partitioned.masked_outputs``,
+            found once when it was partitioned).
     """
-    partitioned = model.partitioned
-    if partitioned is None:
-        return
-    outputs = tree.flatten(partitioned.graph.structure)
-    masked = [i for i, t in enumerate(outputs) if getattr(t, "_keras_mask", None) is not None]
+    masked = model.partitioned.masked_outputs if model.partitioned is not None else ()
     if masked:
         raise ValueError(
             "tfsift's fit and evaluate do not weigh the loss by a mask on the model's "
