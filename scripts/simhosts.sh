@@ -119,7 +119,10 @@ stop_delayline() {  # host K's, if it runs; its TAP devices go with it (its fds 
   pid="$(delayline_pid "$1 ")"
   [ -n "$pid" ] || return 0
   kill "$pid"
-  wait_for sh -c "! ip -n $SWITCH link show p$1 >/dev/null 2>&1"
+  # both ends: the host's may outlive the switch's a moment, and delay off would then find
+  # it, give the host no veth, and leave it without a link once it went
+  wait_for sh -c "! ip -n $SWITCH link show p$1 >/dev/null 2>&1 &&
+    ! ip -n $PREFIX$1 link show $IFACE >/dev/null 2>&1"
   tail -n 1 "$(delayline_log "$1")"  # what it copied and the CPU it took
 }
 
