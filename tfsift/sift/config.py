@@ -117,7 +117,7 @@ class SiftConfig:
         log_dir: where rank 0 writes the metrics as TensorBoard scalars (None: the
             run's ``log_dir`` from ``tfsift.init``, if set; else not written).
         loss_kind: which closed form the grad_norm method uses for the gradient at the
-            logits; ``"auto"`` picks from the labels (see ``tfsift.sift.scores``).
+            logits; ``"auto"`` picks from the labels (see ``tfsift.sift.experimental.scores``).
         scores: where the losses the policy ranks come from (None: ``"training"`` with
             ``policy="infobatch"``, else ``"forward"``): ``"forward"`` scores the
             candidates with a forward pass (``scorer``); ``"training"`` runs none and uses

@@ -8,14 +8,16 @@ keep the k samples with
     big_loss          the highest losses
     small_loss        the lowest losses
     uniform           k positions drawn without replacement from the rng
-    grad_norm         the highest gradient norms at the logits (``tfsift.sift.scores``)
+    grad_norm         the highest gradient norms at the logits
     adaboost          the highest a_i = 0.5 ln((1 + l~_i) / (1 - l~_i)),
                       l~ = min(l / (max l + 1e-12), 1 - 1e-6)
     coreset_extremes  the ceil(k/2) highest and the floor(k/2) lowest losses
     coreset_mean      the losses closest to the batch's mean loss
 
-with ties to the lower index. ``relative`` (``tfsift.sift.relative``) and ``adaptive``
-(``tfsift.sift.experimental.adaptive``) carry state across steps. ``make_policy`` builds
+with ties to the lower index (grad_norm's and adaboost's scores are AdaSelection's, in
+its experimental part: ``tfsift.sift.experimental.scores``). ``relative``
+(``tfsift.sift.relative``) and ``adaptive`` (``tfsift.sift.experimental.adaptive``) carry
+state across steps. ``make_policy`` builds
 any of them behind one interface, ``tfsift.sift.selection.Policy``.
 """
 
@@ -28,16 +30,13 @@ import numpy.typing as npt
 
 from tfsift.sift.config import METHODS, SiftConfig
 from tfsift.sift.relative import RelativePolicy
-from tfsift.sift.scores import adaboost_alphas, grad_norms
 from tfsift.sift.selection import (
     FloatArray,
     IntArray,
     Policy,
     Selection,
     check_losses,
-    finite_rows,
     kept_count,
-    require_logits,
     top_k,
 )
 
@@ -45,7 +44,6 @@ from tfsift.sift.selection import (
 LOSS_SCORES: dict[str, Callable[[FloatArray], FloatArray]] = {
     "big_loss": lambda losses: losses,
     "small_loss": lambda losses: -losses,
-    "adaboost": adaboost_alphas,
     "coreset_mean": lambda losses: -np.abs(losses - losses.mean()),
 }
 
@@ -93,14 +91,16 @@ class FractionPolicy(Policy):
         """The k samples `method` keeps among the finite ones; probs are k / B (B the
         finite count)."""
         array = check_losses(losses)
-        if self.needs_logits:
-            require_logits(self.method, logits, labels)
         finite = np.flatnonzero(np.isfinite(array))
+        if self.needs_logits:  # grad_norm: the experimental part
+            from tfsift.sift.experimental.scores import finite_rows, require_logits
+
+            require_logits(self.method, logits, labels)
+            logits, labels = (finite_rows(v, finite, len(array)) for v in (logits, labels))
         if len(finite) == 0:
             return Selection.empty()
         k = min(kept_count(self.keep, len(array)), len(finite))
-        rows = (finite_rows(logits, finite, len(array)), finite_rows(labels, finite, len(array)))
-        chosen = choose(self.method, array[finite], k, rng, *rows, loss_kind=self.loss_kind)
+        chosen = choose(self.method, array[finite], k, rng, logits, labels, self.loss_kind)
         return Selection(finite[chosen], np.full(k, k / len(finite)))
 
 
@@ -123,7 +123,11 @@ def choose(
         if rng is None:
             raise ValueError("the uniform method needs an rng. Received: rng=None")
         return np.sort(rng.choice(len(losses), size=k, replace=False)).astype(np.int64)
-    if method == "grad_norm":
+    if method in ("grad_norm", "adaboost"):  # AdaSelection's scores: the experimental part
+        from tfsift.sift.experimental.scores import adaboost_alphas, grad_norms, require_logits
+
+        if method == "adaboost":
+            return top_k(adaboost_alphas(losses), k)
         require_logits(method, logits, labels)
         assert logits is not None and labels is not None
         return top_k(grad_norms(logits, labels, loss_kind), k)

@@ -15,6 +15,7 @@ The epoch loop around the rounds (reading, agreeing, buffering, yielding) is the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -107,6 +108,34 @@ class Rounds:
         self.scorer.learn(_positions_in(scored, chosen.indices, n))
         self.metrics.time_scoring += time.perf_counter() - start
         return leaves, _with_unscored(chosen.indices, chosen.probs, unscored)
+
+    def state(self) -> dict[str, Any]:
+        """The policy's, the scorer's, the score table's and the counters' state."""
+        recorder, cache = self.recorder, self.cache
+        return {
+            "policy": self.policy.state(),
+            "rounds": self.count,
+            "metrics": dataclasses.asdict(self.metrics),
+            "cache": None if cache is None else cache.state(),
+            "scorer": self.scorer.state(),
+            "recorder": None if recorder is None else recorder.state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restores ``state()`` (the keys a ``Sifter``'s state adds are left alone)."""
+        self.policy.load_state(state["policy"])
+        self.count, self.metrics = int(state["rounds"]), SiftMetrics(**state["metrics"])
+        if self.cache is not None and state["cache"] is not None:
+            self.cache.load_state(state["cache"])
+        self.scorer.load_state(state["scorer"])
+        if self.recorder is not None and state.get("recorder") is not None:
+            self.recorder.load_state(state["recorder"])
+
+    def prepare(self, leaves: Leaves) -> None:
+        """Offers the next round to the scorer before the steps that precede it (overlap),
+        if it is scored whole."""
+        if self.scored_whole(leaves):
+            self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
 
     def scored_whole(self, leaves: Leaves) -> bool:
         """Whether the round of ``leaves`` is scored whole, in one call of these very

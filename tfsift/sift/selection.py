@@ -125,30 +125,3 @@ def top_k(scores: FloatArray, k: int) -> IntArray:
     """The k highest scores' positions, ascending; ties go to the lower index."""
     order = np.argsort(-scores, kind="stable")[:k]
     return np.sort(order).astype(np.int64)
-
-
-def finite_rows(values: npt.ArrayLike | None, finite: IntArray, B: int) -> npt.NDArray[Any] | None:
-    """The rows of `values` (logits or labels, one row per sample) at `finite`."""
-    if values is None:
-        return None
-    array = np.asarray(values)
-    if array.ndim == 0 or len(array) != B:
-        raise ValueError(
-            f"logits and labels must have one row per sample. Received: shape={array.shape} "
-            f"for a batch of {B}"
-        )
-    return array[finite]
-
-
-def require_logits(method: str, logits: npt.ArrayLike | None, labels: npt.ArrayLike | None) -> None:
-    """Raises unless the logits and labels `method` needs were given."""
-    if logits is None or labels is None:
-        raise ValueError(
-            f"the {method} method needs the logits and labels of the scored samples; pass "
-            f"logits= and labels= to select. Received: logits={_shape(logits)}, "
-            f"labels={_shape(labels)}"
-        )
-
-
-def _shape(value: npt.ArrayLike | None) -> str:
-    return "None" if value is None else f"shape {np.shape(value)}"

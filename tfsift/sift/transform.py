@@ -30,7 +30,6 @@ the losses the loop hands back after each step (``tfsift.sift.recorder``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -244,7 +243,7 @@ class Sifter:
     @batch_size.setter
     def batch_size(self, value: int | None) -> None:
         self.rounds.batch_size = value
-        self.rounds.scorer.batch_size = value
+        self.scorer.batch_size = value
 
     @property
     def scorer(self) -> Scorer:
@@ -253,7 +252,7 @@ class Sifter:
 
     @property
     def policy(self) -> Policy | InfoBatchPolicy:
-        """What selects among them (the rounds')."""
+        """What selects among them (the rounds'; an ``IndexedSifter`` has one too)."""
         return self.rounds.policy
 
     @property
@@ -269,18 +268,12 @@ class Sifter:
     def state(self) -> dict[str, Any]:
         """Everything needed to continue exactly from the last batch yielded: plain NumPy
         arrays, numbers and strings (for ``tfsift.CheckpointManager``)."""
-        cache = self.rounds.cache
         return {
-            "policy": self.policy.state(),
-            "rounds": self.rounds.count,
+            **self.rounds.state(),
             "batches_read": self.batches_read - self._unsifted,
             "batch_size": self.batch_size,
             "epoch_read": self.epoch_read - self._unsifted,
             "buffer": self.buffer.state(),
-            "metrics": dataclasses.asdict(self.metrics),
-            "cache": None if cache is None else cache.state(),
-            "scorer": self.scorer.state(),
-            "recorder": None if self.recorder is None else self.recorder.state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -297,15 +290,8 @@ class Sifter:
                 "policy='infobatch'). "
                 "Received: the state of a dataset sifted by row"
             )
-        self.policy.load_state(state["policy"])
-        self.rounds.count, self.batches_read = int(state["rounds"]), int(state["batches_read"])
-        self.batch_size = state["batch_size"]
-        self.rounds.metrics = SiftMetrics(**state["metrics"])
-        if self.rounds.cache is not None and state["cache"] is not None:
-            self.rounds.cache.load_state(state["cache"])
-        self.scorer.load_state(state["scorer"])
-        if self.recorder is not None and state.get("recorder") is not None:
-            self.recorder.load_state(state["recorder"])
+        self.batches_read, self.batch_size = int(state["batches_read"]), state["batch_size"]
+        self.rounds.load_state(state)  # the scorer's after B, as B is set on it
         self._resume = (int(state["epoch_read"]), SampleBuffer.from_state(state["buffer"]))
 
     def start_next_epoch(self) -> None:
@@ -341,8 +327,7 @@ class Sifter:
                 n, more = group.agree(ready, COUNTS)
                 if n and more and self.config.overlap and self.batches_read > self.config.delay:
                     assert leaves is not None
-                    if self.rounds.scored_whole(leaves):
-                        self.scorer.prepare(tree.pack_sequence_as(self.element_spec, leaves))
+                    self.rounds.prepare(leaves)
                 for _ in range(n):
                     yield self._emit(buffer, B)
                 if not more:  # the shortest shard ended: every replica stops here

@@ -24,7 +24,7 @@ import tfsift.sift, tfsift.sift.config, tfsift.sift.policies
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.policies import make_policy
 
-for name in ("relative", "big_loss", "adaptive"):
+for name in ("relative", "big_loss", "adaboost", "adaptive"):
     policy = make_policy(SiftConfig(policy=name, methods=("big_loss", "uniform")))
     policy.observe([1.0, 2.0, 3.0])
     policy.select([1.0, 2.0, 3.0], np.random.default_rng(0))

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 import tfsift.sift.config
 import tfsift.sift.experimental.adaptive
+import tfsift.sift.experimental.scores
 import tfsift.sift.policies
 import tfsift.sift.relative
-import tfsift.sift.scores
 import tfsift.sift.selection
 from tfsift.sift.config import METHODS, POLICIES, SiftConfig
 from tfsift.sift.experimental.adaptive import AdaptivePolicy
@@ -209,7 +209,7 @@ def test_selection_is_sorted_unique_finite_and_at_most_k(
         tfsift.sift.config,
         tfsift.sift.policies,
         tfsift.sift.relative,
-        tfsift.sift.scores,
+        tfsift.sift.experimental.scores,
         tfsift.sift.selection,
     ],
 )

@@ -4,9 +4,7 @@ import pytest
 from tfsift.sift.selection import (
     Selection,
     check_losses,
-    finite_rows,
     kept_count,
-    require_logits,
     top_k,
 )
 
@@ -78,24 +76,3 @@ def test_kept_count_is_floor_of_keep_times_batch_but_at_least_one(
 def test_top_k_breaks_ties_toward_the_lower_index() -> None:
     assert top_k(np.array([1.0, 3.0, 3.0, 2.0, 3.0]), 2).tolist() == [1, 2]
     assert top_k(np.array([5.0, 1.0, 5.0]), 2).tolist() == [0, 2]
-
-
-def test_finite_rows_takes_rows_and_checks_the_batch() -> None:
-    rows = finite_rows(np.arange(8).reshape(4, 2), np.array([1, 3]), 4)
-    assert rows is not None
-    assert rows.tolist() == [[2, 3], [6, 7]]
-    assert finite_rows(None, np.array([0]), 4) is None
-    with pytest.raises(ValueError) as caught:
-        finite_rows(np.zeros((3, 2)), np.array([0]), 4)
-    assert str(caught.value) == (
-        "logits and labels must have one row per sample. Received: shape=(3, 2) for a batch of 4"
-    )
-
-
-def test_require_logits_names_the_method() -> None:
-    with pytest.raises(ValueError) as caught:
-        require_logits("grad_norm", None, np.zeros(4))
-    assert str(caught.value) == (
-        "the grad_norm method needs the logits and labels of the scored samples; pass logits= "
-        "and labels= to select. Received: logits=None, labels=shape (4,)"
-    )

@@ -5,7 +5,8 @@ apart from the core of ``tfsift.sift``: ``SiftConfig(scorer="early_exit")`` scor
 stage 0's layers and a small head that learns online (``early_exit``, ``exit_head``;
 ``collectives``: the head's exchanges between the replicas),
 ``overlap=True`` in stage 0's waits for gradients (``overlap``), and
-``policy="adaptive"`` weighs the selection methods against each other (``adaptive``).
+``policy="adaptive"`` weighs the selection methods against each other (``adaptive``;
+``scores``: the gradient norms and AdaBoost weights its grad_norm and adaboost rank by).
 The core reaches it only when a config asks for it (``tfsift.sift.transform``,
 ``tfsift.sift.policies``), and it reaches the runtime only through ``tfsift.hooks``:
 room on stage 0 in the plan, and stage 0's waits.

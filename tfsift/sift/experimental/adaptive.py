@@ -44,10 +44,12 @@ import numpy as np
 import numpy.typing as npt
 
 from tfsift.sift.config import METHODS, check_methods
-from tfsift.sift.scores import (
+from tfsift.sift.experimental.scores import (
     adaboost_alphas,
+    finite_rows,
     grad_norms,
     normalized_losses,
+    require_logits,
     resolve_loss_kind,
     softmax,
 )
@@ -56,9 +58,7 @@ from tfsift.sift.selection import (
     Policy,
     Selection,
     check_losses,
-    finite_rows,
     kept_count,
-    require_logits,
     top_k,
 )
 

@@ -1,4 +1,7 @@
-"""Per-sample scores the selection methods rank by: gradient norms and AdaBoost weights.
+"""Per-sample scores two of AdaSelection's methods rank by: gradient norms and AdaBoost weights.
+
+Experimental, with AdaSelection (``adaptive``): the policies ``grad_norm`` and ``adaboost``
+import it when one is chosen (``tfsift.sift.policies.choose``).
 
 Letters: B samples, C classes, d the size of a regression output's last axis. The
 gradient norms are closed forms of the per-sample loss's gradient at the logits z:
@@ -12,11 +15,13 @@ ending in a softmax gives probabilities, whose norm this is not.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 from tfsift.sift.config import LOSS_KINDS
-from tfsift.sift.selection import FloatArray
+from tfsift.sift.selection import FloatArray, IntArray
 
 _LOSS_FLOOR = 1e-12
 _CLIP = 1 - 1e-6
@@ -121,3 +126,30 @@ def adaboost_alphas(losses: FloatArray) -> FloatArray:
     clipped = np.clip(normalized_losses(losses), -_CLIP, _CLIP)
     result: FloatArray = 0.5 * np.log((1 + clipped) / (1 - clipped))
     return result
+
+
+def finite_rows(values: npt.ArrayLike | None, finite: IntArray, B: int) -> npt.NDArray[Any] | None:
+    """The rows of `values` (logits or labels, one row per sample) at `finite`."""
+    if values is None:
+        return None
+    array = np.asarray(values)
+    if array.ndim == 0 or len(array) != B:
+        raise ValueError(
+            f"logits and labels must have one row per sample. Received: shape={array.shape} "
+            f"for a batch of {B}"
+        )
+    return array[finite]
+
+
+def require_logits(method: str, logits: npt.ArrayLike | None, labels: npt.ArrayLike | None) -> None:
+    """Raises unless the logits and labels `method` needs were given."""
+    if logits is None or labels is None:
+        raise ValueError(
+            f"the {method} method needs the logits and labels of the scored samples; pass "
+            f"logits= and labels= to select. Received: logits={_shape(logits)}, "
+            f"labels={_shape(labels)}"
+        )
+
+
+def _shape(value: npt.ArrayLike | None) -> str:
+    return "None" if value is None else f"shape {np.shape(value)}"

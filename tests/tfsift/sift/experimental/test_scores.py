@@ -3,7 +3,14 @@ import math
 import numpy as np
 import pytest
 
-from tfsift.sift.scores import adaboost_alphas, grad_norms, resolve_loss_kind, softmax
+from tfsift.sift.experimental.scores import (
+    adaboost_alphas,
+    finite_rows,
+    grad_norms,
+    require_logits,
+    resolve_loss_kind,
+    softmax,
+)
 
 
 def test_crossentropy_grad_norm_is_softmax_minus_one_hot() -> None:
@@ -108,3 +115,24 @@ def test_adaboost_clips_near_maximal_losses_to_one_weight() -> None:
 
 def test_softmax_is_stable_for_large_scores() -> None:
     assert softmax(np.array([1000.0, 1000.0])).tolist() == [0.5, 0.5]
+
+
+def test_finite_rows_takes_rows_and_checks_the_batch() -> None:
+    rows = finite_rows(np.arange(8).reshape(4, 2), np.array([1, 3]), 4)
+    assert rows is not None
+    assert rows.tolist() == [[2, 3], [6, 7]]
+    assert finite_rows(None, np.array([0]), 4) is None
+    with pytest.raises(ValueError) as caught:
+        finite_rows(np.zeros((3, 2)), np.array([0]), 4)
+    assert str(caught.value) == (
+        "logits and labels must have one row per sample. Received: shape=(3, 2) for a batch of 4"
+    )
+
+
+def test_require_logits_names_the_method() -> None:
+    with pytest.raises(ValueError) as caught:
+        require_logits("grad_norm", None, np.zeros(4))
+    assert str(caught.value) == (
+        "the grad_norm method needs the logits and labels of the scored samples; pass logits= "
+        "and labels= to select. Received: logits=None, labels=shape (4,)"
+    )
