@@ -360,7 +360,15 @@ def main() -> None:
         found.update(scaled_fp16(K))
         found.update(fitted_fp16(K))
         found.update(fitted_bf16(K))
-    report(rank=tfsift.rank(), **found)
+    report(rank=tfsift.rank(), onednn=onednn(), **found)
+
+
+def onednn() -> bool:
+    """Whether TensorFlow runs oneDNN's kernels here (by default on CPUs with AVX-512 VNNI
+    or BF16; TF_ENABLE_ONEDNN_OPTS decides otherwise)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ ON_FOUR_STAGES = mpi.FOUR_STAGES.scenario(
 )
 ON_2X2 = mpi.CLUSTER_2X2.scenario("bigmodel_check.py", "2", "-", "loop", timeout=300)
 EXACT = 1e-5  # relative, largest over a stage's weights: float rounding, nothing more
+# mixed_float16 where TensorFlow runs oneDNN's kernels (CPUs with AVX-512 VNNI or BF16):
+# they fuse a stage's ops otherwise than the whole model's, and float16 rounds each fusion
+# otherwise (5e-4 measured on 2 stages, 1e-7 with TF_ENABLE_ONEDNN_OPTS=0 on that machine):
+# two float16 epsilons (the loss scales and the steps applied are compared exactly)
+FP16_ONEDNN = 2e-3
 
 
 def check_loop(reports: mpi.Reports, K: int) -> None:
@@ -62,8 +67,9 @@ def test_two_stages_clip_tie_and_scale_as_one_process_does() -> None:
     check_loop(reports, 2)
     for rep in reports.values():
         assert rep["fit_error"] < EXACT  # fit's update spans the stages too
-        assert rep["fp16_error"] < EXACT
-        assert rep["fp16_fit_error"] < EXACT
+        fp16 = FP16_ONEDNN if rep["onednn"] else EXACT
+        assert rep["fp16_error"] < fp16
+        assert rep["fp16_fit_error"] < fp16
         assert rep["fp16_fit_scale"] == [32768.0, 32768.0]
         assert rep["bf16_error"] < EXACT
         assert rep["set_weights_error"] == 0.0

@@ -68,6 +68,8 @@ def test_init_asking_for_horovod_after_a_runtime_without_it_does_not_reuse_it() 
     )
 
 
+# TensorFlow's own line before the note on its oneDNN kernels, on CPUs where it runs them
+ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 MADE_TO_YIELD = (
     "MPI was started before `import tfsift`, so Open MPI polled in its waits; tfsift "
     "made it yield, as OMPI_MCA_mpi_yield_when_idle=1 (its default) does"
@@ -87,7 +89,8 @@ def test_mpi_started_before_import_tfsift_is_made_to_yield_and_told_once(launche
     # polling when tfsift was imported, yielding once tfsift.init has run, on every rank
     assert [got[r]["yields"] for r in (0, 1)] == [[False, True], [False, True]]
     assert (proc.stdout + proc.stderr).count(MADE_TO_YIELD) == 1  # rank 0 alone says it
-    assert "WARNING" not in proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "WARNING" in line and ABSL not in line]
+    assert warned == []
 
 
 def test_open_mpi_yields_here_and_is_made_to_yield_when_it_polls() -> None:
