@@ -104,7 +104,7 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
             f"{got[p]['step_ms']:.1f}",
             f"{got[p]['predicted_ms']:.1f}",
             " / ".join(f"{b / 2**20:.2f}" for b in got[p]["sent"]),
-            " / ".join(f"{m:.0f}" for m in got[p]["peak_mib"]),
+            " / ".join(str(round(m)) for m in got[p]["peak_mib"]),  # no "-0" for a fall
             " / ".join(f"{m:.1f}" for m in got[p]["predicted_mib"]),
         ]
         for p in PRECISIONS
