@@ -63,6 +63,8 @@ class Header:
         plan_file: the config's ``plan_file``, absolute (None: not set).
         started: ``time.time()`` at the log's origin (for people, not for merging).
         clock_offset: this rank's ``time.perf_counter`` minus stage 0's, in seconds.
+        virtual_stages: v, the chunks each rank runs (1 in files written before it was
+            recorded).
     """
 
     rank: int
@@ -76,6 +78,7 @@ class Header:
     plan_file: str | None
     started: float
     clock_offset: float
+    virtual_stages: int = 1
 
     @property
     def stages(self) -> int:
@@ -89,7 +92,7 @@ class Header:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Header:
         """Inverse of ``to_line`` (after ``json.loads``)."""
-        known = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        known = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         return cls(**{**known, "ranks": tuple(data["ranks"])})
 
 
@@ -319,11 +322,17 @@ def predicted_bubble(
             "it solves the partition: auto_partition, partitions > 1); --plan PLAN.json names one"
         )
     made = Plan.load(found)
-    planned = (len(made.stage_layers), made.microbatches, made.pipeline)
-    this = (header.stages, header.microbatches, header.pipeline)
+    v = made.virtual_stages
+    planned = (len(made.stage_layers) // v, made.microbatches, made.pipeline, v)
+    this = (header.stages, header.microbatches, header.pipeline, header.virtual_stages)
     if planned != this:
         return None, (
-            f"no simulated bubble: the plan in {found} was made for K={planned[0]}, "
-            f"M={planned[1]}, {planned[2]}; this run is K={this[0]}, M={this[1]}, {this[2]}"
+            f"no simulated bubble: the plan in {found} was made for {_layout(*planned)}; "
+            f"this run is {_layout(*this)}"
         )
     return made.predicted_bubble, f"simulated bubble from {found}"
+
+
+def _layout(K: int, M: int, pipeline: str, v: int) -> str:
+    chunks = f" with {v} virtual stages" if v > 1 else ""
+    return f"K={K}, M={M}, {pipeline}{chunks}"

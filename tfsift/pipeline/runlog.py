@@ -62,7 +62,9 @@ class RunLog:
     time origin) and truncates this rank's file. Use ``active(plan)``; ``close()`` runs at exit.
     """
 
-    def __init__(self, rt: Runtime, comm: Any, pipeline: str | None = None) -> None:
+    def __init__(
+        self, rt: Runtime, comm: Any, pipeline: str | None = None, virtual_stages: int = 1
+    ) -> None:
         cfg = rt.config
         assert cfg.log_dir is not None
         self.runtime, self._comm = rt, comm
@@ -87,6 +89,7 @@ class RunLog:
             plan_file=os.path.abspath(cfg.plan_file) if cfg.plan_file else None,
             started=time.time(),
             clock_offset=offset,
+            virtual_stages=virtual_stages,  # the chunks this run's plan gave each rank
         )
         self._writable = self._write(header.to_line(), "w")
         self.scalars = Scalars.open(cfg.log_dir) if rt.rank == 0 else None
@@ -346,5 +349,5 @@ def active(plan: StepPlan) -> RunLog | None:
     if current is None or current.runtime is not rt:
         if current is not None:
             current.close()
-        current = STATE.run_log = RunLog(rt, plan.comm.comm, plan.pipeline)
+        current = STATE.run_log = RunLog(rt, plan.comm.comm, plan.pipeline, len(plan.chunks))
     return current

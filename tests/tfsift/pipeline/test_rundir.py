@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -206,6 +207,28 @@ def test_a_plan_for_another_run_predicts_nothing(tmp_path: Path) -> None:
         f"no simulated bubble: the plan in {tmp_path / 'plan.json'} was made for K=2, M=4, "
         "interleaved; this run is K=2, M=1, simple",
     )
+
+
+def test_a_plan_with_virtual_stages_predicts_the_run_of_its_k_ranks(tmp_path: Path) -> None:
+    # K = 2 ranks of 2 chunks each: the plan cuts 4 stages; `tfsift timeline` of such a run
+    # said it was made for K=4
+    chunked = Plan(tuple(range(5)), tuple((f"l{c}",) for c in range(4)), "speed", "interleaved",
+                   8, 1.0, 0.25, (0, 0), "x", virtual_stages=2)  # fmt: skip
+    chunked.save(tmp_path / "plan.json")
+    head = Header(0, 0, 0, (0, 1), 1, 8, "interleaved", "speed", None, 0.0, 0.0, 2)
+    assert predicted_bubble(tmp_path, head)[0] == 0.25
+    one_chunk = dataclasses.replace(head, virtual_stages=1)
+    assert predicted_bubble(tmp_path, one_chunk) == (
+        None,
+        f"no simulated bubble: the plan in {tmp_path / 'plan.json'} was made for K=2, M=8, "
+        "interleaved with 2 virtual stages; this run is K=2, M=8, interleaved",
+    )
+
+
+def test_a_header_written_before_virtual_stages_were_recorded_reads_as_one_chunk() -> None:
+    line = json.loads(header(0, 0).to_line())
+    del line["virtual_stages"]
+    assert Header.from_dict(line) == header(0, 0)
 
 
 def test_without_a_plan_the_reason_is_given(tmp_path: Path) -> None:
