@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from partitioner.costs import format_seconds
 from partitioner.schedule import Action, Kind
 from partitioner.simulator import Event, SimResult
 
@@ -185,7 +186,8 @@ def _trace_name(
 
 
 def _summary(what: str, result: SimResult) -> str:
-    return f"{what} {result.step_time:.4g} s, bubble {result.bubble_fraction:.1%}"
+    """The step and its bubble, the step in the unit the plan's lines give it (ms, s)."""
+    return f"{what} {format_seconds(result.step_time)}, bubble {result.bubble_fraction:.1%}"
 
 
 def _titled(title: str, summary: str) -> str:

@@ -15,6 +15,7 @@ from partitioner.simulator import Event, simulate
 from partitioner.timeline import (
     MEASURED_NOTE,
     _legend,
+    _summary,
     chrome_trace,
     draw_events,
     draw_timeline,
@@ -33,6 +34,13 @@ def test_draws_a_png(tmp_path: Path) -> None:
     path = tmp_path / "timeline.png"
     draw_timeline(result, path, title="K=3, M=4")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_charts_title_gives_the_step_in_the_plans_unit() -> None:
+    # a millisecond step read "step 0.09298 s" where the plan's lines say 93 ms
+    costs = CostModel(tuple(LayerCost(f"l{i}", 0.01, 0.02, 0, 0, 0) for i in range(2)))
+    result = simulate(costs, Partition((0, 1, 2)), build("simple", 2, 2))
+    assert _summary("step", result) == "step 90 ms, bubble 33.3%"
 
 
 def test_a_measured_chart_labels_the_fused_last_stage_and_explains_its_bubble(
