@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tfsift import env
@@ -29,7 +30,8 @@ from tfsift.parallel import devices
 # What `tfsift doctor --help` tells a user (the module docstring is for its readers).
 DESCRIPTION = (
     "Checks what tfsift needs on this machine (Python, TensorFlow, Keras, mpi4py, Horovod, "
-    "mpirun, the CPU cores, the GPUs, matplotlib for the charts) and prints one line per "
+    "mpirun, the CPU cores, the GPUs, the CPU kernels and what mixed precision does with "
+    "them, matplotlib for the charts) and prints one line per "
     "check, with how to fix anything missing or mismatched. Exits 1 when a required piece "
     "is missing, 0 otherwise. With -np N it also checks that N ranks started on this host "
     "can each have a GPU of its own."
@@ -145,6 +147,7 @@ def probes(ranks: int | None = None) -> list[Callable[[], Check]]:
         check_cpus,
         functools.partial(check_gpus, ranks),
         check_tf32,
+        check_kernels,
         check_matplotlib,
     ]
 
@@ -316,6 +319,44 @@ def gpus_for_ranks(gpus: int, ranks: int | None) -> Check:
         )
     detail = f"{gpus} for {ranks} ranks on this host: one each (local rank i uses GPU i)"
     return Check("gpus", True, detail, required=False)
+
+
+# The CPU flags of bfloat16 arithmetic units, as Linux names them in /proc/cpuinfo
+BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def check_kernels() -> Check:
+    """Which CPU kernels TensorFlow runs here, and what ``mixed_bfloat16`` does with them.
+
+    TensorFlow 2.21 runs oneDNN's kernels by default on CPUs with AVX-512 VNNI or BF16
+    (``TF_ENABLE_ONEDNN_OPTS`` decides otherwise). On a 2-stage decoder
+    (docs/benchmarks.md) ``mixed_bfloat16`` took 0.91x float32's step with oneDNN and
+    bfloat16 units, 2.0x without such units. With oneDNN, ``mixed_float16`` on a pipeline
+    differs from one process by float16 rounding (docs/big-models.md). Reported, not
+    required.
+    """
+    try:
+        onednn = bool(_import("tensorflow.python.util._pywrap_util_port").IsMklEnabled())
+    except Exception as err:
+        return Check("kernels", False, f"unknown: {_reason(err)}", required=False)
+    units = ", ".join(flag for flag in BFLOAT16_FLAGS if flag in _cpu_flags())
+    kernels = "oneDNN's" if onednn else "Eigen's (TF_ENABLE_ONEDNN_OPTS=0, or an older CPU)"
+    if not units:
+        use = "no bfloat16 units: mixed_bfloat16 took 2.0x float32's step on such a CPU"
+    elif onednn:
+        use = f"bfloat16 units ({units}): mixed_bfloat16 took 0.91x float32's step with them"
+    else:
+        use = f"bfloat16 units ({units}), which TensorFlow uses through oneDNN's kernels"
+    return Check("kernels", True, f"{kernels}; {use}", required=False)
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux; none elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split()}
 
 
 def check_matplotlib() -> Check:

@@ -28,6 +28,7 @@ def fake_stack(gpus: int = 0, cuda: bool = False, missing: tuple[str, ...] = ())
         "horovod": SimpleNamespace(__version__="0.28.1"),
         "horovod.tensorflow": SimpleNamespace(mpi_built=lambda: True, gloo_built=lambda: True),
         "matplotlib": SimpleNamespace(__version__="3.9.0"),
+        "tensorflow.python.util._pywrap_util_port": SimpleNamespace(IsMklEnabled=lambda: False),
     }
 
     def load(name: str) -> Any:
@@ -222,6 +223,30 @@ def test_tf32_is_reported_where_tensorflow_uses_it(
         monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", override)
     check = doctor.check_tf32()
     assert check.ok and not check.required and check.detail.startswith(words)
+
+
+@pytest.mark.parametrize(
+    ("onednn", "flags", "detail"),
+    [(True, {"avx512_bf16", "avx512f"}, "oneDNN's; bfloat16 units (avx512_bf16): "
+      "mixed_bfloat16 took 0.91x float32's step with them"),
+     (True, {"avx512_vnni"}, "oneDNN's; no bfloat16 units: mixed_bfloat16 took 2.0x "
+      "float32's step on such a CPU"),
+     (False, set(), "Eigen's (TF_ENABLE_ONEDNN_OPTS=0, or an older CPU); no bfloat16 units: "
+      "mixed_bfloat16 took 2.0x float32's step on such a CPU"),
+     (False, {"amx_bf16"}, "Eigen's (TF_ENABLE_ONEDNN_OPTS=0, or an older CPU); bfloat16 "
+      "units (amx_bf16), which TensorFlow uses through oneDNN's kernels")],
+)  # fmt: skip
+def test_the_cpu_kernels_say_what_mixed_bfloat16_does_with_them(
+    stack: pytest.MonkeyPatch, onednn: bool, flags: set[str], detail: str
+) -> None:
+    port = SimpleNamespace(IsMklEnabled=lambda: onednn)
+    stack.setattr(doctor, "_import", lambda name: port)
+    stack.setattr(doctor, "_cpu_flags", lambda: flags)
+    assert doctor.check_kernels() == doctor.Check("kernels", True, detail, required=False)
+
+
+def test_this_machines_cpu_flags_are_read(stack: pytest.MonkeyPatch) -> None:
+    assert "fpu" in doctor._cpu_flags() or not Path("/proc/cpuinfo").exists()
 
 
 def test_tf32_without_a_gpu_is_not_used(stack: pytest.MonkeyPatch) -> None:
