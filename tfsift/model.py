@@ -518,7 +518,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
         Raises:
             ValueError: a layer with an ``activity_regularizer``; ``loss_weights`` (``fit``
-                trains one unweighted loss: scale the loss itself); a loss whose
+                trains one unweighted loss: scale the loss itself); a list or dict of
+                losses (``fit`` trains one loss, on a model with one output); a loss whose
                 ``reduction`` is not Keras' default ``"sum_over_batch_size"`` (``fit``
                 averages the microbatches' losses, which is the batch's loss only then).
         """
@@ -560,7 +561,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             A ``keras.callbacks.History``.
 
         Raises:
-            ValueError: a dataset whose batches do not split into ``microbatches``;
+            ValueError: a dataset whose batches do not split into ``microbatches``; a
+                model of several outputs (at the first step: one loss, on one output);
                 ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
                 ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s.
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).

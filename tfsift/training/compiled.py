@@ -11,7 +11,7 @@ import keras
 from tfsift.pipeline.context import gradients
 from tfsift.pipeline.step import step
 from tfsift.training import regularizers
-from tfsift.training.losses import batch_loss, check_reduction, per_sample_loss
+from tfsift.training.losses import batch_loss, check_one_output, check_reduction, per_sample_loss
 from tfsift.training.update import compiled_update
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ def _train_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..
     @step
     def train_step(x: Any, y: Any, *sample_weight: Any) -> Any:
         y_pred = model(x, training=True)
+        check_one_output(y_pred)  # where the loss is computed, as it is traced
         value = loss(y, y_pred, sample_weight=sample_weight[0] if sample_weight else None)
         # as Keras' train step: a LossScaleOptimizer's scale (or a loss_scale_factor) on the
         # loss whose gradients are taken; the update divides it out
@@ -115,6 +116,7 @@ def _eval_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[...
     @step
     def eval_step(x: Any, y: Any, *sample_weight: Any) -> Any:
         y_pred = model(x, training=False)
+        check_one_output(y_pred)
         return loss(y, y_pred, sample_weight=sample_weight[0] if sample_weight else None), y_pred
 
     return eval_step

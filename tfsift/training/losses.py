@@ -42,7 +42,33 @@ def batch_loss(loss: Any) -> keras.losses.Loss:
         return loss
     if callable(loss):
         return PerSampleMean(loss)
-    raise ValueError(f"loss must be a keras.losses.Loss, a name or a function. Received: {loss!r}")
+    several = " (fit trains one loss, on a model with one output)" if _nested(loss) else ""
+    raise ValueError(
+        f"loss must be a keras.losses.Loss, a name or a function{several}. Received: {loss!r}"
+    )
+
+
+def check_one_output(y_pred: Any) -> None:
+    """Refuses a model with several outputs in ``fit`` and ``evaluate``, which train one
+    loss: Keras applies its loss to each output (or one of a list or dict of losses) and
+    adds them up, where one loss called on the outputs together failed in TensorFlow.
+
+    Raises:
+        ValueError: ``y_pred`` holds more than one tensor.
+    """
+    outputs = keras.tree.flatten(y_pred)
+    if len(outputs) > 1:
+        shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
+        raise ValueError(
+            "tfsift's fit and evaluate train one loss on a model with one output; this model "
+            f"returns {len(outputs)} (Keras would add up a loss for each). Return one output "
+            "(or their loss as the output), or compute each output's loss in a @tfsift.step "
+            f"loop. Received: outputs of a microbatch shaped {shapes}"
+        )
+
+
+def _nested(loss: Any) -> bool:
+    return isinstance(loss, list | tuple | dict)
 
 
 MEAN = "sum_over_batch_size"  # Keras' default reduction, the one fit reduces exactly

@@ -165,3 +165,42 @@ def test_a_mask_on_the_output_is_refused_and_the_padding_as_weights_equals_keras
         m.fit(x, y, sample_weight=weights, batch_size=16, epochs=2, shuffle=False, verbose=0)
     for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-6)
+
+
+class TwoHeads(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, "relu")
+        self.first, self.second = keras.layers.Dense(1), keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        z = self.hidden(x)
+        return self.first(z), self.second(z)
+
+
+def test_a_model_of_two_outputs_is_refused_by_fit_and_evaluate_and_their_losses_at_compile() -> (
+    None
+):
+    # Keras adds up a loss for each output; one loss called on both failed in TensorFlow
+    # ("Shapes of all inputs must match")
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 4)).astype(np.float32), rng.normal(size=(32, 1))
+    model = TwoHeads()
+    model.compile(optimizer="sgd", loss="mse")
+    for run in (lambda: model.fit(x, (y, y), batch_size=16, verbose=0),
+                lambda: model.evaluate(x, (y, y), batch_size=16, verbose=0)):  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            run()
+        assert str(err.value) == (
+            "tfsift's fit and evaluate train one loss on a model with one output; this model "
+            "returns 2 (Keras would add up a loss for each). Return one output (or their loss "
+            "as the output), or compute each output's loss in a @tfsift.step loop. Received: "
+            "outputs of a microbatch shaped (8, 1), (8, 3)"
+        )
+    with pytest.raises(ValueError) as err:
+        TwoHeads().compile(optimizer="sgd", loss={"first": "mse", "second": "mse"})
+    assert str(err.value) == (
+        "loss must be a keras.losses.Loss, a name or a function (fit trains one loss, on a "
+        "model with one output). Received: {'first': 'mse', 'second': 'mse'}"
+    )
