@@ -562,7 +562,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
         Raises:
             ValueError: a dataset whose batches do not split into ``microbatches``; a
-                model of several outputs (at the first step: one loss, on one output);
+                model of several outputs (at the first step: one loss, on one output); a
+                model class that overrides Keras' ``train_step``, ``test_step``,
+                ``compute_loss`` or ``compute_metrics`` (tfsift runs its own step);
                 ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
                 ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s.
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).

@@ -74,6 +74,33 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
     object.__setattr__(model, _ATTRIBUTE, compiled)
 
 
+# Keras' hooks its own fit, evaluate and predict call, which tfsift's pipelined steps do not
+TRAIN_HOOKS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+TEST_HOOKS = ("test_step", "compute_loss", "compute_metrics")
+PREDICT_HOOKS = ("predict_step",)
+
+
+def check_hooks(model: DistributedModel, what: str, hooks: tuple[str, ...]) -> None:
+    """Refuses a model whose class overrides Keras' ``hooks``, before ``what`` runs a step:
+    Keras' ``fit`` calls a ``train_step`` or ``compute_loss`` of the user's ("Customizing
+    what happens in fit()"); tfsift's runs its own pipelined step, which would train as if
+    they were not there.
+
+    Raises:
+        ValueError: the model's class defines one of ``hooks``.
+    """
+    cls = type(model)
+    mine = [name for name in hooks if getattr(cls, name) is not getattr(keras.Model, name)]
+    if mine:
+        names = ", ".join(mine)
+        raise ValueError(
+            f"tfsift's {what} runs its own pipelined step, which does not call {names} as "
+            f"Keras' {what} does: write the step as a @tfsift.step function in a loop of your "
+            f"own (README), or leave {names} to Keras. Received: {cls.__name__} overrides "
+            f"{names}"
+        )
+
+
 def compiled_of(model: DistributedModel) -> Compiled:
     """The model's ``Compiled``; raises if ``compile`` was not called."""
     compiled = getattr(model, _ATTRIBUTE, None)

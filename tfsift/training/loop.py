@@ -23,7 +23,15 @@ from tfsift.sift.config import SiftConfig
 from tfsift.sift.transform import sift as sift_transform
 from tfsift.training import data
 from tfsift.training.callbacks import check_writable, for_rank
-from tfsift.training.compiled import Compiled, compiled_of, predict_step_of
+from tfsift.training.compiled import (
+    PREDICT_HOOKS,
+    TEST_HOOKS,
+    TRAIN_HOOKS,
+    Compiled,
+    check_hooks,
+    compiled_of,
+    predict_step_of,
+)
 from tfsift.training.logs import replica_logs, replica_mean
 from tfsift.training.losses import check_output_mask
 from tfsift.training.progress import SiftedProgbar
@@ -69,6 +77,7 @@ def fit(
             f"they must be the epochs fit trains. Received: fit(epochs={epochs}) with "
             f"SiftConfig(epochs={sift.epochs}); pass sift=config.replace(epochs={epochs})"
         )
+    check_hooks(model, "fit", TRAIN_HOOKS)
     compiled, M = compiled_of(model), runtime.get().config.microbatches
     ranks = data.input_ranks(model)
     if validation_split:
@@ -150,6 +159,7 @@ def evaluate(
     return_dict: bool = False,
 ) -> Any:
     """Keras' ``evaluate``: the loss and metrics, combined over the replicas."""
+    check_hooks(model, "evaluate", TEST_HOOKS)
     compiled = compiled_of(model)
     M = runtime.get().config.microbatches
     dataset = data.training_data(
@@ -177,6 +187,7 @@ def predict(
     Every rank of a pipeline returns the same predictions; with a dataset, each replica
     predicts its own batches; with arrays, every rank predicts all of them.
     """
+    check_hooks(model, "predict", PREDICT_HOOKS)
     predict_step = predict_step_of(model)
     M, ranks = runtime.get().config.microbatches, data.input_ranks(model)
     dataset, keep = data.prediction_data(x, batch_size, M, ranks)
@@ -228,6 +239,7 @@ def train_on_batch(
     return_dict: bool = False,
 ) -> Any:
     """Keras' ``train_on_batch``: one step of ``fit`` on one batch; see the model's method."""
+    check_hooks(model, "train_on_batch", TRAIN_HOOKS)
     compiled = compiled_of(model)
     batch = _one_batch(model, x, y, sample_weight, "train_on_batch", class_weight)
     logs = _train_batch(model, compiled, _reset(compiled), batch)
@@ -242,6 +254,7 @@ def test_on_batch(
     return_dict: bool = False,
 ) -> Any:
     """Keras' ``test_on_batch``: ``evaluate`` of one batch."""
+    check_hooks(model, "test_on_batch", TEST_HOOKS)
     compiled = compiled_of(model)
     x, y, weight = _one_batch(model, x, y, sample_weight, "test_on_batch")
     loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
@@ -251,6 +264,7 @@ def test_on_batch(
 
 def predict_on_batch(model: DistributedModel, x: Any) -> Any:
     """Keras' ``predict_on_batch``: NumPy predictions of one batch."""
+    check_hooks(model, "predict_on_batch", PREDICT_HOOKS)
     x, _, _ = _one_batch(model, x, None, None, "predict_on_batch")
     return tree.map_structure(lambda o: o.concat().numpy(), predict_step_of(model)(x))
 

@@ -331,6 +331,41 @@ def test_fit_before_compile_says_to_compile() -> None:
         Mlp().fit(dataset(), verbose=0)
 
 
+class OwnSteps(Mlp):
+    """Keras' "Customizing what happens in fit()": a loss of its own, a predict_step."""
+
+    def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+        return 0.0 * super().compute_loss(*args, **kwargs)
+
+    def predict_step(self, data: Any) -> Any:
+        return super().predict_step(data)
+
+
+def test_keras_hooks_a_model_overrides_are_refused_before_any_step() -> None:
+    # tfsift's fit ran its own step and trained as if compute_loss were not there
+    compiled_model()
+    model = OwnSteps()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = next(iter(dataset()))
+    for what, run in [("fit", lambda: model.fit(dataset(), verbose=0)),
+                      ("evaluate", lambda: model.evaluate(dataset(), verbose=0)),
+                      ("train_on_batch", lambda: model.train_on_batch(x, y)),
+                      ("test_on_batch", lambda: model.test_on_batch(x, y))]:  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            run()
+        assert str(err.value) == (
+            f"tfsift's {what} runs its own pipelined step, which does not call compute_loss as "
+            f"Keras' {what} does: write the step as a @tfsift.step function in a loop of your "
+            "own (README), or leave compute_loss to Keras. Received: OwnSteps overrides "
+            "compute_loss"
+        )
+    for what, run in [("predict", lambda: model.predict(x, verbose=0)),
+                      ("predict_on_batch", lambda: model.predict_on_batch(x))]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^tfsift's {what} runs .* overrides predict_step$"):
+            run()
+    assert model.partitioned is None  # refused before the first step traced it
+
+
 def test_the_progress_bar_shows_on_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
     model = compiled_model()
     model.fit(dataset(), epochs=1, verbose=2)
