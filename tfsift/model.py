@@ -24,7 +24,7 @@ from tfsift.pipeline.stage import Stage, microbatch_seconds
 from tfsift.pipeline.tied import TiedWeights, tie_stages
 from tfsift.planning import keras_internals, placement
 from tfsift.planning.bounds import plan_bounds
-from tfsift.planning.graph import Graph, ties, trace
+from tfsift.planning.graph import Graph, check_training_branches, ties, trace
 
 log = logging.getLogger("tfsift")
 Spec = tuple[tuple[int, ...], Any]
@@ -268,6 +268,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         if rt.rank == 0:
             _say_microbatch_statistics(norms, rt.config.microbatches, example)
         graph = trace(self, example)
+        check_training_branches(self, example)  # every rank, before the plan
         masked = tuple(
             i
             for i, t in enumerate(tree.flatten(graph.structure))

@@ -10,6 +10,7 @@ sent across it too.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -189,12 +190,14 @@ def ties(graph: Graph, bounds: Sequence[int], ranks: int | None = None) -> list[
     return found
 
 
-def trace(model: Any, example: Sequence[Any]) -> Graph:
+def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
     """Traces ``model.call`` on symbolic inputs shaped like ``example`` (batch dimension kept).
 
     ``example`` holds the call's positional arguments, each a tensor or a nest of them (a
     list, tuple or dict input stays one argument); the graph's inputs are their leaves in
-    ``tree.flatten`` order, which is how every stage passes them around.
+    ``tree.flatten`` order, which is how every stage passes them around. ``training``
+    (``training=True`` or ``False``) is passed to the call where given; the layers in the
+    graph take the step's own at run time.
     """
     symbolic = tree.map_structure(
         lambda x: keras.Input(
@@ -202,8 +205,50 @@ def trace(model: Any, example: Sequence[Any]) -> Graph:
         ),
         list(example),
     )
-    out = model.call(*symbolic)
+    out = model.call(*symbolic, **training)
     return Graph(tree.flatten(symbolic), tree.flatten(out), out)
+
+
+def check_training_branches(model: Any, example: Sequence[Any]) -> None:
+    """Refuses a model whose ``call`` takes other layers or ops with ``training=True`` than
+    with ``training=False`` (a Python branch on ``training``): the stages run the one
+    graph traced for every step, training or not, so one of the two would run the other's
+    layers. A layer's own branches are its call's, run with the step's ``training``.
+
+    Raises:
+        ValueError: the two traces differ.
+    """
+    if "training" not in inspect.signature(model.call).parameters:
+        return
+    with keras_internals.calls_forgotten(model):
+        graphs = {flag: trace(model, example, training=flag) for flag in (True, False)}
+    nodes = {flag: _structure(graph) for flag, graph in graphs.items()}
+    if nodes[True] != nodes[False]:
+        kinds = [{kind for kind, _ in nodes[flag]} for flag in (True, False)]
+        differ = sorted(map(str, kinds[0] ^ kinds[1])) or ["their order"]
+        raise ValueError(
+            f"tfsift traces {type(model).__name__}.call once into a graph of its layers and "
+            "runs that graph in every step, training or not; this call takes other layers or "
+            "ops with training=True than with training=False (a Python branch on training), "
+            "so one of them would run the other's. Move the branch into a layer whose call "
+            "takes training (Keras passes the step's on to it), such as keras.layers.Dropout "
+            f"or a layer of your own. Received: {len(nodes[True])} nodes with training=True, "
+            f"{len(nodes[False])} with training=False, differing in {', '.join(differ)}"
+        )
+
+
+def _structure(graph: Graph) -> list[tuple[str, tuple[int, ...]]]:
+    """Each node's layer (by name: the same object in every trace) or op (by kind: a new one
+    each trace, numbered anew) and the nodes that feed it: what two traces compare by."""
+    return [
+        (
+            gn.node.operation.name
+            if isinstance(gn.node.operation, keras.layers.Layer)
+            else type(gn.node.operation).__name__,
+            tuple(graph._producer[t] for t in gn.inputs),
+        )
+        for gn in graph.nodes
+    ]
 
 
 def _order(outputs: Sequence[Any], inputs: set[int]) -> list[GraphNode]:

@@ -1,7 +1,8 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs seven things Keras and TensorFlow do not expose publicly: the node that
-produced a symbolic tensor (to walk a traced ``call``), re-running one node on concrete
+tfsift needs eight things Keras and TensorFlow do not expose publicly: the node that
+produced a symbolic tensor (to walk a traced ``call``), forgetting the nodes of a trace
+made only to compare it with another (``calls_forgotten``), re-running one node on concrete
 values with its recorded arguments, the seed generators a layer owns (to replay dropout
 masks when recomputing), freeing a variable's buffer (so a rank holds only its
 stage), which variables code assigns inside a ``keras.StatelessScope`` (the
@@ -27,6 +28,21 @@ def producer(tensor: Any) -> Any:
     """The ``keras.src.ops.node.Node`` whose call produced the symbolic ``tensor``."""
     operation, node_index, _ = tensor._keras_history
     return operation._inbound_nodes[node_index]
+
+
+@contextlib.contextmanager
+def calls_forgotten(model: Any) -> Iterator[None]:
+    """Symbolic calls of ``model``'s layers made within are forgotten after it: each layer
+    keeps the inbound and outbound nodes it had (a trace made only for a comparison would
+    otherwise leave layers called twice, whose ``layer.output`` Keras refuses to name)."""
+    layers = list(model._flatten_layers(include_self=False))
+    kept = [(layer, len(layer._inbound_nodes), len(layer._outbound_nodes)) for layer in layers]
+    try:
+        yield
+    finally:
+        for layer, inbound, outbound in kept:
+            del layer._inbound_nodes[inbound:]
+            del layer._outbound_nodes[outbound:]
 
 
 def node_arguments(

@@ -6,9 +6,10 @@ from typing import Any
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from tfsift.planning.graph import trace
+from tfsift.planning.graph import check_training_branches, trace
 
 
 class Skip(keras.Model):  # type: ignore[misc]
@@ -125,3 +126,51 @@ def test_under_mixed_precision_a_cut_carries_the_compute_dtype_at_half_the_bytes
     assert cut_bytes("float32") == (8 * 4, "float32")
     assert cut_bytes("mixed_bfloat16") == (8 * 2, "bfloat16")
     assert cut_bytes("mixed_float16") == (8 * 2, "float16")
+
+
+class Branching(keras.Model):  # type: ignore[misc]
+    """A Python branch on training in the model's own call: not a layer's, so baked into a
+    trace (tfsift's fit trained such a model with its inference branch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = keras.layers.Dense(4), keras.layers.Dense(1)
+
+    def call(self, x: Any, training: bool = False) -> Any:
+        h = self.a(x)
+        return self.b(h * 0.0 if training else h)
+
+
+class Passing(keras.Model):  # type: ignore[misc]
+    """training handed to a layer, and ops numbered anew in every trace: one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.drop, self.b = keras.layers.Dense(4), keras.layers.Dropout(0.5), Skip()
+
+    def call(self, x: Any, training: bool | None = None) -> Any:
+        h = self.a(x)
+        return self.b(keras.ops.relu(self.drop(h, training=training) + h) * 2.0)
+
+
+def test_a_python_branch_on_training_is_refused() -> None:
+    with pytest.raises(ValueError) as err:
+        check_training_branches(Branching(), [tf.zeros((2, 3))])
+    assert str(err.value) == (
+        "tfsift traces Branching.call once into a graph of its layers and runs that graph in "
+        "every step, training or not; this call takes other layers or ops with training=True "
+        "than with training=False (a Python branch on training), so one of them would run the "
+        "other's. Move the branch into a layer whose call takes training (Keras passes the "
+        "step's on to it), such as keras.layers.Dropout or a layer of your own. Received: 3 "
+        "nodes with training=True, 2 with training=False, differing in Multiply"
+    )
+
+
+def test_training_passed_to_layers_is_one_graph_and_the_comparison_leaves_no_calls() -> None:
+    model = Passing()
+    graph = trace(model, [tf.zeros((2, 3))])
+    layers = list(model._flatten_layers(include_self=False))
+    traced = [(len(layer._inbound_nodes), len(layer._outbound_nodes)) for layer in layers]
+    check_training_branches(model, [tf.zeros((2, 3))])  # ops named add_1, add_2: still equal
+    assert [(len(layer._inbound_nodes), len(layer._outbound_nodes)) for layer in layers] == traced
+    assert model.a.output is graph.tensors[graph.nodes[0].outputs[0]]  # one call: it has one

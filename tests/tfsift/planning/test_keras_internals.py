@@ -130,3 +130,13 @@ def test_a_functions_forward_keeps_what_its_backward_reads_and_the_backward_prun
     assert len(grads) == 3  # the input, then each captured variable, in capture order
     for got, expected in zip(grads, want, strict=True):
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_calls_made_within_calls_forgotten_leave_each_layer_its_nodes() -> None:
+    dense = keras.layers.Dense(2)
+    model = keras.Sequential([keras.Input((3,)), dense])
+    before = (len(dense._inbound_nodes), len(dense._outbound_nodes))
+    with keras_internals.calls_forgotten(model):
+        keras.layers.Dense(1)(dense(keras.Input((3,))))
+        assert len(dense._inbound_nodes) == before[0] + 1
+    assert (len(dense._inbound_nodes), len(dense._outbound_nodes)) == before
