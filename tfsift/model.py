@@ -544,7 +544,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 divisible by ``microbatches``; or input arrays, read as
                 ``tfsift.from_arrays`` does (permuted each epoch unless ``shuffle=False``,
                 dealt to the replicas, batches of ``batch_size``, default 32, gathered by
-                row; the last partial batch is left out). A ``keras.utils.PyDataset`` or a
+                row; the last partial batch is left out). ``batch_size`` is each replica's,
+                as in Horovod and ``tfsift.shard(ds).batch(B)``: a step over R replicas
+                takes R times it (Keras' distribution strategies take it as the step's
+                whole batch). A ``keras.utils.PyDataset`` or a
                 generator, which Keras also reads, is refused: make it a ``tf.data.Dataset``.
             y: the targets, with input arrays.
             **kwargs: Keras' ``fit`` arguments, all of them: ``batch_size``, ``shuffle``,
