@@ -11,6 +11,8 @@ import pytest
 import tensorflow as tf
 
 import tfsift
+from tfsift import model as model_module
+from tfsift.planning.graph import trace
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -346,3 +348,32 @@ def test_a_layer_frozen_before_the_first_step_stays_and_one_frozen_after_is_refu
         f"the layers frozen. Received: {name}/kernel (trainable=True), {name}/bias "
         "(trainable=True)"
     )
+
+
+class Backbone(tfsift.DistributedModel):
+    """A functional model called whole, as a keras.applications backbone would be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inp = keras.Input((6,))
+        self.body = keras.Model(inp, keras.layers.Dense(4)(keras.layers.Dense(5)(inp)), name="body")
+        self.head = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.body(x))
+
+
+def test_a_keras_model_called_whole_is_said_to_stay_on_one_stage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # one node of the traced graph: no cut can fall between its layers, which the plan's
+    # lines (a stage "body .. body (1 node)") did not say
+    model = Backbone()
+    graph = trace(model, [tf.zeros((2, 6))])
+    with caplog.at_level("WARNING", logger="tfsift"):
+        model_module._say_whole_models(model, graph)
+    assert [r.getMessage() for r in caplog.records] == [
+        "'backbone' calls the Keras model 'body' (2 layers) whole: tfsift cuts between the "
+        "layers and ops its call reaches, so each such model runs on one stage. To let a cut "
+        "fall inside one, call its layers from the call of 'backbone' instead"
+    ]
