@@ -281,8 +281,6 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 "counts the masked positions: weigh it by the padding yourself",
                 self.name,
             )
-        if rt.rank == 0 and rt.topology.partitions > 1:
-            _say_whole_models(self, graph)
         flat = [tf.convert_to_tensor(x) for x in tree.flatten(list(example))]
         layout = plan_bounds(
             graph,
@@ -672,24 +670,6 @@ def _batch_norms(model: keras.Model) -> list[keras.layers.BatchNormalization]:
         for layer in model._flatten_layers(include_self=False)
         if isinstance(layer, keras.layers.BatchNormalization)
     ]
-
-
-def _say_whole_models(model: DistributedModel, graph: Graph) -> None:
-    """Rank 0 says which Keras models of several layers ``model``'s call calls whole (a
-    ``keras.applications`` backbone, a functional block): each is one node of the traced
-    graph, so its layers stay on one stage, which the plan alone does not show."""
-    models = [gn.node.operation for gn in graph.nodes if isinstance(gn.node.operation, keras.Model)]
-    sizes = [sum(not isinstance(x, keras.layers.InputLayer) for x in m.layers) for m in models]
-    whole = [f"{m.name!r} ({n} layers)" for m, n in zip(models, sizes, strict=True) if n > 1]
-    if whole:
-        log.warning(
-            "%r calls the Keras model %s whole: tfsift cuts between the layers and ops its "
-            "call reaches, so each such model runs on one stage. To let a cut fall inside "
-            "one, call its layers from the call of %r instead",
-            model.name,
-            ", ".join(whole),
-            model.name,
-        )
 
 
 def _say_microbatch_statistics(

@@ -105,7 +105,8 @@ class Recurrent(tfsift.DistributedModel):
 
 
 class SequentialBlock(tfsift.DistributedModel):
-    """A keras.Sequential used as one block, with dropout inside."""
+    """A keras.Sequential used as one block, with dropout inside: traced through, its layers
+    are nodes of the graph, which a cut may fall between."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -220,6 +221,9 @@ def check(name: str, K: int, pipeline: str, optimize: str) -> dict[str, Any]:
         "num_grads": len(grads),
         "copies": sum(not mine for mine in model.partitioned.tied.counted),
         "chunks": [s.index for s in model.partitioned.stage.stages],
+        "layers": sorted(  # the kinds of layer the traced graph's nodes run
+            {type(gn.node.operation).__name__ for gn in model.partitioned.graph.nodes}
+        ),
         "tied_stages": [list(g.stages) for g in model.partitioned.tied.groups],
         "total_grads": len(want),
         "loss": float(loss.reduce_mean()),

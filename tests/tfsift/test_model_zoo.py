@@ -114,6 +114,9 @@ def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() ->
             assert words == {"simple", "interleaved", "speed", "memory"}, (model, configs)
         for result in rep["results"]:
             assert "error" not in result, (rank, result)
+            if result["model"] == "sequential":  # the block's layers, not the block
+                assert {"Dense", "Dropout"} <= set(result["layers"]), result
+                assert "Sequential" not in result["layers"], result
             checked += 1
             assert result["grad_error"] < 1e-5, (rank, result)
             assert result["state_error"] < 1e-5, (rank, result)

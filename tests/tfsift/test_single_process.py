@@ -11,8 +11,6 @@ import pytest
 import tensorflow as tf
 
 import tfsift
-from tfsift import model as model_module
-from tfsift.planning.graph import trace
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -350,30 +348,44 @@ def test_a_layer_frozen_before_the_first_step_stays_and_one_frozen_after_is_refu
     )
 
 
-class Backbone(tfsift.DistributedModel):
-    """A functional model called whole, as a keras.applications backbone would be."""
+def backbone() -> keras.Model:
+    """A functional model, as a keras.applications or KerasHub backbone is."""
+    inp = keras.Input((6,))
+    hidden = keras.layers.Dense(5, "relu", kernel_initializer=keras.initializers.GlorotUniform(1))
+    out = keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(2))
+    return keras.Model(inp, out(hidden(inp)), name="body")
 
+
+class Backbone(tfsift.DistributedModel):
     def __init__(self) -> None:
         super().__init__()
-        inp = keras.Input((6,))
-        self.body = keras.Model(inp, keras.layers.Dense(4)(keras.layers.Dense(5)(inp)), name="body")
-        self.head = keras.layers.Dense(3)
+        self.body = backbone()
+        self.head = keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(3))
 
-    def call(self, x: Any) -> Any:
-        return self.head(self.body(x))
+    def call(self, x: Any, training: bool | None = None) -> Any:
+        return self.head(self.body(x, training=training))
 
 
-def test_a_keras_model_called_whole_is_said_to_stay_on_one_stage(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # one node of the traced graph: no cut can fall between its layers, which the plan's
-    # lines (a stage "body .. body (1 node)") did not say
+def test_a_backbone_called_whole_is_traced_through_and_trains_as_keras() -> None:
+    # it was one node of the traced graph: no cut could fall between its layers
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 6)).astype(np.float32), rng.integers(0, 3, 32)
     model = Backbone()
-    graph = trace(model, [tf.zeros((2, 6))])
-    with caplog.at_level("WARNING", logger="tfsift"):
-        model_module._say_whole_models(model, graph)
-    assert [r.getMessage() for r in caplog.records] == [
-        "'backbone' calls the Keras model 'body' (2 layers) whole: tfsift cuts between the "
-        "layers and ops its call reaches, so each such model runs on one stage. To let a cut "
-        "fall inside one, call its layers from the call of 'backbone' instead"
-    ]
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    got = model.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
+    assert model.partitioned is not None
+    operations = [gn.node.operation for gn in model.partitioned.graph.nodes]
+    assert [op for op in operations if isinstance(op, keras.layers.Dense)] == [
+        *model.body.layers[1:],
+        model.head,
+    ]  # the backbone's layers, each a node
+    assert type(model.body) is type(backbone())  # its own class back
+    inp, body = keras.Input((6,)), backbone()
+    head = keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(3))
+    ref = keras.Model(inp, head(body(inp)))
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    want = ref.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
+    assert got == pytest.approx(want, rel=1e-6)
+    for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)

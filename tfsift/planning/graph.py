@@ -197,7 +197,8 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
     list, tuple or dict input stays one argument); the graph's inputs are their leaves in
     ``tree.flatten`` order, which is how every stage passes them around. ``training``
     (``training=True`` or ``False``) is passed to the call where given; the layers in the
-    graph take the step's own at run time.
+    graph take the step's own at run time. The Keras models ``call`` calls are traced
+    through (``keras_internals.models_inlined``): their layers are nodes of the graph.
     """
     symbolic = tree.map_structure(
         lambda x: keras.Input(
@@ -205,7 +206,8 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
         ),
         list(example),
     )
-    out = model.call(*symbolic, **training)
+    with keras_internals.models_inlined(model):
+        out = model.call(*symbolic, **training)
     return Graph(tree.flatten(symbolic), tree.flatten(out), out)
 
 

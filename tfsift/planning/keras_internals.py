@@ -1,8 +1,9 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs eight things Keras and TensorFlow do not expose publicly: the node that
-produced a symbolic tensor (to walk a traced ``call``), forgetting the nodes of a trace
-made only to compare it with another (``calls_forgotten``), re-running one node on concrete
+tfsift needs nine things Keras and TensorFlow do not expose publicly: the node that
+produced a symbolic tensor (to walk a traced ``call``), tracing through the Keras models a
+model calls (``models_inlined``), forgetting the nodes of a trace made only to compare it
+with another (``calls_forgotten``), re-running one node on concrete
 values with its recorded arguments, the seed generators a layer owns (to replay dropout
 masks when recomputing), freeing a variable's buffer (so a rank holds only its
 stage), which variables code assigns inside a ``keras.StatelessScope`` (the
@@ -28,6 +29,32 @@ def producer(tensor: Any) -> Any:
     """The ``keras.src.ops.node.Node`` whose call produced the symbolic ``tensor``."""
     operation, node_index, _ = tensor._keras_history
     return operation._inbound_nodes[node_index]
+
+
+@contextlib.contextmanager
+def models_inlined(model: Any) -> Iterator[None]:
+    """Within it, a Keras model that ``model``'s layers include (a functional backbone, a
+    ``keras.Sequential`` block, a subclassed model) runs its own ``call`` when called, so
+    a symbolic call of it records its layers' nodes, not one node of its own: a trace then
+    reaches every layer, and a cut can fall between them. Each keeps its class after.
+
+    The class of each such model is swapped for a subclass whose ``__call__`` is its
+    ``call`` (Python looks ``__call__`` up on the class, not the instance)."""
+    swapped = []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.Model):
+            cls = layer.__class__
+            layer.__class__ = type(cls.__name__, (cls,), {"__call__": _own_call})
+            swapped.append((layer, cls))
+    try:
+        yield
+    finally:
+        for layer, cls in swapped:
+            layer.__class__ = cls
+
+
+def _own_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return self.call(*args, **kwargs)
 
 
 @contextlib.contextmanager
