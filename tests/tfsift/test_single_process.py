@@ -389,3 +389,45 @@ def test_a_backbone_called_whole_is_traced_through_and_trains_as_keras() -> None
     assert got == pytest.approx(want, rel=1e-6)
     for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-6)
+
+
+class OwnWeight(keras.Model):  # type: ignore[misc]
+    """A subclassed model whose call uses a weight of its own, made in its build."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(4))
+
+    def build(self, shape: Any) -> None:
+        self.w = self.add_weight(shape=(4, 3), initializer=keras.initializers.GlorotUniform(5))
+
+    def call(self, x: Any) -> Any:
+        return keras.ops.matmul(self.dense(x), self.w)
+
+
+class Nesting(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = OwnWeight()
+
+    def call(self, x: Any) -> Any:
+        return self.inner(x)
+
+
+def test_a_subclassed_model_called_inside_stays_one_node_with_its_own_weights() -> None:
+    # traced through, its build (which makes w) never ran and w was no variable of any node
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 6)).astype(np.float32), rng.integers(0, 3, 32)
+    model = Nesting()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    got = model.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
+    assert model.partitioned is not None
+    assert [gn.node.operation for gn in model.partitioned.graph.nodes] == [model.inner]
+    inp = keras.Input((6,))
+    ref = keras.Model(inp, OwnWeight()(inp))
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    want = ref.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
+    assert got == pytest.approx(want, rel=1e-6)
+    for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)

@@ -33,16 +33,20 @@ def producer(tensor: Any) -> Any:
 
 @contextlib.contextmanager
 def models_inlined(model: Any) -> Iterator[None]:
-    """Within it, a Keras model that ``model``'s layers include (a functional backbone, a
-    ``keras.Sequential`` block, a subclassed model) runs its own ``call`` when called, so
-    a symbolic call of it records its layers' nodes, not one node of its own: a trace then
-    reaches every layer, and a cut can fall between them. Each keeps its class after.
+    """Within it, a functional Keras model or a ``keras.Sequential`` that ``model``'s
+    layers include (a ``keras.applications`` or KerasHub backbone, a block) runs its own
+    ``call`` when called, so a symbolic call of it records its layers' nodes, not one node
+    of its own: a trace then reaches every layer, and a cut can fall between them. Each
+    keeps its class after. A subclassed model stays one node: its ``call`` may use weights
+    of its own (``build``, ``add_weight``) that no layer of the graph would own.
 
     The class of each such model is swapped for a subclass whose ``__call__`` is its
     ``call`` (Python looks ``__call__`` up on the class, not the instance)."""
+    from keras.src.models.functional import Functional
+
     swapped = []
     for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, keras.Model):
+        if isinstance(layer, Functional | keras.Sequential):
             cls = layer.__class__
             layer.__class__ = type(cls.__name__, (cls,), {"__call__": _own_call})
             swapped.append((layer, cls))
@@ -54,15 +58,19 @@ def models_inlined(model: Any) -> Iterator[None]:
 
 
 def _own_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    if not self.built:  # built as its own __call__ builds it (a subclass's build()), once
+        with calls_forgotten(self, include_self=True):
+            super(type(self), self).__call__(*args, **kwargs)
     return self.call(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def calls_forgotten(model: Any) -> Iterator[None]:
-    """Symbolic calls of ``model``'s layers made within are forgotten after it: each layer
-    keeps the inbound and outbound nodes it had (a trace made only for a comparison would
+def calls_forgotten(model: Any, include_self: bool = False) -> Iterator[None]:
+    """Symbolic calls of ``model``'s layers (and of ``model`` itself with
+    ``include_self``) made within are forgotten after it: each keeps the inbound and
+    outbound nodes it had (a trace made only for a comparison, or to build a model, would
     otherwise leave layers called twice, whose ``layer.output`` Keras refuses to name)."""
-    layers = list(model._flatten_layers(include_self=False))
+    layers = list(model._flatten_layers(include_self=include_self))
     kept = [(layer, len(layer._inbound_nodes), len(layer._outbound_nodes)) for layer in layers]
     try:
         yield
