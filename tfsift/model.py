@@ -263,6 +263,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _check_same_partitioning(self.partitioned.config, rt.config)
             self.partitioned.check_trainable()  # a new step function's first call
             return self.partitioned
+        _refuse_own_weights(self)
         norms = _batch_norms(self)
         _refuse_synchronized_statistics(norms, rt.topology.replicas)
         if rt.rank == 0:
@@ -670,6 +671,28 @@ def _batch_norms(model: keras.Model) -> list[keras.layers.BatchNormalization]:
         for layer in model._flatten_layers(include_self=False)
         if isinstance(layer, keras.layers.BatchNormalization)
     ]
+
+
+def _refuse_own_weights(model: DistributedModel) -> None:
+    """A weight the model makes itself (``self.add_weight``), not one of its layers', is
+    held by no node of the traced graph: no stage would have it, train it or update it
+    (a probe's ran its steps with such a weight left as it was). Refused on every rank,
+    before any step.
+
+    Raises:
+        ValueError: the model owns variables, or defines a ``build``, of its own.
+    """
+    own = [v.path for v in (*model._trainable_variables, *model._non_trainable_variables)]
+    if type(model).build is not keras.Model.build:  # what a build of its own would make
+        own.append(f"those {type(model).__name__}.build makes (tfsift never calls it)")
+    if own:
+        raise ValueError(
+            f"{type(model).__name__} makes weights of its own (self.add_weight), which tfsift "
+            "cannot place: a stage holds the weights of the layers its part of call runs, and "
+            "these belong to no layer. Make them a layer's (a keras.layers.Layer that creates "
+            "them in its build and uses them in its call) and call that layer. Received: "
+            + ", ".join(own)
+        )
 
 
 def _say_microbatch_statistics(

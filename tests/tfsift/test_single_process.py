@@ -431,3 +431,54 @@ def test_a_subclassed_model_called_inside_stays_one_node_with_its_own_weights() 
     assert got == pytest.approx(want, rel=1e-6)
     for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-6)
+
+
+class OwnTable(tfsift.DistributedModel):
+    """A weight of the model's own, made in __init__ and used through keras.ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(4)
+        self.table = self.add_weight(shape=(4, 3), name="table")
+
+    def call(self, x: Any) -> Any:
+        return keras.ops.matmul(self.dense(x), self.table)
+
+
+class OwnBuild(tfsift.DistributedModel):
+    """The same weight made in the model's own build."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(4)
+
+    def build(self, shape: Any) -> None:
+        self.table = self.add_weight(shape=(4, 3), name="table")
+
+    def call(self, x: Any) -> Any:
+        return keras.ops.matmul(self.dense(x), self.table)
+
+
+@pytest.mark.parametrize(
+    ("model", "received"),
+    [
+        (OwnTable, "own_table/table"),
+        (OwnBuild, "those OwnBuild.build makes (tfsift never calls it)"),
+    ],
+)
+def test_weights_of_the_models_own_are_refused_before_any_step(model: Any, received: str) -> None:
+    # held by no node of the traced graph: fit ran with the table left as it was
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 6)).astype(np.float32), rng.integers(0, 3, 16)
+    made = model()
+    made.compile(optimizer="sgd", loss=LOSS)
+    with pytest.raises(ValueError) as err:
+        made.fit(x, y, batch_size=8, verbose=0)
+    assert str(err.value) == (
+        f"{model.__name__} makes weights of its own (self.add_weight), which tfsift cannot "
+        "place: a stage holds the weights of the layers its part of call runs, and these "
+        "belong to no layer. Make them a layer's (a keras.layers.Layer that creates them in its "
+        f"build and uses them in its call) and call that layer. Received: {received}"
+    )
+    assert made.partitioned is None
