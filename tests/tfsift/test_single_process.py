@@ -366,14 +366,26 @@ class Backbone(tfsift.DistributedModel):
         return self.head(self.body(x, training=training))
 
 
+def assert_fits_as_keras(model: tfsift.DistributedModel, ref: keras.Model) -> None:
+    """fit, on 2 microbatches, gives ``model`` the losses and weights that Keras' fit gives
+    ``ref``, a plain Keras model of the same layers and initial weights."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 6)).astype(np.float32), rng.integers(0, 3, 32)
+    losses = []
+    for fitted in (model, ref):
+        fitted.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+        losses.append(fitted.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+
+
 def test_a_backbone_called_whole_is_traced_through_and_trains_as_keras() -> None:
     # it was one node of the traced graph: no cut could fall between its layers
     tfsift.init({"microbatches": 2})
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(32, 6)).astype(np.float32), rng.integers(0, 3, 32)
-    model = Backbone()
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
-    got = model.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
+    model, inp, body = Backbone(), keras.Input((6,)), backbone()
+    head = keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(3))
+    assert_fits_as_keras(model, keras.Model(inp, head(body(inp))))
     assert model.partitioned is not None
     operations = [gn.node.operation for gn in model.partitioned.graph.nodes]
     assert [op for op in operations if isinstance(op, keras.layers.Dense)] == [
@@ -381,14 +393,6 @@ def test_a_backbone_called_whole_is_traced_through_and_trains_as_keras() -> None
         model.head,
     ]  # the backbone's layers, each a node
     assert type(model.body) is type(backbone())  # its own class back
-    inp, body = keras.Input((6,)), backbone()
-    head = keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(3))
-    ref = keras.Model(inp, head(body(inp)))
-    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
-    want = ref.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
-    assert got == pytest.approx(want, rel=1e-6)
-    for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
-        np.testing.assert_allclose(b, a, atol=1e-6)
 
 
 class OwnWeight(keras.Model):  # type: ignore[misc]
@@ -417,20 +421,10 @@ class Nesting(tfsift.DistributedModel):
 def test_a_subclassed_model_called_inside_stays_one_node_with_its_own_weights() -> None:
     # traced through, its build (which makes w) never ran and w was no variable of any node
     tfsift.init({"microbatches": 2})
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(32, 6)).astype(np.float32), rng.integers(0, 3, 32)
-    model = Nesting()
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
-    got = model.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
+    model, inp = Nesting(), keras.Input((6,))
+    assert_fits_as_keras(model, keras.Model(inp, OwnWeight()(inp)))
     assert model.partitioned is not None
     assert [gn.node.operation for gn in model.partitioned.graph.nodes] == [model.inner]
-    inp = keras.Input((6,))
-    ref = keras.Model(inp, OwnWeight()(inp))
-    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
-    want = ref.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"]
-    assert got == pytest.approx(want, rel=1e-6)
-    for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
-        np.testing.assert_allclose(b, a, atol=1e-6)
 
 
 class OwnTable(tfsift.DistributedModel):

@@ -134,6 +134,17 @@ def tokens() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def refusals_of_fit_and_evaluate(model: tfsift.DistributedModel, x: Any, y: Any) -> list[str]:
+    """The ValueError messages of fit and of evaluate on batches of 16 (each must raise)."""
+    messages = []
+    for run in (lambda: model.fit(x, y, batch_size=16, verbose=0),
+                lambda: model.evaluate(x, y, batch_size=16, verbose=0)):  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            run()
+        messages.append(str(err.value))
+    return messages
+
+
 def test_a_mask_on_the_output_is_refused_and_the_padding_as_weights_equals_keras() -> None:
     # with the mask Keras averages over the unmasked positions; fit averaged over all of
     # them (the weights 0.05 from Keras' after two epochs, equal to Keras' without a mask)
@@ -141,17 +152,13 @@ def test_a_mask_on_the_output_is_refused_and_the_padding_as_weights_equals_keras
     x, y = tokens()
     model = Tokens(mask_zero=True)
     model.compile(optimizer="sgd", loss=LOSS_OBJECT)
-    for run in (lambda: model.fit(x, y, batch_size=16, verbose=0),
-                lambda: model.evaluate(x, y, batch_size=16, verbose=0)):  # fmt: skip
-        with pytest.raises(ValueError) as err:
-            run()
-        assert str(err.value) == (
-            "tfsift's fit and evaluate do not weigh the loss by a mask on the model's output, "
-            "as Keras' losses do (padding from Embedding(mask_zero=True) or Masking that "
-            "reaches the output): the loss would count the masked positions. Stop the mask "
-            "before the output and pass the padding as sample_weight, or weigh the loss "
-            "yourself in a @tfsift.step loop. Received: a mask on output 0 of model 'tokens'"
-        )
+    assert refusals_of_fit_and_evaluate(model, x, y) == 2 * [
+        "tfsift's fit and evaluate do not weigh the loss by a mask on the model's output, "
+        "as Keras' losses do (padding from Embedding(mask_zero=True) or Masking that "
+        "reaches the output): the loss would count the masked positions. Stop the mask "
+        "before the output and pass the padding as sample_weight, or weigh the loss "
+        "yourself in a @tfsift.step loop. Received: a mask on output 0 of model 'tokens'"
+    ]
     # what it says to do: no mask, the padding weighted 0, as Keras weighs it
     weights = (x != 0).astype(np.float32)
     keras.utils.set_random_seed(1)
@@ -188,16 +195,12 @@ def test_a_model_of_two_outputs_is_refused_by_fit_and_evaluate_and_their_losses_
     x, y = rng.normal(size=(32, 4)).astype(np.float32), rng.normal(size=(32, 1))
     model = TwoHeads()
     model.compile(optimizer="sgd", loss="mse")
-    for run in (lambda: model.fit(x, (y, y), batch_size=16, verbose=0),
-                lambda: model.evaluate(x, (y, y), batch_size=16, verbose=0)):  # fmt: skip
-        with pytest.raises(ValueError) as err:
-            run()
-        assert str(err.value) == (
-            "tfsift's fit and evaluate train one loss on a model with one output; this model "
-            "returns 2 (Keras would add up a loss for each). Return one output (or their loss "
-            "as the output), or compute each output's loss in a @tfsift.step loop. Received: "
-            "outputs of a microbatch shaped (8, 1), (8, 3)"
-        )
+    assert refusals_of_fit_and_evaluate(model, x, (y, y)) == 2 * [
+        "tfsift's fit and evaluate train one loss on a model with one output; this model "
+        "returns 2 (Keras would add up a loss for each). Return one output (or their loss "
+        "as the output), or compute each output's loss in a @tfsift.step loop. Received: "
+        "outputs of a microbatch shaped (8, 1), (8, 3)"
+    ]
     with pytest.raises(ValueError) as err:
         TwoHeads().compile(optimizer="sgd", loss={"first": "mse", "second": "mse"})
     assert str(err.value) == (
