@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per replica")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--pipeline", default="interleaved")
+    parser.add_argument("--pipeline", default="auto")
     parser.add_argument("--optimize", default="speed")
     parser.add_argument("--lr", type=float, default=2e-3)
     args = parser.parse_args()

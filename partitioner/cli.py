@@ -19,10 +19,12 @@ from partitioner.plan import (
     candidates,
     deferral_note,
     make_plan,
+    within_1f1b,
 )
 from partitioner.schedule import PIPELINES
 from partitioner.simulator import SimResult, simulate_plan, stage_times
 from partitioner.solver import OPTIMIZE, InfeasibleError, stage_transfers
+from partitioner.ties import first_near_fastest
 from partitioner.timeline import draw_timeline, draw_timelines
 
 _UNITS = {
@@ -76,9 +78,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     plan.add_argument(
         "--pipeline",
         choices=(*PIPELINES, AUTO),
-        default="interleaved",
+        default=AUTO,
         help="the schedule; auto: the one whose simulated step is the shortest within "
-        "the memory cap (default: interleaved)",
+        "the memory cap, or without one within 1F1B's peak memory (default: auto)",
     )
     plan.add_argument(
         "--virtual-stages",
@@ -171,10 +173,10 @@ def _plan(args: argparse.Namespace) -> int:
         return _fail(error)
     print(format_plan(costs, plan))
     if args.pipeline == AUTO:
+        within = "the cap" if args.memory_cap is not None else "1F1B's memory"
         print(
             f"pipeline auto: {label(plan.pipeline, plan.virtual_stages, plan.deferred)}, the "
-            "shortest "
-            "simulated step within the cap"
+            f"shortest simulated step within {within}"
         )
     plan.save(args.output)
     print(f"wrote {args.output}")
@@ -217,7 +219,8 @@ def _simulate(args: argparse.Namespace) -> int:
         f"Every row runs M microbatches of {costs.batch_size} samples (the profiled size), so "
         "a step's batch and time grow with M: compare the time per sample across rows."
     )
-    for line in fastest_lines([(int(row[1]), row[0], result) for row, result in rows]):
+    found = [(int(row[1]), row[0], result) for row, result in rows]
+    for line in fastest_lines(found, capped=args.memory_cap is not None):
         print(line)
     drawn = [(f"{row[0]}, M={row[1]}", result) for row, result in rows if result is not None]
     if args.timeline and drawn:
@@ -277,10 +280,14 @@ def _simulate_row(
     return row, result
 
 
-def fastest_lines(rows: Sequence[tuple[int, str, SimResult | None]]) -> list[str]:
-    """Per M, the pipeline whose simulated step is the shortest among those that fit the
-    cap (`partitioner.plan.fastest_plan`'s choice among the rows, listed in its order of
-    preference: `label`s of pipelines and virtual stages), against the others.
+def fastest_lines(
+    rows: Sequence[tuple[int, str, SimResult | None]], capped: bool = True
+) -> list[str]:
+    """Per M, the pipeline `partitioner.plan.fastest_plan` chooses among the rows (listed
+    in its order of preference: `label`s of pipelines and virtual stages): of those that
+    fit the cap, or without one (``capped`` False) within `partitioner.plan.MEMORY_SLACK`
+    times the `interleaved` row's peak, the first within `partitioner.ties.NEAR_TIE` of
+    the shortest step; against the others.
 
     Example:
         >>> fastest_lines([(8, "interleaved", None)])
@@ -288,21 +295,29 @@ def fastest_lines(rows: Sequence[tuple[int, str, SimResult | None]]) -> list[str
     """
     lines = []
     for M in dict.fromkeys(m for m, _, _ in rows):
-        fits = [
-            (r.step_time, max(r.peak_memory), i, p)
-            for i, (m, p, r) in enumerate(rows)
-            if m == M and r
-        ]
+        fits = [(p, r) for m, p, r in rows if m == M and r]
         if not fits:
             lines.append(f"M={M}: no pipeline fits the memory cap")
             continue
-        step, _, _, best = min(fits)
-        others = ", ".join(f"{p} {t / step:.2f}x" for t, _, _, p in fits if p != best)
+        kept = fits
+        if not capped:
+            kept = within_1f1b(fits, lambda row: max(row[1].peak_memory), _is_1f1b_row)
+        best, chosen = kept[first_near_fastest([r.step_time for _, r in kept])]
+        step = chosen.step_time
+        others = ", ".join(f"{p} {r.step_time / step:.2f}x" for p, r in kept if p != best)
+        over = ", ".join(f"{p} {r.step_time / step:.2f}x" for p, r in fits if (p, r) not in kept)
+        within = "the cap" if capped else "1F1B's memory"
         lines.append(
-            f"M={M}: fastest within the cap: {best} ({_seconds(step)}"
-            + (f"; {others} as long)" if others else ")")
+            f"M={M}: fastest within {within}: {best} ({_seconds(step)}"
+            + (f"; {others} as long" if others else "")
+            + (f"; over it (set --memory-cap): {over}" if over else "")
+            + ")"
         )
     return lines
+
+
+def _is_1f1b_row(row: tuple[str, SimResult]) -> bool:
+    return row[0] == "interleaved"
 
 
 def format_plan(costs: CostModel, plan: Plan) -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
@@ -21,12 +21,16 @@ from partitioner.solver import (
     solve,
     solved_deferral,
 )
-from partitioner.ties import settle
+from partitioner.ties import first_near_fastest, settle
 
 AUTO = "auto"  # the pipeline whose simulated step is the shortest (`fastest_plan`)
 # the virtual stages `fastest_plan` tries when they are not given: 1F1B's one chunk a
 # rank, and Megatron-LM's interleaved 1F1B with 2 or 4
 AUTO_VIRTUAL_STAGES = (1, 2, 4)
+# Without a memory cap, "auto" keeps to plans within this factor of 1F1B's peak: the
+# zero-bubble schedule's split backward holds its layers' output gradients from B to W,
+# a little over 1F1B's peak even where it defers no W (0.1% on the CLI tests' costs).
+MEMORY_SLACK = 1.05
 
 
 @dataclass(frozen=True)
@@ -352,14 +356,20 @@ def _deferred(
 def fastest_plan(
     costs: CostModel, K: int, M: int, *, virtual_stages: int | None = None, **options: Any
 ) -> Plan:
-    """The plan of the pipeline whose simulated step is the shortest within the memory cap.
+    """The plan of the pipeline whose simulated step is the shortest within the memory cap,
+    near-ties going to the simplest schedule.
 
-    Each of `partitioner.schedule.PIPELINES` is solved and simulated (`make_plan` with
-    ``options``), `interleaved` also with each of `AUTO_VIRTUAL_STAGES` that the model and
-    M allow (or only with ``virtual_stages`` if given); among the plans that fit
-    ``memory_cap``, the one with the least predicted step wins, then the least peak
-    memory, then the first of `PIPELINES`, then the fewest virtual stages: a zero-bubble
-    schedule that recomputes runs as 1F1B and loses a tie to it.
+    The candidates (`candidates`: every pipeline with one chunk a rank, and `interleaved`
+    with each of `AUTO_VIRTUAL_STAGES` that the model and M allow, or only with
+    ``virtual_stages`` if given) are solved and simulated (`make_plan` with ``options``);
+    of those that fit ``memory_cap``, or without a cap that hold at most `MEMORY_SLACK`
+    times the peak of 1F1B's plan (`interleaved` on one chunk a rank, when it is among
+    them), the first in `candidates`' order whose predicted step is within
+    `partitioner.ties.NEAR_TIE` of the shortest wins: 1F1B, then the zero-bubble schedule,
+    then virtual stages, then GPipe. So a gain within the profile's noise does not change
+    the schedule from run to run, and what is faster only for more memory (GPipe, most
+    virtual stages, ZB-H1's whole deferral) is bought by setting a cap, as for the
+    zero-bubble schedule's deferral.
 
     Example:
         >>> from partitioner.costs import LayerCost
@@ -369,7 +379,7 @@ def fastest_plan(
         ('zero_bubble', 26.0)
 
     Raises:
-        InfeasibleError: no pipeline's plan fits the cap (the first pipeline's error).
+        InfeasibleError: no pipeline's plan fits the cap (the first candidate's error).
     """
     plans: list[Plan] = []
     errors: list[InfeasibleError] = []
@@ -381,38 +391,55 @@ def fastest_plan(
             errors.append(error)
     if not plans:
         raise errors[0]
-    return min(
-        plans,
-        key=lambda plan: (
-            plan.predicted_step_time,
-            max(plan.peak_memory),
-            PIPELINES.index(plan.pipeline),
-            plan.virtual_stages,
-        ),
-    )
+    if options.get("memory_cap") is None:
+        plans = within_1f1b(plans, lambda plan: max(plan.peak_memory), _is_1f1b)
+    return plans[first_near_fastest([plan.predicted_step_time for plan in plans])]
+
+
+T = TypeVar("T")
+
+
+def within_1f1b(
+    rows: Sequence[T], peak: Callable[[T], int], is_1f1b: Callable[[T], bool]
+) -> list[T]:
+    """The ``rows`` whose ``peak`` memory is at most `MEMORY_SLACK` times the 1F1B row's
+    (``is_1f1b``): what `fastest_plan` compares without a memory cap; all of them where
+    none is 1F1B's.
+
+    Example:
+        >>> within_1f1b([("simple", 9), ("interleaved", 5), ("zero_bubble", 5)],
+        ...             lambda row: row[1], lambda row: row[0] == "interleaved")
+        [('interleaved', 5), ('zero_bubble', 5)]
+    """
+    bound = next((MEMORY_SLACK * peak(row) for row in rows if is_1f1b(row)), None)
+    return [row for row in rows if bound is None or peak(row) <= bound]
+
+
+def _is_1f1b(plan: Plan) -> bool:
+    return plan.pipeline == "interleaved" and plan.virtual_stages == 1
 
 
 def candidates(
     K: int, M: int, L: int, virtual_stages: int | None = None, scoring: bool = False
 ) -> list[tuple[str, int]]:
-    """(pipeline, virtual stages) pairs `fastest_plan` compares on a chain of L layers:
-    every pipeline with one chunk a rank, and `interleaved` with each of
-    `AUTO_VIRTUAL_STAGES` that has K >= 2, K v <= L layers and M a multiple of its rounds
-    (`partitioner.schedule.rounds_of`), none while planning room for sifting's
-    ``scoring``; given ``virtual_stages`` v > 1, `interleaved` with v alone.
+    """(pipeline, virtual stages) pairs `fastest_plan` compares on a chain of L layers, in
+    its order of preference: 1F1B (`interleaved`), the zero-bubble schedule, `interleaved`
+    with each of `AUTO_VIRTUAL_STAGES` above 1 that has K >= 2, K v <= L layers and M a
+    multiple of its rounds (`partitioner.schedule.rounds_of`; none while planning room for
+    sifting's ``scoring``), then GPipe (`simple`); given ``virtual_stages`` v > 1,
+    `interleaved` with v alone.
 
     Example:
         >>> candidates(2, 8, 6)
-        [('simple', 1), ('interleaved', 1), ('interleaved', 2), ('zero_bubble', 1)]
+        [('interleaved', 1), ('zero_bubble', 1), ('interleaved', 2), ('simple', 1)]
     """
     if virtual_stages is not None and virtual_stages > 1:
         return [("interleaved", virtual_stages)]  # the only one; `solve` says what it lacks
-    found = []
-    for pipeline in PIPELINES:
-        for v in AUTO_VIRTUAL_STAGES if virtual_stages is None else (virtual_stages,):
-            if v == 1 or (pipeline == "interleaved" and _allows(K, M, L, v) and not scoring):
-                found.append((pipeline, v))
-    return found
+    found = [("interleaved", 1), ("zero_bubble", 1)]
+    for v in AUTO_VIRTUAL_STAGES[1:] if virtual_stages is None else ():
+        if _allows(K, M, L, v) and not scoring:
+            found.append(("interleaved", v))
+    return [*found, ("simple", 1)]
 
 
 def _allows(K: int, M: int, L: int, v: int) -> bool:

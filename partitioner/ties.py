@@ -13,13 +13,26 @@ one. The result is within ``NEAR_TIE`` of the optimum by construction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from partitioner.costs import CostModel
 from partitioner.partition import Partition
 from partitioner.solver import step_time_estimate
 
 NEAR_TIE = 0.03  # the predicted step's relative slack treated as a tie
+
+
+def first_near_fastest(steps: Sequence[float]) -> int:
+    """The index of the first of ``steps`` (predicted step times, in order of preference)
+    within ``NEAR_TIE`` of the shortest: how `partitioner.plan.fastest_plan` chooses a
+    schedule.
+
+    Example:
+        >>> first_near_fastest([1.02, 1.0, 0.9]), first_near_fastest([0.92, 1.0, 0.9])
+        (2, 0)
+    """
+    best = min(steps)
+    return next(i for i, step in enumerate(steps) if step <= best * (1 + NEAR_TIE))
 
 
 def settle(

@@ -38,12 +38,12 @@ class Config:
 
     Example:
         >>> Config.from_dict({"partitions": 2, "microbatches": 4}).pipeline
-        'interleaved'
+        'auto'
     """
 
     partitions: int = 1
     microbatches: int = 1
-    pipeline: str = "interleaved"
+    pipeline: str = AUTO
     virtual_stages: int | None = None  # 1; with pipeline="auto", what the plan found fastest
     optimize: str = "speed"
     horovod: bool | None = None

@@ -13,7 +13,10 @@ import tfsift
 from models import ConvNet, data, training_step
 from mpi import report
 
-tfsift.init({"partitions": 2, "microbatches": 4, "profile_repeats": 1, "log_dir": sys.argv[1]})
+tfsift.init(
+    {"partitions": 2, "microbatches": 4, "pipeline": "interleaved", "profile_repeats": 1,
+     "log_dir": sys.argv[1]}
+)  # fmt: skip
 keras.utils.set_random_seed(0)
 model = ConvNet()
 train = training_step(model)

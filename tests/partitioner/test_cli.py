@@ -10,6 +10,7 @@ import pytest
 from partitioner.cli import add_subcommands, fastest_lines, main, parse_bytes
 from partitioner.costs import CostModel, LayerCost
 from partitioner.plan import Plan
+from partitioner.ties import NEAR_TIE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +47,8 @@ def test_plan_prints_the_stage_table_and_writes_the_plan(
     output = tmp_path / "plan.json"
     timeline = tmp_path / "step.png"
     code = main(["plan", str(costs_file), "--partitions", "3", "--microbatches", "4",
-                 "--output", str(output), "--timeline", str(timeline)])  # fmt: skip
+                 "--pipeline", "interleaved", "--output", str(output),
+                 "--timeline", str(timeline)])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
     assert lines[0].split() == [
@@ -122,21 +124,22 @@ def test_simulate_prints_one_row_per_microbatch_count_and_pipeline(
         "pipeline", "M", "step", "time", "per", "sample", "bubble", "max", "peak", "memory"
     ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:5]] == [
-        ["simple", "1"],
         ["interleaved", "1"],
-        ["simple", "4"],
+        ["simple", "1"],
         ["interleaved", "4"],
+        ["simple", "4"],
     ]
     # One microbatch on two stages: each idles while the other works, plus the transfers.
     assert float(lines[1].split()[6].rstrip("%")) >= 50.0
     units = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-    row = lines[3].split()  # simple, M=4: the step time and the time per sample, with units
+    row = lines[4].split()  # simple, M=4: the step time and the time per sample, with units
     step, per_sample = (float(row[i]) * units[row[i + 1]] for i in (2, 4))
     assert per_sample == pytest.approx(step / (4 * 8), rel=2e-3)  # 4 microbatches of 8
     assert lines[5].startswith("Every row runs M microbatches of")
-    # one microbatch: the two schedules are one, and the tie goes to the first
-    assert lines[6].startswith("M=1: fastest within the cap: simple (")
-    assert lines[7].startswith("M=4: fastest within the cap: ")
+    # one microbatch: the two schedules are one, and the tie goes to the first (1F1B); no
+    # cap: the rows within 1F1B's peak memory
+    assert lines[6].startswith("M=1: fastest within 1F1B's memory: interleaved (")
+    assert lines[7].startswith("M=4: fastest within 1F1B's memory: ")
 
 
 def test_simulate_draws_every_row_into_one_timeline(
@@ -150,11 +153,12 @@ def test_simulate_draws_every_row_into_one_timeline(
     # header, the three pipelines and interleaved on 2 and 4 virtual stages (8 layers make
     # 2 x 4 chunks) for M=2 and 4, the note, the fastest per M, wrote
     assert len(lines) == 1 + 10 + 1 + 2 + 1
-    assert [line.split()[0] for line in lines[1:5]] == [
-        "simple", "interleaved", "interleaved(v=2)", "interleaved(v=4)"
+    # in auto's order of preference
+    assert [line.split()[0] for i, line in enumerate(lines[1:6]) if i != 1] == [
+        "interleaved", "interleaved(v=2)", "interleaved(v=4)", "simple"
     ]  # fmt: skip
     # the zero-bubble row names the W's its plan defers on each stage (none on stage 0)
-    assert re.fullmatch(r"zero_bubble\(d=0,[01]\)", lines[5].split()[0])
+    assert re.fullmatch(r"zero_bubble\(d=0,[01]\)", lines[2].split()[0])
     assert lines[-1] == f"wrote {timeline}"
     assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -192,11 +196,16 @@ def test_plan_auto_picks_the_pipeline_with_the_shortest_simulated_step(
     assert min(steps, key=lambda k: steps[k]) == ("interleaved", 2)
     assert (plan.pipeline, plan.virtual_stages) == ("interleaved", 2)
     assert plan.predicted_step_time == steps["interleaved", 2] < steps["zero_bubble", 1]
-    assert "pipeline auto: interleaved(v=2), the shortest simulated step within the cap" in lines
-    # given one chunk a stage, auto compares the pipelines only
+    assert (
+        "pipeline auto: interleaved(v=2), the shortest simulated step within 1F1B's memory" in lines
+    )
+    # given one chunk a stage, auto compares the pipelines only: the zero-bubble schedule's
+    # step is shorter than 1F1B's, but by less than NEAR_TIE (3%): a near-tie, which goes
+    # to 1F1B; it is the default (no --pipeline)
+    assert 1 - NEAR_TIE < steps["zero_bubble", 1] / steps["interleaved", 1] < 1
     main(["plan", str(costs_file), "--partitions", "2", "--microbatches", "8",
-          "--pipeline", "auto", "--virtual-stages", "1", "--output", str(output)])  # fmt: skip
-    assert (Plan.load(output).pipeline, Plan.load(output).virtual_stages) == ("zero_bubble", 1)
+          "--virtual-stages", "1", "--output", str(output)])  # fmt: skip
+    assert (Plan.load(output).pipeline, Plan.load(output).virtual_stages) == ("interleaved", 1)
 
 
 def test_plan_on_virtual_stages_prints_a_row_per_chunk_with_its_stage(
@@ -232,24 +241,29 @@ def test_the_fastest_pipeline_per_microbatch_count_fits_the_cap() -> None:
     def result(step: float, peak: int) -> SimResult:
         return SimResult(step, (step,), (0.0,), 0.0, (peak,), ())
 
-    rows = [
-        (4, "simple", result(0.010, 9)),
-        (4, "interleaved", result(0.010, 5)),  # ties simple's step, holds less
+    rows = [  # in fastest_plan's order of preference
+        (4, "interleaved", result(0.010, 5)),
         (4, "zero_bubble", None),  # over the cap
+        (4, "interleaved(v=2)", result(0.010, 5)),  # a full tie: the row listed first wins
+        (4, "simple", result(0.0099, 9)),  # 1% faster: a near-tie, which 1F1B wins
         (8, "interleaved", result(0.020, 5)),
-        (8, "zero_bubble", result(0.018, 6)),
+        (8, "zero_bubble", result(0.018, 5.2)),  # 10% faster, 4% more memory
+        (8, "interleaved(v=2)", result(0.020, 5)),
+        (8, "simple", result(0.017, 9)),
         (16, "zero_bubble", None),
     ]
-    # a full tie (step and peak): the row listed first, as fastest_plan prefers it
-    rows.insert(2, (4, "interleaved(v=2)", result(0.010, 5)))
-    rows.insert(5, (8, "interleaved(v=2)", result(0.020, 5)))
     assert fastest_lines(rows) == [
-        "M=4: fastest within the cap: interleaved (10.000 ms; simple 1.00x, "
-        "interleaved(v=2) 1.00x as long)",
-        "M=8: fastest within the cap: zero_bubble (18.000 ms; interleaved 1.11x, "
-        "interleaved(v=2) 1.11x as long)",
+        "M=4: fastest within the cap: interleaved (10.000 ms; interleaved(v=2) 1.00x, "
+        "simple 0.99x as long)",
+        "M=8: fastest within the cap: simple (17.000 ms; interleaved 1.18x, zero_bubble 1.06x, "
+        "interleaved(v=2) 1.18x as long)",
         "M=16: no pipeline fits the memory cap",
     ]
+    # without a cap: the rows within 1.05x 1F1B's peak memory; the others are named
+    assert fastest_lines(rows, capped=False)[1] == (
+        "M=8: fastest within 1F1B's memory: zero_bubble (18.000 ms; interleaved 1.11x, "
+        "interleaved(v=2) 1.11x as long; over it (set --memory-cap): simple 0.94x)"
+    )
 
 
 def test_subcommands_mount_on_another_parser(costs_file: Path, tmp_path: Path) -> None:
@@ -269,7 +283,7 @@ def test_runs_as_a_module(module: str, costs_file: Path, tmp_path: Path) -> None
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[1].split()[:2] == ["simple", "2"]
+    assert done.stdout.splitlines()[1].split()[:2] == ["interleaved", "2"]
 
 
 def test_help_tells_a_user_what_the_commands_do_not_how_they_are_mounted(

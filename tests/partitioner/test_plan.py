@@ -10,6 +10,7 @@ from partitioner.experimental.scoring import sifted_step_time
 from partitioner.plan import Plan, make_plan
 from partitioner.schedule import build
 from partitioner.simulator import simulate
+from partitioner.ties import NEAR_TIE
 
 
 def costs_of(n: int = 6) -> CostModel:
@@ -191,24 +192,63 @@ def test_a_plan_on_virtual_stages_holds_its_chunks_and_predicts_per_stage(
 
 def test_auto_compares_every_pipeline_and_the_virtual_stages_the_model_allows() -> None:
     costs = costs_of(8)
-    plans = {
-        (p, v): make_plan(costs, 2, 8, pipeline=p, virtual_stages=v)
-        for p, v in partitioner.plan.candidates(2, 8, 8)
-    }
-    assert sorted(plans) == [("interleaved", 1), ("interleaved", 2), ("interleaved", 4),
-                             ("simple", 1), ("zero_bubble", 1)]  # fmt: skip
-    best = min(plans.values(), key=lambda p: (p.predicted_step_time, max(p.peak_memory)))
-    assert make_plan(costs, 2, 8, pipeline="auto", virtual_stages=None) == best
+    order = partitioner.plan.candidates(2, 8, 8)
+    assert order == [("interleaved", 1), ("zero_bubble", 1), ("interleaved", 2),
+                     ("interleaved", 4), ("simple", 1)]  # fmt: skip
+    plans = {(p, v): make_plan(costs, 2, 8, pipeline=p, virtual_stages=v) for p, v in order}
+    # with a cap: the first of the order within NEAR_TIE of the shortest step
+    roomy = {"memory_cap": 2**40}
+    capped = {k: make_plan(costs, 2, 8, pipeline=p, virtual_stages=v, **roomy)
+              for k in order for p, v in [k]}  # fmt: skip
+    best = min(plan.predicted_step_time for plan in capped.values())
+    first = next(k for k in order if capped[k].predicted_step_time <= best * (1 + NEAR_TIE))
+    assert make_plan(costs, 2, 8, pipeline="auto", virtual_stages=None, **roomy) == capped[first]
+    # without one: among the plans within 1.05x 1F1B's peak
+    bound = 1.05 * max(plans["interleaved", 1].peak_memory)
+    within = [k for k in order if max(plans[k].peak_memory) <= bound]
+    best = min(plans[k].predicted_step_time for k in within)
+    first = next(k for k in within if plans[k].predicted_step_time <= best * (1 + NEAR_TIE))
+    assert make_plan(costs, 2, 8, pipeline="auto", virtual_stages=None) == plans[first]
     # one chunk per stage given: the pipelines alone; virtual stages given: interleaved alone
     chosen = make_plan(costs, 2, 8, pipeline="auto")
     assert chosen.virtual_stages == 1
     assert make_plan(costs, 2, 8, pipeline="auto", virtual_stages=4) == plans["interleaved", 4]
     # 7 layers hold no 2 x 4 chunks, M=9 on 4 stages no whole rounds, nor does sifting
-    assert partitioner.plan.candidates(2, 8, 7)[-2:] == [("interleaved", 2), ("zero_bubble", 1)]
+    assert partitioner.plan.candidates(2, 8, 7)[-2:] == [("interleaved", 2), ("simple", 1)]
     assert ("interleaved", 2) not in partitioner.plan.candidates(4, 9, 16)
     assert partitioner.plan.candidates(2, 8, 8, scoring=True) == [
-        ("simple", 1), ("interleaved", 1), ("zero_bubble", 1)
+        ("interleaved", 1), ("zero_bubble", 1), ("simple", 1)
     ]  # fmt: skip
+
+
+def test_auto_leaves_a_near_tie_to_1f1b_and_more_memory_to_a_cap() -> None:
+    # equal layers, M = K: GPipe is 1F1B's schedule, the same step and memory
+    costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 10, 10, 10) for i in range(4)))
+    same = [make_plan(costs, 2, 2, pipeline=p) for p in ("simple", "interleaved")]
+    assert same[0].predicted_step_time == same[1].predicted_step_time
+    assert make_plan(costs, 2, 2, pipeline="auto", memory_cap=10**6).pipeline != "simple"
+    # activations far above the weights: GPipe's M microbatches of them, and virtual
+    # stages' longer warm-up, hold more than 1.05x 1F1B's peak; v=4 is predicted faster
+    # than the zero-bubble schedule, but by less than NEAR_TIE
+    heavy = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 1, 1000, 10) for i in range(8)))
+    plans = {k: make_plan(heavy, 2, 8, pipeline=k[0], virtual_stages=k[1])
+             for k in partitioner.plan.candidates(2, 8, 8)}  # fmt: skip
+    bound = 1.05 * max(plans["interleaved", 1].peak_memory)
+    over = [k for k, plan in plans.items() if max(plan.peak_memory) > bound]
+    assert over == [("interleaved", 2), ("interleaved", 4), ("simple", 1)]
+    assert make_plan(heavy, 2, 8, pipeline="auto", virtual_stages=None) == plans["zero_bubble", 1]
+    # a cap buys the rest: ZB-H1's whole deferral, 4% faster, and v=4 1% faster still, a
+    # near-tie that goes to the zero-bubble schedule
+    roomy = make_plan(heavy, 2, 8, pipeline="auto", virtual_stages=None, memory_cap=2**40)
+    v4 = make_plan(heavy, 2, 8, virtual_stages=4, memory_cap=2**40)
+    assert (roomy.pipeline, roomy.deferred) == ("zero_bubble", (0, 1))
+    assert plans["zero_bubble", 1].deferred == (0, 0)
+    assert (
+        v4.predicted_step_time
+        < roomy.predicted_step_time
+        < plans["zero_bubble", 1].predicted_step_time
+    )
+    assert roomy.predicted_step_time < v4.predicted_step_time * (1 + NEAR_TIE)
 
 
 def test_zero_bubble_defers_what_fits_in_1f1bs_peak_or_in_the_cap() -> None:

@@ -9,13 +9,18 @@ import pytest
 from tfsift.config import Config, parse_bytes
 
 
-def test_defaults_are_one_stage_one_microbatch_interleaved_speed() -> None:
+def test_defaults_are_one_stage_one_microbatch_auto_speed() -> None:
     cfg = Config.from_dict({})
     assert (cfg.partitions, cfg.microbatches, cfg.pipeline, cfg.optimize) == (
         1,
         1,
-        "interleaved",
+        "auto",
         "speed",
+    )
+    # virtual stages alone choose interleaved 1F1B on them, as pipeline="interleaved" does
+    assert (
+        Config.from_dict({"partitions": 2, "microbatches": 4, "virtual_stages": 2}).pipeline
+        == "auto"
     )
 
 

@@ -90,9 +90,11 @@ def traced(units: int = 4) -> Graph:
 
 
 def config(tmp_path: Path, **changes: Any) -> Config:
-    values = {"partitions": 2, "microbatches": 2, "profile_repeats": 1,
+    """A 2-stage config; its pipeline is 1F1B's unless ``changes`` say otherwise (the
+    default, "auto", may choose another where the profile's noise favours it)."""
+    values = {"partitions": 2, "microbatches": 2, "profile_repeats": 1, "pipeline": "interleaved",
               "plan_file": str(tmp_path / "plan.json"), **changes}  # fmt: skip
-    return Config.from_dict(values)
+    return Config.from_dict({key: value for key, value in values.items() if value is not None})
 
 
 @pytest.fixture(autouse=True)
@@ -197,7 +199,7 @@ def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
 
     monkeypatch.setattr(plan_module, "fastest_plan", recorded)
     graph, example = traced(units=64), [tf.zeros((1, 3))]
-    got = rank0_bounds(graph, example, config(tmp_path, pipeline="auto"))
+    got = rank0_bounds(graph, example, config(tmp_path, pipeline=None))  # the default: auto
     [plan] = chosen
     assert got == (plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages, plan.deferred)
     assert plan.pipeline in ("simple", "interleaved", "zero_bubble")
@@ -227,12 +229,14 @@ def test_rank0_charges_the_message_latency_at_every_stage_crossing(
     for plan in (plain, charged):
         latency = 0.002 if plan is charged else 0.0
         want = simulate_plan(dataclasses.replace(costs, latency=latency), plan.partition, 2,
-                             pipeline=plan.pipeline, recompute=plan.recompute)  # fmt: skip
+                             pipeline=plan.pipeline, recompute=plan.recompute,
+                             deferred=plan.deferred)  # fmt: skip
         assert plan.predicted_step_time == pytest.approx(want.step_time)
     # the critical path crosses the boundary twice: activations forward, gradients back
     same = [
         simulate_plan(dataclasses.replace(costs, latency=latency), charged.partition, 2,
-                      pipeline=charged.pipeline, recompute=charged.recompute).step_time
+                      pipeline=charged.pipeline, recompute=charged.recompute,
+                      deferred=charged.deferred).step_time
         for latency in (0.0, 0.002)
     ]  # fmt: skip
     assert same[1] == pytest.approx(same[0] + 2 * 0.002)
