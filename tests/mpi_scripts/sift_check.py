@@ -145,9 +145,7 @@ def run_case(
     order = [ids(xb) for xb, _ in source(uneven)]
     config = tfsift.SiftConfig(
         policy=policy,
-        beta=1.0,
-        history=64,
-        keep=0.5,
+        **({"beta": 1.0, "history": 64} if policy == "relative" else {"keep": 0.5}),
         seed=SEED,
         overlap=overlap,
         leftover=leftover,

@@ -39,6 +39,16 @@ AUTO = "auto"  # rescale's default: InfoBatch's weights with policy="infobatch",
 # The fields whose default follows from others (resolved in __post_init__), and the value
 # that asks for it: ``replace`` resolves them again unless it is given them.
 IMPLIED: dict[str, object] = {"scores": None, "rescale": AUTO, "score_batches": None, "stale": None}
+FRACTION = ("big_loss", "small_loss", "uniform", "grad_norm", "adaboost", "coreset_extremes",
+            "coreset_mean")  # fmt: skip
+# The fields only some policies read: set away from its default for another policy, a
+# field would be ignored without a word (InfoBatch given keep=0.3 still prunes by prune)
+READ_BY: dict[str, tuple[str, ...]] = {
+    "beta": ("relative",), "history": ("relative",), "min_prob": ("relative",),
+    "keep": (*FRACTION, "adaptive"), "methods": ("adaptive",), "eta": ("adaptive",),
+    "curriculum_T": ("adaptive",), "loss_kind": ("grad_norm", "adaptive"),
+    "prune": ("infobatch",), "anneal": ("infobatch",), "epochs": ("infobatch",),
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,10 +205,38 @@ class SiftConfig:
         check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
         _check_number("prune", self.prune, "in [0, 1)")
         _check_number("anneal", self.anneal, "in [0, 1]")
+        self._check_read()
         if training:
             self._check_training()
         if self.policy == "infobatch":
             self._check_infobatch()
+
+    def _check_read(self) -> None:
+        """Refuses a field set for a policy (or scorer) that does not read it."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        unread = [
+            name
+            for name, policies in READ_BY.items()
+            if self.policy not in policies and getattr(self, name) != defaults[name]
+        ]
+        if unread:
+            name = unread[0]
+            reads = [k for k, policies in READ_BY.items() if self.policy in policies]
+            raise ValueError(
+                f"{name} is read by {_policies(READ_BY[name])} only; "
+                f"policy={self.policy!r} would ignore it"
+                + (f" (it reads {', '.join(reads)})" if reads else "")
+                + f": leave {name} out. Received: policy={self.policy!r}, "
+                f"{name}={getattr(self, name)!r}"
+            )
+        exits = ("exit_after", "exit_head", "exit_lr")
+        early = [k for k in exits if getattr(self, k) != defaults[k]]
+        if early and self.scorer != "early_exit":
+            raise ValueError(
+                f"{early[0]} shapes the early-exit scoring pass; it needs "
+                f"scorer='early_exit'. Received: scorer={self.scorer!r}, "
+                f"{early[0]}={getattr(self, early[0])!r}"
+            )
 
     def _resolve(self, name: str, value: object) -> None:
         """Sets field ``name`` to ``value`` if it was left to follow from the others."""
@@ -310,6 +348,13 @@ BOUNDS = {
     "in [0, 1)": lambda v: 0 <= v < 1,
     "in (0, 1]": lambda v: 0 < v <= 1,
 }
+
+
+def _policies(names: tuple[str, ...]) -> str:
+    """``policy 'relative'``, or ``the policies big_loss, ... and adaptive``."""
+    if len(names) == 1:
+        return f"policy {names[0]!r}"
+    return f"the policies {', '.join(names[:-1])} and {names[-1]}"
 
 
 def _check_number(name: str, value: object, bound: str) -> None:

@@ -45,7 +45,8 @@ class Run:
         keras.utils.set_random_seed(3)
         self.model = Net()
         self.optimizer = keras.optimizers.Adam(0.05)
-        config = dataclasses.replace(SIFT, scorer=sifted, exit_after="a") if sifted else SIFT
+        exit_after = "a" if sifted == "early_exit" else None
+        config = dataclasses.replace(SIFT, scorer=sifted, exit_after=exit_after) if sifted else SIFT
         self.train = source().apply(tfsift.sift(self.model, PER_SAMPLE, config)) if sifted else None
         self.ckpt = tfsift.CheckpointManager(
             self.model, self.optimizer, directory, max_to_keep=max_to_keep, sift=self.train

@@ -197,7 +197,8 @@ def test_replace_resolves_again_what_followed_from_the_others() -> None:
     config = SiftConfig(policy="infobatch")  # fit fills in its epochs
     assert config.stale == 1
     assert config.replace(epochs=20).stale == 20
-    relative = SiftConfig(policy="infobatch", epochs=4).replace(policy="relative")
+    # (epochs is InfoBatch's alone: kept for relative, it would be refused)
+    relative = SiftConfig(policy="infobatch", epochs=4).replace(policy="relative", epochs=None)
     assert (relative.scores, relative.rescale, relative.stale, relative.score_batches) == (
         "forward",
         None,
@@ -245,13 +246,16 @@ def test_methods_must_be_a_nonempty_list_without_repeats(methods: object, messag
 
 
 def test_methods_given_as_a_list_are_stored_as_a_tuple() -> None:
-    config = SiftConfig(methods=["big_loss", "small_loss"])  # type: ignore[arg-type]
+    config = SiftConfig(policy="adaptive", methods=["big_loss", "small_loss"])  # type: ignore[arg-type]
     assert config.methods == ("big_loss", "small_loss")
 
 
 def test_ints_are_accepted_for_float_fields() -> None:
-    config = SiftConfig(beta=3, keep=1, min_prob=0, eta=2, curriculum_T=10, exit_lr=1)
-    assert (config.beta, config.keep, config.min_prob) == (3, 1, 0)
+    config = SiftConfig(beta=3, min_prob=0)
+    assert (config.beta, config.min_prob) == (3, 0)
+    config = SiftConfig(policy="adaptive", keep=1, eta=2, curriculum_T=10)
+    assert (config.keep, config.eta, config.curriculum_T) == (1, 2, 10)
+    assert SiftConfig(scorer="early_exit", exit_lr=1).exit_lr == 1
 
 
 def test_any_callable_is_accepted_as_exit_head() -> None:
@@ -288,3 +292,51 @@ def test_expected_kept_of_the_relative_rule_matches_sampled_percentiles() -> Non
     config = SiftConfig(beta=2.0, min_prob=0.2)
     p = (np.arange(200_000) + 0.5) / 200_000
     assert config.expected_kept() == pytest.approx(np.maximum(0.2, p**2.0).mean(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"policy": "infobatch", "keep": 0.3},
+         "keep is read by the policies big_loss, small_loss, uniform, grad_norm, adaboost, "
+         "coreset_extremes, coreset_mean and adaptive only; policy='infobatch' would ignore "
+         "it (it reads prune, anneal, epochs): leave keep out. "
+         "Received: policy='infobatch', keep=0.3"),
+        ({"policy": "big_loss", "beta": 2.0},
+         "beta is read by policy 'relative' only; policy='big_loss' would ignore it (it reads "
+         "keep): leave beta out. Received: policy='big_loss', beta=2.0"),
+        ({"policy": "relative", "prune": 0.3},
+         "prune is read by policy 'infobatch' only; policy='relative' would ignore it (it "
+         "reads beta, history, min_prob): leave prune out. Received: policy='relative', "
+         "prune=0.3"),
+        ({"epochs": 10},
+         "epochs is read by policy 'infobatch' only; policy='relative' would ignore it (it "
+         "reads beta, history, min_prob): leave epochs out. Received: policy='relative', "
+         "epochs=10"),
+        ({"policy": "uniform", "methods": ("uniform",)},
+         "methods is read by policy 'adaptive' only; policy='uniform' would ignore it (it "
+         "reads keep): leave methods out. Received: policy='uniform', methods=('uniform',)"),
+        ({"exit_after": "dense"},
+         "exit_after shapes the early-exit scoring pass; it needs scorer='early_exit'. "
+         "Received: scorer='full', exit_after='dense'"),
+        ({"policy": "infobatch", "exit_lr": 0.01},
+         "exit_lr shapes the early-exit scoring pass; it needs scorer='early_exit'. "
+         "Received: scorer='full', exit_lr=0.01"),
+    ],
+)  # fmt: skip
+def test_a_field_the_policy_does_not_read_is_refused_not_ignored(
+    fields: dict[str, Any], message: str
+) -> None:
+    # each was accepted and had no effect: InfoBatch given keep=0.3 pruned by prune (0.5)
+    with pytest.raises(ValueError) as caught:
+        SiftConfig(**fields)
+    assert str(caught.value) == message
+
+
+def test_a_field_left_at_its_default_or_read_by_the_policy_is_accepted() -> None:
+    SiftConfig(policy="infobatch", keep=0.5, beta=1.0)  # the defaults: nothing ignored
+    SiftConfig(policy="big_loss", keep=0.25)
+    SiftConfig(policy="relative", beta=3.0, history=50, min_prob=0.1)
+    SiftConfig(policy="infobatch", prune=0.3, anneal=0.2, epochs=4)
+    SiftConfig(policy="adaptive", methods=("big_loss", "uniform"), keep=0.3, eta=2.0)
+    SiftConfig(scorer="early_exit", exit_after="dense", exit_lr=0.01)

@@ -25,7 +25,8 @@ from tfsift.sift.config import SiftConfig
 from tfsift.sift.policies import make_policy
 
 for name in ("relative", "big_loss", "adaboost", "adaptive"):
-    policy = make_policy(SiftConfig(policy=name, methods=("big_loss", "uniform")))
+    methods = {"methods": ("big_loss", "uniform")} if name == "adaptive" else {}
+    policy = make_policy(SiftConfig(policy=name, **methods))
     policy.observe([1.0, 2.0, 3.0])
     policy.select([1.0, 2.0, 3.0], np.random.default_rng(0))
 from tfsift.sift.infobatch import InfoBatchPolicy, infobatch_keep

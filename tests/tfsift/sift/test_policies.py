@@ -138,10 +138,10 @@ def test_make_policy_builds_each_kind_with_its_parameters() -> None:
         9.0,
     )
     assert not adaptive.needs_logits
-    fraction = make_policy(SiftConfig(policy="coreset_mean", keep=0.75, loss_kind="squared_error"))
+    fraction = make_policy(SiftConfig(policy="grad_norm", keep=0.75, loss_kind="squared_error"))
     assert isinstance(fraction, FractionPolicy)
     assert (fraction.method, fraction.keep, fraction.loss_kind) == (
-        "coreset_mean",
+        "grad_norm",
         0.75,
         "squared_error",
     )
@@ -188,7 +188,10 @@ def test_selection_is_sorted_unique_finite_and_at_most_k(
     B = len(losses)
     draws = np.random.default_rng(seed)
     logits, labels = draws.normal(size=(B, 3)), draws.integers(0, 3, size=B)
-    sift = make_policy(SiftConfig(policy=policy, keep=keep))
+    # keep is the fraction policies' (relative keeps by beta: refused a keep it ignores)
+    sift = make_policy(
+        SiftConfig(policy=policy, **({} if policy == "relative" else {"keep": keep}))
+    )
     finite = np.isfinite(losses)
     for _ in range(2):  # the second step exercises adaptive's weight update
         sift.observe(losses)

@@ -436,9 +436,11 @@ def test_a_sifter_restored_mid_epoch_yields_what_the_uninterrupted_one_would(
     scorer: str,
 ) -> None:
     tfsift.init({})
+    exit_after = "b" if scorer == "early_exit" else None
     config = tfsift.SiftConfig(
-        policy="relative", beta=1.0, history=32, seed=4, scorer=scorer, exit_after="b", stale=1
-    )
+        policy="relative", beta=1.0, history=32, seed=4, scorer=scorer, exit_after=exit_after,
+        stale=1,
+    )  # fmt: skip
     keras.utils.set_random_seed(2)
     model = Deep()
     whole = source().apply(tfsift.sift(model, PER_SAMPLE, config))
