@@ -77,6 +77,13 @@ class Config:
                 f"default_partition must be < {bound}. "
                 f"Received: default_partition={self.default_partition}"
             )
+        if self.default_partition and self.auto_partition:
+            raise ValueError(
+                "default_partition is the stage of the layers outside tfsift.partition blocks "
+                "when you place layers by hand; with auto_partition=True the solver places "
+                "every layer. Set auto_partition=False, or leave default_partition out. "
+                f"Received: auto_partition=True, default_partition={self.default_partition}"
+            )
         if self.memory_cap is not None:
             check_int("memory_cap", self.memory_cap, 1)
         _check_positive("timeout", self.timeout)

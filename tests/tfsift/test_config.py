@@ -55,6 +55,13 @@ def test_unknown_key_lists_the_allowed_keys() -> None:
             {"partitions": 2, "default_partition": 2},
             "default_partition must be < partitions=2. Received: default_partition=2",
         ),
+        (
+            {"partitions": 2, "default_partition": 1},
+            "default_partition is the stage of the layers outside tfsift.partition blocks when "
+            "you place layers by hand; with auto_partition=True the solver places every layer. "
+            "Set auto_partition=False, or leave default_partition out. "
+            "Received: auto_partition=True, default_partition=1",
+        ),
         ({"horovod": "yes"}, "horovod must be true or false. Received: horovod='yes'"),
         (
             {"partitions": 2, "pipeline": "zero_bubble", "virtual_stages": 2},

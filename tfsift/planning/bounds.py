@@ -99,6 +99,8 @@ def plan_bounds(
             f"too few layers to split into partitions (layers: {L}, partitions: "
             f"{cfg.partitions}{chunks})"
         )
+    if rt.rank == 0 and (unused := ignored_placements(graph, placements, cfg)):
+        log.warning("%s", unused)
     if cfg.partitions == 1:
         return Layout((0, L), memory, unsolved)
     if not cfg.auto_partition:  # tfsift.partition indices name the K v chunks
@@ -395,6 +397,30 @@ def _model_difference(planned: list[str], graph: Graph) -> str:
     return (
         f"model: plan {len(planned)} nodes, this model {len(names)} nodes, first "
         f"different at node {at} (plan {planned[at]!r}, this model {names[at]!r})"
+    )
+
+
+def ignored_placements(graph: Graph, placements: dict[int, int], cfg: Config) -> str:
+    """What rank 0 warns where ``tfsift.partition`` blocks placed layers of ``graph`` that
+    the config's ``auto_partition=True`` leaves to the solver, else "".
+
+    A script written for manual placement that forgot ``auto_partition=False`` trains as
+    well (every cut gives the same gradients), on stages it did not choose.
+    """
+    if not cfg.auto_partition:
+        return ""
+    placed = [
+        f"{gn.name!r} in partition {placements[id(gn.operation)]}"
+        for gn in graph.nodes
+        if id(gn.operation) in placements
+    ]
+    if not placed:
+        return ""
+    shown = ", ".join(placed[:3]) + (f" and {len(placed) - 3} more" if len(placed) > 3 else "")
+    return (
+        f"tfsift.partition blocks placed {len(placed)} layers ({shown}), but auto_partition is "
+        "True: the solver cuts the model and the blocks are ignored; set "
+        '"auto_partition": False to place the layers by hand'
     )
 
 

@@ -19,7 +19,14 @@ from partitioner.simulator import simulate_plan
 from tfsift.config import Config
 from tfsift.hooks import Reservation
 from tfsift.planning import bounds as bounds_module
-from tfsift.planning.bounds import describe, manual_bounds, plan_differences, rank0_bounds, weights
+from tfsift.planning.bounds import (
+    describe,
+    ignored_placements,
+    manual_bounds,
+    plan_differences,
+    rank0_bounds,
+    weights,
+)
 from tfsift.planning.graph import Graph, trace
 from tfsift.planning.profiler import profile
 
@@ -67,6 +74,39 @@ def test_manual_placement_with_an_empty_partition_is_rejected() -> None:
     assert str(err.value) == (
         "every partition needs at least one layer. Received: no layers in partitions [1, 2]"
     )
+
+
+def test_placements_the_solver_ignores_are_named_in_a_warning() -> None:
+    # a script written for manual placement without auto_partition=False: the blocks used
+    # to be ignored without a word
+    model = Placed((0, 1, 1))
+    graph = trace(model, [tf.zeros((2, 3))])
+    auto, manual = (Config.from_dict({"partitions": 2, "auto_partition": a}) for a in (True, False))
+    names = [gn.name for gn in graph.nodes if isinstance(gn.operation, keras.layers.Layer)]
+    assert ignored_placements(graph, model._tfsift.placements, auto) == (
+        f"tfsift.partition blocks placed 3 layers ({names[0]!r} in partition 0, {names[1]!r} "
+        f"in partition 1, {names[2]!r} in partition 1), but auto_partition is True: the solver "
+        'cuts the model and the blocks are ignored; set "auto_partition": False to place the '
+        "layers by hand"
+    )
+    assert ignored_placements(graph, model._tfsift.placements, manual) == ""
+    assert ignored_placements(graph, {}, auto) == ""  # no blocks: nothing to say
+
+
+def test_the_first_step_warns_of_the_placements_it_ignores(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tfsift.init({})  # auto_partition=True
+    model = Placed((0, 0, 0))
+
+    @tfsift.step
+    def forward(x: Any) -> Any:
+        return model(x)
+
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        forward(tf.zeros((2, 3)))
+    [(level, text)] = messages(caplog)
+    assert level == "WARNING" and text.startswith("tfsift.partition blocks placed 3 layers (")
 
 
 def test_partition_index_must_be_a_non_negative_int() -> None:
