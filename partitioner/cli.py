@@ -17,7 +17,9 @@ from partitioner.plan import (
     AUTO_VIRTUAL_STAGES,
     Plan,
     candidates,
+    compare_plans,
     deferral_note,
+    label,
     make_plan,
     within_1f1b,
 )
@@ -160,24 +162,27 @@ def _plan(args: argparse.Namespace) -> int:
     """Solves COSTS.json into K stages, prints the stages and writes the plan file."""
     try:
         costs = CostModel.load(args.costs)
-        plan = make_plan(
-            costs,
-            args.partitions,
-            args.microbatches,
-            optimize=args.optimize,
-            pipeline=args.pipeline,
-            memory_cap=args.memory_cap,
-            virtual_stages=args.virtual_stages,
-        )
+        options = {"optimize": args.optimize, "memory_cap": args.memory_cap}
+        choice = None
+        if args.pipeline == AUTO:
+            choice = compare_plans(
+                costs, args.partitions, args.microbatches, args.virtual_stages, **options
+            )
+            plan = choice.chosen
+        else:
+            plan = make_plan(
+                costs,
+                args.partitions,
+                args.microbatches,
+                pipeline=args.pipeline,
+                virtual_stages=args.virtual_stages,
+                **options,
+            )
     except (OSError, ValueError) as error:
         return _fail(error)
     print(format_plan(costs, plan))
-    if args.pipeline == AUTO:
-        within = "the cap" if args.memory_cap is not None else "1F1B's memory"
-        print(
-            f"pipeline auto: {label(plan.pipeline, plan.virtual_stages, plan.deferred)}, the "
-            f"shortest simulated step within {within}"
-        )
+    if choice is not None:
+        print(choice.note())
     plan.save(args.output)
     print(f"wrote {args.output}")
     if args.timeline:
@@ -229,19 +234,6 @@ def _simulate(args: argparse.Namespace) -> int:
     elif args.timeline:
         print(f"nothing drawn in {args.timeline}: no row fits the memory cap", file=sys.stderr)
     return 0
-
-
-def label(pipeline: str, virtual_stages: int, deferred: Sequence[int] | None = None) -> str:
-    """A pipeline's name, with its virtual stages where there are more than one, and the
-    zero-bubble schedule's W's deferred on each stage where it was planned (`Plan.deferred`).
-
-    Example:
-        >>> label("interleaved", 1), label("interleaved", 2), label("zero_bubble", 1, (0, 1))
-        ('interleaved', 'interleaved(v=2)', 'zero_bubble(d=0,1)')
-    """
-    if deferred is not None:
-        return f"{pipeline}(d={','.join(map(str, deferred))})"
-    return pipeline if virtual_stages == 1 else f"{pipeline}(v={virtual_stages})"
 
 
 def _simulate_row(

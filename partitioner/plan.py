@@ -21,7 +21,7 @@ from partitioner.solver import (
     solve,
     solved_deferral,
 )
-from partitioner.ties import first_near_fastest, settle
+from partitioner.ties import NEAR_TIE, first_near_fastest, settle
 
 AUTO = "auto"  # the pipeline whose simulated step is the shortest (`fastest_plan`)
 # the virtual stages `fastest_plan` tries when they are not given: 1F1B's one chunk a
@@ -353,6 +353,90 @@ def _deferred(
     return fit_deferred(costs, partition, M, cap)
 
 
+def label(pipeline: str, virtual_stages: int, deferred: Sequence[int] | None = None) -> str:
+    """A pipeline's name, with its virtual stages where there are more than one, and the
+    zero-bubble schedule's W's deferred on each stage where it was planned (`Plan.deferred`).
+
+    Example:
+        >>> label("interleaved", 1), label("interleaved", 2), label("zero_bubble", 1, (0, 1))
+        ('interleaved', 'interleaved(v=2)', 'zero_bubble(d=0,1)')
+    """
+    if deferred is not None:
+        return f"{pipeline}(d={','.join(map(str, deferred))})"
+    return pipeline if virtual_stages == 1 else f"{pipeline}(v={virtual_stages})"
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What `compare_plans` found: the plan it chose, the plans it compared (in `candidates`'
+    order), and those it left out for holding more than `MEMORY_SLACK` times 1F1B's peak
+    where no cap was given."""
+
+    chosen: Plan
+    compared: tuple[Plan, ...]
+    over: tuple[Plan, ...]
+    capped: bool
+
+    def note(self) -> str:
+        """The choice in words, with each other plan's predicted step against the chosen one's.
+
+        Example:
+            >>> from partitioner.costs import LayerCost
+            >>> costs = CostModel(tuple(LayerCost(f"l{i}", 1.0, 2.0, 4, 9, 0) for i in range(4)))
+            >>> print(compare_plans(costs, 2, 4, 1).note())  # doctest: +NORMALIZE_WHITESPACE
+            pipeline "auto": zero_bubble(d=0,1), the first of interleaved, zero_bubble whose
+            predicted step is within 3% of the shortest (the others' against it: interleaved
+            1.15x); left out, over 1F1B's memory (set memory_cap to allow them): simple 1.15x
+        """
+        step = self.chosen.predicted_step_time
+
+        def ratios(plans: tuple[Plan, ...]) -> str:
+            return ", ".join(
+                f"{_label_of(p)} {p.predicted_step_time / step:.2f}x"
+                for p in plans
+                if p is not self.chosen
+            )
+
+        order = ", ".join(_label_of(p, deferral=False) for p in self.compared)
+        text = (
+            f'pipeline "auto": {_label_of(self.chosen)}, the first of {order} whose predicted '
+            f"step is within {NEAR_TIE:.0%} of the shortest"
+        )
+        if others := ratios(self.compared):
+            text += f" (the others' against it: {others})"
+        if self.over:
+            text += (
+                "; left out, over 1F1B's memory (set memory_cap to allow them): "
+                f"{ratios(self.over)}"
+            )
+        return text
+
+
+def _label_of(plan: Plan, deferral: bool = True) -> str:
+    return label(plan.pipeline, plan.virtual_stages, plan.deferred if deferral else None)
+
+
+def compare_plans(
+    costs: CostModel, K: int, M: int, virtual_stages: int | None = None, **options: Any
+) -> AutoChoice:
+    """`fastest_plan`'s comparison, with the plans it compared and those it left out."""
+    plans: list[Plan] = []
+    errors: list[InfeasibleError] = []
+    scored = bool(options.get("scoring"))
+    for pipeline, v in candidates(K, M, costs.num_layers, virtual_stages, scored):
+        try:
+            plans.append(make_plan(costs, K, M, pipeline=pipeline, virtual_stages=v, **options))
+        except InfeasibleError as error:
+            errors.append(error)
+    if not plans:
+        raise errors[0]
+    capped = options.get("memory_cap") is not None
+    kept = plans if capped else within_1f1b(plans, lambda p: max(p.peak_memory), _is_1f1b)
+    chosen = kept[first_near_fastest([plan.predicted_step_time for plan in kept])]
+    over = tuple(plan for plan in plans if plan not in kept)
+    return AutoChoice(chosen, tuple(kept), over, capped)
+
+
 def fastest_plan(
     costs: CostModel, K: int, M: int, *, virtual_stages: int | None = None, **options: Any
 ) -> Plan:
@@ -381,19 +465,7 @@ def fastest_plan(
     Raises:
         InfeasibleError: no pipeline's plan fits the cap (the first candidate's error).
     """
-    plans: list[Plan] = []
-    errors: list[InfeasibleError] = []
-    scored = bool(options.get("scoring"))
-    for pipeline, v in candidates(K, M, costs.num_layers, virtual_stages, scored):
-        try:
-            plans.append(make_plan(costs, K, M, pipeline=pipeline, virtual_stages=v, **options))
-        except InfeasibleError as error:
-            errors.append(error)
-    if not plans:
-        raise errors[0]
-    if options.get("memory_cap") is None:
-        plans = within_1f1b(plans, lambda plan: max(plan.peak_memory), _is_1f1b)
-    return plans[first_near_fastest([plan.predicted_step_time for plan in plans])]
+    return compare_plans(costs, K, M, virtual_stages, **options).chosen
 
 
 T = TypeVar("T")

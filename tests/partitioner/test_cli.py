@@ -196,8 +196,12 @@ def test_plan_auto_picks_the_pipeline_with_the_shortest_simulated_step(
     assert min(steps, key=lambda k: steps[k]) == ("interleaved", 2)
     assert (plan.pipeline, plan.virtual_stages) == ("interleaved", 2)
     assert plan.predicted_step_time == steps["interleaved", 2] < steps["zero_bubble", 1]
-    assert (
-        "pipeline auto: interleaved(v=2), the shortest simulated step within 1F1B's memory" in lines
+    # the choice in words, each other candidate's predicted step against it
+    assert lines[-2] == (
+        'pipeline "auto": interleaved(v=2), the first of interleaved, zero_bubble, '
+        "interleaved(v=2), interleaved(v=4), simple whose predicted step is within 3% of the "
+        "shortest (the others' against it: interleaved 1.11x, zero_bubble(d=0,0) 1.08x, "
+        "interleaved(v=4) 1.05x, simple 1.11x)"
     )
     # given one chunk a stage, auto compares the pipelines only: the zero-bubble schedule's
     # step is shorter than 1F1B's, but by less than NEAR_TIE (3%): a near-tie, which goes

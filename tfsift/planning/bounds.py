@@ -149,7 +149,7 @@ def rank0_bounds(
         ValueError: the plan file is not a plan, or no partition fits ``memory_cap``.
         OSError: the plan file cannot be read or written.
     """
-    from partitioner.plan import make_plan
+    from partitioner.plan import compare_plans, make_plan
     from partitioner.simulator import simulate_plan
 
     # room on stage 0 is a speed objective (solve_speed) of one chunk per stage; a memory
@@ -189,25 +189,28 @@ def rank0_bounds(
     )
     rows = int(example[0].shape[0]) * cfg.microbatches  # a source batch, one training batch
     call = _call_seconds(reserved.call_seconds, graph, rows) if reserved is not None else 0.0
-    plan = make_plan(
-        costs,
-        cfg.partitions,
-        cfg.microbatches,
-        optimize=cfg.optimize,
-        pipeline=cfg.pipeline,
-        memory_cap=cfg.memory_cap,
-        scoring=scoring,
-        scoring_call=call,
-        step_time=reserved.step_time if reserved is not None else None,
+    options: dict[str, Any] = {
+        "optimize": cfg.optimize,
+        "memory_cap": cfg.memory_cap,
+        "scoring": scoring,
+        "scoring_call": call,
+        "step_time": reserved.step_time if reserved is not None else None,
         # the default exit ends stage 0: keep a learnt layer before it, or the exit head
         # would score the raw input (the solver once left only a reshape there)
-        first_stage_min=min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
+        "first_stage_min": min(_first_weighted(graph) + 1, len(graph) - cfg.partitions + 1)
         if scoring
         else 1,
-        recompute=recompute,
-        # unset: 1, or with "auto" whichever count is fastest
-        virtual_stages=cfg.virtual_stages if cfg.pipeline == AUTO else cfg.virtual_stages or 1,
-    )
+        "recompute": recompute,
+    }
+    K, M = cfg.partitions, cfg.microbatches
+    if cfg.pipeline == AUTO:  # virtual stages unset: whichever count is fastest
+        choice = compare_plans(costs, K, M, cfg.virtual_stages, **options)
+        log.info("%s", choice.note())
+        plan = choice.chosen
+    else:
+        plan = make_plan(
+            costs, K, M, pipeline=cfg.pipeline, virtual_stages=cfg.virtual_stages or 1, **options
+        )
     result = simulate_plan(
         costs,
         plan.partition,

@@ -230,20 +230,26 @@ def test_auto_plans_the_fastest_pipeline_and_reuses_any_plan_file(
 ) -> None:
     import partitioner.plan as plan_module
 
-    chosen: list[Plan] = []
-    fastest = plan_module.fastest_plan
+    chosen: list[plan_module.AutoChoice] = []
+    compare = plan_module.compare_plans
 
-    def recorded(*args: Any, **kwargs: Any) -> Plan:
-        chosen.append(fastest(*args, **kwargs))
+    def recorded(*args: Any, **kwargs: Any) -> plan_module.AutoChoice:
+        chosen.append(compare(*args, **kwargs))
         return chosen[-1]
 
-    monkeypatch.setattr(plan_module, "fastest_plan", recorded)
+    monkeypatch.setattr(plan_module, "compare_plans", recorded)
     graph, example = traced(units=64), [tf.zeros((1, 3))]
-    got = rank0_bounds(graph, example, config(tmp_path, pipeline=None))  # the default: auto
-    [plan] = chosen
+    with caplog.at_level(logging.INFO, logger="tfsift"):
+        got = rank0_bounds(graph, example, config(tmp_path, pipeline=None))  # the default: auto
+    [choice] = chosen
+    plan = choice.chosen
     assert got == (plan.bounds, plan.recompute, plan.pipeline, plan.virtual_stages, plan.deferred)
     assert plan.pipeline in ("simple", "interleaved", "zero_bubble")
     assert Plan.load(tmp_path / "plan.json") == plan
+    # rank 0 says what it chose and what it compared, before the plan's lines
+    assert messages(caplog)[1] == ("INFO", choice.note())
+    assert choice.note().startswith('pipeline "auto": ')
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="tfsift"):  # whichever pipeline it chose
         assert rank0_bounds(graph, example, config(tmp_path, pipeline="auto")) == got
     assert messages(caplog)[0][1].startswith("reusing the plan in ")
