@@ -278,7 +278,7 @@ def fastest_lines(
     """Per M, the pipeline `partitioner.plan.fastest_plan` chooses among the rows (listed
     in its order of preference: `label`s of pipelines and virtual stages): of those that
     fit the cap, or without one (``capped`` False) within `partitioner.plan.MEMORY_SLACK`
-    times the `interleaved` row's peak, the first within `partitioner.ties.NEAR_TIE` of
+    times the `interleaved` row's peak where there is one, the first within `partitioner.ties.NEAR_TIE` of
     the shortest step; against the others.
 
     Example:
@@ -291,16 +291,16 @@ def fastest_lines(
         if not fits:
             lines.append(f"M={M}: no pipeline fits the memory cap")
             continue
-        kept = fits
-        if not capped:
+        kept, bounded = fits, not capped and any(_is_1f1b_row(row) for row in fits)
+        if bounded:  # no cap, and a 1F1B row to bound the memory by
             kept = within_1f1b(fits, lambda row: max(row[1].peak_memory), _is_1f1b_row)
         best, chosen = kept[first_near_fastest([r.step_time for _, r in kept])]
         step = chosen.step_time
         others = ", ".join(f"{p} {r.step_time / step:.2f}x" for p, r in kept if p != best)
         over = ", ".join(f"{p} {r.step_time / step:.2f}x" for p, r in fits if (p, r) not in kept)
-        within = "the cap" if capped else "1F1B's memory"
+        within = " within the cap" if capped else " within 1F1B's memory" if bounded else ""
         lines.append(
-            f"M={M}: fastest within {within}: {best} ({_seconds(step)}"
+            f"M={M}: fastest{within}: {best} ({_seconds(step)}"
             + (f"; {others} as long" if others else "")
             + (f"; over it (set --memory-cap): {over}" if over else "")
             + ")"

@@ -268,6 +268,11 @@ def test_the_fastest_pipeline_per_microbatch_count_fits_the_cap() -> None:
         "M=8: fastest within 1F1B's memory: zero_bubble (18.000 ms; interleaved 1.11x, "
         "interleaved(v=2) 1.11x as long; over it (set --memory-cap): simple 0.94x)"
     )
+    # no 1F1B row to bound the memory by (--pipeline left it out): the fastest of the rows
+    unbounded = [row for row in rows if row[0] == 8 and row[1] in ("zero_bubble", "simple")]
+    assert fastest_lines(unbounded, capped=False) == [
+        "M=8: fastest: simple (17.000 ms; zero_bubble 1.06x as long)"
+    ]
 
 
 def test_subcommands_mount_on_another_parser(costs_file: Path, tmp_path: Path) -> None:
