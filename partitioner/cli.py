@@ -278,8 +278,8 @@ def fastest_lines(
     """Per M, the pipeline `partitioner.plan.fastest_plan` chooses among the rows (listed
     in its order of preference: `label`s of pipelines and virtual stages): of those that
     fit the cap, or without one (``capped`` False) within `partitioner.plan.MEMORY_SLACK`
-    times the `interleaved` row's peak where there is one, the first within `partitioner.ties.NEAR_TIE` of
-    the shortest step; against the others.
+    times the `interleaved` row's peak where there is one, the first within
+    `partitioner.ties.NEAR_TIE` of the shortest step; against the others.
 
     Example:
         >>> fastest_lines([(8, "interleaved", None)])
