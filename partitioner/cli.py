@@ -17,10 +17,10 @@ from partitioner.plan import (
     AUTO_VIRTUAL_STAGES,
     Plan,
     candidates,
-    compare_plans,
     deferral_note,
     label,
     make_plan,
+    solve_plan,
     within_1f1b,
 )
 from partitioner.schedule import PIPELINES
@@ -162,22 +162,15 @@ def _plan(args: argparse.Namespace) -> int:
     """Solves COSTS.json into K stages, prints the stages and writes the plan file."""
     try:
         costs = CostModel.load(args.costs)
-        options = {"optimize": args.optimize, "memory_cap": args.memory_cap}
-        choice = None
-        if args.pipeline == AUTO:
-            choice = compare_plans(
-                costs, args.partitions, args.microbatches, args.virtual_stages, **options
-            )
-            plan = choice.chosen
-        else:
-            plan = make_plan(
-                costs,
-                args.partitions,
-                args.microbatches,
-                pipeline=args.pipeline,
-                virtual_stages=args.virtual_stages,
-                **options,
-            )
+        plan, choice = solve_plan(
+            costs,
+            args.partitions,
+            args.microbatches,
+            args.pipeline,
+            args.virtual_stages,
+            optimize=args.optimize,
+            memory_cap=args.memory_cap,
+        )
     except (OSError, ValueError) as error:
         return _fail(error)
     print(format_plan(costs, plan))

@@ -375,7 +375,6 @@ class AutoChoice:
     chosen: Plan
     compared: tuple[Plan, ...]
     over: tuple[Plan, ...]
-    capped: bool
 
     def note(self) -> str:
         """The choice in words, with each other plan's predicted step against the chosen one's.
@@ -430,11 +429,30 @@ def compare_plans(
             errors.append(error)
     if not plans:
         raise errors[0]
-    capped = options.get("memory_cap") is not None
-    kept = plans if capped else within_1f1b(plans, lambda p: max(p.peak_memory), _is_1f1b)
+    kept = plans
+    if options.get("memory_cap") is None:
+        kept = within_1f1b(plans, lambda p: max(p.peak_memory), _is_1f1b)
     chosen = kept[first_near_fastest([plan.predicted_step_time for plan in kept])]
     over = tuple(plan for plan in plans if plan not in kept)
-    return AutoChoice(chosen, tuple(kept), over, capped)
+    return AutoChoice(chosen, tuple(kept), over)
+
+
+def solve_plan(
+    costs: CostModel,
+    K: int,
+    M: int,
+    pipeline: str,
+    virtual_stages: int | None = None,
+    **options: Any,
+) -> tuple[Plan, AutoChoice | None]:
+    """`make_plan`'s plan, and with ``pipeline="auto"`` what `compare_plans` compared to
+    choose it (for its `AutoChoice.note`); None otherwise. ``virtual_stages`` None: 1, or
+    with "auto" whichever count is fastest."""
+    if pipeline == AUTO:
+        choice = compare_plans(costs, K, M, virtual_stages, **options)
+        return choice.chosen, choice
+    plan = make_plan(costs, K, M, pipeline=pipeline, virtual_stages=virtual_stages, **options)
+    return plan, None
 
 
 def fastest_plan(

@@ -149,7 +149,7 @@ def rank0_bounds(
         ValueError: the plan file is not a plan, or no partition fits ``memory_cap``.
         OSError: the plan file cannot be read or written.
     """
-    from partitioner.plan import compare_plans, make_plan
+    from partitioner.plan import solve_plan
     from partitioner.simulator import simulate_plan
 
     # room on stage 0 is a speed objective (solve_speed) of one chunk per stage; a memory
@@ -202,15 +202,12 @@ def rank0_bounds(
         else 1,
         "recompute": recompute,
     }
-    K, M = cfg.partitions, cfg.microbatches
-    if cfg.pipeline == AUTO:  # virtual stages unset: whichever count is fastest
-        choice = compare_plans(costs, K, M, cfg.virtual_stages, **options)
+    # virtual stages unset: 1, or with "auto" whichever count is fastest
+    plan, choice = solve_plan(
+        costs, cfg.partitions, cfg.microbatches, cfg.pipeline, cfg.virtual_stages, **options
+    )
+    if choice is not None:
         log.info("%s", choice.note())
-        plan = choice.chosen
-    else:
-        plan = make_plan(
-            costs, K, M, pipeline=cfg.pipeline, virtual_stages=cfg.virtual_stages or 1, **options
-        )
     result = simulate_plan(
         costs,
         plan.partition,

@@ -39,8 +39,7 @@ AUTO = "auto"  # rescale's default: InfoBatch's weights with policy="infobatch",
 # The fields whose default follows from others (resolved in __post_init__), and the value
 # that asks for it: ``replace`` resolves them again unless it is given them.
 IMPLIED: dict[str, object] = {"scores": None, "rescale": AUTO, "score_batches": None, "stale": None}
-FRACTION = ("big_loss", "small_loss", "uniform", "grad_norm", "adaboost", "coreset_extremes",
-            "coreset_mean")  # fmt: skip
+FRACTION = tuple(p for p in POLICIES if p in METHODS)  # the policies that keep a fraction
 # The fields only some policies read: set away from its default for another policy, a
 # field would be ignored without a word (InfoBatch given keep=0.3 still prunes by prune)
 READ_BY: dict[str, tuple[str, ...]] = {
