@@ -58,12 +58,22 @@ class Owner:
             return False
         except PermissionError:  # another user's process
             return True
-        return True
+        return not _zombie(self.pid)
 
     def describe(self) -> str:
         return (
             f"pid {self.pid} on host {self.host}, started {self.started}, running: {self.command}"
         )
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (a killed job's rank whose launcher
+    has not reaped it yet): it holds nothing and never runs again."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (macOS), or gone since
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
 
 
 def check(directory: Path) -> None:

@@ -9,6 +9,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,25 @@ def test_a_lock_whose_process_is_gone_is_taken_over_with_a_warning(
         f"running (killed?): its lock {tmp_path / lock.LOCK} names {described}"
     ]
     assert owner_of(tmp_path)["pid"] == os.getpid()
+
+
+def test_an_exited_process_not_yet_reaped_is_gone_and_a_running_one_is_not() -> None:
+    # a killed job's rank 0 can stay a zombie until its launcher reaps it, while the job
+    # is run again: it holds nothing (os.kill(pid, 0) alone finds it alive)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        for _ in range(200):  # until it has exited, unreaped (no wait here)
+            if Path(f"/proc/{exited.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        host = socket.gethostname()
+        assert not lock.Owner(host, exited.pid, "", "").alive()
+        assert lock.Owner(host, running.pid, "", "").alive()
+    finally:
+        running.kill()
+        running.wait()
+        exited.wait()
 
 
 def test_a_lock_from_another_host_or_unreadable_is_never_taken(tmp_path: Path) -> None:
