@@ -518,10 +518,14 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
             ...               metrics=["accuracy"])
 
+        A model of several outputs (a list, a tuple or a dict of them, on any stages)
+        takes what Keras takes: one loss for every output, or a list or dict of losses,
+        with ``loss_weights`` and metrics per output; ``fit`` and ``evaluate`` log the
+        total ``loss`` and each loss as Keras names it (``{output}_loss``), and ``y`` holds
+        a target per output.
+
         Raises:
-            ValueError: a layer with an ``activity_regularizer``; ``loss_weights`` (``fit``
-                trains one unweighted loss: scale the loss itself); a list or dict of
-                losses (``fit`` trains one loss, on a model with one output); a loss whose
+            ValueError: a layer with an ``activity_regularizer``; a loss whose
                 ``reduction`` is not Keras' default ``"sum_over_batch_size"`` (``fit``
                 averages the microbatches' losses, which is the batch's loss only then).
         """
@@ -566,10 +570,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             A ``keras.callbacks.History``.
 
         Raises:
-            ValueError: a dataset whose batches do not split into ``microbatches``; a
-                model of several outputs (at the first step: one loss, on one output); a
-                model class that overrides Keras' ``train_step``, ``test_step``,
-                ``compute_loss`` or ``compute_metrics`` (tfsift runs its own step);
+            ValueError: a dataset whose batches do not split into ``microbatches``; targets
+                that do not match a model's outputs (at the first step); a model class
+                that overrides Keras' ``train_step``, ``test_step``, ``compute_loss`` or
+                ``compute_metrics`` (tfsift runs its own step);
                 ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
                 ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s.
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).

@@ -132,6 +132,7 @@ grads, loss = train_step(tokens[:8], next_tokens[:8])
         ("code", "update = tfsift.compiled_update(optimizer, model)"),
         ("block", 3),  # weight penalties in the loop
         ("block", 4),  # mixed_float16 with a loss scale
+        ("block", 5),  # a model of two outputs, a dict of losses and weights
     ],
     "README.md": [
         ("code", IMAGES),

@@ -1,6 +1,12 @@
 """Every rank: a dict-input, two-output model pipelined; gradients against a full-model tape.
+And ``fit`` and ``evaluate`` of a two-output model (one head on each stage with K=2) with a
+list or dict of losses, ``loss_weights``, metrics per output and sample weights, against one
+process's Keras model of the same layers; with InfoBatch, its weights for the test to hold
+against one process's tfsift.
 
-usage: multi_io_check.py K M
+usage: multi_io_check.py K M [fits]
+  fits: the fit and evaluate checks alone (on K stages x replicas, against Keras' fit of
+  the replicas' batches together).
 """
 
 from __future__ import annotations
@@ -111,10 +117,127 @@ def check(name: str, K: int, M: int) -> dict[str, Any]:
     }
 
 
+def heads() -> list[keras.layers.Layer]:
+    """The same initial weights in every model made of them, named for the reports."""
+    init = keras.initializers.GlorotUniform
+    return [
+        keras.layers.Dense(8, "relu", kernel_initializer=init(1), name="hidden"),
+        keras.layers.Dense(3, kernel_initializer=init(2), name="classes"),
+        keras.layers.Dense(1, kernel_initializer=init(3), name="value"),
+    ]
+
+
+def two_heads(self: Any, x: Any) -> Any:
+    h = self.hidden(x)
+    if self.as_dict:
+        return {"classes": self.classes(h), "value": self.value(h)}
+    return [self.classes(h), self.value(h)]
+
+
+class KerasHeads(keras.Model):
+    def __init__(self, as_dict: bool) -> None:
+        super().__init__()
+        self.as_dict = as_dict
+        self.hidden, self.classes, self.value = heads()
+
+    call = two_heads
+
+
+class TwoHeads(tfsift.DistributedModel):
+    """The class head on stage 0 beside the trunk, the value head on the last stage."""
+
+    def __init__(self, as_dict: bool) -> None:
+        super().__init__()
+        self.as_dict = as_dict
+        self.hidden, self.classes, value = heads()
+        with tfsift.partition(tfsift.mp_size() - 1):
+            self.value = value
+
+    call = two_heads
+
+
+FIT_CASES: dict[str, dict[str, Any]] = {
+    "list": {
+        "loss": [CE, "mse"],
+        "loss_weights": [1.0, 0.5],
+        "metrics": [["accuracy"], ["mae"]],
+    },
+    "dict": {
+        "loss": {"classes": CE, "value": "mse"},
+        "loss_weights": {"classes": 0.3, "value": 1.0},
+        "metrics": {"classes": "accuracy"},
+    },
+}
+
+
+def fit_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 64)
+    return x, y, rng.normal(size=(64, 1)).astype(np.float32), rng.uniform(size=64)
+
+
+def placed(K: int, M: int) -> None:
+    """tfsift on K stages cut where ``TwoHeads`` places its layers."""
+    tfsift.init({"partitions": K, "microbatches": M, "auto_partition": False})
+
+
+def fit_check(case: str, K: int, M: int) -> dict[str, Any]:
+    """Keras' and tfsift's fit and evaluate of the same layers: the largest differences."""
+    placed(K, M)
+    batch = 16 * tfsift.dp_size()  # a step takes a batch of 16 on each replica
+    x, y, v, weights = fit_data()
+    targets = {"classes": y, "value": v} if case == "dict" else [y, v]
+    runs = {}
+    validation = (x[:32], keras.tree.map_structure(lambda t: t[:32], targets))
+    for model in (KerasHeads(case == "dict"), TwoHeads(case == "dict")):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), **FIT_CASES[case])
+        history = model.fit(
+            x, targets, sample_weight=weights, epochs=2, shuffle=False,
+            batch_size=batch if isinstance(model, KerasHeads) else 16,
+            verbose=0, validation_data=validation,
+        ).history  # fmt: skip
+        evaluated = model.evaluate(x, targets, verbose=0)  # a list, in Keras' order
+        runs[type(model).__name__] = history, evaluated, named_weights(model)
+    (history, evaluated, ref), (got, got_eval, mine) = runs["KerasHeads"], runs["TwoHeads"]
+    return {
+        "keys": sorted(got),
+        "same_keys": sorted(got) == sorted(history) and len(got_eval) == len(evaluated),
+        "history": max(
+            abs(a - b) for k in history for a, b in zip(history[k], got[k], strict=True)
+        ),
+        "evaluate": max(abs(a - b) for a, b in zip(evaluated, got_eval, strict=True)),
+        "weights": max(float(np.max(np.abs(w - ref[k]))) for k, w in mine.items()),
+    }
+
+
+def named_weights(model: keras.Model) -> dict[str, np.ndarray]:
+    """This rank's trainable weights by layer and name (a stage's own, on a pipeline)."""
+    return {f"{w.path.split('/')[-2]}/{w.name}": w.numpy() for w in model.trainable_weights}
+
+
+def sifted(K: int, M: int) -> dict[str, Any]:
+    """Two epochs of fit with InfoBatch on the list case: the history and this rank's weights."""
+    placed(K, M)
+    x, y, v, _ = fit_data()
+    model = TwoHeads(False)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), **FIT_CASES["list"])
+    history = model.fit(
+        x, [y, v], batch_size=16, epochs=3, shuffle=False, verbose=0,
+        sift=tfsift.SiftConfig(policy="infobatch"),
+    ).history  # fmt: skip
+    return {"history": history, "weights": {k: w.tolist() for k, w in named_weights(model).items()}}
+
+
 def main() -> None:
     K, M = int(sys.argv[1]), int(sys.argv[2])
+    if sys.argv[3:] == ["fits"]:
+        fits = {case: fit_check(case, K, M) for case in FIT_CASES}
+        report(rank=tfsift.rank(), fits=fits)
+        return
     results = {name: check(name, K, M) for name in ["dict", "pair"]}
-    report(rank=tfsift.rank(), results=results)
+    fits = {case: fit_check(case, K, M) for case in FIT_CASES}
+    report(rank=tfsift.rank(), results=results, fits=fits, sifted=sifted(K, M))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""Models with a dict or list input and several outputs, pipelined like Keras calls them."""
+"""Models with a dict or list input and several outputs, pipelined like Keras calls them;
+``fit`` and ``evaluate`` of a model of two outputs with a list or dict of losses, as Keras'."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
-from mpi_scripts.multi_io_check import check
+from mpi_scripts.multi_io_check import check, fit_check, sifted
 
 import mpi
 
@@ -13,6 +17,27 @@ def test_nested_inputs_and_two_outputs_in_one_process(name: str) -> None:
     result = check(name, 1, 2)
     assert result["grad_error"] < 1e-5
     assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
+
+
+LOGS = {
+    # Keras names each loss of a subclassed model's list of outputs by the loss, and by
+    # the output's key in a dict (its logs: History's, validation's, evaluate's)
+    "list": ["accuracy", "loss", "mae", "mse_loss", "sparse_categorical_crossentropy_loss"],
+    "dict": ["classes_accuracy", "classes_loss", "loss", "value_loss"],
+}
+KEYS = {case: sorted(keys + [f"val_{k}" for k in keys]) for case, keys in LOGS.items()}
+
+
+def assert_as_keras(fits: dict[str, Any]) -> None:
+    for case, keys in KEYS.items():
+        got = fits[case]
+        assert got["keys"] == keys and got["same_keys"], got
+        for what in ("history", "evaluate", "weights"):
+            assert got[what] < 1e-6, (case, what, got)
+
+
+def test_fit_of_two_outputs_in_one_process_is_keras() -> None:
+    assert_as_keras({case: fit_check(case, 1, 2) for case in KEYS})
 
 
 ON_TWO_STAGES = mpi.TWO_STAGES.scenario("multi_io_check.py", "2", "2", timeout=240)
@@ -29,3 +54,44 @@ def test_nested_inputs_and_two_outputs_on_two_stages() -> None:
             assert result["grad_error"] < 1e-5, (rank, name, result)
             assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
     assert sum(rep["results"]["dict"]["num_grads"] for rep in reports.values()) == 10
+    for rep in reports.values():
+        assert_as_keras(rep["fits"])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@mpi.TWO_STAGES.mark
+def test_infobatch_on_two_outputs_and_two_stages_trains_as_one_process() -> None:
+    # one head on each stage: the per-sample loss InfoBatch scores by is their weighted sum
+    reports = ON_TWO_STAGES()
+    one = sifted(1, 2)
+    # InfoBatch prunes half of the well-learned samples in every epoch but the first
+    assert one["history"]["sift_kept"] == [1.0, 0.5, 0.5]
+    assert {r: sorted(rep["sifted"]["weights"]) for r, rep in reports.items()} == {
+        0: ["classes/bias", "classes/kernel", "hidden/bias", "hidden/kernel"],
+        1: ["value/bias", "value/kernel"],
+    }
+    weights: dict[str, Any] = {}
+    for rep in reports.values():
+        history = rep["sifted"]["history"]
+        assert sorted(history) == sorted(one["history"])
+        for key, values in one["history"].items():
+            np.testing.assert_allclose(history[key], values, rtol=1e-5, err_msg=key)
+        weights.update(rep["sifted"]["weights"])
+    assert sorted(weights) == sorted(one["weights"])
+    for key, value in one["weights"].items():
+        np.testing.assert_allclose(weights[key], value, atol=1e-6, err_msg=key)
+
+
+ON_TWO_BY_TWO = mpi.CLUSTER_2X2.scenario("multi_io_check.py", "2", "2", "fits", timeout=240)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@mpi.CLUSTER_2X2.mark
+def test_fit_of_two_outputs_on_two_stages_and_two_replicas_is_keras() -> None:
+    # each output's loss averaged over the replicas as the loss is: Keras' of both batches
+    reports = ON_TWO_BY_TWO()
+    assert len(reports) == 4
+    for rep in reports.values():
+        assert_as_keras(rep["fits"])

@@ -127,7 +127,9 @@ class ArrayDataset(RowDataset):
     def __init__(
         self, data: Any, batch_size: int, shuffle: bool, seed: int, what: str = "from_arrays"
     ) -> None:
-        self.data = tree.map_structure(np.asarray, data)  # a memory map stays one, unread
+        # a memory map stays one, unread; lists become tuples, as Keras' fit makes them (a
+        # list in tf.data is one tensor): e.g. the targets of a model's outputs, [y1, y2]
+        self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(data))
         self.leaves: list[np.ndarray] = tree.flatten(self.data)
         rows = _rows(self.leaves, what)
         _check_batching(batch_size, rows, what)

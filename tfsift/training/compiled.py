@@ -11,7 +11,7 @@ import keras
 from tfsift.pipeline.context import gradients
 from tfsift.pipeline.step import step
 from tfsift.training import regularizers
-from tfsift.training.losses import batch_loss, check_one_output, check_reduction, per_sample_loss
+from tfsift.training.losses import ModelLoss
 from tfsift.training.update import compiled_update
 
 if TYPE_CHECKING:
@@ -25,14 +25,15 @@ _PREDICT = "_tfsift_predict_step"  # a never-compiled model's, made at its first
 class Compiled:
     """A compiled model's loss, metrics and steps; made once by ``compile``.
 
-    ``train_step(x, y[, sample_weight])`` returns ``(grads, loss, y_pred)``,
-    ``eval_step`` returns ``(loss, y_pred)`` and ``predict_step(x)`` returns ``y_pred``,
-    each as ``StepOutput``s valid on every rank of the pipeline. ``update(grads)`` applies
+    ``train_step(x, y[, sample_weight])`` returns ``(grads, losses, y_pred)``,
+    ``eval_step`` returns ``(losses, y_pred)`` and ``predict_step(x)`` returns ``y_pred``,
+    each as ``StepOutput``s valid on every rank of the pipeline; ``losses`` is
+    ``ModelLoss``'s dict, ``"loss"`` and, with several losses, each one's. ``update(grads)`` applies
     the averaged gradients of the stage's variables with the optimizer.
     """
 
-    loss: keras.losses.Loss  # the batch mean
-    per_sample_loss: Callable[..., Any]  # reduction=None, for tfsift.sift
+    loss: ModelLoss  # the batch mean, and each output's with several
+    per_sample_loss: Callable[..., Any]  # one loss per sample, for tfsift.sift
     metrics: Any  # Keras' CompileMetrics (built at the first update), or None
     train_step: Callable[..., Any]
     eval_step: Callable[..., Any]
@@ -49,19 +50,13 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
     XLA stays off: the steps are compiled per stage by ``@tfsift.step``.
     """
     kwargs.setdefault("jit_compile", False)
-    if kwargs.get("loss_weights") is not None:  # Keras scales the loss by it; fit would not
-        raise ValueError(
-            "tfsift's fit trains one loss on the model's output, unweighted; scale the loss "
-            "itself (a keras.losses.Loss, or a function, that multiplies it) instead of "
-            f"passing loss_weights. Received: loss_weights={kwargs['loss_weights']!r}"
-        )
     regularizers.check(model)
-    loss = batch_loss(kwargs.get("loss"))
-    check_reduction(loss)  # before Keras compiles: a refused compile leaves nothing behind
+    # before Keras compiles: a refused compile leaves nothing behind
+    loss = ModelLoss(kwargs.get("loss"), kwargs.get("loss_weights"), _output_names(model))
     keras.Model.compile(model, **kwargs)
     compiled = Compiled(
         loss=loss,
-        per_sample_loss=per_sample_loss(loss),
+        per_sample_loss=loss.per_sample,
         metrics=getattr(model, "_compile_metrics", None),
         train_step=_train_step(model, loss),
         eval_step=_eval_step(model, loss),
@@ -125,26 +120,30 @@ def predict_step_of(model: DistributedModel) -> Callable[..., Any]:
     return made
 
 
-def _train_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..., Any]:
+def _output_names(model: DistributedModel) -> Any:
+    """What Keras' compile passes its ``CompileLoss`` as the output names (a functional
+    model's; None for a subclassed one, whose losses Keras names by their own names)."""
+    return getattr(model, "output_names", None)
+
+
+def _train_step(model: DistributedModel, loss: ModelLoss) -> Callable[..., Any]:
     @step
     def train_step(x: Any, y: Any, *sample_weight: Any) -> Any:
         y_pred = model(x, training=True)
-        check_one_output(y_pred)  # where the loss is computed, as it is traced
-        value = loss(y, y_pred, sample_weight=sample_weight[0] if sample_weight else None)
+        losses = loss(y, y_pred, sample_weight[0] if sample_weight else None)
         # as Keras' train step: a LossScaleOptimizer's scale (or a loss_scale_factor) on the
         # loss whose gradients are taken; the update divides it out
-        scaled = model.optimizer.scale_loss(value)
-        return gradients(scaled, model.trainable_variables), value, y_pred
+        scaled = model.optimizer.scale_loss(losses["loss"])
+        return gradients(scaled, model.trainable_variables), losses, y_pred
 
     return train_step
 
 
-def _eval_step(model: DistributedModel, loss: keras.losses.Loss) -> Callable[..., Any]:
+def _eval_step(model: DistributedModel, loss: ModelLoss) -> Callable[..., Any]:
     @step
     def eval_step(x: Any, y: Any, *sample_weight: Any) -> Any:
         y_pred = model(x, training=False)
-        check_one_output(y_pred)
-        return loss(y, y_pred, sample_weight=sample_weight[0] if sample_weight else None), y_pred
+        return loss(y, y_pred, sample_weight[0] if sample_weight else None), y_pred
 
     return eval_step
 

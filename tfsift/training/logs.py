@@ -48,8 +48,9 @@ def _sorted(rows: np.ndarray) -> np.ndarray:
     return rows[np.lexsort(rows.T[::-1])]
 
 
-def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
-    """The loss averaged over the data-parallel replicas, and ``metrics`` (Keras'
+def replica_logs(losses: dict[str, Any], metrics: Any) -> dict[str, float]:
+    """The losses (``"loss"``, and each output's) averaged over the data-parallel
+    replicas, and ``metrics`` (Keras'
     ``CompileMetrics``, or None) computed from their variables combined over the replicas
     as Keras' distribution strategies combine them (by ``aggregation``: summed, averaged
     for "mean", replica 0's for "only_first_replica" and "none"): an AUC or
@@ -57,15 +58,17 @@ def replica_logs(loss: Any, metrics: Any) -> dict[str, float]:
     differ. The same on every rank (one gather, summed in one order).
     """
     if not _replicated():
-        return {"loss": float(loss), **{k: float(v) for k, v in metric_results(metrics).items()}}
+        means = {k: float(v) for k, v in losses.items()}
+        return {**means, **{k: float(v) for k, v in metric_results(metrics).items()}}
     variables = list(metrics.variables) if metrics is not None and metrics.built else []
     values = [np.asarray(v.numpy(), np.float64) for v in variables]
-    by_replica = _gathered(np.concatenate([[float(loss)], *(v.ravel() for v in values)]))
+    own = [float(v) for v in losses.values()]
+    by_replica = _gathered(np.concatenate([own, *(v.ravel() for v in values)]))
     rows = _sorted(by_replica)
-    logs = {"loss": float(rows[:, 0].sum() / len(rows))}
+    logs = {k: float(rows[:, i].sum() / len(rows)) for i, k in enumerate(losses)}
     if not variables:
         return logs
-    combined, at = [], 1
+    combined, at = [], len(own)
     for var, value in zip(variables, values, strict=True):
         part = rows[:, at : at + value.size]
         at += value.size

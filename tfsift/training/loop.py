@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from tfsift.model import DistributedModel
 
 Logs = dict[str, float]
+Trackers = dict[str, keras.metrics.Mean]  # by loss name: "loss", and each output's
 log = logging.getLogger("tfsift")
 
 
@@ -167,10 +168,7 @@ def evaluate(
     )
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
     logs = _test_loop(model, compiled, dataset, steps, cbs, "evaluate")
-    if return_dict:
-        return logs
-    values = list(logs.values())
-    return values[0] if len(values) == 1 else values
+    return logs if return_dict else _listed(logs, compiled)
 
 
 def predict(
@@ -243,7 +241,7 @@ def train_on_batch(
     compiled = compiled_of(model)
     batch = _one_batch(model, x, y, sample_weight, "train_on_batch", class_weight)
     logs = _train_batch(model, compiled, _reset(compiled), batch)
-    return _returned(logs, return_dict)
+    return logs if return_dict else _listed(logs, compiled)
 
 
 def test_on_batch(
@@ -257,9 +255,11 @@ def test_on_batch(
     check_hooks(model, "test_on_batch", TEST_HOOKS)
     compiled = compiled_of(model)
     x, y, weight = _one_batch(model, x, y, sample_weight, "test_on_batch")
-    loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
-    logs = _update(compiled, _reset(compiled), loss, y_pred, y, weight, compiled.penalties.value())
-    return _returned(logs, return_dict)
+    losses, y_pred = compiled.eval_step(x, y, *_weights(weight))
+    logs = _update(
+        compiled, _reset(compiled), losses, y_pred, y, weight, compiled.penalties.value()
+    )
+    return logs if return_dict else _listed(logs, compiled)
 
 
 def predict_on_batch(model: DistributedModel, x: Any) -> Any:
@@ -279,7 +279,8 @@ def _one_batch(
 ) -> Any:
     """``(x, y, sample_weight)`` of one batch, checked as ``fit`` checks a dataset's and
     weighted by ``class_weight`` as ``fit`` weighs it."""
-    element = tuple(part for part in (x, y, weight) if part is not None)
+    # lists become tuples, as in fit's arrays (a list in tf.data is one tensor)
+    element = tree.lists_to_tuples(tuple(part for part in (x, y, weight) if part is not None))
     dataset = tf.data.Dataset.from_tensors(element if len(element) > 1 else element[0])
     M = runtime.get().config.microbatches
     dataset = data.checked(dataset, M, what, data.input_ranks(model))
@@ -288,11 +289,14 @@ def _one_batch(
     return next(data.batches(dataset, 1))
 
 
-def _returned(logs: Logs, return_dict: bool) -> Any:
-    """Keras' ``*_on_batch`` results: the logs, or the loss alone, or a list."""
-    if return_dict:
-        return logs
-    values = [float(v) for v in logs.values()]
+def _listed(logs: Logs, compiled: Compiled) -> Any:
+    """The logs as Keras' ``evaluate`` and ``*_on_batch`` list them (its
+    ``_flatten_metrics_in_order``): the loss, the compiled metrics by their own names,
+    each output's loss, then what is left by name; one value alone."""
+    named = ["loss", *(m.name for m in getattr(compiled.metrics, "metrics", ()))]
+    named += [name for name in logs if name.endswith("_loss") and name not in named]
+    values = [logs[k] for k in named if k in logs]
+    values += [logs[k] for k in sorted(logs) if k not in named]
     return values[0] if len(values) == 1 else values
 
 
@@ -331,11 +335,11 @@ def _train_epoch(
     cbs: keras.callbacks.CallbackList,
     record: Record | None = None,
 ) -> Logs:
-    tracker = _reset(compiled)
+    trackers = _reset(compiled)
     logs: Logs = {}
     for n, batch in enumerate(data.batches(dataset, steps)):
         cbs.on_train_batch_begin(n)
-        logs = _train_batch(model, compiled, tracker, batch, record)
+        logs = _train_batch(model, compiled, trackers, batch, record)
         cbs.on_train_batch_end(n, logs)
         if model.stop_training:
             break
@@ -345,7 +349,7 @@ def _train_epoch(
 def _train_batch(
     model: DistributedModel,
     compiled: Compiled,
-    tracker: keras.metrics.Mean,
+    trackers: Trackers,
     batch: Any,
     record: Record | None = None,
 ) -> Logs:
@@ -353,7 +357,7 @@ def _train_batch(
     With ``record`` (``SiftConfig(scores="training")``) the batch's per-sample losses go
     back to the sifted dataset."""
     x, y, weight = batch
-    grads, loss, y_pred = compiled.train_step(x, y, *_weights(weight))
+    grads, losses, y_pred = compiled.train_step(x, y, *_weights(weight))
     check_output_mask(model)  # on every rank, before any update
     grads, penalty = compiled.penalties.apply(allreduce(grads))  # Keras' model.losses
     # every stage, one without trainable variables too: it takes its part in the sums the
@@ -361,7 +365,7 @@ def _train_batch(
     compiled.update(grads)
     if record is not None:
         record(y, y_pred)
-    return _update(compiled, tracker, loss, y_pred, y, weight, penalty)
+    return _update(compiled, trackers, losses, y_pred, y, weight, penalty)
 
 
 def _sift_logs(train: Any) -> Logs:
@@ -390,16 +394,16 @@ def _test_loop(
     cbs: keras.callbacks.CallbackList,
     what: str,
 ) -> Logs:
-    tracker = _reset(compiled)
+    trackers = _reset(compiled)
     logs: Logs = {}
     cbs.on_test_begin()
     for n, (x, y, weight) in enumerate(data.batches(dataset, steps)):
         cbs.on_test_batch_begin(n)
-        loss, y_pred = compiled.eval_step(x, y, *_weights(weight))
+        losses, y_pred = compiled.eval_step(x, y, *_weights(weight))
         if n == 0:  # after a step (the model partitioned); the weights stay as they are
             check_output_mask(model)
             penalty = compiled.penalties.value()
-        logs = _update(compiled, tracker, loss, y_pred, y, weight, penalty)
+        logs = _update(compiled, trackers, losses, y_pred, y, weight, penalty)
         cbs.on_test_batch_end(n, logs)
     if not logs:  # as predict: a loss of nothing is no number to report
         raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
@@ -426,30 +430,34 @@ def _ran_dry(model: DistributedModel, epoch: int, first: bool) -> None:
     model.stop_training = True
 
 
-def _reset(compiled: Compiled) -> keras.metrics.Mean:
-    """A fresh loss mean; the compiled metrics reset (one epoch or evaluation each)."""
+def _reset(compiled: Compiled) -> Trackers:
+    """Fresh loss means (made at the first update, one per loss the step returns); the
+    compiled metrics reset (one epoch or evaluation each)."""
     if compiled.metrics is not None:
         compiled.metrics.reset_state()
-    return keras.metrics.Mean(name="loss")
+    return {}
 
 
 def _update(
     compiled: Compiled,
-    tracker: keras.metrics.Mean,
-    loss: Any,
+    trackers: Trackers,
+    losses: dict[str, Any],
     y_pred: Any,
     y: Any,
     weight: Any,
     penalty: float = 0.0,
 ) -> Logs:
-    """Updates the loss mean (with the weights' ``penalty``, as Keras' loss includes it) and
-    the metrics from the step's outputs; the replicas' mean."""
+    """Updates the loss means (``"loss"`` with the weights' ``penalty``, as Keras' loss
+    includes it; each output's without, as Keras tracks them) and the metrics from the
+    step's outputs; the replicas' mean."""
     y_pred = tree.map_structure(lambda o: o.concat(), y_pred)
     batch = int(tree.flatten(y_pred)[0].shape[0])
-    tracker.update_state(loss.reduce_mean() + penalty, sample_weight=batch)
+    for name, value in losses.items():
+        tracker = trackers.setdefault(name, keras.metrics.Mean(name=name))
+        tracker.update_state(value.reduce_mean() + penalty * (name == "loss"), sample_weight=batch)
     if compiled.metrics is not None:
         compiled.metrics.update_state(y, y_pred, sample_weight=weight)
-    return replica_logs(tracker.result(), compiled.metrics)
+    return replica_logs({name: t.result() for name, t in trackers.items()}, compiled.metrics)
 
 
 def _weights(weight: Any) -> tuple[Any, ...]:

@@ -6,6 +6,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
+import tensorflow as tf
+from keras import tree
+from keras.src.trainers.compile_utils import CompileLoss
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
@@ -42,29 +45,7 @@ def batch_loss(loss: Any) -> keras.losses.Loss:
         return loss
     if callable(loss):
         return PerSampleMean(loss)
-    several = " (fit trains one loss, on a model with one output)" if _nested(loss) else ""
-    raise ValueError(
-        f"loss must be a keras.losses.Loss, a name or a function{several}. Received: {loss!r}"
-    )
-
-
-def check_one_output(y_pred: Any) -> None:
-    """Refuses a model with several outputs in ``fit`` and ``evaluate``, which train one
-    loss: Keras applies its loss to each output (or one of a list or dict of losses) and
-    adds them up, where one loss called on the outputs together failed in TensorFlow.
-
-    Raises:
-        ValueError: ``y_pred`` holds more than one tensor.
-    """
-    outputs = keras.tree.flatten(y_pred)
-    if len(outputs) > 1:
-        shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
-        raise ValueError(
-            "tfsift's fit and evaluate train one loss on a model with one output; this model "
-            f"returns {len(outputs)} (Keras would add up a loss for each). Return one output "
-            "(or their loss as the output), or compute each output's loss in a @tfsift.step "
-            f"loop. Received: outputs of a microbatch shaped {shapes}"
-        )
+    raise ValueError(f"loss must be a keras.losses.Loss, a name or a function. Received: {loss!r}")
 
 
 def _nested(loss: Any) -> bool:
@@ -147,3 +128,121 @@ class Unreduced(keras.losses.Loss):  # type: ignore[misc]
 
     def call(self, y_true: Any, y_pred: Any) -> Any:
         return self.loss.call(y_true, y_pred)
+
+
+class ModelLoss:
+    """``compile``'s ``loss`` and ``loss_weights`` on the model's output or outputs, as
+    Keras' ``fit`` computes them: the batch loss, and with several losses each one's
+    unweighted value, logged by Keras as ``{name}_loss``.
+
+    One loss on one output is that loss (``batch_loss``). Otherwise Keras' own
+    ``CompileLoss`` resolves which loss goes with which output, its weight and its name
+    (a list or dict of losses, one loss for every output, a ``loss_weights``), so names
+    and values follow Keras'; it is built at the first call, where the outputs' structure
+    is first known (the model is traced inside a step), and tfsift adds the terms itself
+    (``CompileLoss`` would also update its trackers, which stay on the last stage).
+
+    Example:
+        >>> loss = ModelLoss(["sparse_categorical_crossentropy", "mse"], [1.0, 0.5], None)
+    """
+
+    def __init__(self, loss: Any, loss_weights: Any, output_names: Any) -> None:
+        if loss is None:
+            raise ValueError(
+                "fit and evaluate need a loss: call model.compile(loss=...). Received: None"
+            )
+        nested = _nested(loss) or loss_weights is not None
+        self.single = None if nested else batch_loss(loss)
+        for each in [self.single] if self.single is not None else tree.flatten(loss):
+            if isinstance(each, keras.losses.Loss):  # names and functions reduce by the mean
+                check_reduction(each)
+        self._user = (loss, loss_weights, output_names)
+        self._keras: CompileLoss | None = None
+
+    def __call__(self, y: Any, y_pred: Any, sample_weight: Any = None) -> dict[str, Any]:
+        """``{"loss": the weighted sum, "{name}_loss": each loss unweighted, ...}``, the
+        names only where there are several losses, as Keras logs them (a later one of the
+        same name replaces an earlier, as in Keras' logs)."""
+        if self.single is not None and len(tree.flatten(y_pred)) == 1:
+            return {"loss": self.single(y, y_pred, sample_weight=sample_weight)}
+        terms, y, y_pred = self._terms(y, y_pred)
+        values: dict[str, Any] = {}
+        total = None
+        for path, fn, weight, name in terms:
+            w = _at(path, sample_weight) if tree.is_nested(sample_weight) else sample_weight
+            value = tf.cast(fn(_at(path, y), _at(path, y_pred), w), keras.backend.floatx())
+            if len(terms) > 1:
+                values[f"{name}_loss"] = value
+            value = value if weight is None else value * weight
+            total = value if total is None else total + value
+        return {"loss": total, **values}
+
+    def per_sample(self, y: Any, y_pred: Any) -> Any:
+        """One loss per sample (for ``tfsift.sift``): the weighted sum of every output's."""
+        if self.single is not None and len(tree.flatten(y_pred)) == 1:
+            return per_sample_loss(self.single)(y, y_pred)
+        total = None
+        terms, y, y_pred = self._terms(y, y_pred)
+        for path, fn, weight, _ in terms:
+            value = per_sample_loss(fn)(_at(path, y), _at(path, y_pred))
+            value = value if weight is None else value * weight
+            total = value if total is None else total + value
+        return total
+
+    def _terms(self, y: Any, y_pred: Any) -> tuple[list[Any], Any, Any]:
+        """Keras' resolved losses, (path, loss, weight, name) each, built once; and ``y``
+        and ``y_pred`` in the structures they were built on, as Keras' call matches them."""
+        loss, weights, names = self._user
+        y = _aligned(y, y_pred, names)
+        if self._keras is None:
+            compile_loss = CompileLoss(loss, weights, output_names=names)
+            with tf.init_scope():  # its trackers' variables, made outside the traced step
+                compile_loss.build(y, y_pred)
+            for term in compile_loss._flat_losses:
+                check_reduction(term.loss)
+            self._keras = compile_loss
+        built = self._keras
+        y = _repacked(built._y_true_build_structure, y)
+        y_pred = _repacked(built._y_pred_build_structure, y_pred)
+        return list(built._flat_losses), y, y_pred
+
+
+def _at(path: tuple[Any, ...], value: Any) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _repacked(structure: Any, value: Any) -> Any:
+    try:
+        tree.assert_same_structure(structure, value)
+        return value
+    except (ValueError, TypeError):
+        return tree.pack_sequence_as(structure, tree.flatten(value))
+
+
+def _aligned(y: Any, y_pred: Any, output_names: Any) -> Any:
+    """The targets ``y`` in the structure of the outputs ``y_pred``, as Keras matches them
+    (a tuple for a list, a dict by output name, the same leaves in another nesting).
+
+    Raises:
+        ValueError: ``y`` holds another number of targets than there are outputs.
+    """
+    try:
+        tree.assert_same_structure(y_pred, y)
+        return y
+    except (ValueError, TypeError):
+        pass
+    if isinstance(y, dict) and isinstance(y_pred, list | tuple) and output_names:
+        if set(y) == set(output_names):
+            y = [y[name] for name in output_names]
+    targets, outputs = tree.flatten(y), tree.flatten(y_pred)
+    if len(targets) != len(outputs):
+        raise ValueError(
+            f"the model returns {len(outputs)} outputs, and its loss needs a target for "
+            f"each: y must hold {len(outputs)} (a list, a tuple or a dict by output, as the "
+            f"outputs are). Received: {len(targets)} target(s), "
+            f"y={tree.map_structure(lambda _: '*', y)}, outputs="
+            f"{tree.map_structure(lambda _: '*', y_pred)}"
+        )
+    return tree.pack_sequence_as(y_pred, targets)

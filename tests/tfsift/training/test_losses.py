@@ -185,25 +185,17 @@ class TwoHeads(tfsift.DistributedModel):
         return self.first(z), self.second(z)
 
 
-def test_a_model_of_two_outputs_is_refused_by_fit_and_evaluate_and_their_losses_at_compile() -> (
-    None
-):
-    # Keras adds up a loss for each output; one loss called on both failed in TensorFlow
-    # ("Shapes of all inputs must match")
+def test_a_model_of_two_outputs_needs_a_target_for_each_and_its_losses_a_mean() -> None:
     tfsift.init({"microbatches": 2})
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(32, 4)).astype(np.float32), rng.normal(size=(32, 1))
     model = TwoHeads()
     model.compile(optimizer="sgd", loss="mse")
-    assert refusals_of_fit_and_evaluate(model, x, (y, y)) == 2 * [
-        "tfsift's fit and evaluate train one loss on a model with one output; this model "
-        "returns 2 (Keras would add up a loss for each). Return one output (or their loss "
-        "as the output), or compute each output's loss in a @tfsift.step loop. Received: "
-        "outputs of a microbatch shaped (8, 1), (8, 3)"
+    assert refusals_of_fit_and_evaluate(model, x, y) == 2 * [
+        "the model returns 2 outputs, and its loss needs a target for each: y must hold 2 "
+        "(a list, a tuple or a dict by output, as the outputs are). Received: 1 target(s), "
+        "y=*, outputs=('*', '*')"
     ]
-    with pytest.raises(ValueError) as err:
-        TwoHeads().compile(optimizer="sgd", loss={"first": "mse", "second": "mse"})
-    assert str(err.value) == (
-        "loss must be a keras.losses.Loss, a name or a function (fit trains one loss, on a "
-        "model with one output). Received: {'first': 'mse', 'second': 'mse'}"
-    )
+    with pytest.raises(ValueError) as err:  # at compile, before any step
+        TwoHeads().compile(optimizer="sgd", loss=["mse", keras.losses.MeanSquaredError("sum")])
+    assert str(err.value).endswith("Received: MeanSquaredError(reduction='sum')")

@@ -1,6 +1,6 @@
 """One process: ``fit`` and ``evaluate`` add the regularized weights' penalties as Keras'
-do (weights and losses equal to a Keras model's, a loss scale too), and refuse an
-``activity_regularizer`` (and ``loss_weights``); tests/mpi_scripts/update_check.py runs a
+do (weights and losses equal to a Keras model's, a loss scale and ``loss_weights`` too),
+and refuse an ``activity_regularizer``; tests/mpi_scripts/update_check.py runs a
 pipeline's. ``fit`` ends with an EMA optimizer's averages, as Keras' does."""
 
 from __future__ import annotations
@@ -160,16 +160,23 @@ def test_the_loop_adds_them_with_add_weight_penalties_under_a_loss_scale() -> No
     )
 
 
-def test_loss_weights_are_refused_at_compile() -> None:
-    # Keras scales the loss by them (0.5 halves evaluate's loss); fit trains one loss
+def test_loss_weights_scale_the_loss_as_keras_does_with_the_penalties() -> None:
+    # Keras scales the loss by them (0.5 halves it) and adds the penalties unscaled
+    def trained_half(model: keras.Model) -> tuple[Any, float]:
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS, loss_weights=0.5)
+        history = model.fit(*data(), batch_size=B, epochs=2, shuffle=False, verbose=0)
+        return history.history, model.evaluate(*data(), batch_size=B, verbose=0)
+
+    keras_model = keras.Sequential([keras.Input((5,)), *layers()])
+    want = trained_half(keras_model)
     tfsift.init({"microbatches": 2})
-    with pytest.raises(ValueError) as err:
-        Net().compile(optimizer="sgd", loss=LOSS, loss_weights=0.5)
-    assert str(err.value) == (
-        "tfsift's fit trains one loss on the model's output, unweighted; scale the loss "
-        "itself (a keras.losses.Loss, or a function, that multiplies it) instead of passing "
-        "loss_weights. Received: loss_weights=0.5"
-    )
+    model = Net()
+    got = trained_half(model)
+    assert sorted(got[0]) == sorted(want[0]) == ["loss"]
+    np.testing.assert_allclose(got[0]["loss"], want[0]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    for g, w in zip(model.get_weights(), keras_model.get_weights(), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
 def test_fit_ends_with_the_moving_averages_of_an_optimizer_with_ema_as_keras_does() -> None:
