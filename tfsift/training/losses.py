@@ -133,14 +133,14 @@ class Unreduced(keras.losses.Loss):  # type: ignore[misc]
 class ModelLoss:
     """``compile``'s ``loss`` and ``loss_weights`` on the model's output or outputs, as
     Keras' ``fit`` computes them: the batch loss, and with several losses each one's
-    unweighted value, logged by Keras as ``{name}_loss``.
+    unweighted value, logged by Keras as ``{name}_loss``; and one loss per sample.
 
     One loss on one output is that loss (``batch_loss``). Otherwise Keras' own
     ``CompileLoss`` resolves which loss goes with which output, its weight and its name
     (a list or dict of losses, one loss for every output, a ``loss_weights``), so names
     and values follow Keras'; it is built at the first call, where the outputs' structure
-    is first known (the model is traced inside a step), and tfsift adds the terms itself
-    (``CompileLoss`` would also update its trackers, which stay on the last stage).
+    is first known (the model is traced inside a step). tfsift adds its terms itself:
+    calling it would also update its own loss trackers inside the step, on one stage.
 
     Example:
         >>> loss = ModelLoss(["sparse_categorical_crossentropy", "mse"], [1.0, 0.5], None)
@@ -156,8 +156,11 @@ class ModelLoss:
         for each in [self.single] if self.single is not None else tree.flatten(loss):
             if isinstance(each, keras.losses.Loss):  # names and functions reduce by the mean
                 check_reduction(each)
+        # the per-sample losses, made once: sifting asks for them at every step
+        self._unreduced = None if self.single is None else per_sample_loss(self.single)
         self._user = (loss, loss_weights, output_names)
         self._keras: CompileLoss | None = None
+        self._unreduced_terms: list[Callable[..., Any]] = []
 
     def __call__(self, y: Any, y_pred: Any, sample_weight: Any = None) -> dict[str, Any]:
         """``{"loss": the weighted sum, "{name}_loss": each loss unweighted, ...}``, the
@@ -179,12 +182,12 @@ class ModelLoss:
 
     def per_sample(self, y: Any, y_pred: Any) -> Any:
         """One loss per sample (for ``tfsift.sift``): the weighted sum of every output's."""
-        if self.single is not None and len(tree.flatten(y_pred)) == 1:
-            return per_sample_loss(self.single)(y, y_pred)
+        if self._unreduced is not None and len(tree.flatten(y_pred)) == 1:
+            return self._unreduced(y, y_pred)
         total = None
         terms, y, y_pred = self._terms(y, y_pred)
-        for path, fn, weight, _ in terms:
-            value = per_sample_loss(fn)(_at(path, y), _at(path, y_pred))
+        for (path, _, weight, _), fn in zip(terms, self._unreduced_terms, strict=True):
+            value = fn(_at(path, y), _at(path, y_pred))
             value = value if weight is None else value * weight
             total = value if total is None else total + value
         return total
@@ -200,6 +203,7 @@ class ModelLoss:
                 compile_loss.build(y, y_pred)
             for term in compile_loss._flat_losses:
                 check_reduction(term.loss)
+            self._unreduced_terms = [per_sample_loss(t.loss) for t in compile_loss._flat_losses]
             self._keras = compile_loss
         built = self._keras
         y = _repacked(built._y_true_build_structure, y)
