@@ -2,7 +2,7 @@
 And ``fit`` and ``evaluate`` of a two-output model (one head on each stage with K=2) with a
 list or dict of losses, ``loss_weights``, metrics per output and sample weights, against one
 process's Keras model of the same layers; with InfoBatch, its weights for the test to hold
-against one process's tfsift.
+against one process's tfsift, and those of a model of per-token logits sifted by InfoBatch.
 
 usage: multi_io_check.py K M [fits]
   fits: the fit and evaluate checks alone (on K stages x replicas, against Keras' fit of
@@ -229,6 +229,34 @@ def sifted(K: int, M: int) -> dict[str, Any]:
     return {"history": history, "weights": {k: w.tolist() for k, w in named_weights(model).items()}}
 
 
+class TokenModel(tfsift.DistributedModel):
+    """A language model's shape: logits per token, the head on the last stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        init = keras.initializers.GlorotUniform
+        self.embed = keras.layers.Embedding(32, 16, embeddings_initializer=init(1), name="embed")
+        self.block = keras.layers.Dense(16, "gelu", kernel_initializer=init(2), name="block")
+        with tfsift.partition(tfsift.mp_size() - 1):
+            self.head = keras.layers.Dense(32, kernel_initializer=init(3), name="head")
+
+    def call(self, ids: Any) -> Any:
+        return self.head(self.block(self.embed(ids)))
+
+
+def sifted_tokens(K: int, M: int) -> dict[str, Any]:
+    """fit with InfoBatch on next-token targets: the history and this rank's weights."""
+    placed(K, M)
+    tokens = np.random.default_rng(2).integers(0, 32, (64, 8))
+    model = TokenModel()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=CE)
+    history = model.fit(
+        tokens, np.roll(tokens, -1, axis=1), batch_size=16, epochs=3, shuffle=False,
+        verbose=0, sift=tfsift.SiftConfig(policy="infobatch"),
+    ).history  # fmt: skip
+    return {"history": history, "weights": {k: w.tolist() for k, w in named_weights(model).items()}}
+
+
 def main() -> None:
     K, M = int(sys.argv[1]), int(sys.argv[2])
     if sys.argv[3:] == ["fits"]:
@@ -237,7 +265,8 @@ def main() -> None:
         return
     results = {name: check(name, K, M) for name in ["dict", "pair"]}
     fits = {case: fit_check(case, K, M) for case in FIT_CASES}
-    report(rank=tfsift.rank(), results=results, fits=fits, sifted=sifted(K, M))
+    runs = {"heads": sifted(K, M), "tokens": sifted_tokens(K, M)}
+    report(rank=tfsift.rank(), results=results, fits=fits, sifted=runs)
 
 
 if __name__ == "__main__":

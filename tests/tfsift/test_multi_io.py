@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mpi_scripts.multi_io_check import check, fit_check, sifted
+from mpi_scripts.multi_io_check import check, fit_check, sifted, sifted_tokens
 
 import mpi
 
@@ -61,23 +61,34 @@ def test_nested_inputs_and_two_outputs_on_two_stages() -> None:
 @pytest.mark.mpi
 @pytest.mark.slow
 @mpi.TWO_STAGES.mark
-def test_infobatch_on_two_outputs_and_two_stages_trains_as_one_process() -> None:
-    # one head on each stage: the per-sample loss InfoBatch scores by is their weighted sum
+@pytest.mark.parametrize("case", ["heads", "tokens"])
+def test_infobatch_in_fit_on_two_stages_trains_as_one_process(case: str) -> None:
+    # heads: one head on each stage, a sample scored by the weighted sum of both losses;
+    # tokens: per-token logits, a sample scored by the mean of its tokens' losses
     reports = ON_TWO_STAGES()
-    one = sifted(1, 2)
-    # InfoBatch prunes half of the well-learned samples in every epoch but the first
-    assert one["history"]["sift_kept"] == [1.0, 0.5, 0.5]
-    assert {r: sorted(rep["sifted"]["weights"]) for r, rep in reports.items()} == {
-        0: ["classes/bias", "classes/kernel", "hidden/bias", "hidden/kernel"],
-        1: ["value/bias", "value/kernel"],
-    }
+    one = (sifted if case == "heads" else sifted_tokens)(1, 2)
+    # InfoBatch prunes half of the samples below the mean score in every epoch but the first
+    assert (
+        one["history"]["sift_kept"] == {"heads": [1.0, 0.5, 0.5], "tokens": [1.0, 0.75, 0.75]}[case]
+    )
+    on_stage = {
+        "heads": {
+            0: ["classes/bias", "classes/kernel", "hidden/bias", "hidden/kernel"],
+            1: ["value/bias", "value/kernel"],
+        },
+        "tokens": {
+            0: ["block/bias", "block/kernel", "embed/embeddings"],
+            1: ["head/bias", "head/kernel"],
+        },
+    }[case]
+    assert {r: sorted(rep["sifted"][case]["weights"]) for r, rep in reports.items()} == on_stage
     weights: dict[str, Any] = {}
     for rep in reports.values():
-        history = rep["sifted"]["history"]
+        history = rep["sifted"][case]["history"]
         assert sorted(history) == sorted(one["history"])
         for key, values in one["history"].items():
             np.testing.assert_allclose(history[key], values, rtol=1e-5, err_msg=key)
-        weights.update(rep["sifted"]["weights"])
+        weights.update(rep["sifted"][case]["weights"])
     assert sorted(weights) == sorted(one["weights"])
     for key, value in one["weights"].items():
         np.testing.assert_allclose(weights[key], value, atol=1e-6, err_msg=key)

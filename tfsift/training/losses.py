@@ -181,13 +181,15 @@ class ModelLoss:
         return {"loss": total, **values}
 
     def per_sample(self, y: Any, y_pred: Any) -> Any:
-        """One loss per sample (for ``tfsift.sift``): the weighted sum of every output's."""
+        """One loss per sample (for ``tfsift.sift``): the weighted sum of every output's,
+        each the mean of its values within the sample (a sequence model's over its tokens),
+        as the batch loss is their mean over the batch."""
         if self._unreduced is not None and len(tree.flatten(y_pred)) == 1:
-            return self._unreduced(y, y_pred)
+            return _per_sample_mean(self._unreduced(y, y_pred))
         total = None
         terms, y, y_pred = self._terms(y, y_pred)
         for (path, _, weight, _), fn in zip(terms, self._unreduced_terms, strict=True):
-            value = fn(_at(path, y), _at(path, y_pred))
+            value = _per_sample_mean(fn(_at(path, y), _at(path, y_pred)))
             value = value if weight is None else value * weight
             total = value if total is None else total + value
         return total
@@ -209,6 +211,13 @@ class ModelLoss:
         y = _repacked(built._y_true_build_structure, y)
         y_pred = _repacked(built._y_pred_build_structure, y_pred)
         return list(built._flat_losses), y, y_pred
+
+
+def _per_sample_mean(losses: Any) -> Any:
+    """``losses`` averaged over every axis but the batch's: Keras' default reduction
+    averages a batch's values over all of them, which is the mean of these means."""
+    rank = len(losses.shape)
+    return losses if rank <= 1 else keras.ops.mean(losses, axis=tuple(range(1, rank)))
 
 
 def _at(path: tuple[Any, ...], value: Any) -> Any:

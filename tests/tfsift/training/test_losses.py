@@ -8,9 +8,10 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfsift
-from tfsift.training.losses import batch_loss, per_sample_loss
+from tfsift.training.losses import ModelLoss, batch_loss, per_sample_loss
 
 Y = np.array([0, 2, 1, 1])
 LOGITS = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
@@ -199,3 +200,18 @@ def test_a_model_of_two_outputs_needs_a_target_for_each_and_its_losses_a_mean() 
     with pytest.raises(ValueError) as err:  # at compile, before any step
         TwoHeads().compile(optimizer="sgd", loss=["mse", keras.losses.MeanSquaredError("sum")])
     assert str(err.value).endswith("Received: MeanSquaredError(reduction='sum')")
+
+
+def test_a_per_token_loss_scores_each_sample_by_its_tokens_mean_which_averages_to_the_loss() -> (
+    None
+):
+    # a language model's loss is per token; sifting ranks samples: each one's mean, whose
+    # mean over the batch is Keras' batch loss (it averages over every token)
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.normal(size=(4, 6, 10)), tf.float32)
+    targets = tf.constant(rng.integers(0, 10, (4, 6)))
+    loss = ModelLoss(keras.losses.SparseCategoricalCrossentropy(from_logits=True), None, None)
+    per_token = keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True)
+    per_sample = loss.per_sample(targets, logits)
+    np.testing.assert_allclose(per_sample, np.mean(per_token, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(np.mean(per_sample), loss(targets, logits)["loss"], rtol=1e-6)
