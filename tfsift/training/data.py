@@ -340,13 +340,38 @@ def _listed(dims: Sequence[int]) -> str:
     return ", ".join(str(d) for d in dims)
 
 
-def batches(dataset: tf.data.Dataset, steps: int | None) -> Iterator[tuple[Any, Any, Any]]:
+def batches(
+    dataset: tf.data.Dataset, steps: int | None, sift_weights: bool = False
+) -> Iterator[tuple[Any, Any, Any]]:
     """``(x, y, sample_weight)`` of each batch (``y``, ``sample_weight`` None if absent);
-    the epoch ends without waiting for tf.data's autotuner (``shard.prompt_end``)."""
+    the epoch ends without waiting for tf.data's autotuner (``shard.prompt_end``). With
+    ``sift_weights``, each element's last part is the weights sifting adds (``rescale``),
+    one a sample: they weigh it in the loss, times its ``sample_weight`` if it has one
+    (``sifted_weights``)."""
     for n, element in enumerate(prompt_end(dataset)):
         if steps is not None and n >= steps:
             return
-        yield keras.utils.unpack_x_y_sample_weight(element)
+        if not sift_weights:
+            yield keras.utils.unpack_x_y_sample_weight(element)
+            continue
+        *parts, sifted = element
+        x, y, weight = keras.utils.unpack_x_y_sample_weight(tuple(parts))
+        yield x, y, sifted_weights(y, weight, sifted)
+
+
+def sifted_weights(y: Any, weight: Any, sifted: Any) -> Any:
+    """The sample weights of a sifted batch: sifting's, one a sample, shaped to weigh every
+    position of the sample (a sequence's tokens: Keras broadcasts a weight of shape (B,)
+    against losses of shape (B, T) along T, or fails), times ``weight`` where given, for
+    each target of ``y``."""
+    sifted = tf.cast(sifted, tf.float32)
+
+    def per_sample(like: Any) -> tf.Tensor:
+        return tf.reshape(sifted, [-1] + [1] * (len(like.shape) - 1))
+
+    if weight is None:
+        return tree.map_structure(per_sample, y)
+    return tree.map_structure(lambda w: tf.cast(w, tf.float32) * per_sample(w), weight)
 
 
 def step_count(dataset: tf.data.Dataset, steps: int | None) -> int | None:

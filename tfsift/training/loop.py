@@ -103,6 +103,7 @@ def fit(
             validation_data, validation_batch_size or batch_size, M, ranks
         )
     record, progbar = None, None
+    weighs = sift is not None and sift.rescale is not None  # the batches carry sift's weights
     if sift is not None:
         train = train.apply(sift_transform(model, compiled.per_sample_loss, sift))
         record = _recorder(compiled, train) if sift.scores == "training" else None
@@ -125,7 +126,7 @@ def fit(
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
-        epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs, record)
+        epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs, record, weighs)
         if not epoch_logs:  # no batch: the logs of a step are never empty
             _ran_dry(model, epoch, first=epoch == initial_epoch)
         if sift is not None:
@@ -334,10 +335,11 @@ def _train_epoch(
     steps: int | None,
     cbs: keras.callbacks.CallbackList,
     record: Record | None = None,
+    sift_weights: bool = False,
 ) -> Logs:
     trackers = _reset(compiled)
     logs: Logs = {}
-    for n, batch in enumerate(data.batches(dataset, steps)):
+    for n, batch in enumerate(data.batches(dataset, steps, sift_weights)):
         cbs.on_train_batch_begin(n)
         logs = _train_batch(model, compiled, trackers, batch, record)
         cbs.on_train_batch_end(n, logs)

@@ -168,7 +168,10 @@ class ModelLoss:
         same name replaces an earlier, as in Keras' logs)."""
         if self.single is not None and len(tree.flatten(y_pred)) == 1:
             return {"loss": self.single(y, y_pred, sample_weight=sample_weight)}
+        outputs = y_pred
         terms, y, y_pred = self._terms(y, y_pred)
+        if tree.is_nested(sample_weight):  # one a target, matched to the outputs as y is
+            sample_weight = self._structured(sample_weight, outputs)
         values: dict[str, Any] = {}
         total = None
         for path, fn, weight, name in terms:
@@ -211,6 +214,12 @@ class ModelLoss:
         y = _repacked(built._y_true_build_structure, y)
         y_pred = _repacked(built._y_pred_build_structure, y_pred)
         return list(built._flat_losses), y, y_pred
+
+    def _structured(self, targets: Any, y_pred: Any) -> Any:
+        """``targets`` (or their sample weights) in the structure the losses were built on."""
+        assert self._keras is not None  # built by _terms
+        aligned = _aligned(targets, y_pred, self._user[2])
+        return _repacked(self._keras._y_true_build_structure, aligned)
 
 
 def _per_sample_mean(losses: Any) -> Any:

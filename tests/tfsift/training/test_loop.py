@@ -216,6 +216,64 @@ def test_fit_with_infobatch_on_arrays_plans_by_row_and_never_reads_a_pruned_row(
     assert epoch["mean_loss_scored"] is None  # ranked by the table, nothing scored: no NaN
 
 
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_sample", "per_token"])
+def test_fit_weighs_a_sifted_batch_by_the_sample_weights_times_infobatchs(per_token: bool) -> None:
+    # Weights of 2 at half the learning rate train as none at the full one, with the same
+    # selection (InfoBatch ranks unweighted losses), and log twice the loss: so InfoBatch's
+    # weights and the sample weights both reach the loss. Each used to fail at the first
+    # step (a batch of four parts). Per token: the weights of a sequence's positions.
+    x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
+    if per_token:
+        x, y = np.stack([x, -x], axis=1), np.stack([y, y], axis=1)  # 2 positions a sample
+    runs = []
+    for weight, lr in ((None, 0.1), (np.full(y.shape, 2.0, np.float32), 0.05)):
+        model = compiled_model()
+        model.optimizer.learning_rate.assign(lr)
+        history = model.fit(
+            x, y, sample_weight=weight, batch_size=B, epochs=3, shuffle=False, verbose=0,
+            sift=tfsift.SiftConfig(policy="infobatch"),
+        )  # fmt: skip
+        runs.append((history.history, weights_of(model)))
+    (plain, trained), (doubled, weighted) = runs
+    assert plain["sift_kept"] == doubled["sift_kept"] and min(plain["sift_kept"]) < 1.0
+    np.testing.assert_allclose(doubled["loss"], 2 * np.asarray(plain["loss"]), rtol=1e-5)
+    for a, b in zip(trained, weighted, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+def test_fit_weighs_each_sample_of_a_token_model_by_infobatch_as_the_readme_loop_does() -> None:
+    # logits per token, 8 tokens a sample and microbatches of 8: InfoBatch's weight of a
+    # sample, shape (8,), broadcast by Keras against losses of shape (8, 8), would weigh
+    # token t by sample t's weight; fit weighs every token of a sample by its own
+    x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
+    x = np.stack([np.roll(x, t, axis=1) for t in range(8)], axis=1)  # (N, 8, 5)
+    y = np.stack([np.roll(y, t) for t in range(8)], axis=1)  # (N, 8)
+    config = tfsift.SiftConfig(policy="infobatch", epochs=3)
+    fitted = compiled_model()
+    history = fitted.fit(x, y, batch_size=B, epochs=3, shuffle=False, verbose=0, sift=config)
+    assert history.history["sift_kept"] == [1.0, 0.5, 0.5]
+
+    model = compiled_model()  # the same initial weights
+    per_token = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    update = tfsift.compiled_update(model.optimizer, model)
+    train = tfsift.from_arrays((x, y), batch_size=B, shuffle=False).apply(
+        tfsift.sift(config=config)
+    )
+
+    @tfsift.step
+    def weighted_step(x: Any, y: Any, w: Any) -> Any:
+        losses = per_token(y, model(x, training=True))  # (b, 8)
+        loss = keras.ops.mean(w[:, None] * losses)  # each sample's weight on its tokens
+        return tfsift.gradients(loss, model.trainable_variables), keras.ops.mean(losses, axis=1)
+
+    for _ in range(3):
+        for xb, yb, wb in train:
+            grads, losses = weighted_step(xb, yb, wb)
+            train.record(losses)
+            update(tfsift.allreduce(grads))
+    assert_same_weights(fitted, model)
+
+
 def test_fit_with_infobatch_for_other_epochs_than_it_trains_fails_before_training() -> None:
     model = compiled_model()
     config = tfsift.SiftConfig(policy="infobatch", epochs=3)
