@@ -71,6 +71,11 @@ class SiftMetrics:
     scorer: dict[str, float] = dataclasses.field(default_factory=dict)
     at_epoch_start: dict[str, float] = dataclasses.field(default_factory=dict)
 
+    def start_at(self, epoch: int) -> None:
+        """Counts ``epoch`` epochs as begun before this process's first (a run resumed at
+        fit's ``initial_epoch``): InfoBatch's schedule then counts the run's epochs."""
+        self.epochs = epoch
+
     def begin_epoch(self) -> None:
         """Counts a new epoch, whose figures start from the totals now."""
         self.epochs += 1

@@ -123,6 +123,8 @@ def fit(
     initial_epoch = initial_epoch if restored is None else restored
     if initial_epoch:
         data.start_at(source, initial_epoch)
+        if sift is not None and restored is None:  # a fresh sifted dataset counts from here
+            train.sifter.metrics.start_at(initial_epoch)
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)

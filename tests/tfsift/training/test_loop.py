@@ -274,6 +274,20 @@ def test_fit_weighs_each_sample_of_a_token_model_by_infobatch_as_the_readme_loop
     assert_same_weights(fitted, model)
 
 
+@pytest.mark.parametrize("on_arrays", [True, False], ids=["arrays", "dataset"])
+def test_fit_from_initial_epoch_runs_infobatchs_schedule_from_that_epoch(on_arrays: bool) -> None:
+    # epochs 3 and 4 of 4, annealed over the last quarter: the first has no scores yet and
+    # the last anneals, so neither prunes; counted from 1, the second pruned as epoch 2
+    x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
+    data = (x, y) if on_arrays else (dataset(),)
+    history = compiled_model().fit(
+        *data, batch_size=B if on_arrays else None, epochs=4, initial_epoch=2, verbose=0,
+        sift=tfsift.SiftConfig(policy="infobatch", anneal=0.25),
+    )  # fmt: skip
+    assert history.history["sift_kept"] == [1.0, 1.0]
+    assert tfsift.sift_metrics()["epochs"] == 4
+
+
 def test_fit_with_infobatch_for_other_epochs_than_it_trains_fails_before_training() -> None:
     model = compiled_model()
     config = tfsift.SiftConfig(policy="infobatch", epochs=3)
