@@ -359,6 +359,47 @@ def batches(
         yield x, y, sifted_weights(y, weight, sifted)
 
 
+class EpochBatches:
+    """``fit``'s batches, an epoch at a time, as Keras' ``fit`` takes them: each epoch a
+    pass over the dataset, or with ``steps_per_epoch`` that many batches from one iterator
+    kept across epochs (an epoch goes on where the last one stopped), made anew after the
+    batch that ends a dataset of known size and never after one of unknown size (the
+    next epoch then has no batch, and ``fit`` stops). A sifted dataset plans each pass, so
+    its epochs are passes, cut at ``steps_per_epoch``.
+
+    Example:
+        >>> epochs = EpochBatches(dataset, steps_per_epoch=3)
+        >>> first, second = list(epochs.epoch()), list(epochs.epoch())   # batches 1-3, 4-6
+    """
+
+    def __init__(
+        self, dataset: tf.data.Dataset, steps_per_epoch: int | None, sift_weights: bool = False
+    ) -> None:
+        self.dataset, self.steps, self.sift_weights = dataset, steps_per_epoch, sift_weights
+        self.carried = steps_per_epoch is not None and not hasattr(dataset, "sifter")
+        size = int(dataset.cardinality())
+        self.size = size if size >= 0 else None
+        self._batches: Iterator[tuple[Any, Any, Any]] | None = None
+        self._taken = 0  # from the current iterator
+
+    def epoch(self) -> Iterator[tuple[Any, Any, Any]]:
+        """The next epoch's ``(x, y, sample_weight)`` batches."""
+        if not self.carried:
+            yield from batches(self.dataset, self.steps, self.sift_weights)
+            return
+        if self._batches is None:
+            self._batches, self._taken = batches(self.dataset, None, self.sift_weights), 0
+        assert self.steps is not None
+        for _ in range(self.steps):
+            batch = next(self._batches, None)
+            if batch is None:
+                break
+            self._taken += 1
+            yield batch
+        if self.size is not None and self._taken >= self.size:
+            self._batches = None
+
+
 def sifted_weights(y: Any, weight: Any, sifted: Any) -> Any:
     """The sample weights of a sifted batch: sifting's, one a sample, shaped to weigh every
     position of the sample (a sequence's tokens: Keras broadcasts a weight of shape (B,)

@@ -9,7 +9,7 @@ rank at the same epoch). Only rank 0 shows Keras' progress bar.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -121,6 +121,7 @@ def fit(
     # epoch to start from during on_train_begin; read once, so a later fit starts afresh.
     restored, model._initial_epoch = model._initial_epoch, None
     initial_epoch = initial_epoch if restored is None else restored
+    batches = data.EpochBatches(train, steps_per_epoch, weighs)
     if initial_epoch:
         data.start_at(source, initial_epoch)
         if sift is not None and restored is None:  # a fresh sifted dataset counts from here
@@ -128,7 +129,7 @@ def fit(
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
-        epoch_logs = _train_epoch(model, compiled, train, steps_per_epoch, cbs, record, weighs)
+        epoch_logs = _train_epoch(model, compiled, batches.epoch(), cbs, record)
         if not epoch_logs:  # no batch: the logs of a step are never empty
             _ran_dry(model, epoch, first=epoch == initial_epoch)
         if sift is not None:
@@ -333,15 +334,13 @@ def _callbacks(
 def _train_epoch(
     model: DistributedModel,
     compiled: Compiled,
-    dataset: Any,
-    steps: int | None,
+    batches: Iterator[tuple[Any, Any, Any]],
     cbs: keras.callbacks.CallbackList,
     record: Record | None = None,
-    sift_weights: bool = False,
 ) -> Logs:
     trackers = _reset(compiled)
     logs: Logs = {}
-    for n, batch in enumerate(data.batches(dataset, steps, sift_weights)):
+    for n, batch in enumerate(batches):
         cbs.on_train_batch_begin(n)
         logs = _train_batch(model, compiled, trackers, batch, record)
         cbs.on_train_batch_end(n, logs)

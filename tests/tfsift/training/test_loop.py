@@ -128,6 +128,48 @@ def test_evaluate_and_predict_match_keras_on_the_same_weights() -> None:
     }
 
 
+def seeded_layers() -> list[keras.layers.Layer]:
+    """The same initial weights in every model made of them."""
+    init = keras.initializers.GlorotUniform
+    return [
+        keras.layers.Dense(8, "relu", kernel_initializer=init(1)),
+        keras.layers.Dense(3, kernel_initializer=init(2)),
+    ]
+
+
+class SeededMlp(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = seeded_layers()
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("data", ["dataset", "arrays", "repeated"])
+def test_steps_per_epoch_carries_on_where_the_last_epoch_stopped_as_keras_does(data: str) -> None:
+    # 3 steps an epoch of 4 batches: Keras' epoch 2 takes batch 4 (and, the dataset ended,
+    # stops it with a warning), epoch 3 batches 1-3 again; of a repeated dataset, batches
+    # 4-6 and 7-9. Each epoch used to start again from batch 1.
+    tfsift.init({"microbatches": 2})
+    x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
+    runs = []
+    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        args: dict[str, Any] = {"x": x, "y": y, "batch_size": B, "shuffle": False}
+        if data != "arrays":
+            args = {"x": dataset().repeat() if data == "repeated" else dataset()}
+        history = model.fit(**args, epochs=3, steps_per_epoch=3, verbose=0)
+        runs.append((history.history["loss"], model.get_weights()))
+    (want, expected), (got, weights) = runs
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for a, b in zip(weights, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_callbacks_early_stopping_and_learning_rate_scheduler() -> None:
     model = compiled_model()
     seen: list[float] = []
