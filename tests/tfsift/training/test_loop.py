@@ -170,6 +170,23 @@ def test_steps_per_epoch_carries_on_where_the_last_epoch_stopped_as_keras_does(d
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_validation_steps_start_each_validation_at_the_first_batch_as_keras_does() -> None:
+    # unlike steps_per_epoch: Keras' evaluate resets the validation iterator it keeps, so
+    # 3 steps of 4 batches validate on batches 1-3 every epoch
+    tfsift.init({"microbatches": 2})
+    runs = []
+    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        history = model.fit(
+            dataset(), epochs=3, validation_data=dataset(), validation_steps=3, verbose=0
+        )
+        runs.append(history.history["val_loss"])
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
+
+
 def test_callbacks_early_stopping_and_learning_rate_scheduler() -> None:
     model = compiled_model()
     seen: list[float] = []
