@@ -587,7 +587,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Keras' ``evaluate`` (``batch_size``, ``sample_weight``, ``verbose``, ``steps``,
         ``callbacks``, ``return_dict``): the loss averaged over the replicas, the metrics
-        over every replica's samples."""
+        over every replica's samples. Arrays are taken whole, as Keras takes them: the
+        samples whole batches leave are a last batch where their count splits into the
+        microbatches (one replica); otherwise rank 0 warns that they are left out."""
         from tfsift import training
 
         return training.evaluate(self, x, y, **kwargs)

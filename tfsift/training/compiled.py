@@ -127,7 +127,6 @@ def _output_names(model: DistributedModel) -> Any:
 
 
 def _train_step(model: DistributedModel, loss: ModelLoss) -> Callable[..., Any]:
-    @step
     def train_step(x: Any, y: Any, *sample_weight: Any) -> Any:
         y_pred = model(x, training=True)
         losses = loss(y, y_pred, sample_weight[0] if sample_weight else None)
@@ -136,16 +135,28 @@ def _train_step(model: DistributedModel, loss: ModelLoss) -> Callable[..., Any]:
         scaled = model.optimizer.scale_loss(losses["loss"])
         return gradients(scaled, model.trainable_variables), losses, y_pred
 
-    return train_step
+    return _with_or_without_weights(train_step)
 
 
 def _eval_step(model: DistributedModel, loss: ModelLoss) -> Callable[..., Any]:
-    @step
     def eval_step(x: Any, y: Any, *sample_weight: Any) -> Any:
         y_pred = model(x, training=False)
         return loss(y, y_pred, sample_weight[0] if sample_weight else None), y_pred
 
-    return eval_step
+    return _with_or_without_weights(eval_step)
+
+
+def _with_or_without_weights(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as two ``@tfsift.step`` functions, called with ``(x, y)`` or ``(x, y,
+    sample_weight)``: a step is planned for one structure of arguments, and Keras takes
+    batches with and without weights on the same model (``fit`` with them, ``evaluate``
+    without). Each is planned at its first call."""
+    steps = {False: step(fn), True: step(fn)}
+
+    def run(x: Any, y: Any, *sample_weight: Any) -> Any:
+        return steps[bool(sample_weight)](x, y, *sample_weight)
+
+    return run
 
 
 def _predict_step(model: DistributedModel) -> Callable[..., Any]:

@@ -73,6 +73,40 @@ def training_data(
     return checked(ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what), M, what)
 
 
+def tail(dataset: tf.data.Dataset, M: int, what: str) -> tuple[Any, Any, Any] | None:
+    """The samples of arrays made into ``dataset`` that its whole batches leave out, as
+    one last ``(x, y, sample_weight)`` batch for ``what``, an evaluation (Keras' takes
+    every sample, its last batch partial); None if there are none. With one replica they
+    are the last rows (in order: an evaluation does not shuffle), taken where their count
+    splits into the ``M`` microbatches; otherwise rank 0 warns that they are left out.
+    """
+    if not isinstance(dataset, ArrayDataset):
+        return None
+    B, R = dataset.batch_size, dataset.replicas
+    used = dataset.share // B * B * R
+    left = dataset.rows - used
+    if left == 0:
+        return None
+    if R == 1 and left % M == 0 and not dataset.shuffle:
+        rows = np.arange(used, dataset.rows)
+        batch = tree.map_structure(tf.convert_to_tensor, dataset.gather(rows))
+        x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
+        return x, y, weight
+    if runtime.get().rank == 0:
+        log.warning(
+            "%s on arrays takes whole batches of %d on each of %d replica(s), and the "
+            "%d samples left would not split into %d microbatches: they are left out of its "
+            "loss and metrics (Keras' would take every one, in a last partial batch). Pass "
+            "a batch_size that divides the samples per replica",
+            what,
+            B,
+            R,
+            left,
+            M,
+        )
+    return None
+
+
 def refuse_unread(x: Any, what: str) -> None:
     """Refuses the inputs Keras reads that tfsift does not: a ``keras.utils.PyDataset`` and
     a generator (or any other iterator). Each would be read whole on every rank, so that

@@ -8,6 +8,7 @@ rank at the same epoch). Only rank 0 shows Keras' progress bar.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -135,9 +136,9 @@ def fit(
         if sift is not None:
             epoch_logs.update(_sift_logs(train))
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
-            val = _test_loop(
-                model, compiled, validation_data, validation_steps, cbs, "fit's validation_data"
-            )
+            what = "fit's validation_data"
+            val_batches, _ = _every_batch(validation_data, validation_steps, M, what)
+            val = _test_loop(model, compiled, val_batches, cbs, what)
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         if model.stop_training:
@@ -170,8 +171,9 @@ def evaluate(
     dataset = data.training_data(
         x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model)
     )
-    cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
-    logs = _test_loop(model, compiled, dataset, steps, cbs, "evaluate")
+    batches, count = _every_batch(dataset, steps, M, "evaluate")
+    cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=count)
+    logs = _test_loop(model, compiled, batches, cbs, "evaluate")
     return logs if return_dict else _listed(logs, compiled)
 
 
@@ -389,18 +391,30 @@ def _recorder(compiled: Compiled, train: Any) -> Record:
     return record
 
 
+def _every_batch(
+    dataset: tf.data.Dataset, steps: int | None, M: int, what: str
+) -> tuple[Iterator[tuple[Any, Any, Any]], int | None]:
+    """The batches an evaluation takes, and their count: with ``steps``, that many; else
+    all, and of arrays the rows whole batches leave out too, as Keras evaluates every
+    sample (``data.tail``)."""
+    batches, count = data.batches(dataset, steps), data.step_count(dataset, steps)
+    tail = None if steps is not None else data.tail(dataset, M, what)
+    if tail is None:
+        return batches, count
+    return itertools.chain(batches, [tail]), (count or 0) + 1
+
+
 def _test_loop(
     model: DistributedModel,
     compiled: Compiled,
-    dataset: Any,
-    steps: int | None,
+    batches: Iterator[tuple[Any, Any, Any]],
     cbs: keras.callbacks.CallbackList,
     what: str,
 ) -> Logs:
     trackers = _reset(compiled)
     logs: Logs = {}
     cbs.on_test_begin()
-    for n, (x, y, weight) in enumerate(data.batches(dataset, steps)):
+    for n, (x, y, weight) in enumerate(batches):
         cbs.on_test_batch_begin(n)
         losses, y_pred = compiled.eval_step(x, y, *_weights(weight))
         if n == 0:  # after a step (the model partitioned); the weights stay as they are

@@ -5,6 +5,7 @@ update, in the README's loop; tests/mpi_scripts/fit_check.py runs the multi-rank
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,42 @@ def test_validation_steps_start_each_validation_at_the_first_batch_as_keras_does
         )
         runs.append(history.history["val_loss"])
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
+
+
+def test_evaluate_and_validation_on_arrays_take_every_sample_as_keras_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 70 samples in batches of 16: whole batches take 64; the 6 left are a last batch of
+    # 3 microbatches of 2 (they were left out of the loss and metrics without a word).
+    # And evaluate with sample weights after evaluate without (a step was planned for one
+    # of the two structures, and the other failed)
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(70, 5)).astype(np.float32), rng.integers(0, 3, 70)
+    weight = rng.uniform(size=70).astype(np.float32)
+    got = []
+    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        history = model.fit(
+            x[:64], y[:64], batch_size=16, shuffle=False, verbose=0, validation_data=(x, y)
+        )
+        evaluated = model.evaluate(x, y, batch_size=16, verbose=0)
+        weighted = model.evaluate(x, y, sample_weight=weight, batch_size=16, verbose=0)
+        got.append([*history.history["val_loss"], *evaluated, *weighted])
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-6)
+    # 69: the 5 left do not split into 2 microbatches; rank 0 says they are left out
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        model.evaluate(x[:69], y[:69], batch_size=16, verbose=0)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "evaluate on arrays takes whole batches of 16 on each of 1 replica(s), and the 5 "
+        "samples left would not split into 2 microbatches: they are left out of its loss "
+        "and metrics (Keras' would take every one, in a last partial batch). Pass a "
+        "batch_size that divides the samples per replica"
+    ]
 
 
 def test_callbacks_early_stopping_and_learning_rate_scheduler() -> None:
