@@ -562,7 +562,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 ``steps_per_epoch``, ``validation_steps``, ``validation_batch_size``,
                 ``validation_freq``; and ``sift`` (a ``tfsift.SiftConfig``: train on the
                 batches ``tfsift.sift`` keeps, scored with the compiled loss per sample, a
-                sequence's averaged over its tokens;
+                sequence's averaged over the tokens its sample weights count;
                 ``sift=tfsift.SiftConfig(policy="infobatch")`` is InfoBatch over ``fit``'s
                 ``epochs``). A sifted epoch's progress bar counts the batches it trained,
                 and ``History`` gets its kept fraction, ``sift_kept``.

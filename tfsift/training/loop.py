@@ -45,8 +45,9 @@ Trackers = dict[str, keras.metrics.Mean]  # by loss name: "loss", and each outpu
 log = logging.getLogger("tfsift")
 
 
-# hands a step's labels and predictions back to a sifted dataset (scores="training")
-Record = Callable[[Any, Any], None]
+# hands a step's labels, predictions and sample weights back to a sifted dataset
+# (scores="training")
+Record = Callable[[Any, Any, Any], None]
 
 
 def fit(
@@ -369,7 +370,7 @@ def _train_batch(
     # others' update makes over the pipeline (a global norm, a loss scale's finite check)
     compiled.update(grads)
     if record is not None:
-        record(y, y_pred)
+        record(y, y_pred, weight)
     return _update(compiled, trackers, losses, y_pred, y, weight, penalty)
 
 
@@ -384,9 +385,9 @@ def _recorder(compiled: Compiled, train: Any) -> Record:
     """Hands a step's per-sample losses (unweighted, from its predictions, which every rank
     of the pipeline holds) back to the sifted dataset ``train``."""
 
-    def record(y: Any, y_pred: Any) -> None:
+    def record(y: Any, y_pred: Any, weight: Any) -> None:
         predictions = tree.map_structure(lambda o: o.concat(), y_pred)
-        train.record(compiled.per_sample_loss(y, predictions))
+        train.record(compiled.per_sample_loss(y, predictions, weight))
 
     return record
 

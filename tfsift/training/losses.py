@@ -183,16 +183,21 @@ class ModelLoss:
             total = value if total is None else total + value
         return {"loss": total, **values}
 
-    def per_sample(self, y: Any, y_pred: Any) -> Any:
+    def per_sample(self, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         """One loss per sample (for ``tfsift.sift``): the weighted sum of every output's,
         each the mean of its values within the sample (a sequence model's over its tokens),
-        as the batch loss is their mean over the batch."""
+        as the batch loss is their mean over the batch; with per-token ``sample_weight``
+        (padding weighed 0), the mean weighted by them, as the loss counts the tokens."""
         if self._unreduced is not None and len(tree.flatten(y_pred)) == 1:
-            return _per_sample_mean(self._unreduced(y, y_pred))
+            return _per_sample_mean(self._unreduced(y, y_pred), sample_weight)
         total = None
+        outputs = y_pred
         terms, y, y_pred = self._terms(y, y_pred)
+        if tree.is_nested(sample_weight):
+            sample_weight = self._structured(sample_weight, outputs)
         for (path, _, weight, _), fn in zip(terms, self._unreduced_terms, strict=True):
-            value = _per_sample_mean(fn(_at(path, y), _at(path, y_pred)))
+            w = _at(path, sample_weight) if tree.is_nested(sample_weight) else sample_weight
+            value = _per_sample_mean(fn(_at(path, y), _at(path, y_pred)), w)
             value = value if weight is None else value * weight
             total = value if total is None else total + value
         return total
@@ -222,11 +227,27 @@ class ModelLoss:
         return _repacked(self._keras._y_true_build_structure, aligned)
 
 
-def _per_sample_mean(losses: Any) -> Any:
+def _per_sample_mean(losses: Any, weight: Any = None) -> Any:
     """``losses`` averaged over every axis but the batch's: Keras' default reduction
-    averages a batch's values over all of them, which is the mean of these means."""
+    averages a batch's values over all of them, which is the mean of these means. Where
+    ``weight`` varies within a sample (per token: padding weighed 0), the mean weighted
+    by it (0 for a sample weighed 0 throughout); a weight per sample changes nothing."""
     rank = len(losses.shape)
-    return losses if rank <= 1 else keras.ops.mean(losses, axis=tuple(range(1, rank)))
+    if rank <= 1:
+        return losses
+    axes = tuple(range(1, rank))
+    if weight is None or all(d == 1 for d in tuple(weight.shape)[1:]):
+        return keras.ops.mean(losses, axis=axes)
+    w = tf.broadcast_to(
+        tf.reshape(tf.cast(weight, losses.dtype), _padded(weight, rank)), tf.shape(losses)
+    )
+    return tf.math.divide_no_nan(tf.reduce_sum(w * losses, axes), tf.reduce_sum(w, axes))
+
+
+def _padded(weight: Any, rank: int) -> list[int]:
+    """``weight``'s shape with trailing 1s up to ``rank`` (a (B, T) weight on (B, T, U))."""
+    shape = [-1 if d is None else int(d) for d in weight.shape]
+    return shape + [1] * (rank - len(shape))
 
 
 def _at(path: tuple[Any, ...], value: Any) -> Any:

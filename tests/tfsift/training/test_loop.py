@@ -384,6 +384,47 @@ def test_fit_from_initial_epoch_runs_infobatchs_schedule_from_that_epoch(on_arra
     assert tfsift.sift_metrics()["epochs"] == 4
 
 
+def test_fit_scores_a_padded_sequence_by_its_weighted_tokens_as_its_loss_counts_them() -> None:
+    # per-token sample weights 0 on the padding (the documented stand-in for an output
+    # mask): a sample's score is the mean over the tokens its loss counts, not the
+    # padding's random targets too; the README's loop recording the same equals fit
+    x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
+    x = np.stack([np.roll(x, t, axis=1) for t in range(8)], axis=1)  # (N, 8, 5)
+    y = np.stack([np.roll(y, t) for t in range(8)], axis=1)  # (N, 8)
+    rng = np.random.default_rng(7)
+    length = rng.integers(2, 9, N)  # tokens per sample; the rest is padding
+    padding = np.arange(8)[None, :] >= length[:, None]
+    y = np.where(padding, rng.integers(0, 3, y.shape), y)  # what the padding would cost
+    mask = (~padding).astype(np.float32)
+    config = tfsift.SiftConfig(policy="infobatch", epochs=3)
+    fitted = compiled_model()
+    history = fitted.fit(
+        x, y, sample_weight=mask, batch_size=B, epochs=3, shuffle=False, verbose=0, sift=config
+    )
+    assert history.history["sift_kept"][1] < 1.0
+
+    model = compiled_model()  # the same initial weights
+    per_token = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    update = tfsift.compiled_update(model.optimizer, model)
+    train = tfsift.from_arrays((x, y, mask), batch_size=B, shuffle=False)
+    train = train.apply(tfsift.sift(config=config))
+
+    @tfsift.step
+    def weighted_step(x: Any, y: Any, mask: Any, w: Any) -> Any:
+        losses = per_token(y, model(x, training=True))  # (b, 8)
+        weights = mask * w[:, None]  # the padding's 0, the sample's weight on its tokens
+        loss = keras.ops.mean(losses * weights)
+        score = tf.math.divide_no_nan(tf.reduce_sum(weights * losses, 1), tf.reduce_sum(weights, 1))
+        return tfsift.gradients(loss, model.trainable_variables), score
+
+    for _ in range(3):
+        for xb, yb, mb, wb in train:
+            grads, scores = weighted_step(xb, yb, mb, wb)
+            train.record(scores)
+            update(tfsift.allreduce(grads))
+    assert_same_weights(fitted, model)
+
+
 def test_fit_with_infobatch_for_other_epochs_than_it_trains_fails_before_training() -> None:
     model = compiled_model()
     config = tfsift.SiftConfig(policy="infobatch", epochs=3)
