@@ -76,28 +76,29 @@ def training_data(
 def tail(dataset: tf.data.Dataset, M: int, what: str) -> tuple[Any, Any, Any] | None:
     """The samples of arrays made into ``dataset`` that its whole batches leave out, as
     one last ``(x, y, sample_weight)`` batch for ``what``, an evaluation (Keras' takes
-    every sample, its last batch partial); None if there are none. With one replica they
-    are the last rows (in order: an evaluation does not shuffle), taken where their count
-    splits into the ``M`` microbatches; otherwise rank 0 warns that they are left out.
+    every sample, its last batch partial); None if there are none. Each replica takes the
+    rows it was dealt after its whole batches (in order: an evaluation does not shuffle),
+    where every replica was dealt as many and they split into the ``M`` microbatches, so
+    that the replicas' mean is the mean over every sample; otherwise rank 0 warns that
+    they are left out.
     """
     if not isinstance(dataset, ArrayDataset):
         return None
     B, R = dataset.batch_size, dataset.replicas
-    used = dataset.share // B * B * R
-    left = dataset.rows - used
+    whole = dataset.share // B * B  # rows each replica takes in whole batches
+    left = dataset.rows - whole * R
     if left == 0:
         return None
-    if R == 1 and left % M == 0 and not dataset.shuffle:
-        rows = np.arange(used, dataset.rows)
-        batch = tree.map_structure(tf.convert_to_tensor, dataset.gather(rows))
+    if dataset.rows % R == 0 and (dataset.share - whole) % M == 0 and not dataset.shuffle:
+        batch = tree.map_structure(tf.convert_to_tensor, dataset.gather(dataset.order(0)[whole:]))
         x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
         return x, y, weight
     if runtime.get().rank == 0:
         log.warning(
             "%s on arrays takes whole batches of %d on each of %d replica(s), and the "
-            "%d samples left would not split into %d microbatches: they are left out of its "
-            "loss and metrics (Keras' would take every one, in a last partial batch). Pass "
-            "a batch_size that divides the samples per replica",
+            "%d samples left would not split evenly into %d microbatches on each: they are "
+            "left out of its loss and metrics (Keras' would take every one, in a last partial "
+            "batch). Pass a batch_size that divides the samples per replica",
             what,
             B,
             R,

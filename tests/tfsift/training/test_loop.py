@@ -218,9 +218,9 @@ def test_evaluate_and_validation_on_arrays_take_every_sample_as_keras_does(
         model.evaluate(x[:69], y[:69], batch_size=16, verbose=0)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "evaluate on arrays takes whole batches of 16 on each of 1 replica(s), and the 5 "
-        "samples left would not split into 2 microbatches: they are left out of its loss "
-        "and metrics (Keras' would take every one, in a last partial batch). Pass a "
-        "batch_size that divides the samples per replica"
+        "samples left would not split evenly into 2 microbatches on each: they are left out "
+        "of its loss and metrics (Keras' would take every one, in a last partial batch). "
+        "Pass a batch_size that divides the samples per replica"
     ]
 
 
