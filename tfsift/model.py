@@ -588,8 +588,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         """Keras' ``evaluate`` (``batch_size``, ``sample_weight``, ``verbose``, ``steps``,
         ``callbacks``, ``return_dict``): the loss averaged over the replicas, the metrics
         over every replica's samples. Arrays are taken whole, as Keras takes them: the
-        samples whole batches leave are a last batch where their count splits into the
-        microbatches (one replica); otherwise rank 0 warns that they are left out."""
+        samples whole batches leave are a last batch where every replica was dealt as many
+        and they split into the microbatches; otherwise rank 0 warns that they are left
+        out."""
         from tfsift import training
 
         return training.evaluate(self, x, y, **kwargs)
