@@ -124,6 +124,10 @@ def fit(
     restored, model._initial_epoch = model._initial_epoch, None
     initial_epoch = initial_epoch if restored is None else restored
     batches = data.EpochBatches(train, steps_per_epoch, weighs)
+    # the rows of validation arrays that whole batches leave: taken (or warned of) once
+    val_rest = None
+    if validation_data is not None:
+        val_rest = _rest(validation_data, validation_steps, M, "fit's validation_data")
     if initial_epoch:
         data.start_at(source, initial_epoch)
         if sift is not None and restored is None:  # a fresh sifted dataset counts from here
@@ -137,9 +141,8 @@ def fit(
         if sift is not None:
             epoch_logs.update(_sift_logs(train))
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
-            what = "fit's validation_data"
-            val_batches, _ = _every_batch(validation_data, validation_steps, M, what)
-            val = _test_loop(model, compiled, val_batches, cbs, what)
+            val_batches, _ = _every_batch(validation_data, validation_steps, val_rest)
+            val = _test_loop(model, compiled, val_batches, cbs, "fit's validation_data")
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         if model.stop_training:
@@ -172,7 +175,7 @@ def evaluate(
     dataset = data.training_data(
         x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model)
     )
-    batches, count = _every_batch(dataset, steps, M, "evaluate")
+    batches, count = _every_batch(dataset, steps, _rest(dataset, steps, M, "evaluate"))
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=count)
     logs = _test_loop(model, compiled, batches, cbs, "evaluate")
     return logs if return_dict else _listed(logs, compiled)
@@ -392,17 +395,21 @@ def _recorder(compiled: Compiled, train: Any) -> Record:
     return record
 
 
+def _rest(dataset: tf.data.Dataset, steps: int | None, M: int, what: str) -> Any:
+    """The last batch an evaluation of all of ``dataset`` takes after its whole batches, as
+    Keras evaluates every sample (``data.tail``); None with ``steps``, or where none is."""
+    return None if steps is not None else data.tail(dataset, M, what)
+
+
 def _every_batch(
-    dataset: tf.data.Dataset, steps: int | None, M: int, what: str
+    dataset: tf.data.Dataset, steps: int | None, rest: Any
 ) -> tuple[Iterator[tuple[Any, Any, Any]], int | None]:
-    """The batches an evaluation takes, and their count: with ``steps``, that many; else
-    all, and of arrays the rows whole batches leave out too, as Keras evaluates every
-    sample (``data.tail``)."""
+    """The batches an evaluation takes, and their count: ``steps`` of them, or all, and
+    then ``rest`` (``_rest``) where there is one."""
     batches, count = data.batches(dataset, steps), data.step_count(dataset, steps)
-    tail = None if steps is not None else data.tail(dataset, M, what)
-    if tail is None:
+    if rest is None:
         return batches, count
-    return itertools.chain(batches, [tail]), (count or 0) + 1
+    return itertools.chain(batches, [rest]), (count or 0) + 1
 
 
 def _test_loop(
@@ -471,8 +478,10 @@ def _update(
     y_pred = tree.map_structure(lambda o: o.concat(), y_pred)
     batch = int(tree.flatten(y_pred)[0].shape[0])
     for name, value in losses.items():
-        tracker = trackers.setdefault(name, keras.metrics.Mean(name=name))
-        tracker.update_state(value.reduce_mean() + penalty * (name == "loss"), sample_weight=batch)
+        if name not in trackers:  # a Mean makes its variables: once per loss, not per batch
+            trackers[name] = keras.metrics.Mean(name=name)
+        mean = value.reduce_mean() + penalty * (name == "loss")
+        trackers[name].update_state(mean, sample_weight=batch)
     if compiled.metrics is not None:
         compiled.metrics.update_state(y, y_pred, sample_weight=weight)
     return replica_logs({name: t.result() for name, t in trackers.items()}, compiled.metrics)
