@@ -168,19 +168,14 @@ class ModelLoss:
         same name replaces an earlier, as in Keras' logs)."""
         if self.single is not None and len(tree.flatten(y_pred)) == 1:
             return {"loss": self.single(y, y_pred, sample_weight=sample_weight)}
-        outputs = y_pred
-        terms, y, y_pred = self._terms(y, y_pred)
-        if tree.is_nested(sample_weight):  # one a target, matched to the outputs as y is
-            sample_weight = self._structured(sample_weight, outputs)
+        terms = self._each(y, y_pred, sample_weight)
         values: dict[str, Any] = {}
         total = None
-        for path, fn, weight, name in terms:
-            w = _at(path, sample_weight) if tree.is_nested(sample_weight) else sample_weight
-            value = tf.cast(fn(_at(path, y), _at(path, y_pred), w), keras.backend.floatx())
+        for (_, fn, weight, name), y_t, y_p, w in terms:
+            value = tf.cast(fn(y_t, y_p, w), keras.backend.floatx())
             if len(terms) > 1:
                 values[f"{name}_loss"] = value
-            value = value if weight is None else value * weight
-            total = value if total is None else total + value
+            total = _plus(total, value, weight)
         return {"loss": total, **values}
 
     def per_sample(self, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
@@ -191,16 +186,27 @@ class ModelLoss:
         if self._unreduced is not None and len(tree.flatten(y_pred)) == 1:
             return _per_sample_mean(self._unreduced(y, y_pred), sample_weight)
         total = None
+        terms = self._each(y, y_pred, sample_weight)
+        for ((_, _, weight, _), y_t, y_p, w), fn in zip(terms, self._unreduced_terms, strict=True):
+            total = _plus(total, _per_sample_mean(fn(y_t, y_p), w), weight)
+        return total
+
+    def _each(self, y: Any, y_pred: Any, sample_weight: Any) -> list[tuple[Any, Any, Any, Any]]:
+        """Each of Keras' resolved losses (``_terms``) with its target, its output and its
+        sample weight (one a target, matched to the outputs as ``y`` is, or one for all)."""
         outputs = y_pred
         terms, y, y_pred = self._terms(y, y_pred)
         if tree.is_nested(sample_weight):
             sample_weight = self._structured(sample_weight, outputs)
-        for (path, _, weight, _), fn in zip(terms, self._unreduced_terms, strict=True):
-            w = _at(path, sample_weight) if tree.is_nested(sample_weight) else sample_weight
-            value = _per_sample_mean(fn(_at(path, y), _at(path, y_pred)), w)
-            value = value if weight is None else value * weight
-            total = value if total is None else total + value
-        return total
+        return [
+            (
+                term,
+                _at(term.path, y),
+                _at(term.path, y_pred),
+                _at(term.path, sample_weight) if tree.is_nested(sample_weight) else sample_weight,
+            )
+            for term in terms
+        ]
 
     def _terms(self, y: Any, y_pred: Any) -> tuple[list[Any], Any, Any]:
         """Keras' resolved losses, (path, loss, weight, name) each, built once; and ``y``
@@ -225,6 +231,12 @@ class ModelLoss:
         assert self._keras is not None  # built by _terms
         aligned = _aligned(targets, y_pred, self._user[2])
         return _repacked(self._keras._y_true_build_structure, aligned)
+
+
+def _plus(total: Any, value: Any, weight: Any) -> Any:
+    """``total`` plus ``value`` times its loss weight (None: 1), or that alone first."""
+    value = value if weight is None else value * weight
+    return value if total is None else total + value
 
 
 def _per_sample_mean(losses: Any, weight: Any = None) -> Any:
@@ -256,12 +268,18 @@ def _at(path: tuple[Any, ...], value: Any) -> Any:
     return value
 
 
-def _repacked(structure: Any, value: Any) -> Any:
+def _same_structure(a: Any, b: Any) -> bool:
     try:
-        tree.assert_same_structure(structure, value)
-        return value
+        tree.assert_same_structure(a, b)
     except (ValueError, TypeError):
-        return tree.pack_sequence_as(structure, tree.flatten(value))
+        return False
+    return True
+
+
+def _repacked(structure: Any, value: Any) -> Any:
+    if _same_structure(structure, value):
+        return value
+    return tree.pack_sequence_as(structure, tree.flatten(value))
 
 
 def _aligned(y: Any, y_pred: Any, output_names: Any) -> Any:
@@ -271,11 +289,8 @@ def _aligned(y: Any, y_pred: Any, output_names: Any) -> Any:
     Raises:
         ValueError: ``y`` holds another number of targets than there are outputs.
     """
-    try:
-        tree.assert_same_structure(y_pred, y)
+    if _same_structure(y_pred, y):
         return y
-    except (ValueError, TypeError):
-        pass
     if isinstance(y, dict) and isinstance(y_pred, list | tuple) and output_names:
         if set(y) == set(output_names):
             y = [y[name] for name in output_names]
