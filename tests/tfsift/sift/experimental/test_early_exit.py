@@ -354,8 +354,8 @@ def test_the_one_stage_exit_ends_where_a_third_of_the_forward_time_is_spent(
 class HeavyMiddle(tfsift.DistributedModel):
     def __init__(self) -> None:
         super().__init__()
-        self.a = keras.layers.Dense(512, name="a")  # 4 x 512 weights: cheap
-        self.b = keras.layers.Dense(512, name="b")  # 512 x 512: nearly all the forward time
+        self.a = keras.layers.Dense(2048, name="a")  # 4 x 2048 weights: cheap
+        self.b = keras.layers.Dense(2048, name="b")  # 2048 x 2048: nearly all the forward time
         # cheap too: were c as costly as b, a profile of a loaded machine timing c twice
         # b's time (one CI run did) would put a and b within a third of the forward time
         self.c = keras.layers.Dense(8, name="c")
