@@ -549,7 +549,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 divisible by ``microbatches``; or input arrays, read as
                 ``tfsift.from_arrays`` does (permuted each epoch unless ``shuffle=False``,
                 dealt to the replicas, batches of ``batch_size``, default 32, gathered by
-                row; the last partial batch is left out). ``batch_size`` is each replica's,
+                row; as Keras', an epoch ends with a partial batch of the rest, as many as
+                split into the microbatches, the others left out with a warning; with
+                ``sift``, the rest is left out). ``batch_size`` is each replica's,
                 as in Horovod and ``tfsift.shard(ds).batch(B)``: a step over R replicas
                 takes R times it (Keras' distribution strategies take it as the step's
                 whole batch). A ``keras.utils.PyDataset`` or a

@@ -58,15 +58,20 @@ class RowDataset(PythonDataset):
 
     maker = ""  # the function that makes one, for messages
 
-    def __init__(self, rows: int, batch_size: int, shuffle: bool, seed: int, spec: Any) -> None:
+    def __init__(
+        self, rows: int, batch_size: int, shuffle: bool, seed: int, spec: Any, rest: int = 0
+    ) -> None:
         rt = runtime.get()
         self.rows = rows
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.replicas, self.replica = rt.topology.replicas, rt.replica
         self.share = rows // self.replicas  # rows per replica and epoch
+        # rows each replica takes after its whole batches, as one last partial batch of
+        # each epoch (0: none; fit's arrays, as Keras' fit trains every sample: ArrayDataset)
+        self.rest = rest
         self.epochs = 0  # epochs begun: the next pass is epoch epochs + 1 (a resume sets it)
         self._skip = 0  # batches the next epoch leaves out at its start (start_at)
-        super().__init__(spec, cardinality=self.share // batch_size)
+        super().__init__(spec, cardinality=self.share // batch_size + bool(rest))
 
     @property
     def global_batch(self) -> int:
@@ -93,7 +98,7 @@ class RowDataset(PythonDataset):
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"start_at: step must be an int >= 0. Received: {step!r}")
-        per_epoch = self.share // self.batch_size
+        per_epoch = self.share // self.batch_size + bool(self.rest)
         self.epochs, self._skip = int(step) // per_epoch, int(step) % per_epoch
 
     def order(self, epoch: int, rows: np.ndarray | None = None) -> np.ndarray:
@@ -117,6 +122,9 @@ class RowDataset(PythonDataset):
         first, self._skip = self._skip * B, 0
         for start in range(first, len(rows) - B + 1, B):
             yield self.gather(rows[start : start + B])
+        if self.rest:  # the rows after the whole batches, as many as split (ArrayDataset)
+            start = len(rows) // B * B
+            yield self.gather(rows[start : start + self.rest])
 
 
 class ArrayDataset(RowDataset):
@@ -125,15 +133,24 @@ class ArrayDataset(RowDataset):
     maker = "from_arrays"
 
     def __init__(
-        self, data: Any, batch_size: int, shuffle: bool, seed: int, what: str = "from_arrays"
+        self,
+        data: Any,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        what: str = "from_arrays",
+        partial: bool = False,
     ) -> None:
+        """``partial`` (fit's arrays): each epoch ends with a last batch of the rows each
+        replica has left after its whole batches, as many as split into the microbatches."""
         # a memory map stays one, unread; lists become tuples, as Keras' fit makes them (a
         # list in tf.data is one tensor): e.g. the targets of a model's outputs, [y1, y2]
         self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(data))
         self.leaves: list[np.ndarray] = tree.flatten(self.data)
         rows = _rows(self.leaves, what)
-        _check_batching(batch_size, rows, what)
-        super().__init__(rows, batch_size, shuffle, seed, _spec(self.data, batch_size))
+        rest = _check_batching(batch_size, rows, what, partial)
+        spec = _spec(self.data, None if rest else batch_size)
+        super().__init__(rows, batch_size, shuffle, seed, spec, rest)
 
     def gather(self, rows: np.ndarray) -> Any:
         return tree.pack_sequence_as(self.data, [leaf[rows] for leaf in self.leaves])
@@ -304,7 +321,7 @@ def _layout(batch: Any) -> Any:
     return tree.map_structure(lambda a: f"{tf.as_dtype(a.dtype).name}{list(a.shape[1:])}", batch)
 
 
-def _spec(example: Any, batch_size: int) -> Any:
+def _spec(example: Any, batch_size: int | None) -> Any:
     return tree.map_structure(
         lambda a: tf.TensorSpec((batch_size, *a.shape[1:]), tf.as_dtype(a.dtype)), example
     )
@@ -374,7 +391,10 @@ def _rows(leaves: list[np.ndarray], what: str) -> int:
     return int(lengths[0] or 0)
 
 
-def _check_batching(B: int, rows: int, what: str) -> None:
+def _check_batching(B: int, rows: int, what: str, partial: bool = False) -> int:
+    """The rows of each replica's last partial batch (with ``partial``, as many of those
+    left after its whole batches as split into the microbatches; else 0), after checking
+    that the batches split into the microbatches and that each replica has one to train."""
     rt = runtime.get()
     M, replicas = rt.config.microbatches, rt.topology.replicas
     if B < 1 or B % M:
@@ -382,8 +402,11 @@ def _check_batching(B: int, rows: int, what: str) -> None:
             f"{what}: batch_size must be a positive multiple of microbatches={M}, since "
             f"every batch splits into {M} microbatches. Received: batch_size={B}"
         )
-    if rows // replicas < B:
+    left = rows // replicas % B
+    rest = left - left % M if partial else 0
+    if rows // replicas < B and not rest:
         raise ValueError(
             f"{what}: each of the {replicas} replica(s) gets {rows // replicas} rows per "
             f"epoch, fewer than one batch. Received: batch_size={B}"
         )
+    return rest

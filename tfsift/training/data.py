@@ -50,6 +50,7 @@ def training_data(
     shuffle: bool,
     *,
     ranks: Sequence[int] = (),
+    partial: bool = False,
 ) -> tf.data.Dataset:
     """A dataset as it is (checked), or arrays made into this replica's shard of batches.
 
@@ -57,8 +58,10 @@ def training_data(
     tf.data's shuffle and batch, sample by sample, the input cost a small model as much
     as a third of its step: ``scripts/bench_sifting_epochs.py``), and InfoBatch never
     reads a pruned row. Batches are whole (``drop_remainder``), so up to a batch per
-    replica is left out of an epoch. ``ranks`` are the model's ``input_ranks``, for
-    ``checked``.
+    replica is left out of an epoch; with ``partial`` (fit, unsifted), each replica's
+    rows after its whole batches are a last batch, as many as split into the ``M``
+    microbatches, so that an epoch trains every sample as Keras' does, and rank 0 warns
+    of any left out. ``ranks`` are the model's ``input_ranks``, for ``checked``.
     """
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
@@ -70,7 +73,32 @@ def training_data(
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
-    return checked(ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what), M, what)
+    arrays = ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what, partial)
+    if partial:
+        _warn_left_out(arrays, M, what)
+    return checked(arrays, M, what)
+
+
+def _warn_left_out(arrays: ArrayDataset, M: int, what: str) -> None:
+    """Rank 0 warns of the samples that an epoch over ``arrays`` leaves out: those left
+    after dealing them to R replicas, and those of a replica's last batch that would not
+    split into ``M`` microbatches; none where their count is a multiple of R M."""
+    R = arrays.replicas
+    left = arrays.rows - R * (arrays.share // arrays.batch_size * arrays.batch_size + arrays.rest)
+    if left and runtime.get().rank == 0:
+        log.warning(
+            "%s on arrays of %d samples leaves %d of them out of each epoch: each of the %d "
+            "replica(s) trains as many samples, in batches of %d and a last batch that splits "
+            "into %d microbatches (Keras' fit trains every sample). Pass a number of samples "
+            "that is a multiple of %d (replicas x microbatches) to train every one",
+            what,
+            arrays.rows,
+            left,
+            R,
+            arrays.batch_size,
+            M,
+            R * M,
+        )
 
 
 def tail(dataset: tf.data.Dataset, M: int, what: str) -> tuple[Any, Any, Any] | None:
@@ -348,6 +376,8 @@ def _unbatched(spec: Any, ranks: Sequence[int]) -> str | None:
 
 def _check_splits(dataset: tf.data.Dataset, M: int, what: str) -> None:
     """Refuses batches that do not all split into ``M`` microbatches."""
+    if isinstance(dataset, RowDataset):  # its batches, a partial last one too, were checked
+        return
     batch = tree.flatten(dataset.element_spec)[0].shape[0]
     sizes = batching(dataset) if batch is None else None
     if sizes is None:

@@ -90,7 +90,9 @@ def fit(
             (x, y, sample_weight), validation_data = data.split(
                 x, y, sample_weight, validation_split
             )
-    train = data.training_data(x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks)
+    train = data.training_data(
+        x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks, partial=sift is None
+    )
     source = train  # before class weights and sifting wrap it: what orders the epochs
     if class_weight is not None:
         if sift is not None:

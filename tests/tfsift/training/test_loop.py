@@ -224,6 +224,70 @@ def test_evaluate_and_validation_on_arrays_take_every_sample_as_keras_does(
     ]
 
 
+def test_fit_on_arrays_trains_every_sample_in_a_last_partial_batch_as_keras_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 70 samples in batches of 16: the 6 after the 4 whole batches are a last batch of 3
+    # microbatches of 2 (they were left out of every epoch without a word); 69: 4 of the
+    # 5 left split into 2, and rank 0 names the one left out
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(70, 5)).astype(np.float32), rng.integers(0, 3, 70)
+    weight = rng.uniform(size=70).astype(np.float32)
+    runs = []
+    for model, n in ((keras.Sequential([keras.Input((5,)), *seeded_layers()]), 70),
+                     (SeededMlp(), 70), (SeededMlp(), 69)):  # fmt: skip
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        with caplog.at_level(logging.WARNING, logger="tfsift"):
+            history = model.fit(
+                x[:n], y[:n], sample_weight=weight[:n], batch_size=16, epochs=2, shuffle=False,
+                verbose=0,
+            ).history  # fmt: skip
+        runs.append((history, model.get_weights()))
+    (want, expected), (got, weights), (_, fewer) = runs
+    assert sorted(got) == sorted(want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
+    for a, b in zip(weights, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    keras_68 = keras.Sequential([keras.Input((5,)), *seeded_layers()])
+    keras_68.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    keras_68.fit(x[:68], y[:68], sample_weight=weight[:68], batch_size=16, epochs=2,
+                 shuffle=False, verbose=0)  # fmt: skip
+    for a, b in zip(fewer, keras_68.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "fit on arrays of 69 samples leaves 1 of them out of each epoch: each of the 1 "
+        "replica(s) trains as many samples, in batches of 16 and a last batch that splits "
+        "into 2 microbatches (Keras' fit trains every sample). Pass a number of samples that "
+        "is a multiple of 2 (replicas x microbatches) to train every one"
+    ]
+
+
+def test_fit_on_fewer_samples_than_a_batch_trains_them_as_one_batch_as_keras_does() -> None:
+    # a smoke test's 10 samples with the default batch of 32: refused before
+    tfsift.init({"microbatches": 2})
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(10, 5)).astype(np.float32), rng.integers(0, 3, 10)
+    runs = []
+    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        runs.append((model.fit(x, y, epochs=2, verbose=0).history["loss"], model.get_weights()))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-6)
+    for a, b in zip(runs[1][1], runs[0][1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_callbacks_early_stopping_and_learning_rate_scheduler() -> None:
     model = compiled_model()
     seen: list[float] = []
