@@ -256,7 +256,9 @@ def partial_fit(K: int, M: int) -> dict[str, Any]:
     (history, ref), (got, mine) = runs["KerasOne"], runs["OneHead"]
     return {
         "keys": sorted(got) == sorted(history),
-        "history": max(abs(a - b) for k in history for a, b in zip(history[k], got[k], strict=True)),
+        "history": max(
+            abs(a - b) for k in history for a, b in zip(history[k], got[k], strict=True)
+        ),
         "weights": max(float(np.max(np.abs(w - ref[k]))) for k, w in mine.items()),
     }
 
@@ -316,9 +318,7 @@ def main() -> None:
     results = {name: check(name, K, M) for name in ["dict", "pair"]}
     fits = {case: fit_check(case, K, M) for case in FIT_CASES}
     runs = {"heads": sifted(K, M), "tokens": sifted_tokens(K, M)}
-    report(
-        rank=tfsift.rank(), results=results, fits=fits, sifted=runs, partial=partial_fit(K, M)
-    )
+    report(rank=tfsift.rank(), results=results, fits=fits, sifted=runs, partial=partial_fit(K, M))
 
 
 if __name__ == "__main__":
