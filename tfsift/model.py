@@ -527,7 +527,11 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         Raises:
             ValueError: a layer with an ``activity_regularizer``; a loss whose
                 ``reduction`` is not Keras' default ``"sum_over_batch_size"`` (``fit``
-                averages the microbatches' losses, which is the batch's loss only then).
+                averages the microbatches' losses, which is the batch's loss only then);
+                at ``fit``'s first step, a loss function that returns one value for the
+                whole batch instead of one per sample, where the batch is split into
+                microbatches or replicas (a sum, or a loss over pairs of samples, would
+                train otherwise than in one process).
         """
         from tfsift import training
 

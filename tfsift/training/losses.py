@@ -10,6 +10,8 @@ import tensorflow as tf
 from keras import tree
 from keras.src.trainers.compile_utils import CompileLoss
 
+from tfsift.state import STATE
+
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
 
@@ -76,6 +78,42 @@ def check_reduction(loss: keras.losses.Loss) -> None:
             f"reduction={MEAN!r} (Keras' default): pass the loss with that reduction (and "
             "scale it yourself for a sum). Received: "
             f"{type(loss).__name__}(reduction={reduction!r})"
+        )
+
+
+def check_per_sample(loss: Any, name: str, y_true: Any, y_pred: Any) -> None:
+    """Refuses a loss that returns one value for a whole batch where ``fit`` splits it.
+
+    Keras' losses return one value per sample and reduce them to their mean; ``fit``
+    averages each microbatch's loss over the microbatches and replicas, which is that mean
+    over the batch. A function that reduces the batch itself could be a sum (or a sum
+    divided by a batch size, tf.distribute's idiom), which would come out 1/M of Keras'
+    (gradients too) without a word, or a loss over pairs of samples, which a microbatch
+    cannot compute: nothing tells these from a mean, so only a lone microbatch on a lone
+    replica, Keras' own batch, takes one. ``loss.call`` gives the values before Keras'
+    reduction; the check runs at trace time, where the unused values are pruned.
+
+    Raises:
+        ValueError: ``loss`` returns a scalar for batched ``y_pred``, on more than one
+            microbatch or replica.
+    """
+    rt = STATE.runtime  # None: outside tfsift.init (a loss computed on its own)
+    M, R = (rt.config.microbatches, rt.topology.replicas) if rt is not None else (1, 1)
+    if M * R == 1 or len(y_pred.shape) == 0:
+        return
+    values = (
+        loss.call(y_true, y_pred) if isinstance(loss, keras.losses.Loss) else loss(y_true, y_pred)
+    )
+    if len(tree.flatten(values)[0].shape) == 0:
+        raise ValueError(
+            f"the loss {name!r} returns one value for the whole batch, where Keras' losses "
+            "return one per sample and average them. tfsift's fit splits each batch into "
+            f"{M} microbatch(es) on {R} replica(s) and averages their losses, which equals "
+            "the batch's loss only for a mean over samples; a sum (e.g. divided by a batch "
+            "size, tf.distribute's idiom) would train at 1/M of it and a loss over pairs of "
+            "samples differently, without a word. Return the per-sample losses and let "
+            "Keras average them, or compute the loss in a @tfsift.step loop of your own. "
+            f"Received: {name} returning shape ()"
         )
 
 
@@ -161,14 +199,22 @@ class ModelLoss:
         self._user = (loss, loss_weights, output_names)
         self._keras: CompileLoss | None = None
         self._unreduced_terms: list[Callable[..., Any]] = []
+        self._checked = False  # check_per_sample, at the first call
 
     def __call__(self, y: Any, y_pred: Any, sample_weight: Any = None) -> dict[str, Any]:
         """``{"loss": the weighted sum, "{name}_loss": each loss unweighted, ...}``, the
         names only where there are several losses, as Keras logs them (a later one of the
         same name replaces an earlier, as in Keras' logs)."""
         if self.single is not None and len(tree.flatten(y_pred)) == 1:
+            if not self._checked:
+                check_per_sample(self.single, self.single.name, y, tree.flatten(y_pred)[0])
+                self._checked = True
             return {"loss": self.single(y, y_pred, sample_weight=sample_weight)}
         terms = self._each(y, y_pred, sample_weight)
+        if not self._checked:
+            for (_, fn, _, name), y_t, y_p, _ in terms:
+                check_per_sample(fn, name, y_t, y_p)
+            self._checked = True
         values: dict[str, Any] = {}
         total = None
         for (_, fn, weight, name), y_t, y_p, w in terms:

@@ -288,6 +288,45 @@ def test_fit_on_fewer_samples_than_a_batch_trains_them_as_one_batch_as_keras_doe
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def summed_loss(y_true: Any, y_pred: Any) -> Any:
+    """tf.distribute's idiom: a loss that reduces the batch itself, a sum over a batch size."""
+    per_sample = keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+    return keras.ops.sum(per_sample) / B
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_loss_reducing_the_batch_itself_is_refused_where_microbatches_split_it(
+    nested: bool,
+) -> None:
+    # averaged over 2 microbatches, a sum over the batch came out half of Keras': weights
+    # 0.04 from Keras' after 2 epochs, without a word
+    model = compiled_model(loss=[summed_loss] if nested else summed_loss)
+    with pytest.raises(ValueError) as err:
+        model.fit(dataset(), epochs=1, verbose=0)
+    assert str(err.value) == (
+        "the loss 'summed_loss' returns one value for the whole batch, where Keras' losses "
+        "return one per sample and average them. tfsift's fit splits each batch into 2 "
+        "microbatch(es) on 1 replica(s) and averages their losses, which equals the batch's "
+        "loss only for a mean over samples; a sum (e.g. divided by a batch size, "
+        "tf.distribute's idiom) would train at 1/M of it and a loss over pairs of samples "
+        "differently, without a word. Return the per-sample losses and let Keras average "
+        "them, or compute the loss in a @tfsift.step loop of your own. Received: "
+        "summed_loss returning shape ()"
+    )
+
+
+def test_a_loss_reducing_the_batch_itself_trains_as_keras_on_one_microbatch() -> None:
+    # one microbatch on one replica is Keras' own batch: the loss is taken as it is
+    tfsift.init({"microbatches": 1})
+    runs = []
+    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=summed_loss)
+        runs.append((model.fit(dataset(), epochs=2, verbose=0).history, model.get_weights()))
+    np.testing.assert_allclose(runs[1][0]["loss"], runs[0][0]["loss"], rtol=1e-6)
+    for a, b in zip(runs[1][1], runs[0][1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_callbacks_early_stopping_and_learning_rate_scheduler() -> None:
     model = compiled_model()
     seen: list[float] = []
