@@ -582,7 +582,10 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 that overrides Keras' ``train_step``, ``test_step``, ``compute_loss`` or
                 ``compute_metrics`` (tfsift runs its own step);
                 ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
-                ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s.
+                ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s;
+                callbacks that differ between ranks (other than those that show or write
+                on rank 0 alone: a callback that stops training on one rank stops every
+                rank, at the same batch or epoch).
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).
             RuntimeError: the model was not compiled.
         """

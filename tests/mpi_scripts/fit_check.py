@@ -114,6 +114,50 @@ class Interrupt(keras.callbacks.Callback):
             raise KeyboardInterrupt("stopped after epoch 1")
 
 
+class StopsAlone(keras.callbacks.Callback):
+    """Stops training on rank ``who`` only (a time budget, a file one host sees): at batch
+    ``batch`` of epoch 1, or (batch None) at the end of epoch 1."""
+
+    def __init__(self, batch: int | None, who: int) -> None:
+        super().__init__()
+        self.batch, self.epoch, self.batches = batch, 0, 0
+        self.alone = tfsift.rank() == who
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.batches += 1
+        if self.alone and self.batch is not None and (self.epoch, batch) == (1, self.batch):
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.alone and self.batch is None and epoch == 1:
+            self.model.stop_training = True
+
+
+def stopped_alone(K: int) -> dict[str, Any]:
+    """A callback that stops rank 1 alone at a batch, then rank 0 alone at an epoch's end:
+    the epochs and batches each rank trained (both waited for the one that stopped until
+    the timeout before). And ModelCheckpoint given to rank 0 only: the error."""
+    found: dict[str, Any] = {}
+    for case, batch, who in (("at_batch", 2, 1), ("at_epoch", None, 0)):
+        stop = StopsAlone(batch, who)
+        history = adam_model(K).fit(dataset(1), epochs=EPOCHS, verbose=0, callbacks=[stop])
+        found[case] = [len(history.history["loss"]), stop.batches]
+    best = keras.callbacks.ModelCheckpoint(
+        str(Path(os.environ[REPORTS]) / "alone.keras"), "loss", save_best_only=True
+    )
+    try:
+        adam_model(K).fit(
+            dataset(1), epochs=1, verbose=0,
+            callbacks=[best, keras.callbacks.CSVLogger(os.devnull)] if tfsift.rank() == 0 else [],
+        )  # fmt: skip
+    except ValueError as error:
+        found["rank_0_checkpoint"] = str(error)
+    return found
+
+
 def adam_model(K: int) -> Net:
     keras.utils.set_random_seed(SEED)
     model = Net(K)
@@ -235,6 +279,7 @@ def checks(K: int) -> dict[str, Any]:
         sifted=sifted_history(K),
         kept_fraction=tfsift.sift_metrics()["kept_fraction"],
         callbacks=with_callbacks(K, out),
+        stopped_alone=stopped_alone(K),
     )
 
 

@@ -7,20 +7,36 @@ same everywhere. What a callback shows or writes is rank 0's alone (``for_rank``
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
+from mpi4py import MPI
 
 from tfsift.checkpoint import CheckpointManager, collective, files
 from tfsift.checkpoint.files import CheckpointError
-from tfsift.parallel import runtime
+from tfsift.parallel import runtime, watchdog
+from tfsift.parallel.comm import allgather_object
 
 # Writers of what every rank would write alike: one copy, from rank 0. Several ranks
 # writing one CSV or one TensorBoard log_dir would interleave rows or repeat every curve.
 _RANK_0_ONLY = (keras.callbacks.TensorBoard, keras.callbacks.CSVLogger)
+# What runs on rank 0 alone anyway: a script may give them to rank 0 only (Horovod's recipe)
+_SHOWN_ONLY = (*_RANK_0_ONLY, keras.callbacks.ProgbarLogger)
+# Keras' callbacks that decide at a batch from the logs alone, which are the same on every
+# rank: they stop every rank at the same batch without an exchange
+_DECIDE_ALIKE = (
+    keras.callbacks.History,
+    keras.callbacks.ProgbarLogger,
+    keras.callbacks.TerminateOnNaN,
+    keras.callbacks.ModelCheckpoint,
+    *_RANK_0_ONLY,
+)
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 
 
 def for_rank(
@@ -49,6 +65,77 @@ def for_rank(
         if isinstance(getattr(callback, "verbose", None), int):
             callback.verbose = 0
     return kept
+
+
+def check_same_everywhere(callbacks: list[keras.callbacks.Callback]) -> None:
+    """Refuses, on every rank, callbacks that differ between ranks (by class, in order),
+    leaving out those that only show or write what rank 0 alone does anyway.
+
+    Every rank runs ``fit``'s steps, saves and stops in lock-step: a ``ModelCheckpoint``
+    given to rank 0 only (Horovod's recipe) saved on rank 0 alone and waited for the
+    other stages until the ``timeout``, naming a stalled rank. One exchange of a digest
+    (bounded by the ``timeout``), and the lists where the digests differ.
+
+    Raises:
+        ValueError: the ranks' callbacks differ (each rank's list named).
+    """
+    rt = runtime.get()
+    if rt.topology.size == 1:
+        return
+    mine = [type(c).__qualname__ for c in callbacks if not isinstance(c, _SHOWN_ONLY)]
+    digest = np.frombuffer(hashlib.sha256(repr(mine).encode()).digest()[:8], np.int64)
+    everyone = np.zeros(rt.topology.size, np.int64)
+    request = rt.control_comm.Iallgather(digest.copy(), everyone)
+    if not watchdog.wait([request], rt.config.timeout):
+        watchdog.abort(
+            f"rank {rt.rank} waited {rt.config.timeout:g} s at the start of fit for the other "
+            "ranks to start it too (every rank must call fit)"
+        )
+    if len(set(everyone.tolist())) == 1:
+        return
+    lists = allgather_object(rt.control_comm, mine)  # every rank is here: no wait
+    holders: dict[str, list[int]] = {}
+    for rank, names in enumerate(lists):
+        holders.setdefault("[" + ", ".join(names) + "]", []).append(rank)
+    received = "; ".join(f"{names} on {_ranks(r)}" for names, r in holders.items())
+    raise ValueError(
+        "fit was given other callbacks on some ranks. Every rank runs fit's steps, saves and "
+        "stops in lock-step, so give every rank the same callbacks (tfsift shows the "
+        "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those may "
+        f"be given to rank 0 only). Received: {received}"
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def decides_at_batches(callbacks: list[keras.callbacks.Callback]) -> bool:
+    """Whether a callback may stop ``fit`` at a batch from what one rank alone sees (a time
+    budget, a file): one of its own, with a batch hook (``agree_to_stop`` then runs at
+    every batch, not only at each epoch's end)."""
+    base = keras.callbacks.Callback
+    return any(
+        not isinstance(c, _DECIDE_ALIKE)
+        and any(getattr(type(c), h) is not getattr(base, h) or h in vars(c) for h in _BATCH_HOOKS)
+        for c in callbacks
+    )
+
+
+def agree_to_stop(model: keras.Model) -> None:
+    """``model.stop_training`` on every rank where any rank's callbacks set it: one that
+    stopped alone left the others waiting for it until the ``timeout``, naming a stalled
+    rank. A small exchange over every rank, bounded by the ``timeout``."""
+    rt = runtime.get()
+    if rt.topology.size == 1:
+        return
+    mine, anyone = np.array([int(bool(model.stop_training))], np.int64), np.zeros(1, np.int64)
+    if not watchdog.wait([rt.control_comm.Iallreduce(mine, anyone, op=MPI.MAX)], rt.config.timeout):
+        watchdog.abort(
+            f"rank {rt.rank} waited {rt.config.timeout:g} s in fit for the other ranks to say "
+            "whether a callback stopped training"
+        )
+    model.stop_training = bool(anyone[0])
 
 
 def check_writable(callbacks: list[keras.callbacks.Callback]) -> None:

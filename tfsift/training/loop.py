@@ -23,7 +23,13 @@ from tfsift.parallel.collectives import allreduce
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.transform import sift as sift_transform
 from tfsift.training import data
-from tfsift.training.callbacks import check_writable, for_rank
+from tfsift.training.callbacks import (
+    agree_to_stop,
+    check_same_everywhere,
+    check_writable,
+    decides_at_batches,
+    for_rank,
+)
 from tfsift.training.compiled import (
     PREDICT_HOOKS,
     TEST_HOOKS,
@@ -114,8 +120,11 @@ def fit(
         # a sifted epoch trains the batches its kept samples fill: the bar counts them
         progbar = SiftedProgbar(train.planned_batches, steps_per_epoch)
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
+    given = list(getattr(callbacks, "callbacks", callbacks) or [])  # a CallbackList's too
+    check_same_everywhere(given)
     cbs = _callbacks(model, callbacks, verbose, progbar, epochs=epochs, steps=steps)
     check_writable(cbs.callbacks)
+    at_batches = decides_at_batches(given)  # a stop decided at a batch is agreed there
     model.stop_training = False
     # the sifted dataset, for tfsift.callbacks.BackupAndRestore to save and restore its state
     # (object's setattr: Keras would track a dataset among the model's dependencies)
@@ -137,7 +146,7 @@ def fit(
     epoch_logs: Logs = {}
     for epoch in range(initial_epoch, epochs):
         cbs.on_epoch_begin(epoch)
-        epoch_logs = _train_epoch(model, compiled, batches.epoch(), cbs, record)
+        epoch_logs = _train_epoch(model, compiled, batches.epoch(), cbs, record, at_batches)
         if not epoch_logs:  # no batch: the logs of a step are never empty
             _ran_dry(model, epoch, first=epoch == initial_epoch)
         if sift is not None:
@@ -147,6 +156,7 @@ def fit(
             val = _test_loop(model, compiled, val_batches, cbs, "fit's validation_data")
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
+        agree_to_stop(model)  # a callback that stopped on one rank stops every rank
         if model.stop_training:
             break
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
@@ -345,13 +355,18 @@ def _train_epoch(
     batches: Iterator[tuple[Any, Any, Any]],
     cbs: keras.callbacks.CallbackList,
     record: Record | None = None,
+    at_batches: bool = False,
 ) -> Logs:
+    """One epoch's batches; with ``at_batches`` (``decides_at_batches``), whether a
+    callback stopped training is agreed over the ranks after each."""
     trackers = _reset(compiled)
     logs: Logs = {}
     for n, batch in enumerate(batches):
         cbs.on_train_batch_begin(n)
         logs = _train_batch(model, compiled, trackers, batch, record)
         cbs.on_train_batch_end(n, logs)
+        if at_batches:
+            agree_to_stop(model)
         if model.stop_training:
             break
     return dict(logs)

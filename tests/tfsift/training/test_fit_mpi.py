@@ -60,6 +60,24 @@ def test_fit_equals_the_step_loop_with_one_history_on_every_rank(K: int) -> None
     assert printed.count("Epoch 2: early stopping") == 2
     assert "Epoch" not in reports[1]["printed"]
     check_callbacks(reports)
+    check_stopped_alone(reports, per_epoch=128 // 16 // (2 // K))
+
+
+def check_stopped_alone(reports: dict[int, dict[str, Any]], per_epoch: int) -> None:
+    """A callback that stops one rank stops every rank there; callbacks that differ
+    between ranks are refused (each waited for the other until the timeout before)."""
+    # stopped by rank 1's callback after batch 3 of epoch 2; by rank 0's at the end of
+    # epoch 2: both ranks train 2 epochs
+    for rep in reports.values():
+        assert rep["stopped_alone"]["at_batch"] == [2, per_epoch + 3]
+        assert rep["stopped_alone"]["at_epoch"] == [2, 2 * per_epoch]
+    for rep in reports.values():
+        assert rep["stopped_alone"]["rank_0_checkpoint"] == (
+            "fit was given other callbacks on some ranks. Every rank runs fit's steps, saves "
+            "and stops in lock-step, so give every rank the same callbacks (tfsift shows the "
+            "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those "
+            "may be given to rank 0 only). Received: [ModelCheckpoint] on rank 0; [] on rank 1"
+        )
 
 
 def check_callbacks(reports: dict[int, dict[str, Any]]) -> None:
