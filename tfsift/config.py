@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -30,6 +31,17 @@ _UNITS = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
+# The keys whose values __post_init__ stores as plain Python values (see _plain)
+_NUMBERS = (
+    "partitions",
+    "microbatches",
+    "virtual_stages",
+    "default_partition",
+    "memory_cap",
+    "profile_repeats",
+    "timeout",
+)
+_PATHS = ("plan_file", "log_dir")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +69,10 @@ class Config:
     log_dir: str | None = None
 
     def __post_init__(self) -> None:
+        # Plain values: a NumPy scalar (a value computed with NumPy) or a pathlib.Path is
+        # taken, and the stored config compares, pickles and prints as one of plain values.
+        for name in (*_NUMBERS, *_PATHS):
+            object.__setattr__(self, name, _plain(getattr(self, name)))
         check_int("partitions", self.partitions, 1)
         check_int("microbatches", self.microbatches, 1)
         check_int("profile_repeats", self.profile_repeats, 1)
@@ -87,10 +103,8 @@ class Config:
         if self.memory_cap is not None:
             check_int("memory_cap", self.memory_cap, 1)
         _check_positive("timeout", self.timeout)
-        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
-            raise ValueError(
-                f"log_dir must be None or a non-empty string. Received: log_dir={self.log_dir!r}"
-            )
+        for name in _PATHS:
+            _check_path(name, getattr(self, name))
 
     def _check_virtual_stages(self) -> None:
         """Virtual stages run Megatron-LM's interleaved 1F1B over K v chunks."""
@@ -126,7 +140,14 @@ class Config:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Config:
-        """Builds a config from a mapping, rejecting unknown keys."""
+        """Builds a config from a mapping, rejecting unknown keys and anything but a mapping."""
+        if not isinstance(values, Mapping):
+            raise TypeError(
+                "tfsift.init's config must be a mapping of config keys (a dict), a Config, or "
+                f"None to read {env.TFSIFT_CONFIG}; JSON text goes in {env.TFSIFT_CONFIG}, or "
+                f"pass json.loads(text). Received: config={_short(values)} "
+                f"({type(values).__name__})"
+            )
         allowed = [f.name for f in dataclasses.fields(cls)]
         for key in values:
             if key not in allowed:
@@ -144,15 +165,23 @@ class Config:
         raw = env.get(env.TFSIFT_CONFIG).strip()
         if not raw:
             return cls()
-        text = raw if raw.startswith("{") else _read(raw)
+        from_file = not raw.startswith("{") and os.path.exists(raw)
         try:
-            values = json.loads(text)
+            values = json.loads(_read(raw) if from_file else raw)
         except json.JSONDecodeError as err:
+            if not from_file and not raw.startswith("{"):
+                raise ValueError(
+                    f"{env.TFSIFT_CONFIG} is neither JSON nor an existing file. Received: {raw!r}"
+                ) from None
             raise ValueError(
                 f"{env.TFSIFT_CONFIG} is not valid JSON ({err}). Received: {raw!r}"
             ) from err
         if not isinstance(values, dict):
-            raise ValueError(f"{env.TFSIFT_CONFIG} must hold a JSON object. Received: {raw!r}")
+            raise ValueError(
+                f"{env.TFSIFT_CONFIG} holds JSON but not an object (a mapping of config keys, "
+                f'e.g. {{"partitions": 2}}): it parsed to {_short(values)} '
+                f"({type(values).__name__}). Received: {raw!r}"
+            )
         return cls.from_dict(values)
 
 
@@ -171,12 +200,29 @@ def parse_bytes(text: str) -> int:
 
 
 def _read(path: str) -> str:
-    if not os.path.exists(path):
-        raise ValueError(
-            f"{env.TFSIFT_CONFIG} is neither JSON nor an existing file. Received: {path!r}"
-        )
     with open(path, encoding="utf-8") as handle:
         return handle.read()
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 80 characters (an error message quotes what it received)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _plain(value: object) -> object:
+    """A NumPy integer or float (any ``numbers`` integer or real) as the Python int or float
+    it stands for, a path object as its string; anything else as it is. Bools stay bools (and
+    NumPy's, not a ``numbers`` type, stay NumPy's), for the checks to refuse as numbers."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
 
 
 def check_int(name: str, value: object, low: int) -> None:
@@ -187,6 +233,11 @@ def check_int(name: str, value: object, low: int) -> None:
 def _check_positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a number > 0. Received: {name}={value!r}")
+
+
+def _check_path(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name} must be None or a non-empty string. Received: {name}={value!r}")
 
 
 def check_bool(name: str, value: object) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+import tfsift
 from tfsift.config import Config, parse_bytes
 
 
@@ -149,3 +152,114 @@ def test_timeout_must_be_a_number_above_zero(value: object) -> None:
     with pytest.raises(ValueError) as err:
         Config.from_dict({"timeout": value})
     assert str(err.value) == f"timeout must be a number > 0. Received: timeout={value!r}"
+
+
+def test_numpy_numbers_are_taken_and_stored_as_python_numbers() -> None:
+    cfg = Config.from_dict(
+        {
+            "partitions": np.int64(2),
+            "microbatches": np.int32(4),
+            "virtual_stages": np.uint8(2),
+            "memory_cap": np.int64(2**30),
+            "profile_repeats": np.int16(3),
+            "timeout": np.float32(1.5),
+        }
+    )
+    got = (cfg.partitions, cfg.microbatches, cfg.virtual_stages, cfg.memory_cap)
+    assert got == (2, 4, 2, 2**30)
+    assert (cfg.profile_repeats, cfg.timeout) == (3, 1.5)
+    for name in ("partitions", "microbatches", "virtual_stages", "memory_cap", "profile_repeats"):
+        assert type(getattr(cfg, name)) is int, name
+    assert type(cfg.timeout) is float
+    assert type(Config(timeout=np.float64(2.0)).timeout) is float  # a float subclass
+    assert type(Config(timeout=np.int64(3)).timeout) is int
+    plain = {"microbatches": 4, "virtual_stages": 2, "memory_cap": 2**30, "profile_repeats": 3}
+    assert cfg == Config(partitions=2, timeout=1.5, **plain)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"partitions": np.True_},
+            "partitions must be an integer >= 1. Received: partitions=np.True_",
+        ),
+        (
+            {"microbatches": True},
+            "microbatches must be an integer >= 1. Received: microbatches=True",
+        ),
+        ({"partitions": np.int64(0)}, "partitions must be an integer >= 1. Received: partitions=0"),
+        (
+            {"partitions": np.float32(2)},
+            "partitions must be an integer >= 1. Received: partitions=2.0",
+        ),
+        ({"timeout": np.False_}, "timeout must be a number > 0. Received: timeout=np.False_"),
+        ({"timeout": np.float32(0)}, "timeout must be a number > 0. Received: timeout=0.0"),
+    ],
+)
+def test_numpy_bools_and_bad_numpy_numbers_are_refused(
+    values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        Config.from_dict(values)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("values", "shown"),
+    [
+        ('{"partitions": 1}', "config='{\"partitions\": 1}' (str)"),
+        ([], "config=[] (list)"),
+        ([("partitions", 2)], "config=[('partitions', 2)] (list)"),
+        ("x" * 100, f"config='{'x' * 76}... (str)"),
+    ],
+)
+def test_a_config_that_is_not_a_mapping_is_refused_naming_its_type(
+    values: object, shown: str
+) -> None:
+    for call in (Config.from_dict, tfsift.init):  # tfsift.init copied it with dict() first
+        with pytest.raises(TypeError) as err:
+            call(values)  # type: ignore[operator]
+        assert str(err.value) == (
+            "tfsift.init's config must be a mapping of config keys (a dict), a Config, or "
+            "None to read TFSIFT_CONFIG; JSON text goes in TFSIFT_CONFIG, or pass "
+            f"json.loads(text). Received: {shown}"
+        )
+
+
+@pytest.mark.parametrize("name", ["plan_file", "log_dir"])
+@pytest.mark.parametrize("value", ["", 3, b"plan.json"])
+def test_path_keys_must_be_non_empty_strings(name: str, value: object) -> None:
+    with pytest.raises(ValueError) as err:
+        Config.from_dict({name: value})
+    assert (
+        str(err.value) == f"{name} must be None or a non-empty string. Received: {name}={value!r}"
+    )
+
+
+def test_path_keys_take_path_objects_as_their_strings(tmp_path: Path) -> None:
+    cfg = Config.from_dict({"plan_file": tmp_path / "plan.json", "log_dir": tmp_path})
+    assert (cfg.plan_file, cfg.log_dir) == (str(tmp_path / "plan.json"), str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [("[1,2]", "[1, 2] (list)"), ("3", "3 (int)"), ('"run.json"', "'run.json' (str)")],
+)
+def test_config_from_the_environment_that_is_json_but_no_object_says_what_it_parsed_to(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str, parsed: str
+) -> None:
+    path = tmp_path / "cfg.json"
+    path.write_text(text)
+    for raw in (text, str(path)):
+        monkeypatch.setenv("TFSIFT_CONFIG", raw)
+        with pytest.raises(ValueError) as err:
+            Config.from_env()
+        assert str(err.value) == (
+            "TFSIFT_CONFIG holds JSON but not an object (a mapping of config keys, e.g. "
+            f'{{"partitions": 2}}): it parsed to {parsed}. Received: {raw!r}'
+        )
+    path.write_text("{1")
+    monkeypatch.setenv("TFSIFT_CONFIG", str(path))  # a file that is not JSON says so
+    with pytest.raises(ValueError, match=r"^TFSIFT_CONFIG is not valid JSON \("):
+        Config.from_env()

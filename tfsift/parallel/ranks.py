@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tfsift.config import Config
 from tfsift.parallel import runtime
 
 
@@ -22,9 +21,10 @@ def init(config: Mapping[str, Any] | None = None) -> None:
     Raises:
         ValueError: unknown keys or values, a world size not divisible by partitions, or
             more ranks on a host than GPUs.
+        TypeError: a config that is not a mapping (JSON text goes in ``TFSIFT_CONFIG``).
         RuntimeError: TensorFlow initialised its GPUs before ``init``.
     """
-    runtime.init(config if config is None or isinstance(config, Config) else dict(config))
+    runtime.init(config)  # a mapping is copied by Config.from_dict; anything else refused
 
 
 def rank() -> int:

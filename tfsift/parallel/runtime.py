@@ -133,6 +133,15 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     """New communicators (collective over every rank) and, with ``use_hvd``, Horovod."""
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
+    # Every rank's host name and config, in the one exchange the first init makes anyway:
+    # ranks given different configs fail here, together, naming the key, instead of at the
+    # first step with an error that blames the data.
+    gathered = world.allgather((socket.gethostname(), cfg)) if topology.size > 1 else []
+    differ = _differences([config for _, config in gathered])
+    if differ is not None:
+        error = ValueError(differ)
+        _say_once(error, rank)  # every rank raises the same
+        raise error
     pipe_comm = world.Split(color=topology.replica(rank), key=topology.stage(rank))
     host = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks of this host
     local_rank, local_size = host.Get_rank(), host.Get_size()
@@ -142,13 +151,40 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     runtime = Runtime(cfg, topology, rank, local_rank, world, pipe_comm, use_hvd)
     runtime.control_comm, runtime.exit_grace = control, grace
     runtime.local_size = local_size
-    names = world.allgather(socket.gethostname()) if topology.size > 1 else []
+    names = [name for name, _ in gathered]
     runtime.hosts = tuple(names) if len(set(names)) > 1 else ()
     if topology.size > 1:
         _yield_in_waits(rank)  # before Horovod's thread starts waiting
     if use_hvd:
         runtime.dp_set, runtime.mp_set = _start_horovod(topology, rank, cfg.timeout)
     return runtime
+
+
+def _differences(configs: list[Config]) -> str | None:
+    """The error for ranks given different configs (by rank): the first key that differs and
+    its value on each rank, ranks with the same value together; None where they agree."""
+    for field in dataclasses.fields(Config):
+        values = [getattr(config, field.name) for config in configs]
+        if any(value != values[0] for value in values):
+            break
+    else:
+        return None
+    holders: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        holders.setdefault(repr(value), []).append(rank)
+    received = "; ".join(f"{field.name}={v} on {ranks_text(r)}" for v, r in holders.items())
+    return (
+        "tfsift.init was given different configurations on different ranks; give every rank "
+        f"the same config (the same dict, or the same {env.TFSIFT_CONFIG}). Received: {received}"
+    )
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 0, 2, 3``, or for many ``ranks 0, 1, 2, 3, 4, ... (64 ranks)``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    listed = ", ".join(map(str, ranks[:5]))
+    return f"ranks {listed}" if len(ranks) <= 5 else f"ranks {listed}, ... ({len(ranks)} ranks)"
 
 
 def _yield_in_waits(rank: int) -> None:

@@ -97,17 +97,13 @@ def check_same_everywhere(callbacks: list[keras.callbacks.Callback]) -> None:
     holders: dict[str, list[int]] = {}
     for rank, names in enumerate(lists):
         holders.setdefault("[" + ", ".join(names) + "]", []).append(rank)
-    received = "; ".join(f"{names} on {_ranks(r)}" for names, r in holders.items())
+    received = "; ".join(f"{names} on {runtime.ranks_text(r)}" for names, r in holders.items())
     raise ValueError(
         "fit was given other callbacks on some ranks. Every rank runs fit's steps, saves and "
         "stops in lock-step, so give every rank the same callbacks (tfsift shows the "
         "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those may "
         f"be given to rank 0 only). Received: {received}"
     )
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def decides_at_batches(callbacks: list[keras.callbacks.Callback]) -> bool:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
 
 import mpi
 import tfsift
 from tfsift import env, state
+from tfsift.config import Config
 from tfsift.parallel import runtime
 
 
@@ -108,3 +110,55 @@ def test_open_mpi_yields_here_and_is_made_to_yield_when_it_polls() -> None:
         assert flag.value is True
     finally:
         flag.value = True
+
+
+def test_init_takes_numpy_numbers_as_python_numbers() -> None:
+    tfsift.init({"partitions": np.int64(1), "microbatches": np.int32(2), "timeout": np.float32(5)})
+    cfg = runtime.get().config
+    assert (type(cfg.partitions), type(cfg.microbatches), type(cfg.timeout)) == (int, int, float)
+    assert (cfg.partitions, cfg.microbatches, cfg.timeout) == (1, 2, 5.0)
+
+
+@pytest.mark.parametrize("config", ['{"partitions": 1}', [], 7])
+def test_init_refuses_a_config_that_is_not_a_mapping(config: object) -> None:
+    with pytest.raises(TypeError) as err:
+        runtime.init(config)  # type: ignore[arg-type]
+    message = str(err.value)
+    assert "JSON text goes in TFSIFT_CONFIG, or pass json.loads(text)" in message
+    assert message.endswith(f"Received: config={config!r} ({type(config).__name__})")
+    assert state.STATE.runtime is None
+
+
+def test_ranks_given_the_same_config_agree() -> None:
+    assert runtime._differences([Config(microbatches=2)] * 3) is None
+    assert runtime._differences([]) is None  # one process: nothing gathered
+    # equal values: a NumPy scalar was stored as the Python number it stands for
+    assert runtime._differences([Config(timeout=np.float32(2)), Config(timeout=2)]) is None
+
+
+def test_ranks_given_different_configs_name_the_first_key_and_each_ranks_value() -> None:
+    two, four = Config(microbatches=2), Config(microbatches=4, optimize="memory")
+    assert runtime._differences([two, four, two, two]) == (
+        "tfsift.init was given different configurations on different ranks; give every rank "
+        "the same config (the same dict, or the same TFSIFT_CONFIG). Received: "
+        "microbatches=2 on ranks 0, 2, 3; microbatches=4 on rank 1"
+    )
+    logs = [Config(log_dir=f"runs/{r}" if r == 7 else None) for r in range(8)]
+    assert runtime._differences(logs).endswith(  # type: ignore[union-attr]
+        "Received: log_dir=None on ranks 0, 1, 2, 3, 4, ... (7 ranks); log_dir='runs/7' on rank 7"
+    )
+
+
+@pytest.mark.mpi
+def test_ranks_given_different_configs_fail_together_at_init_and_can_init_again() -> None:
+    got = mpi.reports(mpi.run(2, "config_check.py", timeout=120))
+    prefix = (
+        "tfsift.init was given different configurations on different ranks; give every rank "
+        "the same config (the same dict, or the same TFSIFT_CONFIG). Received: "
+    )
+    errors = [
+        prefix + "microbatches=2 on rank 0; microbatches=4 on rank 1",
+        prefix + "partitions=2 on rank 0; partitions=1 on rank 1",  # layouts differ too
+    ]
+    assert [got[r]["errors"] for r in (0, 1)] == [errors, errors]
+    assert [got[r]["stage"] for r in (0, 1)] == [0, 1]  # then the same config starts
