@@ -606,7 +606,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     def predict(self, x: Any = None, **kwargs: Any) -> Any:
         """Keras' ``predict`` (``batch_size``, ``verbose``, ``steps``, ``callbacks``): NumPy
-        predictions, on every rank of the pipeline. Needs no ``compile``."""
+        predictions, on every rank of the pipeline, one per sample whatever the batch sizes
+        (a batch that does not split into ``microbatches`` is padded with copies of its
+        last sample, whose predictions are dropped). Needs no ``compile``."""
         from tfsift import training
 
         return training.predict(self, x, **kwargs)
@@ -637,8 +639,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         return training.test_on_batch(self, x, y, sample_weight, return_dict)
 
     def predict_on_batch(self, x: Any) -> Any:
-        """Keras' ``predict_on_batch``: NumPy predictions of one batch (its size a multiple
-        of ``microbatches``). Needs no ``compile``."""
+        """Keras' ``predict_on_batch``: NumPy predictions of one batch, of any size (padded
+        as ``predict`` pads). Needs no ``compile``."""
         from tfsift import training
 
         return training.predict_on_batch(self, x)

@@ -241,27 +241,32 @@ def validation(
     )
 
 
-def prediction_data(
-    x: Any, batch_size: int | None, M: int, ranks: Sequence[int] = ()
-) -> tuple[tf.data.Dataset, int | None]:
-    """``predict``'s batches and, for arrays, how many rows to keep of the predictions.
-
-    Arrays are not sharded (every rank predicts all of them); the last rows are repeated up
-    to a multiple of ``M`` so that the last batch splits, and their predictions dropped.
-    """
+def prediction_data(x: Any, batch_size: int | None, ranks: Sequence[int] = ()) -> tf.data.Dataset:
+    """``predict``'s batches: a batched dataset as it is, or arrays (not sharded: every rank
+    predicts all of them) in batches of ``batch_size``. Any batch size: ``predict`` pads a
+    batch that does not split into the microbatches (``padded``), as Keras takes any."""
     if isinstance(x, tf.data.Dataset):
-        return checked(x, M, "predict", ranks), None
+        return checked(x, 1, "predict", ranks)
     refuse_unread(x, "predict")
-    batch = batch_size or DEFAULT_BATCH
-    if batch % M:
-        raise ValueError(
-            f"predict's batch_size must be divisible by microbatches={M}. "
-            f"Received: batch_size={batch}"
-        )
-    n = len(tree.flatten(x)[0])
-    pad = (-n) % M
-    padded = tree.map_structure(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, 0)]), x)
-    return tf.data.Dataset.from_tensor_slices(padded).batch(batch), n
+    return tf.data.Dataset.from_tensor_slices(x).batch(batch_size or DEFAULT_BATCH)
+
+
+def padded(inputs: Any, M: int) -> tuple[Any, int]:
+    """``inputs`` with their last row repeated up to a multiple of ``M`` rows, so that they
+    split into ``M`` microbatches, and their own rows: ``predict`` drops the copies'
+    predictions.
+
+    Example:
+        >>> padded(np.zeros((5, 3)), 4)[0].shape, padded(np.zeros((5, 3)), 4)[1]
+        (TensorShape([8, 3]), 5)
+    """
+    rows = int(tree.flatten(inputs)[0].shape[0])
+    extra = -rows % M
+    if not extra:
+        return inputs, rows
+    return tree.map_structure(
+        lambda t: tf.concat([t, tf.repeat(tf.convert_to_tensor(t)[-1:], extra, axis=0)], 0), inputs
+    ), rows
 
 
 def checked(dataset: Any, M: int, what: str, ranks: Sequence[int] = ()) -> tf.data.Dataset:

@@ -210,7 +210,7 @@ def predict(
     check_hooks(model, "predict", PREDICT_HOOKS)
     predict_step = predict_step_of(model)
     M, ranks = runtime.get().config.microbatches, data.input_ranks(model)
-    dataset, keep = data.prediction_data(x, batch_size, M, ranks)
+    dataset = data.prediction_data(x, batch_size, ranks)
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=data.step_count(dataset, steps))
     cbs.on_predict_begin()
     outputs = []
@@ -218,13 +218,14 @@ def predict(
         cbs.on_predict_batch_begin(n)
         first = n == 0 and model.partitioned is None
         step = _tracing(model, predict_step, dataset) if first else predict_step
-        out = tree.map_structure(lambda o: o.concat().numpy(), step(inputs))
+        inputs, rows = data.padded(inputs, M)  # a batch that does not split, as Keras takes
+        out = tree.map_structure(lambda o, n=rows: o.concat().numpy()[:n], step(inputs))
         outputs.append(out)
         cbs.on_predict_batch_end(n, {"outputs": out})
     cbs.on_predict_end()
     if not outputs:
         raise ValueError("predict read no batch from the dataset. Received: an empty dataset")
-    return tree.map_structure(lambda *parts: np.concatenate(parts)[:keep], *outputs)
+    return tree.map_structure(lambda *parts: np.concatenate(parts), *outputs)
 
 
 def _tracing(
@@ -287,8 +288,9 @@ def test_on_batch(
 def predict_on_batch(model: DistributedModel, x: Any) -> Any:
     """Keras' ``predict_on_batch``: NumPy predictions of one batch."""
     check_hooks(model, "predict_on_batch", PREDICT_HOOKS)
+    x, rows = data.padded(tree.lists_to_tuples(x), runtime.get().config.microbatches)
     x, _, _ = _one_batch(model, x, None, None, "predict_on_batch")
-    return tree.map_structure(lambda o: o.concat().numpy(), predict_step_of(model)(x))
+    return tree.map_structure(lambda o: o.concat().numpy()[:rows], predict_step_of(model)(x))
 
 
 def _one_batch(

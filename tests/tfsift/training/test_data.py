@@ -1,4 +1,4 @@
-"""fit's datasets: batches that split into microbatches, arrays padded for predict."""
+"""fit's datasets: batches that split into microbatches, predict's padded to split."""
 
 from __future__ import annotations
 
@@ -40,12 +40,14 @@ def test_a_dataset_that_cannot_split_fails_with_the_received_value(
         data.checked(dataset, 2, "fit")
 
 
-def test_predict_arrays_are_padded_to_whole_microbatches_and_cut_back() -> None:
-    dataset, keep = data.prediction_data(X, 4, 4)
-    batches = [b.numpy() for b in dataset]
-    assert keep == 10
-    assert [len(b) for b in batches] == [4, 4, 4]  # 10 rows and 2 copies of the last
-    np.testing.assert_array_equal(np.concatenate(batches)[:keep], X)
+def test_a_predicted_batch_is_padded_to_whole_microbatches_with_its_last_row() -> None:
+    batches = [b.numpy() for b in data.prediction_data(X, 4)]
+    assert [len(b) for b in batches] == [4, 4, 2]  # 10 rows
+    last, rows = data.padded(tf.constant(batches[-1]), 4)
+    assert rows == 2
+    np.testing.assert_array_equal(last.numpy(), X[[8, 9, 9, 9]])
+    same, rows = data.padded((tf.constant(batches[0]),), 4)
+    assert rows == 4 and same[0].numpy().tolist() == batches[0].tolist()
 
 
 def fit_refusal(dataset: tf.data.Dataset, M: int, ranks: tuple[int, ...] = ()) -> str:
@@ -178,7 +180,7 @@ def test_a_pydataset_or_a_generator_is_refused_naming_what_fit_reads() -> None:
         data.training_data(batches, None, None, 4, 2, "evaluate", False)
     assert str(err.value) == unread("evaluate", "generator", "generator")
     with pytest.raises(TypeError) as err:
-        data.prediction_data(iter([X]), 4, 2)
+        data.prediction_data(iter([X]), 4)
     assert str(err.value) == unread("predict", "iterator", "list_iterator")
 
 
