@@ -190,8 +190,9 @@ def with_class_weight(dataset: tf.data.Dataset, class_weight: dict[int, float]) 
     when ``y`` is one-hot); classes not named weigh 1, as in Keras.
 
     Raises:
-        ValueError: ``class_weight`` is not a dict of class indices to weights, or the
-            model has several outputs.
+        ValueError: ``class_weight`` is not a dict of class indices to weights, the
+            model has several outputs, or the elements have a ``sample_weight`` (Keras
+            refuses the two together).
     """
     if not isinstance(class_weight, dict) or not all(
         isinstance(k, (int, np.integer)) and k >= 0 for k in class_weight
@@ -210,10 +211,16 @@ def with_class_weight(dataset: tf.data.Dataset, class_weight: dict[int, float]) 
                 "class_weight needs a single output's targets; weigh several outputs with "
                 f"sample_weight. Received: y={y}"
             )
+        if weight is not None:  # traced when fit maps the dataset: before training
+            raise ValueError(
+                "class_weight and sample_weight cannot both weigh the samples, as in Keras: "
+                "fold the class weights into sample_weight. Received: class_weight="
+                f"{class_weight!r} and a sample_weight"
+            )
         classes = _classes(y)
         # a class beyond the dict's largest index weighs 1
         w = tf.where(classes < size, tf.gather(table, tf.minimum(classes, size - 1)), 1.0)
-        return x, y, w if weight is None else w * tf.cast(weight, tf.float32)
+        return x, y, w
 
     return dataset.map(weigh)
 

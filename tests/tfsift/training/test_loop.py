@@ -948,6 +948,30 @@ def test_class_weight_weighs_each_sample_by_its_class(one_hot: bool) -> None:
     assert_same_weights(by_class, by_sample)
 
 
+def test_class_weight_with_sample_weight_is_refused_as_keras_refuses_it() -> None:
+    # they were multiplied, where Keras refuses the two: for arrays, a dataset and a batch
+    model = compiled_model()
+    x, y = arrays()
+    weights = np.ones(len(y), np.float32)
+    for run in (
+        lambda: model.fit(x, y, sample_weight=weights, class_weight={0: 2.0}, verbose=0),
+        lambda: model.fit(
+            tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(B), class_weight={0: 2.0},
+            verbose=0,
+        ),
+        lambda: model.train_on_batch(
+            x[:B], y[:B], sample_weight=weights[:B], class_weight={0: 2.0}
+        ),
+    ):  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            run()
+        assert str(err.value) == (
+            "class_weight and sample_weight cannot both weigh the samples, as in Keras: fold "
+            "the class weights into sample_weight. Received: class_weight={0: 2.0} and a "
+            "sample_weight"
+        )
+
+
 def test_class_weight_applies_to_a_dataset_too() -> None:
     x, y = arrays()
     weights = {0: 0.0, 1: 3.0}  # class 2 is not named: weight 1, as in Keras
