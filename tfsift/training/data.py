@@ -75,28 +75,38 @@ def training_data(
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
     arrays = ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what, partial)
     if partial:
-        _warn_left_out(arrays, M, what)
+        _warn_left_out(arrays, M, what, arrays.rest)
     return checked(arrays, M, what)
 
 
-def _warn_left_out(arrays: ArrayDataset, M: int, what: str) -> None:
-    """Rank 0 warns of the samples that an epoch over ``arrays`` leaves out: those left
-    after dealing them to R replicas, and those of a replica's last batch that would not
-    split into ``M`` microbatches; none where their count is a multiple of R M."""
+def _warn_left_out(
+    arrays: ArrayDataset,
+    M: int,
+    what: str,
+    rest: int,
+    out_of: str = "each epoch",
+    keras_does: str = "fit trains every",
+) -> None:
+    """Rank 0 warns of the samples ``what`` leaves out of arrays made into ``arrays`` whose
+    replicas each take whole batches and ``rest`` rows more: those left after dealing them
+    to R replicas, and those of a replica's rest that would not split into ``M``
+    microbatches; none where their count is a multiple of R M."""
     R = arrays.replicas
-    left = arrays.rows - R * (arrays.share // arrays.batch_size * arrays.batch_size + arrays.rest)
+    left = arrays.rows - R * (arrays.share // arrays.batch_size * arrays.batch_size + rest)
     if left and runtime.get().rank == 0:
         log.warning(
-            "%s on arrays of %d samples leaves %d of them out of each epoch: each of the %d "
-            "replica(s) trains as many samples, in batches of %d and a last batch that splits "
-            "into %d microbatches (Keras' fit trains every sample). Pass a number of samples "
-            "that is a multiple of %d (replicas x microbatches) to train every one",
+            "%s on arrays of %d samples leaves %d of them out of %s: each of the %d "
+            "replica(s) takes as many samples, in batches of %d and a last batch that splits "
+            "into %d microbatches (Keras' %s sample). Pass a number of samples that is a "
+            "multiple of %d (replicas x microbatches) to take every one",
             what,
             arrays.rows,
             left,
+            out_of,
             R,
             arrays.batch_size,
             M,
+            keras_does,
             R * M,
         )
 
@@ -106,34 +116,23 @@ def tail(dataset: tf.data.Dataset, M: int, what: str) -> tuple[Any, Any, Any] | 
     one last ``(x, y, sample_weight)`` batch for ``what``, an evaluation (Keras' takes
     every sample, its last batch partial); None if there are none. Each replica takes the
     rows it was dealt after its whole batches (in order: an evaluation does not shuffle),
-    where every replica was dealt as many and they split into the ``M`` microbatches, so
-    that the replicas' mean is the mean over every sample; otherwise rank 0 warns that
-    they are left out.
+    as many as split into the ``M`` microbatches: every replica takes as many, so the
+    replicas' mean is the mean over the samples taken. Rank 0 warns of those left out.
     """
     if not isinstance(dataset, ArrayDataset):
         return None
-    B, R = dataset.batch_size, dataset.replicas
+    B = dataset.batch_size
     whole = dataset.share // B * B  # rows each replica takes in whole batches
-    left = dataset.rows - whole * R
-    if left == 0:
+    rest = dataset.share - whole
+    rest -= rest % M
+    _warn_left_out(dataset, M, what, rest, "its loss and metrics", "takes every")
+    if rest == 0:
         return None
-    if dataset.rows % R == 0 and (dataset.share - whole) % M == 0 and not dataset.shuffle:
-        batch = tree.map_structure(tf.convert_to_tensor, dataset.gather(dataset.order(0)[whole:]))
-        x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
-        return x, y, weight
-    if runtime.get().rank == 0:
-        log.warning(
-            "%s on arrays takes whole batches of %d on each of %d replica(s), and the "
-            "%d samples left would not split evenly into %d microbatches on each: they are "
-            "left out of its loss and metrics (Keras' would take every one, in a last partial "
-            "batch). Pass a batch_size that divides the samples per replica",
-            what,
-            B,
-            R,
-            left,
-            M,
-        )
-    return None
+    batch = dataset.gather(dataset.order(0)[whole : whole + rest])
+    x, y, weight = keras.utils.unpack_x_y_sample_weight(
+        tree.map_structure(tf.convert_to_tensor, batch)
+    )
+    return x, y, weight
 
 
 def refuse_unread(x: Any, what: str) -> None:

@@ -138,7 +138,7 @@ def fit(
     # the rows of validation arrays that whole batches leave: taken (or warned of) once
     val_rest = None
     if validation_data is not None:
-        val_rest = _rest(validation_data, validation_steps, M, "fit's validation_data")
+        val_rest = _rest(validation_data, validation_steps, M, "fit's validation data")
     if initial_epoch:
         data.start_at(source, initial_epoch)
         if sift is not None and restored is None:  # a fresh sifted dataset counts from here

@@ -213,14 +213,18 @@ def test_evaluate_and_validation_on_arrays_take_every_sample_as_keras_does(
         weighted = model.evaluate(x, y, sample_weight=weight, batch_size=16, verbose=0)
         got.append([*history.history["val_loss"], *evaluated, *weighted])
     np.testing.assert_allclose(got[1], got[0], rtol=1e-6)
-    # 69: the 5 left do not split into 2 microbatches; rank 0 says they are left out
+    # 69: of the 5 left, 4 split into 2 microbatches (all 5 were left out before); rank 0
+    # says one is left out, and the loss is the mean over the 68 taken
     with caplog.at_level(logging.WARNING, logger="tfsift"):
-        model.evaluate(x[:69], y[:69], batch_size=16, verbose=0)
+        got = model.evaluate(x[:69], y[:69], batch_size=16, verbose=0)
+    np.testing.assert_allclose(
+        got, model.evaluate(x[:68], y[:68], batch_size=68, verbose=0), rtol=1e-6
+    )
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
-        "evaluate on arrays takes whole batches of 16 on each of 1 replica(s), and the 5 "
-        "samples left would not split evenly into 2 microbatches on each: they are left out "
-        "of its loss and metrics (Keras' would take every one, in a last partial batch). "
-        "Pass a batch_size that divides the samples per replica"
+        "evaluate on arrays of 69 samples leaves 1 of them out of its loss and metrics: each "
+        "of the 1 replica(s) takes as many samples, in batches of 16 and a last batch that "
+        "splits into 2 microbatches (Keras' takes every sample). Pass a number of samples "
+        "that is a multiple of 2 (replicas x microbatches) to take every one"
     ]
 
 
@@ -265,9 +269,9 @@ def test_fit_on_arrays_trains_every_sample_in_a_last_partial_batch_as_keras_does
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "fit on arrays of 69 samples leaves 1 of them out of each epoch: each of the 1 "
-        "replica(s) trains as many samples, in batches of 16 and a last batch that splits "
+        "replica(s) takes as many samples, in batches of 16 and a last batch that splits "
         "into 2 microbatches (Keras' fit trains every sample). Pass a number of samples that "
-        "is a multiple of 2 (replicas x microbatches) to train every one"
+        "is a multiple of 2 (replicas x microbatches) to take every one"
     ]
 
 
