@@ -147,6 +147,28 @@ class SeededMlp(tfsift.DistributedModel):
         return self.b(self.a(x))
 
 
+def as_keras(model: keras.Model, **compile_args: Any) -> keras.Model:
+    """``model`` compiled as these comparisons with Keras compile both sides."""
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        **compile_args,
+    )
+    return model
+
+
+def keras_and_tfsift() -> tuple[keras.Model, keras.Model]:
+    """A Keras model and a DistributedModel of the same layers and initial weights."""
+    return keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()
+
+
+def seventy() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """70 samples (not a multiple of the batch of 16), labels and sample weights."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(70, 5)).astype(np.float32), rng.integers(0, 3, 70)
+    return x, y, rng.uniform(size=70).astype(np.float32)
+
+
 @pytest.mark.parametrize("data", ["dataset", "arrays", "repeated"])
 def test_steps_per_epoch_carries_on_where_the_last_epoch_stopped_as_keras_does(data: str) -> None:
     # 3 steps an epoch of 4 batches: Keras' epoch 2 takes batch 4 (and, the dataset ended,
@@ -155,11 +177,8 @@ def test_steps_per_epoch_carries_on_where_the_last_epoch_stopped_as_keras_does(d
     tfsift.init({"microbatches": 2})
     x, y = (np.concatenate([t.numpy() for t in part]) for part in zip(*dataset(), strict=True))
     runs = []
-    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.1),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+    for model in keras_and_tfsift():
+        as_keras(model)
         args: dict[str, Any] = {"x": x, "y": y, "batch_size": B, "shuffle": False}
         if data != "arrays":
             args = {"x": dataset().repeat() if data == "repeated" else dataset()}
@@ -176,11 +195,8 @@ def test_validation_steps_start_each_validation_at_the_first_batch_as_keras_does
     # 3 steps of 4 batches validate on batches 1-3 every epoch
     tfsift.init({"microbatches": 2})
     runs = []
-    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.1),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+    for model in keras_and_tfsift():
+        as_keras(model)
         history = model.fit(
             dataset(), epochs=3, validation_data=dataset(), validation_steps=3, verbose=0
         )
@@ -196,16 +212,10 @@ def test_evaluate_and_validation_on_arrays_take_every_sample_as_keras_does(
     # And evaluate with sample weights after evaluate without (a step was planned for one
     # of the two structures, and the other failed)
     tfsift.init({"microbatches": 2})
-    rng = np.random.default_rng(1)
-    x, y = rng.normal(size=(70, 5)).astype(np.float32), rng.integers(0, 3, 70)
-    weight = rng.uniform(size=70).astype(np.float32)
+    x, y, weight = seventy()
     got = []
-    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.1),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+    for model in keras_and_tfsift():
+        as_keras(model, metrics=["accuracy"])
         history = model.fit(
             x[:64], y[:64], batch_size=16, shuffle=False, verbose=0, validation_data=(x, y)
         )
@@ -235,17 +245,11 @@ def test_fit_on_arrays_trains_every_sample_in_a_last_partial_batch_as_keras_does
     # microbatches of 2 (they were left out of every epoch without a word); 69: 4 of the
     # 5 left split into 2, and rank 0 names the one left out
     tfsift.init({"microbatches": 2})
-    rng = np.random.default_rng(1)
-    x, y = rng.normal(size=(70, 5)).astype(np.float32), rng.integers(0, 3, 70)
-    weight = rng.uniform(size=70).astype(np.float32)
+    x, y, weight = seventy()
     runs = []
     for model, n in ((keras.Sequential([keras.Input((5,)), *seeded_layers()]), 70),
                      (SeededMlp(), 70), (SeededMlp(), 69)):  # fmt: skip
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.1),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+        as_keras(model, metrics=["accuracy"])
         with caplog.at_level(logging.WARNING, logger="tfsift"):
             history = model.fit(
                 x[:n], y[:n], sample_weight=weight[:n], batch_size=16, epochs=2, shuffle=False,
@@ -258,11 +262,7 @@ def test_fit_on_arrays_trains_every_sample_in_a_last_partial_batch_as_keras_does
         np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
     for a, b in zip(weights, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    keras_68 = keras.Sequential([keras.Input((5,)), *seeded_layers()])
-    keras_68.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
+    keras_68 = as_keras(keras_and_tfsift()[0])
     keras_68.fit(x[:68], y[:68], sample_weight=weight[:68], batch_size=16, epochs=2,
                  shuffle=False, verbose=0)  # fmt: skip
     for a, b in zip(fewer, keras_68.get_weights(), strict=True):
@@ -281,11 +281,8 @@ def test_fit_on_fewer_samples_than_a_batch_trains_them_as_one_batch_as_keras_doe
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(10, 5)).astype(np.float32), rng.integers(0, 3, 10)
     runs = []
-    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.1),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+    for model in keras_and_tfsift():
+        as_keras(model)
         runs.append((model.fit(x, y, epochs=2, verbose=0).history["loss"], model.get_weights()))
     np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-6)
     for a, b in zip(runs[1][1], runs[0][1], strict=True):
@@ -323,7 +320,7 @@ def test_a_loss_reducing_the_batch_itself_trains_as_keras_on_one_microbatch() ->
     # one microbatch on one replica is Keras' own batch: the loss is taken as it is
     tfsift.init({"microbatches": 1})
     runs = []
-    for model in (keras.Sequential([keras.Input((5,)), *seeded_layers()]), SeededMlp()):
+    for model in keras_and_tfsift():
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss=summed_loss)
         runs.append((model.fit(dataset(), epochs=2, verbose=0).history, model.get_weights()))
     np.testing.assert_allclose(runs[1][0]["loss"], runs[0][0]["loss"], rtol=1e-6)
