@@ -399,9 +399,23 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
         Raises:
             ValueError: not one array per weight of the whole model, or a shape differs
-                (checked for all before any is assigned).
+                (checked for all before any is assigned); before the first step, arrays
+                for weights the layers have not made yet (they are built when the model
+                is traced, at its first step).
         """
         if self.partitioned is None:
+            built = list(keras.Model.weights.fget(self))
+            if len(weights) != len(built):
+                # the layers are built by the trace at the first step: before it Keras
+                # counts only the weights of layers built by hand (none, usually)
+                raise ValueError(
+                    f"set_weights of the whole model needs DistributedModel {self.name!r} "
+                    "partitioned, which happens at its first step (fit, predict or a "
+                    "@tfsift.step call), when its layers make their weights: call it after a "
+                    "step, or load a file with tfsift.load_weights(model, path, example=<a "
+                    f"batch of inputs>). Received: {len(weights)} arrays for the {len(built)} "
+                    "weights its layers have made so far"
+                )
             super().set_weights(weights)
             return
         every = list(keras.Model.weights.fget(self))

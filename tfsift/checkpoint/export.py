@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +19,29 @@ import keras
 from keras import tree
 
 from tfsift.checkpoint import collective, weights
+from tfsift.checkpoint import optimizer as optimizer_lib
 from tfsift.checkpoint.files import CheckpointError
 from tfsift.checkpoint.paths import variable_keys
 from tfsift.checkpoint.store import Checkpoint, latest_valid
 from tfsift.model import DistributedModel, Partitioned
 from tfsift.parallel import runtime
+from tfsift.planning import keras_internals
 from tfsift.planning.graph import Graph
 
 WEIGHTS_SUFFIX = ".weights.h5"  # Keras 3's weights files
+# what a rank sends rank 0 to write a file: its stage's weights, optimizer slots and other
+# optimizer variables (iteration, learning rate), each by key
+Gathered = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
 
 
 def save_model(model: DistributedModel, filepath: str | Path) -> Path:
     """Gathers every stage's weights and writes one ordinary Keras 3 ``.keras`` file on rank 0.
 
     Collective: call it on every rank. The file is written to a temporary name and renamed.
+    A compiled model's file holds its compile config (optimizer, loss, metrics) and its
+    optimizer's state, every stage's slots and ``iterations``, as Keras writes a model's:
+    ``keras.saving.load_model`` returns a compiled model whose ``fit`` goes on where this
+    one stopped.
 
     Example:
         >>> tfsift.save_model(model, "model.keras")          # on every rank
@@ -46,7 +56,9 @@ def save_model(model: DistributedModel, filepath: str | Path) -> Path:
         The path written.
 
     Raises:
-        ValueError: ``filepath`` does not end in ``.keras``, or no step has run yet.
+        ValueError: ``filepath`` does not end in ``.keras``, no step has run yet, or Keras
+            cannot rebuild the model's compile config (a custom loss or metric that is not
+            registered), as ``load_model`` would have to.
         CheckpointError: the file could not be written.
     """
     model = weights.check_model(model, "tfsift.save_model")
@@ -55,7 +67,7 @@ def save_model(model: DistributedModel, filepath: str | Path) -> Path:
         raise ValueError(
             f"tfsift.save_model writes a .keras file. Received: filepath={str(path)!r}"
         )
-    _write_whole(model, "tfsift.save_model", path, keras.saving.save_model)
+    _write_whole(model, "tfsift.save_model", path, keras.saving.save_model, compiled=True)
     return path
 
 
@@ -99,25 +111,40 @@ def export_model(model: DistributedModel, filepath: str | Path, **kwargs: Any) -
     return path
 
 
-def _write_whole(model: DistributedModel, caller: str, path: Path, write: Any) -> None:
+def _write_whole(
+    model: DistributedModel, caller: str, path: Path, write: Any, compiled: bool = False
+) -> None:
     """Gathers the stages' weights (replica 0's) on rank 0, which calls ``write(clone,
     file)`` with the whole model's functional clone and a temporary name in ``path``'s
-    directory, then renames it to ``path`` (a reader never sees half a file)."""
+    directory, then renames it to ``path`` (a reader never sees half a file).
+
+    ``compiled``: the clone is compiled as the model was and its optimizer holds every
+    stage's optimizer state (``save_model``). A weights file leaves them out: Keras loads
+    a weights file's optimizer variables by their index into a model's own optimizer, whose
+    order follows that model's variables (a subclass's order of attributes, not the
+    clone's order of calls)."""
     rt = runtime.get()
     part = weights.partitioned(model, None, caller)
-    mine = collective.together(
-        rt.world,
-        lambda: (
-            weights.values(weights.owned(weights.keyed(model, part), part))
-            if rt.replica == 0
-            else {}
-        ),
-    )
+    optimizer = _built_optimizer(model) if compiled else None
+
+    def own() -> Gathered:
+        if rt.replica != 0:
+            return {}, {}, {}
+        stage = weights.values(weights.owned(weights.keyed(model, part), part))
+        if optimizer is None:
+            return stage, {}, {}
+        trainable = weights.owned(weights.trainable(model, part), part)
+        slots, others = optimizer_lib.slots(optimizer, trainable)
+        return stage, weights.values(list(slots.items())), weights.values(list(others.items()))
+
+    mine = collective.together(rt.world, own)
     gathered = [mine]
     if rt.world.Get_size() > 1:
         with collective.bounded():
             gathered = rt.world.gather(mine, root=0)
-    collective.on_root(rt.world, lambda: _export(model, part, gathered, path, write))
+    collective.on_root(
+        rt.world, lambda: _export(model, part, gathered, path, write, compiled, optimizer)
+    )
 
 
 def load_weights(model: DistributedModel, path: str | Path, example: Any = None) -> int | None:
@@ -132,8 +159,8 @@ def load_weights(model: DistributedModel, path: str | Path, example: Any = None)
     Args:
         model: the ``tfsift.DistributedModel``.
         path: a ``.keras`` file written by ``tfsift.save_model`` (or by Keras for a model of
-            the same structure), a ``.weights.h5`` file written by ``model.save_weights``,
-            or a checkpoint directory.
+            the same structure), a ``.weights.h5`` file written by ``model.save_weights``
+            (or by Keras' for a model with the same layers), or a checkpoint directory.
         example: a batch of model inputs (a tensor or a list), needed to partition a model
             that has not run a step, except for a checkpoint (whose manifest has them).
 
@@ -185,20 +212,29 @@ def standalone(part: Partitioned, name: str) -> keras.Model:
 def _export(
     model: DistributedModel,
     part: Partitioned,
-    gathered: list[dict[str, Any]],
+    gathered: list[Gathered],
     path: Path,
     write: Any,
+    compiled: bool,
+    optimizer: Any,
 ) -> None:
     stored: dict[str, Any] = {}
-    for values in gathered:
+    slots: dict[str, Any] = {}
+    for values, stage_slots, _ in gathered:
         stored.update(values)
+        slots.update(stage_slots)
     clone = standalone(part, model.name)
     twins = {layer.name: layer for layer in clone.layers}
     keys = variable_keys(model, [gn.operation for gn in part.graph.nodes])
+    twin_keys: dict[int, str] = {}
     for layer in _layers(part.graph):
         twin = twins[layer.name]
         pairs = list(zip(layer.variables, twin.variables, strict=True))
+        twin_keys.update((id(w), keys[id(v)]) for v, w in pairs)
         weights.assign([(keys[id(v)], w) for v, w in pairs], stored, "the gathered stages")
+    if compiled and model.compiled:
+        # rank 0 holds stage 0, whose iteration and learning rate every stage shares
+        _compile_clone(model, clone, twin_keys, optimizer, slots, gathered[0][2])
     partial = path.with_name(f".partial-{path.name}")  # the same suffix: Keras checks it
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -210,6 +246,41 @@ def _export(
     except OSError as err:
         _remove(partial)
         raise CheckpointError(f"writing {path} failed: {err}") from err
+
+
+def _built_optimizer(model: DistributedModel) -> Any:
+    """The compiled model's optimizer once built (``compiled_update`` builds it for the
+    stage when the model is partitioned), else None: a fresh one has no state to keep."""
+    optimizer = getattr(model, "optimizer", None) if model.compiled else None
+    return optimizer if optimizer is not None and optimizer.built else None
+
+
+def _compile_clone(
+    model: DistributedModel,
+    clone: keras.Model,
+    twin_keys: dict[int, str],
+    optimizer: Any,
+    slots: dict[str, Any],
+    others: dict[str, Any],
+) -> None:
+    """Compiles ``clone`` from the model's compile config as ``keras.saving.load_model``
+    will (``compile_from_config``, which builds a new optimizer of the same config for the
+    clone's variables), then gives that optimizer every stage's slots (by layer path) and
+    the iteration and learning rate: the file resumes as a Keras model's does."""
+    try:
+        clone.compile_from_config(model.get_compile_config())
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"the .keras file of {model.name!r} holds its compile config, which "
+            "keras.saving.load_model compiles the loaded model with, and Keras could not "
+            "compile a model from it: register the custom losses, metrics or optimizer "
+            "with @keras.saving.register_keras_serializable, as for any Keras file. "
+            f"Received: {type(err).__name__}: {err}"
+        ) from err
+    if optimizer is None:  # never built: the new optimizer's initial state is its state
+        return
+    trainable = [(twin_keys[id(var)], var) for var in clone.trainable_variables]
+    optimizer_lib.load(clone.optimizer, trainable, slots, others)
 
 
 def _remove(path: Path) -> None:
@@ -224,7 +295,20 @@ def _load_keras_file(model: DistributedModel, part: Partitioned, path: Path) -> 
         loaded = keras.saving.load_model(path, compile=False)
     else:  # a weights file of the functional model save_weights writes
         loaded = standalone(part, model.name)
-        loaded.load_weights(path)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                loaded.load_weights(path)
+            except ValueError as err:
+                # Keras' own save_weights of a model of this class stores its layers by
+                # attribute (d1/vars), where the functional model's are in layers/<name>;
+                # what Keras warned of on the way is about the layout this file lacks
+                _load_by_attribute(model, part, path, err)
+                return
+        for warning in said:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
     twins = align(part.graph, loaded, path)
     for layer in part.stage.graph.layers():
         if isinstance(layer, keras.layers.Layer) and layer.variables:
@@ -232,6 +316,51 @@ def _load_keras_file(model: DistributedModel, part: Partitioned, path: Path) -> 
             pairs = [(f"{layer.name}/{i}", v) for i, v in enumerate(layer.variables)]
             stored = {f"{layer.name}/{i}": w.numpy() for i, w in enumerate(twin.variables)}
             weights.assign(pairs, stored, str(path))
+
+
+def _load_by_attribute(
+    model: DistributedModel, part: Partitioned, path: Path, functional: Exception
+) -> None:
+    """Loads a ``.weights.h5`` file that Keras wrote for a model with this model's layers
+    (``keras.Model.save_weights`` of the same class, or of a ``keras.Model`` with the same
+    attributes), which stores each layer under its attribute path.
+
+    Keras' own ``load_weights`` walks the model as its ``save_weights`` did, inside a
+    stateless scope: nothing is assigned to the other stages' variables (their buffers are
+    freed), and this stage's take the values Keras read for them. The file's optimizer
+    variables are left out: Keras pairs them with an optimizer's by index, and this rank's
+    optimizer holds its stage's slots only.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    held = list(part.stage.graph.variables())
+    # Keras refuses a model that is not built, and tfsift never builds the model itself
+    # (its layers are built by the trace): they are, which is all loading needs
+    built, model.built = model.built, True
+    with keras_internals.AssignmentRecorder() as recorder:
+        try:
+            keras.Model.load_weights(
+                model, path, objects_to_skip=[] if optimizer is None else [optimizer]
+            )
+        except ValueError as err:
+            raise ValueError(
+                f"{path} holds neither the layers of {type(model).__name__} by attribute "
+                f"(as Keras' save_weights writes a {type(model).__name__}) nor those of the "
+                "functional model tfsift's save_weights writes: expected a weights file of "
+                f"a model with the same layers. Received, by attribute: {err}; as the "
+                f"functional model: {functional}"
+            ) from err
+        finally:
+            model.built = built
+    read = {id(var) for var in recorder.assigned}
+    missing = [var.path for var in held if id(var) not in read]
+    if missing:
+        raise ValueError(
+            f"{path} has no value for {len(missing)} weights of this rank's stage of "
+            f"{model.name!r}: expected a weights file of a model with the same layers. "
+            f"Received: nothing for {missing[:6]}"
+        )
+    for var in held:
+        var.assign(recorder.get_current_value(var))
 
 
 def align(graph: Graph, loaded: keras.Model, source: Path) -> dict[int, Any]:
