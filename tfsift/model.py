@@ -599,7 +599,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s;
                 callbacks that differ between ranks (other than those that show or write
                 on rank 0 alone: a callback that stops training on one rank stops every
-                rank, at the same batch or epoch).
+                rank, at the same batch or epoch), or a model compiled with another
+                optimizer configuration or loss on some ranks.
             TypeError: ``keras.callbacks.BackupAndRestore`` (use tfsift's).
             RuntimeError: the model was not compiled.
         """

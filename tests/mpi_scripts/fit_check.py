@@ -155,6 +155,13 @@ def stopped_alone(K: int) -> dict[str, Any]:
         )  # fmt: skip
     except ValueError as error:
         found["rank_0_checkpoint"] = str(error)
+    keras.utils.set_random_seed(SEED)
+    own_rate = Net(K)  # a learning rate of each rank's own: each stage trained at its own
+    own_rate.compile(optimizer=keras.optimizers.Adam(0.05 * (1 + tfsift.rank())), loss=LOSS)
+    try:
+        own_rate.fit(dataset(1), epochs=1, verbose=0)
+    except ValueError as error:
+        found["own_learning_rate"] = str(error)
     return found
 
 

@@ -67,22 +67,28 @@ def for_rank(
     return kept
 
 
-def check_same_everywhere(callbacks: list[keras.callbacks.Callback]) -> None:
-    """Refuses, on every rank, callbacks that differ between ranks (by class, in order),
-    leaving out those that only show or write what rank 0 alone does anyway.
+def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Callback]) -> None:
+    """Refuses, on every rank, a ``fit`` set up otherwise on some ranks: callbacks that
+    differ (by class, in order; leaving out those that only show or write what rank 0 alone
+    does anyway), or another optimizer configuration or loss.
 
     Every rank runs ``fit``'s steps, saves and stops in lock-step: a ``ModelCheckpoint``
     given to rank 0 only (Horovod's recipe) saved on rank 0 alone and waited for the
-    other stages until the ``timeout``, naming a stalled rank. One exchange of a digest
-    (bounded by the ``timeout``), and the lists where the digests differ.
+    other stages until the ``timeout``, naming a stalled rank; a learning rate of each
+    rank's own trained each stage at its own rate, without a word. One exchange of a
+    digest (bounded by the ``timeout``), and the setups where the digests differ.
 
     Raises:
-        ValueError: the ranks' callbacks differ (each rank's list named).
+        ValueError: the ranks' setups differ (the first that differs, each rank's named).
     """
     rt = runtime.get()
     if rt.topology.size == 1:
         return
-    mine = [type(c).__qualname__ for c in callbacks if not isinstance(c, _SHOWN_ONLY)]
+    mine = {
+        "callbacks": [type(c).__qualname__ for c in callbacks if not isinstance(c, _SHOWN_ONLY)],
+        "optimizer": _described(getattr(model, "optimizer", None)),
+        "loss": _described(getattr(model, "loss", None)),
+    }
     digest = np.frombuffer(hashlib.sha256(repr(mine).encode()).digest()[:8], np.int64)
     everyone = np.zeros(rt.topology.size, np.int64)
     request = rt.control_comm.Iallgather(digest.copy(), everyone)
@@ -93,17 +99,58 @@ def check_same_everywhere(callbacks: list[keras.callbacks.Callback]) -> None:
         )
     if len(set(everyone.tolist())) == 1:
         return
-    lists = allgather_object(rt.control_comm, mine)  # every rank is here: no wait
+    setups = allgather_object(rt.control_comm, mine)  # every rank is here: no wait
+    what = next(k for k in mine if any(s[k] != setups[0][k] for s in setups))
+    values = [setup[what] for setup in setups]
     holders: dict[str, list[int]] = {}
-    for rank, names in enumerate(lists):
-        holders.setdefault("[" + ", ".join(names) + "]", []).append(rank)
-    received = "; ".join(f"{names} on {runtime.ranks_text(r)}" for names, r in holders.items())
+    for rank, value in enumerate(values):
+        holders.setdefault(_shown(value, values), []).append(rank)
+    received = "; ".join(f"{text} on {runtime.ranks_text(r)}" for text, r in holders.items())
+    if what == "callbacks":
+        raise ValueError(
+            "fit was given other callbacks on some ranks. Every rank runs fit's steps, saves "
+            "and stops in lock-step, so give every rank the same callbacks (tfsift shows the "
+            "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those "
+            f"may be given to rank 0 only). Received: {received}"
+        )
     raise ValueError(
-        "fit was given other callbacks on some ranks. Every rank runs fit's steps, saves and "
-        "stops in lock-step, so give every rank the same callbacks (tfsift shows the "
-        "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those may "
-        f"be given to rank 0 only). Received: {received}"
+        f"the model was compiled with another {what} on some ranks. Every stage and replica "
+        "trains one model, so compile it alike on every rank (the same optimizer settings "
+        f"and learning rate, the same loss). Received: {received}"
     )
+
+
+def _shown(value: Any, values: list[Any]) -> str:
+    """``value``, one rank's of ``values``, as the error shows it: a list of callbacks; of
+    an optimizer's or a loss's configuration, the entries that differ between the ranks."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "[" + ", ".join(value) + "]"
+    if all(isinstance(v, dict) for v in values):
+        keys = [k for k in value if any(v.get(k) != value[k] for v in values)]
+        return ", ".join(f"{k}={value[k]!r}" for k in keys) or str(value)
+    return str(value)
+
+
+def _described(value: Any) -> Any:
+    """An optimizer or loss as what decides its computation, comparable across ranks: its
+    class and configuration (less its name, which Keras numbers per process), a function's
+    qualified name, or as it is (a name, a list or dict of them)."""
+    if isinstance(value, (list, tuple)):
+        return [_described(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _described(v) for k, v in value.items()}
+    if hasattr(value, "get_config"):
+        return {"class": type(value).__name__, **_unnamed(value.get_config())}
+    if callable(value):
+        return getattr(value, "__qualname__", repr(value))
+    return value
+
+
+def _unnamed(config: Any) -> Any:
+    """``config`` without its ``name`` entries, nested ones too (a wrapped optimizer's)."""
+    if isinstance(config, dict):
+        return {k: _unnamed(v) for k, v in config.items() if k != "name"}
+    return config
 
 
 def decides_at_batches(callbacks: list[keras.callbacks.Callback]) -> bool:

@@ -121,7 +121,7 @@ def fit(
         progbar = SiftedProgbar(train.planned_batches, steps_per_epoch)
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
     given = list(getattr(callbacks, "callbacks", callbacks) or [])  # a CallbackList's too
-    check_same_everywhere(given)
+    check_same_everywhere(model, given)
     cbs = _callbacks(model, callbacks, verbose, progbar, epochs=epochs, steps=steps)
     check_writable(cbs.callbacks)
     at_batches = decides_at_batches(given)  # a stop decided at a batch is agreed there

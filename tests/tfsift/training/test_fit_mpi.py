@@ -78,6 +78,14 @@ def check_stopped_alone(reports: dict[int, dict[str, Any]], per_epoch: int) -> N
             "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those "
             "may be given to rank 0 only). Received: [ModelCheckpoint] on rank 0; [] on rank 1"
         )
+        # a learning rate of each rank's own (each stage trained at its own, without a word)
+        assert rep["stopped_alone"]["own_learning_rate"] == (
+            "the model was compiled with another optimizer on some ranks. Every stage and "
+            "replica trains one model, so compile it alike on every rank (the same optimizer "
+            "settings and learning rate, the same loss). Received: "
+            "learning_rate=0.05000000074505806 on rank 0; learning_rate=0.10000000149011612 "
+            "on rank 1"
+        )
 
 
 def check_callbacks(reports: dict[int, dict[str, Any]]) -> None:
