@@ -591,7 +591,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             A ``keras.callbacks.History``.
 
         Raises:
-            ValueError: a dataset whose batches do not split into ``microbatches``; targets
+            ValueError: a training dataset whose batches do not split into
+                ``microbatches`` (validation's may); targets
                 that do not match a model's outputs (at the first step); a model class
                 that overrides Keras' ``train_step``, ``test_step``, ``compute_loss`` or
                 ``compute_metrics`` (tfsift runs its own step);
@@ -611,10 +612,12 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Keras' ``evaluate`` (``batch_size``, ``sample_weight``, ``verbose``, ``steps``,
         ``callbacks``, ``return_dict``): the loss averaged over the replicas, the metrics
-        over every replica's samples. Arrays are taken whole, as Keras takes them: the
-        samples whole batches leave are a last batch where every replica was dealt as many
-        and they split into the microbatches; otherwise rank 0 warns that they are left
-        out."""
+        over every replica's samples. Every sample is taken, as Keras takes them: a batch
+        that does not split into ``microbatches`` (a dataset's last, or the rows of arrays
+        that whole batches leave) is padded with copies of its last sample weighed 0, its
+        own samples' weights scaled so that the loss is their mean. Arrays are dealt to the
+        replicas, ``n // R`` each: rank 0 warns of the few that leaves out. ``fit``'s
+        validation is taken alike."""
         from tfsift import training
 
         return training.evaluate(self, x, y, **kwargs)

@@ -205,6 +205,11 @@ def fit_check(case: str, K: int, M: int) -> dict[str, Any]:
         head = keras.tree.map_structure(lambda t: t[:60], targets)
         batch = 60 if isinstance(model, KerasHeads) else 16
         evaluated += model.evaluate(x[:60], head, batch_size=batch, verbose=0)
+        # 64 - R samples: each replica's last batch, of 15, is padded to split into M
+        n = 64 - tfsift.dp_size()
+        head = keras.tree.map_structure(lambda t, n=n: t[:n], targets)
+        batch = n if isinstance(model, KerasHeads) else 16
+        evaluated += model.evaluate(x[:n], head, batch_size=batch, verbose=0)
         runs[type(model).__name__] = history, evaluated, named_weights(model)
     (history, evaluated, ref), (got, got_eval, mine) = runs["KerasHeads"], runs["TwoHeads"]
     return {
@@ -242,7 +247,8 @@ class OneHead(tfsift.DistributedModel):
 def partial_fit(K: int, M: int) -> dict[str, Any]:
     """Keras' and tfsift's fit of 60 samples in batches of 16 a replica (Keras': 16 R):
     each epoch ends with a partial batch, on each replica its own rest (2 x 2: rows 32-59
-    dealt, 14 each); the largest differences."""
+    dealt, 14 each); and their evaluate of 64 - R samples, whose last batch on each replica
+    is padded; the largest differences."""
     placed(K, M)
     x, y, _, weights = fit_data()
     runs = {}
@@ -252,6 +258,12 @@ def partial_fit(K: int, M: int) -> dict[str, Any]:
             x[:60], y[:60], sample_weight=weights[:60], epochs=2, shuffle=False, verbose=0,
             batch_size=16 * (tfsift.dp_size() if isinstance(model, KerasOne) else 1),
         ).history  # fmt: skip
+        # 64 - R samples: each replica's last batch, of 15, padded to split (a copy weighed 0)
+        n = 64 - tfsift.dp_size()
+        batch = n if isinstance(model, KerasOne) else 16
+        history["evaluated"] = model.evaluate(
+            x[:n], y[:n], sample_weight=weights[:n], batch_size=batch, verbose=0
+        )
         runs[type(model).__name__] = history, named_weights(model)
     (history, ref), (got, mine) = runs["KerasOne"], runs["OneHead"]
     return {

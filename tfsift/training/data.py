@@ -51,6 +51,7 @@ def training_data(
     *,
     ranks: Sequence[int] = (),
     partial: bool = False,
+    padded_batches: bool = False,
 ) -> tf.data.Dataset:
     """A dataset as it is (checked), or arrays made into this replica's shard of batches.
 
@@ -61,14 +62,16 @@ def training_data(
     replica is left out of an epoch; with ``partial`` (fit, unsifted), each replica's
     rows after its whole batches are a last batch, as many as split into the ``M``
     microbatches, so that an epoch trains every sample as Keras' does, and rank 0 warns
-    of any left out. ``ranks`` are the model's ``input_ranks``, for ``checked``.
+    of any left out. ``ranks`` are the model's ``input_ranks``, for ``checked``. With
+    ``padded_batches`` (an evaluation, which pads a batch that does not split: ``padded``),
+    a dataset's batches may be of any size.
     """
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
             raise ValueError(
                 f"{what}: y and sample_weight come from the dataset. Received: y, x a dataset"
             )
-        return checked(x, M, what, ranks)
+        return checked(x, 1 if padded_batches else M, what, ranks)
     refuse_unread(x, what)
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
@@ -79,53 +82,42 @@ def training_data(
     return checked(arrays, M, what)
 
 
-def _warn_left_out(
-    arrays: ArrayDataset,
-    M: int,
-    what: str,
-    rest: int,
-    out_of: str = "each epoch",
-    keras_does: str = "fit trains every",
-) -> None:
+def _warn_left_out(arrays: ArrayDataset, M: int, what: str, rest: int) -> None:
     """Rank 0 warns of the samples ``what`` leaves out of arrays made into ``arrays`` whose
     replicas each take whole batches and ``rest`` rows more: those left after dealing them
-    to R replicas, and those of a replica's rest that would not split into ``M``
-    microbatches; none where their count is a multiple of R M."""
+    to R replicas, and (``M`` > 1: fit, which trains no padded batch) those of a replica's
+    rest that would not split into ``M`` microbatches; none where their count is a
+    multiple of R M."""
     R = arrays.replicas
     left = arrays.rows - R * (arrays.share // arrays.batch_size * arrays.batch_size + rest)
-    if left and runtime.get().rank == 0:
-        log.warning(
-            "%s on arrays of %d samples leaves %d of them out of %s: each of the %d "
-            "replica(s) takes as many samples, in batches of %d and a last batch that splits "
-            "into %d microbatches (Keras' %s sample). Pass a number of samples that is a "
-            "multiple of %d (replicas x microbatches) to take every one",
-            what,
-            arrays.rows,
-            left,
-            out_of,
-            R,
-            arrays.batch_size,
-            M,
-            keras_does,
-            R * M,
-        )
+    if not left or runtime.get().rank != 0:
+        return
+    if M > 1:
+        how = f"in batches of {arrays.batch_size} and a last that splits into {M} microbatches"
+        unit = f"{R * M} (replicas x microbatches)"
+    else:
+        how, unit = "dealt in turn", f"{R} (the replicas)"
+    log.warning(
+        "%s on arrays of %d samples leaves %d of them out: each of the %d replica(s) takes "
+        "as many samples, %s (Keras' %s takes every sample). Pass a number of samples that "
+        "is a multiple of %s to take every one",
+        what, arrays.rows, left, R, how, what, unit,
+    )  # fmt: skip
 
 
-def tail(dataset: tf.data.Dataset, M: int, what: str) -> tuple[Any, Any, Any] | None:
+def tail(dataset: tf.data.Dataset, what: str) -> tuple[Any, Any, Any] | None:
     """The samples of arrays made into ``dataset`` that its whole batches leave out, as
     one last ``(x, y, sample_weight)`` batch for ``what``, an evaluation (Keras' takes
-    every sample, its last batch partial); None if there are none. Each replica takes the
-    rows it was dealt after its whole batches (in order: an evaluation does not shuffle),
-    as many as split into the ``M`` microbatches: every replica takes as many, so the
-    replicas' mean is the mean over the samples taken. Rank 0 warns of those left out.
-    """
+    every sample, its last batch partial, which the evaluation pads to split into the
+    microbatches); None if there are none. Each replica takes the rows it was dealt after
+    its whole batches (in order: an evaluation does not shuffle). Rank 0 warns of the rows
+    that dealing left out (fewer than the replicas)."""
     if not isinstance(dataset, ArrayDataset):
         return None
     B = dataset.batch_size
     whole = dataset.share // B * B  # rows each replica takes in whole batches
     rest = dataset.share - whole
-    rest -= rest % M
-    _warn_left_out(dataset, M, what, rest, "its loss and metrics", "takes every")
+    _warn_left_out(dataset, 1, what, rest)
     if rest == 0:
         return None
     batch = dataset.gather(dataset.order(0)[whole : whole + rest])
@@ -133,6 +125,33 @@ def tail(dataset: tf.data.Dataset, M: int, what: str) -> tuple[Any, Any, Any] | 
         tree.map_structure(tf.convert_to_tensor, batch)
     )
     return x, y, weight
+
+
+def evaluated_batch(x: Any, y: Any, weight: Any, M: int) -> tuple[Any, Any, Any, int]:
+    """A batch of an evaluation ready for its step: ``(x, y, sample_weight, rows)``, a batch
+    that does not split into ``M`` microbatches padded to one that does (``padded``), its
+    copies weighed 0 and its own rows ``(padded rows) / rows`` times their weight, so that
+    the loss, the mean over the padded batch, is the mean over its own rows (Keras'
+    default reduction divides by the batch's size); None weights where it splits.
+
+    Raises:
+        ValueError: a batch to pad with sample weights per output (a structure of them).
+    """
+    x_p, rows = padded(x, M)
+    if x_p is x:
+        return x, y, weight, rows
+    if tree.is_nested(weight):
+        raise ValueError(
+            f"evaluation pads a batch of {rows} samples to {int(tree.flatten(x_p)[0].shape[0])}"
+            f" to split it into microbatches={M}, which it does with one sample weight a "
+            "sample, not one per output: give a batch size that splits, or one weight for "
+            "all outputs. Received: sample_weight per output"
+        )
+    total = int(tree.flatten(x_p)[0].shape[0])
+    scale = tf.concat([tf.fill([rows], total / rows), tf.zeros([total - rows])], 0)
+    y_p = padded(y, M)[0]
+    w_p = None if weight is None else padded(weight, M)[0]
+    return x_p, y_p, sifted_weights(y_p, w_p, scale), rows
 
 
 def refuse_unread(x: Any, what: str) -> None:
@@ -235,9 +254,10 @@ def validation(
     data: Any, batch_size: int | None, M: int, ranks: Sequence[int] = ()
 ) -> tf.data.Dataset:
     """``validation_data``: a dataset, or a tuple ``(x, y)`` or ``(x, y, sample_weight)``
-    of arrays, batched as the training arrays (Keras' default ``validation_batch_size``)."""
+    of arrays, batched as the training arrays (Keras' default ``validation_batch_size``);
+    batches of any size (an evaluation pads them: ``evaluated_batch``)."""
     if isinstance(data, tf.data.Dataset):
-        return checked(data, M, "fit's validation_data", ranks)
+        return checked(data, 1, "fit's validation_data", ranks)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         x, y, weight = (*data, None)[:3]
         return training_data(x, y, weight, batch_size, M, "fit's validation_data", False)

@@ -138,7 +138,7 @@ def fit(
     # the rows of validation arrays that whole batches leave: taken (or warned of) once
     val_rest = None
     if validation_data is not None:
-        val_rest = _rest(validation_data, validation_steps, M, "fit's validation data")
+        val_rest = _rest(validation_data, validation_steps, "fit's validation data")
     if initial_epoch:
         data.start_at(source, initial_epoch)
         if sift is not None and restored is None:  # a fresh sifted dataset counts from here
@@ -185,9 +185,10 @@ def evaluate(
     compiled = compiled_of(model)
     M = runtime.get().config.microbatches
     dataset = data.training_data(
-        x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model)
-    )
-    batches, count = _every_batch(dataset, steps, _rest(dataset, steps, M, "evaluate"))
+        x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model),
+        padded_batches=True,
+    )  # fmt: skip
+    batches, count = _every_batch(dataset, steps, _rest(dataset, steps, "evaluate"))
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=count)
     logs = _test_loop(model, compiled, batches, cbs, "evaluate")
     return logs if return_dict else _listed(logs, compiled)
@@ -414,10 +415,10 @@ def _recorder(compiled: Compiled, train: Any) -> Record:
     return record
 
 
-def _rest(dataset: tf.data.Dataset, steps: int | None, M: int, what: str) -> Any:
+def _rest(dataset: tf.data.Dataset, steps: int | None, what: str) -> Any:
     """The last batch an evaluation of all of ``dataset`` takes after its whole batches, as
     Keras evaluates every sample (``data.tail``); None with ``steps``, or where none is."""
-    return None if steps is not None else data.tail(dataset, M, what)
+    return None if steps is not None else data.tail(dataset, what)
 
 
 def _every_batch(
@@ -440,14 +441,17 @@ def _test_loop(
 ) -> Logs:
     trackers = _reset(compiled)
     logs: Logs = {}
+    M = runtime.get().config.microbatches
     cbs.on_test_begin()
     for n, (x, y, weight) in enumerate(batches):
         cbs.on_test_batch_begin(n)
-        losses, y_pred = compiled.eval_step(x, y, *_weights(weight))
+        # a batch that does not split into the microbatches is padded, its copies weighed 0
+        x_p, y_p, w_p, rows = data.evaluated_batch(x, y, weight, M)
+        losses, y_pred = compiled.eval_step(x_p, y_p, *_weights(w_p))
         if n == 0:  # after a step (the model partitioned); the weights stay as they are
             check_output_mask(model)
             penalty = compiled.penalties.value()
-        logs = _update(compiled, trackers, losses, y_pred, y, weight, penalty)
+        logs = _update(compiled, trackers, losses, y_pred, y, weight, penalty, rows)
         cbs.on_test_batch_end(n, logs)
     if not logs:  # as predict: a loss of nothing is no number to report
         raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
@@ -490,11 +494,13 @@ def _update(
     y: Any,
     weight: Any,
     penalty: float = 0.0,
+    rows: int | None = None,
 ) -> Logs:
     """Updates the loss means (``"loss"`` with the weights' ``penalty``, as Keras' loss
     includes it; each output's without, as Keras tracks them) and the metrics from the
-    step's outputs; the replicas' mean."""
-    y_pred = tree.map_structure(lambda o: o.concat(), y_pred)
+    step's outputs, of its first ``rows`` samples (those of a padded batch; None: all);
+    the replicas' mean."""
+    y_pred = tree.map_structure(lambda o: o.concat()[:rows], y_pred)
     batch = int(tree.flatten(y_pred)[0].shape[0])
     for name, value in losses.items():
         if name not in trackers:  # a Mean makes its variables: once per loss, not per batch
