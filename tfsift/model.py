@@ -563,13 +563,15 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             >>> model.fit(tfsift.shard(ds).batch(32, drop_remainder=True), epochs=3)
 
         Args:
-            x: a dataset of ``(x, y)`` or ``(x, y, sample_weight)`` batches, each
-                divisible by ``microbatches``; or input arrays, read as
+            x: a dataset of ``(x, y)`` or ``(x, y, sample_weight)`` batches, its batch
+                size divisible by ``microbatches``; or input arrays, read as
                 ``tfsift.from_arrays`` does (permuted each epoch unless ``shuffle=False``,
-                dealt to the replicas, batches of ``batch_size``, default 32, gathered by
-                row; as Keras', an epoch ends with a partial batch of the rest, as many as
-                split into the microbatches, the others left out with a warning; with
-                ``sift``, the rest is left out). ``batch_size`` is each replica's,
+                dealt to the replicas, ``n // R`` each, batches of ``batch_size``, default
+                32, gathered by row; as Keras', an epoch ends with a partial batch of the
+                rest; with ``sift``, the rest is left out). A last, smaller batch that does
+                not split into the microbatches is padded with copies of its last sample
+                weighed 0 (its own samples' weights scaled so that the loss and gradients
+                are their mean). ``batch_size`` is each replica's,
                 as in Horovod and ``tfsift.shard(ds).batch(B)``: a step over R replicas
                 takes R times it (Keras' distribution strategies take it as the step's
                 whole batch). A ``keras.utils.PyDataset`` or a

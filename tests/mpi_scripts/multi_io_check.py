@@ -245,21 +245,20 @@ class OneHead(tfsift.DistributedModel):
 
 
 def partial_fit(K: int, M: int) -> dict[str, Any]:
-    """Keras' and tfsift's fit of 60 samples in batches of 16 a replica (Keras': 16 R):
-    each epoch ends with a partial batch, on each replica its own rest (2 x 2: rows 32-59
-    dealt, 14 each); and their evaluate of 64 - R samples, whose last batch on each replica
-    is padded; the largest differences."""
+    """Keras' and tfsift's fit and evaluate of 64 - R samples in batches of 16 a replica
+    (Keras': 16 R): each epoch ends with a partial batch, on each replica its own rest (2 x
+    2: rows 32-61 dealt, 15 each), padded to split into the microbatches with a copy
+    weighed 0; the largest differences."""
     placed(K, M)
     x, y, _, weights = fit_data()
     runs = {}
+    n = 64 - tfsift.dp_size()  # each replica's last batch, of 15, padded to 16
     for model in (KerasOne(), OneHead()):
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss=CE, metrics=["accuracy"])
         history = model.fit(
-            x[:60], y[:60], sample_weight=weights[:60], epochs=2, shuffle=False, verbose=0,
+            x[:n], y[:n], sample_weight=weights[:n], epochs=2, shuffle=False, verbose=0,
             batch_size=16 * (tfsift.dp_size() if isinstance(model, KerasOne) else 1),
         ).history  # fmt: skip
-        # 64 - R samples: each replica's last batch, of 15, padded to split (a copy weighed 0)
-        n = 64 - tfsift.dp_size()
         batch = n if isinstance(model, KerasOne) else 16
         history["evaluated"] = model.evaluate(
             x[:n], y[:n], sample_weight=weights[:n], batch_size=batch, verbose=0

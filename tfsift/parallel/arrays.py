@@ -142,7 +142,8 @@ class ArrayDataset(RowDataset):
         partial: bool = False,
     ) -> None:
         """``partial`` (fit's arrays): each epoch ends with a last batch of the rows each
-        replica has left after its whole batches, as many as split into the microbatches."""
+        replica has left after its whole batches (``fit`` pads one that does not split
+        into the microbatches)."""
         # a memory map stays one, unread; lists become tuples, as Keras' fit makes them (a
         # list in tf.data is one tensor): e.g. the targets of a model's outputs, [y1, y2]
         self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(data))
@@ -392,9 +393,9 @@ def _rows(leaves: list[np.ndarray], what: str) -> int:
 
 
 def _check_batching(B: int, rows: int, what: str, partial: bool = False) -> int:
-    """The rows of each replica's last partial batch (with ``partial``, as many of those
-    left after its whole batches as split into the microbatches; else 0), after checking
-    that the batches split into the microbatches and that each replica has one to train."""
+    """The rows of each replica's last partial batch (with ``partial``, those left after
+    its whole batches; else 0), after checking that the batches split into the microbatches
+    and that each replica has one to train."""
     rt = runtime.get()
     M, replicas = rt.config.microbatches, rt.topology.replicas
     if B < 1 or B % M:
@@ -403,7 +404,7 @@ def _check_batching(B: int, rows: int, what: str, partial: bool = False) -> int:
             f"every batch splits into {M} microbatches. Received: batch_size={B}"
         )
     left = rows // replicas % B
-    rest = left - left % M if partial else 0
+    rest = left if partial else 0
     if rows // replicas < B and not rest:
         raise ValueError(
             f"{what}: each of the {replicas} replica(s) gets {rows // replicas} rows per "

@@ -51,7 +51,7 @@ def training_data(
     *,
     ranks: Sequence[int] = (),
     partial: bool = False,
-    padded_batches: bool = False,
+    pads: str | None = None,
 ) -> tf.data.Dataset:
     """A dataset as it is (checked), or arrays made into this replica's shard of batches.
 
@@ -60,49 +60,42 @@ def training_data(
     as a third of its step: ``scripts/bench_sifting_epochs.py``), and InfoBatch never
     reads a pruned row. Batches are whole (``drop_remainder``), so up to a batch per
     replica is left out of an epoch; with ``partial`` (fit, unsifted), each replica's
-    rows after its whole batches are a last batch, as many as split into the ``M``
-    microbatches, so that an epoch trains every sample as Keras' does, and rank 0 warns
-    of any left out. ``ranks`` are the model's ``input_ranks``, for ``checked``. With
-    ``padded_batches`` (an evaluation, which pads a batch that does not split: ``padded``),
-    a dataset's batches may be of any size.
+    rows after its whole batches are a last batch, so that an epoch trains every sample as
+    Keras' does, and rank 0 warns of any that dealing left out. ``ranks`` are the model's
+    ``input_ranks``, for ``checked``. ``pads``, what a dataset's batches need not split
+    into the microbatches, which the step pads (``padded_batch``): ``"last"`` (``fit``
+    unsifted: a last, smaller batch; a batch size that does not split would pad every
+    step, and is refused) or ``"any"`` (an evaluation).
     """
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
             raise ValueError(
                 f"{what}: y and sample_weight come from the dataset. Received: y, x a dataset"
             )
-        return checked(x, 1 if padded_batches else M, what, ranks)
+        return checked(x, 1 if pads == "any" else M, what, ranks, pad_last=pads == "last")
     refuse_unread(x, what)
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
     arrays = ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what, partial)
     if partial:
-        _warn_left_out(arrays, M, what, arrays.rest)
+        _warn_left_out(arrays, what, arrays.rest)
     return checked(arrays, M, what)
 
 
-def _warn_left_out(arrays: ArrayDataset, M: int, what: str, rest: int) -> None:
-    """Rank 0 warns of the samples ``what`` leaves out of arrays made into ``arrays`` whose
-    replicas each take whole batches and ``rest`` rows more: those left after dealing them
-    to R replicas, and (``M`` > 1: fit, which trains no padded batch) those of a replica's
-    rest that would not split into ``M`` microbatches; none where their count is a
-    multiple of R M."""
+def _warn_left_out(arrays: ArrayDataset, what: str, rest: int) -> None:
+    """Rank 0 warns of the samples ``what`` leaves out of arrays made into ``arrays``, whose
+    replicas each take whole batches and ``rest`` rows more: those that dealing them to R
+    replicas left (fewer than R); none where their count is a multiple of R."""
     R = arrays.replicas
     left = arrays.rows - R * (arrays.share // arrays.batch_size * arrays.batch_size + rest)
-    if not left or runtime.get().rank != 0:
-        return
-    if M > 1:
-        how = f"in batches of {arrays.batch_size} and a last that splits into {M} microbatches"
-        unit = f"{R * M} (replicas x microbatches)"
-    else:
-        how, unit = "dealt in turn", f"{R} (the replicas)"
-    log.warning(
-        "%s on arrays of %d samples leaves %d of them out: each of the %d replica(s) takes "
-        "as many samples, %s (Keras' %s takes every sample). Pass a number of samples that "
-        "is a multiple of %s to take every one",
-        what, arrays.rows, left, R, how, what, unit,
-    )  # fmt: skip
+    if left and runtime.get().rank == 0:
+        log.warning(
+            "%s on arrays of %d samples leaves %d of them out: each of the %d replicas takes "
+            "as many samples (Keras takes every one). Pass a number of samples that is a "
+            "multiple of %d, the replicas, to take every one",
+            what, arrays.rows, left, R, R,
+        )  # fmt: skip
 
 
 def tail(dataset: tf.data.Dataset, what: str) -> tuple[Any, Any, Any] | None:
@@ -117,7 +110,7 @@ def tail(dataset: tf.data.Dataset, what: str) -> tuple[Any, Any, Any] | None:
     B = dataset.batch_size
     whole = dataset.share // B * B  # rows each replica takes in whole batches
     rest = dataset.share - whole
-    _warn_left_out(dataset, 1, what, rest)
+    _warn_left_out(dataset, what, rest)
     if rest == 0:
         return None
     batch = dataset.gather(dataset.order(0)[whole : whole + rest])
@@ -127,12 +120,14 @@ def tail(dataset: tf.data.Dataset, what: str) -> tuple[Any, Any, Any] | None:
     return x, y, weight
 
 
-def evaluated_batch(x: Any, y: Any, weight: Any, M: int) -> tuple[Any, Any, Any, int]:
-    """A batch of an evaluation ready for its step: ``(x, y, sample_weight, rows)``, a batch
+def padded_batch(x: Any, y: Any, weight: Any, M: int) -> tuple[Any, Any, Any, int]:
+    """A batch of ``fit`` or an evaluation ready for its step: ``(x, y, sample_weight,
+    rows)``, a batch
     that does not split into ``M`` microbatches padded to one that does (``padded``), its
     copies weighed 0 and its own rows ``(padded rows) / rows`` times their weight, so that
     the loss, the mean over the padded batch, is the mean over its own rows (Keras'
-    default reduction divides by the batch's size); None weights where it splits.
+    default reduction divides by the batch's size), and so are its gradients; the batch as
+    it is where it splits.
 
     Raises:
         ValueError: a batch to pad with sample weights per output (a structure of them).
@@ -142,8 +137,8 @@ def evaluated_batch(x: Any, y: Any, weight: Any, M: int) -> tuple[Any, Any, Any,
         return x, y, weight, rows
     if tree.is_nested(weight):
         raise ValueError(
-            f"evaluation pads a batch of {rows} samples to {int(tree.flatten(x_p)[0].shape[0])}"
-            f" to split it into microbatches={M}, which it does with one sample weight a "
+            f"tfsift pads a batch of {rows} samples to {int(tree.flatten(x_p)[0].shape[0])} to"
+            f" split it into microbatches={M}, which it does with one sample weight a "
             "sample, not one per output: give a batch size that splits, or one weight for "
             "all outputs. Received: sample_weight per output"
         )
@@ -255,7 +250,7 @@ def validation(
 ) -> tf.data.Dataset:
     """``validation_data``: a dataset, or a tuple ``(x, y)`` or ``(x, y, sample_weight)``
     of arrays, batched as the training arrays (Keras' default ``validation_batch_size``);
-    batches of any size (an evaluation pads them: ``evaluated_batch``)."""
+    batches of any size (an evaluation pads them: ``padded_batch``)."""
     if isinstance(data, tf.data.Dataset):
         return checked(data, 1, "fit's validation_data", ranks)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
@@ -295,8 +290,11 @@ def padded(inputs: Any, M: int) -> tuple[Any, int]:
     ), rows
 
 
-def checked(dataset: Any, M: int, what: str, ranks: Sequence[int] = ()) -> tf.data.Dataset:
-    """``dataset`` if it is a batched ``tf.data.Dataset`` whose batches split into ``M``.
+def checked(
+    dataset: Any, M: int, what: str, ranks: Sequence[int] = (), *, pad_last: bool = False
+) -> tf.data.Dataset:
+    """``dataset`` if it is a batched ``tf.data.Dataset`` whose batches split into ``M``
+    (with ``pad_last``, whose batch size does: a last, smaller batch is padded).
 
     The one check of every dataset ``fit``, ``evaluate`` and ``predict`` take. Unbatched
     shows as a tensor without dimensions, tensors disagreeing on the batch axis' size or,
@@ -322,7 +320,7 @@ def checked(dataset: Any, M: int, what: str, ranks: Sequence[int] = ()) -> tf.da
             f"Received: element_spec={dataset.element_spec}"
         )
     if M > 1:
-        _check_splits(dataset, M, what)
+        _check_splits(dataset, M, what, pad_last)
     return dataset
 
 
@@ -405,12 +403,22 @@ def _unbatched(spec: Any, ranks: Sequence[int]) -> str | None:
     return None
 
 
-def _check_splits(dataset: tf.data.Dataset, M: int, what: str) -> None:
-    """Refuses batches that do not all split into ``M`` microbatches."""
+def _check_splits(dataset: tf.data.Dataset, M: int, what: str, pad_last: bool) -> None:
+    """Refuses batches that do not all split into ``M`` microbatches (with ``pad_last``, a
+    batch size that does not: the last batch may be smaller, and is padded)."""
     if isinstance(dataset, RowDataset):  # its batches, a partial last one too, were checked
         return
     batch = tree.flatten(dataset.element_spec)[0].shape[0]
     sizes = batching(dataset) if batch is None else None
+    if pad_last:
+        B = batch if sizes is None else sizes[0]
+        if B is not None and B % M:
+            raise ValueError(
+                f"{what} needs a batch size that splits into microbatches={M} equal parts (a "
+                "last, smaller batch is padded to split, as Keras trains it): batch the "
+                f"dataset with .batch(B), B a multiple of {M}. Received: batch size {B}"
+            )
+        return
     if sizes is None:
         if batch is None or batch % M:
             raise ValueError(

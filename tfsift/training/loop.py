@@ -97,7 +97,16 @@ def fit(
                 x, y, sample_weight, validation_split
             )
     train = data.training_data(
-        x, y, sample_weight, batch_size, M, "fit", shuffle, ranks=ranks, partial=sift is None
+        x,
+        y,
+        sample_weight,
+        batch_size,
+        M,
+        "fit",
+        shuffle,
+        ranks=ranks,
+        partial=sift is None,
+        pads="last" if sift is None else None,
     )
     source = train  # before class weights and sifting wrap it: what orders the epochs
     if class_weight is not None:
@@ -186,7 +195,7 @@ def evaluate(
     M = runtime.get().config.microbatches
     dataset = data.training_data(
         x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model),
-        padded_batches=True,
+        pads="any",
     )  # fmt: skip
     batches, count = _every_batch(dataset, steps, _rest(dataset, steps, "evaluate"))
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=count)
@@ -279,10 +288,11 @@ def test_on_batch(
     check_hooks(model, "test_on_batch", TEST_HOOKS)
     compiled = compiled_of(model)
     x, y, weight = _one_batch(model, x, y, sample_weight, "test_on_batch")
-    losses, y_pred = compiled.eval_step(x, y, *_weights(weight))
-    logs = _update(
-        compiled, _reset(compiled), losses, y_pred, y, weight, compiled.penalties.value()
-    )
+    M = runtime.get().config.microbatches
+    x_p, y_p, w_p, rows = data.padded_batch(x, y, weight, M)
+    losses, y_pred = compiled.eval_step(x_p, y_p, *_weights(w_p))
+    penalty = compiled.penalties.value()
+    logs = _update(compiled, _reset(compiled), losses, y_pred, y, weight, penalty, rows)
     return logs if return_dict else _listed(logs, compiled)
 
 
@@ -302,13 +312,13 @@ def _one_batch(
     what: str,
     class_weight: dict[int, float] | None = None,
 ) -> Any:
-    """``(x, y, sample_weight)`` of one batch, checked as ``fit`` checks a dataset's and
-    weighted by ``class_weight`` as ``fit`` weighs it."""
+    """``(x, y, sample_weight)`` of one batch, of any size (its step pads it to split into
+    the microbatches), checked as ``fit`` checks a dataset's and weighted by
+    ``class_weight`` as ``fit`` weighs it."""
     # lists become tuples, as in fit's arrays (a list in tf.data is one tensor)
     element = tree.lists_to_tuples(tuple(part for part in (x, y, weight) if part is not None))
     dataset = tf.data.Dataset.from_tensors(element if len(element) > 1 else element[0])
-    M = runtime.get().config.microbatches
-    dataset = data.checked(dataset, M, what, data.input_ranks(model))
+    dataset = data.checked(dataset, 1, what, data.input_ranks(model))
     if class_weight is not None:
         dataset = data.with_class_weight(dataset, class_weight)
     return next(data.batches(dataset, 1))
@@ -386,15 +396,17 @@ def _train_batch(
     With ``record`` (``SiftConfig(scores="training")``) the batch's per-sample losses go
     back to the sifted dataset."""
     x, y, weight = batch
-    grads, losses, y_pred = compiled.train_step(x, y, *_weights(weight))
+    # a batch that does not split into the microbatches is padded, its copies weighed 0
+    x_p, y_p, w_p, rows = data.padded_batch(x, y, weight, runtime.get().config.microbatches)
+    grads, losses, y_pred = compiled.train_step(x_p, y_p, *_weights(w_p))
     check_output_mask(model)  # on every rank, before any update
     grads, penalty = compiled.penalties.apply(allreduce(grads))  # Keras' model.losses
     # every stage, one without trainable variables too: it takes its part in the sums the
     # others' update makes over the pipeline (a global norm, a loss scale's finite check)
     compiled.update(grads)
-    if record is not None:
+    if record is not None:  # a sifted batch splits: never padded
         record(y, y_pred, weight)
-    return _update(compiled, trackers, losses, y_pred, y, weight, penalty)
+    return _update(compiled, trackers, losses, y_pred, y, weight, penalty, rows)
 
 
 def _sift_logs(train: Any) -> Logs:
@@ -446,7 +458,7 @@ def _test_loop(
     for n, (x, y, weight) in enumerate(batches):
         cbs.on_test_batch_begin(n)
         # a batch that does not split into the microbatches is padded, its copies weighed 0
-        x_p, y_p, w_p, rows = data.evaluated_batch(x, y, weight, M)
+        x_p, y_p, w_p, rows = data.padded_batch(x, y, weight, M)
         losses, y_pred = compiled.eval_step(x_p, y_p, *_weights(w_p))
         if n == 0:  # after a step (the model partitioned); the weights stay as they are
             check_output_mask(model)

@@ -241,41 +241,50 @@ def test_evaluate_and_validation_on_arrays_take_every_sample_as_keras_does(
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == []
 
 
-def test_fit_on_arrays_trains_every_sample_in_a_last_partial_batch_as_keras_does(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("n", [70, 69])
+def test_fit_trains_every_sample_in_a_last_partial_batch_as_keras_does(
+    n: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # 70 samples in batches of 16: the 6 after the 4 whole batches are a last batch of 3
-    # microbatches of 2 (they were left out of every epoch without a word); 69: 4 of the
-    # 5 left split into 2, and rank 0 names the one left out
+    # batches of 16: 70 samples end with a batch of 6, 3 microbatches of 2; 69 with one of
+    # 5, padded to 6 with a copy weighed 0 (they were left out of every epoch without a
+    # word); as arrays and as a dataset (whose last batch of 5 was refused), weighted
+    tfsift.init({"microbatches": 2})
+    x, y, weight = seventy()
+    x, y, weight = x[:n], y[:n], weight[:n]
+    batches = tf.data.Dataset.from_tensor_slices((x, y, weight)).batch(16)
+    runs = []
+    for model, data in ((keras_and_tfsift()[0], "arrays"), (SeededMlp(), "arrays"),
+                        (SeededMlp(), "dataset")):  # fmt: skip
+        as_keras(model, metrics=["accuracy"])
+        with caplog.at_level(logging.WARNING, logger="tfsift"):
+            if data == "arrays":
+                fitted = model.fit(
+                    x, y, sample_weight=weight, batch_size=16, epochs=2, shuffle=False, verbose=0
+                )
+            else:
+                fitted = model.fit(batches, epochs=2, verbose=0)
+        runs.append((fitted.history, model.get_weights()))
+    want, expected = runs[0]
+    for got, weights in runs[1:]:
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
+        for a, b in zip(weights, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
+def test_on_batch_methods_take_a_batch_that_does_not_split_as_keras_does() -> None:
+    # 5 samples on 2 microbatches: padded to 6, the copy weighed 0 (refused before)
     tfsift.init({"microbatches": 2})
     x, y, weight = seventy()
     runs = []
-    for model, n in ((keras.Sequential([keras.Input((5,)), *seeded_layers()]), 70),
-                     (SeededMlp(), 70), (SeededMlp(), 69)):  # fmt: skip
+    for model in keras_and_tfsift():
         as_keras(model, metrics=["accuracy"])
-        with caplog.at_level(logging.WARNING, logger="tfsift"):
-            history = model.fit(
-                x[:n], y[:n], sample_weight=weight[:n], batch_size=16, epochs=2, shuffle=False,
-                verbose=0,
-            ).history  # fmt: skip
-        runs.append((history, model.get_weights()))
-    (want, expected), (got, weights), (_, fewer) = runs
-    assert sorted(got) == sorted(want)
-    for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
-    for a, b in zip(weights, expected, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    keras_68 = as_keras(keras_and_tfsift()[0])
-    keras_68.fit(x[:68], y[:68], sample_weight=weight[:68], batch_size=16, epochs=2,
-                 shuffle=False, verbose=0)  # fmt: skip
-    for a, b in zip(fewer, keras_68.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
-        "fit on arrays of 69 samples leaves 1 of them out: each of the 1 replica(s) takes "
-        "as many samples, in batches of 16 and a last that splits into 2 microbatches "
-        "(Keras' fit takes every sample). Pass a number of samples that is a multiple of 2 "
-        "(replicas x microbatches) to take every one"
-    ]
+        trained = model.train_on_batch(x[:5], y[:5], sample_weight=weight[:5])
+        tested = model.test_on_batch(x[5:10], y[5:10])
+        runs.append([*trained, *tested, *np.ravel(model.predict_on_batch(x[:5]))])
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6, atol=1e-7)
 
 
 def test_fit_on_fewer_samples_than_a_batch_trains_them_as_one_batch_as_keras_does() -> None:
@@ -545,17 +554,19 @@ def test_fit_with_infobatch_for_other_epochs_than_it_trains_fails_before_trainin
     assert model.partitioned is None  # nothing ran
 
 
-def test_a_batch_not_divisible_by_microbatches_fails_before_training() -> None:
+def test_a_batch_size_not_divisible_by_microbatches_fails_before_training() -> None:
+    # every step would be padded; a last, smaller batch is (64 in batches of 6: 4 left)
     model = compiled_model(microbatches=3)
     with pytest.raises(ValueError) as err:
-        model.fit(dataset(batch=6, drop_remainder=False), verbose=0)
-    assert str(err.value) == (
-        "fit needs every batch, the last one too, to split into microbatches=3 equal parts. "
-        "Received: 64 samples in batches of 6 (last batch 4); use .batch(6, drop_remainder=True)"
-    )
-    with pytest.raises(ValueError, match=r"microbatches=3.*Received: batch size 16"):
         model.fit(dataset(), verbose=0)
+    assert str(err.value) == (
+        "fit needs a batch size that splits into microbatches=3 equal parts (a last, smaller "
+        "batch is padded to split, as Keras trains it): batch the dataset with .batch(B), B a "
+        "multiple of 3. Received: batch size 16"
+    )
     assert model.partitioned is None  # nothing ran
+    history = model.fit(dataset(batch=6, drop_remainder=False), verbose=0)
+    assert np.isfinite(history.history["loss"][0])
 
 
 def test_a_dataset_of_known_size_trains_without_drop_remainder_when_every_batch_splits() -> None:
