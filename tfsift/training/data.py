@@ -127,21 +127,11 @@ def padded_batch(x: Any, y: Any, weight: Any, M: int) -> tuple[Any, Any, Any, in
     copies weighed 0 and its own rows ``(padded rows) / rows`` times their weight, so that
     the loss, the mean over the padded batch, is the mean over its own rows (Keras'
     default reduction divides by the batch's size), and so are its gradients; the batch as
-    it is where it splits.
-
-    Raises:
-        ValueError: a batch to pad with sample weights per output (a structure of them).
+    it is where it splits. Weights per output are padded and scaled each.
     """
     x_p, rows = padded(x, M)
     if x_p is x:
         return x, y, weight, rows
-    if tree.is_nested(weight):
-        raise ValueError(
-            f"tfsift pads a batch of {rows} samples to {int(tree.flatten(x_p)[0].shape[0])} to"
-            f" split it into microbatches={M}, which it does with one sample weight a "
-            "sample, not one per output: give a batch size that splits, or one weight for "
-            "all outputs. Received: sample_weight per output"
-        )
     total = int(tree.flatten(x_p)[0].shape[0])
     scale = tf.concat([tf.fill([rows], total / rows), tf.zeros([total - rows])], 0)
     y_p = padded(y, M)[0]
