@@ -34,7 +34,9 @@ tfsift.callbacks.BackupAndRestore). Each end is one line on stderr, ``tfsift run
 1 of 3 failed (exit code 137, ...); starting attempt 2 of 3``. A failure that repeats
 identically, with the same exit code and the same first Python error line (``ValueError:
 ...``, the first exception a rank printed), is a bug in the script: it stops the run
-after the first restart. Ctrl-C stops it too (docs/failures.md, Restarts).
+after the first restart. Ctrl-C stops it too, and a SIGINT, SIGTERM or SIGHUP sent to
+``tfsift run`` alone is passed to mpirun, which ends every rank (docs/failures.md,
+Restarts).
 
 ``--min-np M`` (with ``--restarts`` and hosts): before each restart, every host is probed
 with ssh, and the job is relaunched on those that answer, with the largest multiple of M
@@ -56,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -201,10 +204,34 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         say("interrupted; not restarting")
         return 130
+    except Interrupted as stop:
+        say(
+            f"{signal.Signals(stop.signum).name} passed to mpirun, which ended the ranks; "
+            "not restarting"
+        )
+        return 128 + stop.signum
+
+
+# The signals a supervisor or a scheduler sends the launcher alone (Slurm's scancel,
+# systemd, a timeout): passed on to mpirun, which ends every rank, as torchrun ends its
+# workers. A terminal's Ctrl-C reaches mpirun and the ranks themselves too.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(Exception):
+    """The launcher received ``signum`` (one of ``FORWARDED``) and mpirun has ended."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def launch_once(parsed: RunArgs, env: Mapping[str, str], quiet: bool) -> restarts.Outcome:
-    """Runs mpirun once, forwarding the ranks' stderr; how it ended."""
+    """Runs mpirun once, forwarding the ranks' stderr; how it ended.
+
+    Raises:
+        Interrupted: a ``FORWARDED`` signal arrived; it was passed to mpirun, which ended.
+    """
     watch = restarts.ErrorWatch()
     with subprocess.Popen(command(parsed), env=env, stderr=subprocess.PIPE) as proc:
         assert proc.stderr is not None
@@ -214,9 +241,73 @@ def launch_once(parsed: RunArgs, env: Mapping[str, str], quiet: bool) -> restart
             ender.seen(line)
             watch.seen(line)
 
-        forward(proc.stderr, sys.stderr.buffer, quiet=quiet, seen=seen)
+        with passed_on(proc) as received:
+            forward(proc.stderr, sys.stderr.buffer, quiet=quiet, seen=seen)
+            proc.wait()
     ender.cancel()
+    if received:
+        outlived(received.ranks, exit_grace())
+        raise Interrupted(received[0])
     return restarts.Outcome(proc.returncode, watch.error)
+
+
+class Received(list[int]):
+    """The signals ``passed_on`` received, and mpirun's processes below it at the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ranks: list[int] = []
+
+
+def outlived(pids: Sequence[int], grace: float) -> None:
+    """Waits up to ``grace`` seconds for ``pids`` (mpirun's ranks and daemons, which end
+    shortly after mpirun passes a signal on) to end, then ends those left with SIGKILL: a
+    supervisor that relaunches at once must not meet the last job's ranks."""
+    deadline = time.monotonic() + grace
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if _running(pid)]
+    for pid in alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and is no zombie (ended, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@contextlib.contextmanager
+def passed_on(proc: Any) -> Any:
+    """Passes each ``FORWARDED`` signal the launcher receives to ``proc`` (mpirun) instead
+    of ending the launcher, which left mpirun and every rank running; a second one ends
+    mpirun and its children at once (SIGKILL), as a second Ctrl-C does mpirun's. Yields
+    the signals received, in order; the former handlers come back after the block."""
+    received = Received()
+
+    def handle(signum: int, _: Any) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            received.ranks = descendants(proc.pid)  # mpirun may end before they do
+            with contextlib.suppress(OSError):
+                proc.send_signal(signum)
+            return
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            proc.kill()
+
+    former = {sig: signal.signal(sig, handle) for sig in FORWARDED}
+    try:
+        yield received
+    finally:
+        for sig, handler in former.items():
+            signal.signal(sig, handler)
 
 
 def say(message: str) -> None:

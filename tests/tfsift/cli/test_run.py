@@ -6,6 +6,7 @@ import doctest
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -305,3 +306,38 @@ def test_descendants_are_the_whole_tree_below_a_process() -> None:
             os.kill(pid, 9)
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_alone_ends_every_rank_and_no_restart(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # a scheduler or supervisor signals the launcher's process alone: it ended at once and
+    # left mpirun and every rank running until the script ended (a minute here)
+    script = tmp_path / "sleeps.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+        "open(os.path.join(sys.argv[1], 'rank' + rank), 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "OMPI_"))}
+    launcher = subprocess.Popen(
+        [PY, "-m", "tfsift.cli", "run", "-np", "2", "--restarts", "2", str(script),
+         str(tmp_path)],
+        cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    pids = [tmp_path / "rank0", tmp_path / "rank1"]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    launcher.send_signal(sig)  # the launcher alone: its own session, not its group
+    _, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode == 128 + sig
+    assert stderr.splitlines()[-1] == (
+        f"tfsift run: {sig.name} passed to mpirun, which ended the ranks; not restarting"
+    )
+    for pid in (int(p.read_text()) for p in pids):  # ended (a zombie at most)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
