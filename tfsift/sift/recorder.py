@@ -18,6 +18,7 @@ losses, every rank does). Where one key was recorded twice, the later record win
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,9 @@ from tfsift.sift.replicas import RECORDS, ReplicaGroup
 from tfsift.sift.scorer import concat
 from tfsift.sift.selection import check_losses
 from tfsift.sift.stale import ScoreCache
+from tfsift.state import STATE
+
+log = logging.getLogger("tfsift")
 
 
 class Recorder:
@@ -50,10 +54,13 @@ class Recorder:
         self._losses: list[Any] = []
         self._epochs: list[np.ndarray] = []
         self._yielded: np.ndarray | None = None
+        self._unrecorded = 0  # batches yielded since the last merge, while none was recorded
+        self._warned = False
 
     def yielded(self, keys: np.ndarray) -> None:
         """Notes the keys of the batch the sifted dataset has just yielded."""
         self._yielded = np.asarray(keys, np.float64)
+        self._unrecorded += 1
 
     def record(self, losses: Any, epoch: int) -> None:
         """Queues the per-sample ``losses`` (a ``StepOutput``, tensor or array) of the
@@ -77,7 +84,20 @@ class Recorder:
 
     def merge(self, group: ReplicaGroup | None) -> None:
         """Stores every replica's queued records in the table (collective over ``group``;
-        None: this replica's alone)."""
+        None: this replica's alone). Rank 0 warns, once, where batches were yielded since
+        the last merge and none was recorded: a loop that never calls ``record`` scores no
+        sample, so every one is kept, without a word."""
+        if self._unrecorded and not self._keys and not self._warned:
+            self._warned = True
+            if STATE.runtime is None or STATE.runtime.rank == 0:
+                log.warning(
+                    "tfsift.sift with scores='training' yielded %d batch(es) and was handed "
+                    "no losses: after each step, hand its per-sample losses to "
+                    "train.record(losses) (fit does). Without them no sample is scored, and "
+                    "every one is kept: nothing is sifted",
+                    self._unrecorded,
+                )
+        self._unrecorded = 0
         mine = np.concatenate([_joined(self._keys), self._values(), _joined(self._epochs)])
         parts = [mine] if group is None else group.allgather(mine, RECORDS)
         thirds = zip(*(np.split(part, 3) for part in parts), strict=True)  # [keys, losses, epochs]

@@ -302,3 +302,33 @@ def test_a_sifter_restored_mid_epoch_yields_what_the_uninterrupted_one_would(
 
 def test_docstring_examples_run() -> None:
     assert doctest.testmod(tfsift.sift.recorder).failed == 0
+
+
+def test_batches_yielded_and_no_loss_recorded_warn_once(caplog: pytest.LogCaptureFixture) -> None:
+    # a loop that never calls train.record sifted nothing (every sample unscored, kept)
+    # without a word
+    recorder = tfsift.sift.recorder.Recorder(tfsift.sift.recorder.ScoreCache(epochs=1))
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        recorder.merge(None)  # nothing yielded yet: nothing to say
+        for _ in range(2):
+            recorder.yielded(np.array([1.0, 2.0]))
+            recorder.yielded(np.array([3.0, 4.0]))
+            recorder.merge(None)
+        recorder.yielded(np.array([5.0, 6.0]))
+        recorder.record(np.array([0.5, 0.25]), epoch=1)
+        recorder.merge(None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "tfsift.sift with scores='training' yielded 2 batch(es) and was handed no losses: "
+        "after each step, hand its per-sample losses to train.record(losses) (fit does). "
+        "Without them no sample is scored, and every one is kept: nothing is sifted"
+    ]
+
+
+def test_a_loop_that_records_every_batch_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = tfsift.sift.recorder.Recorder(tfsift.sift.recorder.ScoreCache(epochs=1))
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        for key in range(3):
+            recorder.yielded(np.array([float(key)]))
+            recorder.record(np.array([0.5]), epoch=1)
+            recorder.merge(None)
+    assert caplog.records == []
