@@ -31,7 +31,7 @@ _UNITS = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
-# The keys whose values __post_init__ stores as plain Python values (see _plain)
+# The keys whose values __post_init__ stores as plain Python values (see plain)
 _NUMBERS = (
     "partitions",
     "microbatches",
@@ -72,7 +72,7 @@ class Config:
         # Plain values: a NumPy scalar (a value computed with NumPy) or a pathlib.Path is
         # taken, and the stored config compares, pickles and prints as one of plain values.
         for name in (*_NUMBERS, *_PATHS):
-            object.__setattr__(self, name, _plain(getattr(self, name)))
+            object.__setattr__(self, name, plain(getattr(self, name)))
         check_int("partitions", self.partitions, 1)
         check_int("microbatches", self.microbatches, 1)
         check_int("profile_repeats", self.profile_repeats, 1)
@@ -210,7 +210,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def _plain(value: object) -> object:
+def plain(value: object) -> object:
     """A NumPy integer or float (any ``numbers`` integer or real) as the Python int or float
     it stands for, a path object as its string; anything else as it is. Bools stay bools (and
     NumPy's, not a ``numbers`` type, stay NumPy's), for the checks to refuse as numbers."""

@@ -6,7 +6,9 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
-from tfsift.config import check_bool, check_choice, check_int
+import numpy as np
+
+from tfsift.config import check_bool, check_choice, check_int, plain
 
 POLICIES = (
     "relative",
@@ -170,6 +172,10 @@ class SiftConfig:
     _implied: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
+        # a NumPy number (a value computed with NumPy) as the Python number it stands for
+        for field in dataclasses.fields(self):
+            if isinstance(getattr(self, field.name), np.number):
+                object.__setattr__(self, field.name, plain(getattr(self, field.name)))
         implied = frozenset(k for k, v in IMPLIED.items() if getattr(self, k) == v)
         object.__setattr__(self, "_implied", implied)
         check_choice("policy", self.policy, POLICIES)

@@ -340,3 +340,11 @@ def test_a_field_left_at_its_default_or_read_by_the_policy_is_accepted() -> None
     SiftConfig(policy="infobatch", prune=0.3, anneal=0.2, epochs=4)
     SiftConfig(policy="adaptive", methods=("big_loss", "uniform"), keep=0.3, eta=2.0)
     SiftConfig(scorer="early_exit", exit_after="dense", exit_lr=0.01)
+
+
+def test_numpy_numbers_are_taken_as_the_python_numbers_they_stand_for() -> None:
+    # a value computed with NumPy: epochs=np.int64(3) was refused as "must be an integer"
+    config = SiftConfig(policy="infobatch", epochs=np.int64(3), prune=np.float32(0.25))
+    assert (config.epochs, config.prune, config.stale) == (3, 0.25, 3)
+    assert type(config.epochs) is int and type(config.prune) is float
+    assert SiftConfig(beta=np.float32(0.5), seed=np.int32(2)).beta == 0.5
