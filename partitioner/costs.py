@@ -267,8 +267,20 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
-        """Reads a file written by `save`."""
-        return cls.from_json(Path(path).read_text())
+        """Reads a file written by `save` (`tfsift profile -o`).
+
+        Raises:
+            ValueError: the file is not the JSON of a cost model (a script, say).
+        """
+        text = Path(path).read_text()
+        try:
+            return cls.from_json(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path} is not a cost file: expected the JSON that `tfsift profile -o` (or "
+                f"CostModel.save) writes; reading it failed at line {err.lineno}, column "
+                f"{err.colno}: {err.msg}"
+            ) from None
 
     def fingerprint(self) -> str:
         """sha256 hex digest of the canonical JSON (sorted keys, no spaces)."""

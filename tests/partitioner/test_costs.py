@@ -1,6 +1,7 @@
 import doctest
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -223,4 +224,16 @@ def test_bad_shared_groups_are_refused(shared: tuple[tuple[int, ...], ...]) -> N
     assert str(err.value) == (
         "shared must hold groups of two or more ascending layer indices in [0, 2). "
         f"Received: shared={shared!r}"
+    )
+
+
+def test_a_file_that_is_no_cost_file_is_named_as_such(tmp_path: Path) -> None:
+    # `tfsift plan model.py` said only "error: Expecting value: line 1 column 1 (char 0)"
+    script = tmp_path / "model.py"
+    script.write_text("import keras\n")
+    with pytest.raises(ValueError) as err:
+        CostModel.load(script)
+    assert str(err.value) == (
+        f"{script} is not a cost file: expected the JSON that `tfsift profile -o` (or "
+        "CostModel.save) writes; reading it failed at line 1, column 1: Expecting value"
     )

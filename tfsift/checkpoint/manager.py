@@ -78,7 +78,8 @@ class CheckpointManager:
     Raises:
         TypeError: arguments of the wrong kind.
         ValueError: ``max_to_keep`` below 1.
-        CheckpointError: another job that still runs saves into the directory (named).
+        CheckpointError: another job that still runs saves into the directory (named), or
+            the directory is a file.
         RuntimeError: ``tfsift.init`` was not called.
     """
 
@@ -104,6 +105,12 @@ class CheckpointManager:
                 f"transformation). Received: {type(sift).__name__}"
             )
         self.optimizer, self.directory = optimizer, Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            # on every rank that sees it: mkdir's 'File exists' at the first save said less
+            raise CheckpointError(
+                "tfsift.CheckpointManager's directory must be a directory (made if missing) "
+                f"that every rank sees. Received: {str(self.directory)!r}, which is a file"
+            )
         self.max_to_keep, self.sifter = max_to_keep, sifter
         self._shared = False  # whether every rank was seen to share the directory
         collective.on_root(runtime.get().world, lambda: lock.check(self.directory))

@@ -470,8 +470,10 @@ def _split_command(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
     what Python runs: the command starts at ``--``, a ``.py`` file or a Python interpreter."""
     at = next((i for i, arg in enumerate(argv) if _starts_command(arg)), len(argv))
     flags, rest = argv[:at], argv[at:]
+    if rest[:1] == ["--"]:  # what follows, an interpreter first too (`-- python t.py`)
+        rest = rest[1:]
     named = rest[0] if rest and _is_python(rest[0]) else None
-    script = rest[1:] if named or rest[:1] == ["--"] else rest
+    script = rest[1:] if named else rest
     if not script:
         raise ValueError(
             "expected a script (the first argument ending in .py, or what follows -- or "

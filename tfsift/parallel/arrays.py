@@ -177,7 +177,9 @@ def from_arrays(
     place of ``batch_size`` gives each replica ``G / R``: the same samples at every step
     on any number of replicas, for a job that may be relaunched on fewer hosts
     (``tfsift run --min-np``, docs/cluster.md); ``train.start_at(step)`` makes the next
-    pass start at a step of its epoch, for a custom loop that resumes from a checkpoint.
+    pass start at step ``step`` counted from the run's first batch (epoch ``step // S + 1``
+    of S batches, at its batch ``step % S``), for a custom loop that resumes from a
+    checkpoint.
     Its ``epochs`` attribute counts the passes begun; a loop resumed after d whole epochs
     sets ``train.epochs = d`` to take the uninterrupted run's orders (``fit`` does this from
     its ``initial_epoch``).

@@ -53,7 +53,16 @@ def shard(dataset: tf.data.Dataset, shuffle_buffer: int = 0, seed: int = 0) -> t
         shuffle_buffer: if positive, shuffle each shard with this buffer and the seed
             ``seed + dp_rank``.
         seed: base shuffle seed.
+
+    Raises:
+        TypeError: ``dataset`` is not a ``tf.data.Dataset`` (arrays, a tuple of them).
     """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            "tfsift.shard deals a tf.data.Dataset of samples to the replicas (for arrays: "
+            "tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y))), or "
+            f"tfsift.from_arrays((x, y), batch_size)). Received: {type(dataset).__name__}"
+        )
     rt = runtime.get()
     replicas, replica = rt.topology.replicas, rt.replica
     out = dataset

@@ -138,7 +138,7 @@ def _deferred(losses: Any, batch: int) -> Any:
     parts = losses.outputs if isinstance(losses, StepOutput) else [losses]
     if all(_eager_vector(p) for p in parts) and sum(int(p.shape[0]) for p in parts) == batch:
         return list(parts)
-    return check_losses(concat(losses), batch)
+    return check_losses(concat(losses), batch, "train.record takes the step's")
 
 
 def _eager_vector(value: Any) -> bool:

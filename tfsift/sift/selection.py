@@ -91,8 +91,11 @@ class Policy:
         """Restores what ``state`` took."""
 
 
-def check_losses(losses: npt.ArrayLike, batch: int | None = None) -> FloatArray:
-    """The per-sample losses as a 1-D float64 array, checked against the batch size.
+def check_losses(
+    losses: npt.ArrayLike, batch: int | None = None, what: str = "the per-sample loss must return"
+) -> FloatArray:
+    """The per-sample losses as a 1-D float64 array, checked against the batch size;
+    ``what`` says who gave them (``"train.record takes"`` for the loop's records).
 
     Raises:
         ValueError: if the loss is a single value or not one loss per sample.
@@ -100,14 +103,13 @@ def check_losses(losses: npt.ArrayLike, batch: int | None = None) -> FloatArray:
     array = np.asarray(losses, dtype=np.float64)
     if array.ndim == 0:
         raise ValueError(
-            "the per-sample loss must return one loss per sample (shape (B,)); it returned "
-            "a single value. Use a Keras loss with reduction=None. Received: shape=()"
+            f"{what} one loss per sample (shape (B,)); it got a single value. Use a Keras "
+            "loss with reduction=None. Received: shape=()"
         )
     if array.ndim != 1 or (batch is not None and len(array) != batch):
         suffix = "" if batch is None else f" for a batch of {batch}"
         raise ValueError(
-            "the per-sample loss must return one loss per sample (shape (B,)). "
-            f"Received: shape={array.shape}{suffix}"
+            f"{what} one loss per sample (shape (B,)). Received: shape={array.shape}{suffix}"
         )
     return array
 

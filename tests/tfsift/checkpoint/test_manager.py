@@ -291,6 +291,19 @@ def test_an_unwritable_directory_fails_the_save_on_every_rank(tmp_path: Path) ->
         run.ckpt.save(0)
 
 
+def test_a_directory_that_is_a_file_is_refused_when_the_manager_is_made(tmp_path: Path) -> None:
+    # it failed at the first save, after training, with mkdir's "rank 0: [Errno 17] File
+    # exists"
+    (tmp_path / "ckpt").write_text("not a directory")
+    tfsift.init({})
+    with pytest.raises(CheckpointError) as err:
+        tfsift.CheckpointManager(Net(), None, tmp_path / "ckpt")
+    assert str(err.value) == (
+        "tfsift.CheckpointManager's directory must be a directory (made if missing) that "
+        f"every rank sees. Received: {str(tmp_path / 'ckpt')!r}, which is a file"
+    )
+
+
 def test_saving_before_any_step_asks_for_one(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=re.escape("at the first @tfsift.step call")):
         Run(tmp_path).ckpt.save(0)

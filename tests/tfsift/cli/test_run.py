@@ -43,7 +43,10 @@ def test_flags_before_the_script_go_to_mpirun_in_order() -> None:
     [(["-n", "2", "--", "-m", "pkg.train", "--lr", "3"],
       RunArgs(2, (), ("-m", "pkg.train", "--lr", "3"))),
      (["--hostfile", "hosts", "-np=3", "t.py"], RunArgs(3, ("--hostfile", "hosts"), ("t.py",))),
-     (["-np", "2", "t.py", "--", "x"], RunArgs(2, (), ("t.py", "--", "x")))],
+     (["-np", "2", "t.py", "--", "x"], RunArgs(2, (), ("t.py", "--", "x"))),
+     # torchrun's and mpirun's users write the interpreter after --: it ran `python python`
+     (["-np", "2", "--", "python", "t.py"], RunArgs(2, (), ("t.py",))),
+     (["-np", "2", "--", "python3", "-m", "pkg"], RunArgs(2, (), ("-m", "pkg")))],
 )  # fmt: skip
 def test_the_script_is_the_first_py_file_or_what_follows_the_double_dash(
     argv: list[str], expected: RunArgs

@@ -112,3 +112,17 @@ def test_data_sharded_by_hand_unevenly_ends_the_job_when_a_replica_runs_out() ->
     assert short["known"] and len(short["known"]) == 3  # 127 samples; replica 0 has 128: 4
     assert "tfsift: rank 1 exited (sys.exit() or the end of the script) while other" in proc.stderr
     assert ended - short["left"] < 3 + 15
+
+
+def test_what_is_not_a_dataset_is_refused_naming_what_to_pass() -> None:
+    # arrays passed as they are: Python's AttributeError ('tuple' object has no attribute
+    # 'cardinality') before
+    tfsift.init({})
+    x, y = np.zeros((4, 2), np.float32), np.zeros(4, np.int64)
+    with pytest.raises(TypeError) as err:
+        tfsift.shard((x, y))  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "tfsift.shard deals a tf.data.Dataset of samples to the replicas (for arrays: "
+        "tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y))), or "
+        "tfsift.from_arrays((x, y), batch_size)). Received: tuple"
+    )

@@ -188,7 +188,7 @@ def test_record_refuses_a_forward_scored_dataset_a_second_record_and_a_wrong_siz
     with pytest.raises(ValueError) as err:
         dataset.record(np.zeros(B - 1))
     assert str(err.value) == (
-        f"the per-sample loss must return one loss per sample (shape (B,)). Received: "
+        f"train.record takes the step's one loss per sample (shape (B,)). Received: "
         f"shape=({B - 1},) for a batch of {B}"
     )
     dataset.record(tf.zeros(B))
@@ -245,7 +245,7 @@ def test_loss_tensors_of_the_wrong_shape_fail_at_the_record(losses: Any, receive
     with pytest.raises(ValueError) as err:
         recorder.record(losses(), epoch=1)
     assert str(err.value) == (
-        f"the per-sample loss must return one loss per sample (shape (B,)). Received: {received}"
+        f"train.record takes the step's one loss per sample (shape (B,)). Received: {received}"
     )
 
 

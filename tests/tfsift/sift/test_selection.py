@@ -37,8 +37,8 @@ def test_scalar_loss_is_rejected_with_the_fix() -> None:
     with pytest.raises(ValueError) as caught:
         check_losses(np.float32(0.3), 8)
     assert str(caught.value) == (
-        "the per-sample loss must return one loss per sample (shape (B,)); it returned a "
-        "single value. Use a Keras loss with reduction=None. Received: shape=()"
+        "the per-sample loss must return one loss per sample (shape (B,)); it got a single "
+        "value. Use a Keras loss with reduction=None. Received: shape=()"
     )
 
 

@@ -170,8 +170,8 @@ def test_a_loss_that_returns_one_value_per_batch_is_refused_with_a_hint(microbat
     with pytest.raises(ValueError) as err:
         next(iter(source().apply(tfsift.sift(model, MEAN))))
     assert str(err.value) == (
-        "the per-sample loss must return one loss per sample (shape (B,)); it returned a "
-        "single value. Use a Keras loss with reduction=None. Received: shape=()"
+        "the per-sample loss must return one loss per sample (shape (B,)); it got a single "
+        "value. Use a Keras loss with reduction=None. Received: shape=()"
     )
 
 
