@@ -140,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("costs", metavar="COSTS.json", help="cost file written by profiling")
+    parser.add_argument(
+        "costs", metavar="COSTS.json", help="the cost file `tfsift profile -o` wrote"
+    )
     parser.add_argument(
         "--partitions", type=int, required=True, metavar="K", help="number of pipeline stages"
     )

@@ -15,7 +15,12 @@ _DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 def add_subcommand(commands: Any) -> None:
     """Registers ``profile`` on the ``tfsift`` argument parser."""
     cmd = commands.add_parser(
-        "profile", help="profile a model's layers and write the partitioner cost model (JSON)"
+        "profile",
+        help="profile a model's layers and write the partitioner cost model (JSON)",
+        description="Traces the model, times every layer's forward and backward on one "
+        "microbatch of random inputs and sizes its tensors, then writes the cost model that "
+        "`tfsift plan` and `tfsift simulate` read (e.g. tfsift profile model.py:Net "
+        "--microbatch-size 32 --input-shape 28,28,1 -o costs.json).",
     )
     cmd.add_argument(
         "target",
@@ -32,9 +37,15 @@ def add_subcommand(commands: Any) -> None:
         help="samples per microbatch, b = B / M (the plan scales it to your batch)",
     )
     cmd.add_argument("--input-shape", required=True, help="per-sample input shape, e.g. 28,28,1")
-    cmd.add_argument("--dtype", default="float32", choices=_DTYPES)
-    cmd.add_argument("--repeats", type=int, default=5, help="timed runs per layer (median)")
-    cmd.add_argument("--output", "-o", default="costs.json")
+    cmd.add_argument(
+        "--dtype", default="float32", choices=_DTYPES, help="the inputs' dtype (default float32)"
+    )
+    cmd.add_argument(
+        "--repeats", type=int, default=5, help="timed runs per layer; the median is kept (5)"
+    )
+    cmd.add_argument(
+        "--output", "-o", default="costs.json", help="the cost file to write (costs.json)"
+    )
     cmd.set_defaults(func=run)
 
 
