@@ -145,8 +145,9 @@ class ArrayDataset(RowDataset):
         replica has left after its whole batches (``fit`` pads one that does not split
         into the microbatches)."""
         # a memory map stays one, unread; lists become tuples, as Keras' fit makes them (a
-        # list in tf.data is one tensor): e.g. the targets of a model's outputs, [y1, y2]
-        self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(data))
+        # list in tf.data is one tensor): e.g. the targets of a model's outputs, [y1, y2];
+        # a list of numbers (nested or not) is one array, as np.asarray makes it
+        self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(_numbers_as_arrays(data)))
         self.leaves: list[np.ndarray] = tree.flatten(self.data)
         rows = _rows(self.leaves, what)
         rest = _check_batching(batch_size, rows, what, partial)
@@ -155,6 +156,26 @@ class ArrayDataset(RowDataset):
 
     def gather(self, rows: np.ndarray) -> Any:
         return tree.pack_sequence_as(self.data, [leaf[rows] for leaf in self.leaves])
+
+
+def _numbers_as_arrays(data: Any) -> Any:
+    """``data`` with each Python list of numbers (``[1, 2]``, ``[[1, 2], [3, 4]]``) made
+    one array: ``lists_to_tuples`` would make its numbers leaves, single values."""
+    if isinstance(data, list) and _numbers(data):
+        return np.asarray(data)
+    if isinstance(data, (list, tuple)):
+        return type(data)(_numbers_as_arrays(part) for part in data)
+    if isinstance(data, dict):
+        return {key: _numbers_as_arrays(part) for key, part in data.items()}
+    return data
+
+
+def _numbers(values: list[Any]) -> bool:
+    """Whether a list holds numbers, or lists of them, to its first leaf."""
+    first: Any = values
+    while isinstance(first, list) and first:
+        first = first[0]
+    return isinstance(first, (bool, int, float, np.number))
 
 
 def from_arrays(

@@ -333,3 +333,15 @@ def test_a_global_batch_size_is_checked_against_the_replicas_and_microbatches(
             f"global_batch_size={given.get('global_batch_size')}"
         )
     assert tfsift.from_rows(lambda rows: rows, N, global_batch_size=16).batch_size == 8
+
+
+def test_python_lists_of_numbers_are_arrays_and_a_list_of_arrays_is_a_tuple() -> None:
+    # "anything np.asarray takes": a tuple of Python lists was refused with row counts of
+    # None (its numbers became leaves); a list of arrays stays several arrays, as in fit
+    tfsift.init({})
+    lists = tfsift.from_arrays(([[1, 2]] * 8, list(range(8))), batch_size=2, shuffle=False)
+    x, y = next(iter(lists))
+    assert x.numpy().tolist() == [[1, 2], [1, 2]] and y.numpy().tolist() == [0, 1]
+    arrays = tfsift.from_arrays([np.zeros((8, 2)), np.arange(8)], batch_size=4, shuffle=False)
+    first, second = next(iter(arrays))
+    assert first.shape == (4, 2) and second.numpy().tolist() == [0, 1, 2, 3]
