@@ -113,7 +113,7 @@ def _checked_batching(dataset: tf.data.Dataset, M: int) -> tf.data.Dataset:
     place that knows its size: the README loop batches it directly.
     """
     n = int(dataset.cardinality())
-    if M == 1 or n < 0:  # unknown or endless: every batch is B, or nothing can be said
+    if n < 0:  # unknown or endless: every batch is B, or nothing can be said
         return dataset
     plain = dataset.batch
 
@@ -129,7 +129,14 @@ def _checked_batching(dataset: tf.data.Dataset, M: int) -> tf.data.Dataset:
 
 
 def _check_batching(B: int, n: int, M: int, drop_remainder: bool) -> None:
-    """Refuses ``.batch(B)`` of ``n`` elements whose batches do not all split into ``M``."""
+    """Refuses ``.batch(B)`` of ``n`` elements whose batches do not all split into ``M``, or
+    that drops every element (fewer than B with ``drop_remainder``)."""
+    if drop_remainder and 0 < n < B:
+        raise ValueError(
+            f"tfsift.shard(...).batch({B}, drop_remainder=True): this shard has {n} "
+            "elements, fewer than one batch, so every epoch over it would yield no batch and "
+            f"train nothing. Use a smaller batch. Received: {n} elements, B={B}"
+        )
     if B % M:
         raise ValueError(
             f"tfsift.shard(...).batch({B}): every batch a step takes splits into "

@@ -126,3 +126,16 @@ def test_what_is_not_a_dataset_is_refused_naming_what_to_pass() -> None:
         "tfsift.shard(tf.data.Dataset.from_tensor_slices((x, y))), or "
         "tfsift.from_arrays((x, y), batch_size)). Received: tuple"
     )
+
+
+def test_a_batch_larger_than_the_shard_with_drop_remainder_is_refused() -> None:
+    # every epoch yielded no batch, and a loop over it trained nothing, without a word
+    tfsift.init({})
+    with pytest.raises(ValueError) as err:
+        tfsift.shard(tf.data.Dataset.range(10)).batch(12, drop_remainder=True)
+    assert str(err.value) == (
+        "tfsift.shard(...).batch(12, drop_remainder=True): this shard has 10 elements, fewer "
+        "than one batch, so every epoch over it would yield no batch and train nothing. Use a "
+        "smaller batch. Received: 10 elements, B=12"
+    )
+    assert len(list(tfsift.shard(tf.data.Dataset.range(10)).batch(12))) == 1
