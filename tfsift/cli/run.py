@@ -178,6 +178,12 @@ def run(args: argparse.Namespace) -> int:
         parsed = parse(args.argv)
     except ValueError as err:
         raise SystemExit(f"tfsift run: {err}") from None
+    script = parsed.script[0]
+    if script.endswith(".py") and not parsed.hosts_given and not os.path.isfile(script):
+        # every rank would print Python's "can't open file" (on other hosts it may exist)
+        raise SystemExit(
+            f"tfsift run: the script must be a file here. Received: {script} (from {os.getcwd()})"
+        )
     env = environment(os.environ)
     # the user chose a level: all of it
     quiet = env[TF_CPP_MIN_LOG_LEVEL] == QUIET_TF and TF_CPP_MIN_LOG_LEVEL not in os.environ

@@ -25,6 +25,13 @@ DEFAULTS = ["mpirun", "-np", "2", "--bind-to", "none", "-x", "TF_CPP_MIN_LOG_LEV
 
 
 @pytest.fixture
+def a_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A train.py in the working directory: tfsift run launches only a script it finds."""
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
 def user_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """A user (not root) on 4 cores: mpirun_command adds neither root nor oversubscription."""
     monkeypatch.setattr(launch.os, "geteuid", lambda: 1000)
@@ -192,7 +199,7 @@ def test_main_launches_the_split_command(
 
 
 def test_mpirun_still_running_after_a_rank_aborted_the_job_is_ended_after_the_grace(
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], a_script: None
 ) -> None:
     # as across hosts, when mpirun waits for the daemon of a host the network lost
     stuck = "tfsift: rank 0 waited 3 s for stage 1 (rank 1, host b); aborting the job\n"
@@ -211,7 +218,7 @@ def test_mpirun_still_running_after_a_rank_aborted_the_job_is_ended_after_the_gr
 
 
 def test_mpirun_that_ends_after_an_abort_is_left_to_end(
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], a_script: None
 ) -> None:
     line = "tfsift: rank 1 failed, aborting the job:\n"
     fake = [sys.executable, "-c", f"import sys; sys.stderr.write({line!r}); sys.exit(1)"]
@@ -232,7 +239,7 @@ NOISE = (
 
 
 def test_the_quiet_default_drops_only_tensorflows_start_up_lines(
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], a_script: None
 ) -> None:
     lines = NOISE + "a rank's own line\n" + NOISE + "WARNING: All log messages, and more\n"
     fake = [sys.executable, "-c", f"import sys; sys.stderr.write({lines!r}); sys.exit(4)"]
@@ -249,6 +256,13 @@ def test_help_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["run", "-np", "2"])
     assert str(exit_.value).startswith("tfsift run: expected a script")
+    # a script that is not there: every rank printed Python's "can't open file"
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "-np", "2", "no_such_script.py"])
+    assert str(exit_.value) == (
+        f"tfsift run: the script must be a file here. Received: no_such_script.py (from "
+        f"{os.getcwd()})"
+    )
 
 
 @pytest.mark.mpi
