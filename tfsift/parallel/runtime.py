@@ -160,10 +160,19 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     return runtime
 
 
+# Keys that may differ between ranks: the plan file is rank 0's alone (it plans for every
+# rank), and in log_dir each rank writes files of its own (a script may give each rank a
+# temporary directory of its own)
+OWN_PER_RANK = ("plan_file", "log_dir")
+
+
 def _differences(configs: list[Config]) -> str | None:
     """The error for ranks given different configs (by rank): the first key that differs and
-    its value on each rank, ranks with the same value together; None where they agree."""
+    its value on each rank, ranks with the same value together; None where they agree
+    (``OWN_PER_RANK`` aside)."""
     for field in dataclasses.fields(Config):
+        if field.name in OWN_PER_RANK:
+            continue
         values = [getattr(config, field.name) for config in configs]
         if any(value != values[0] for value in values):
             break

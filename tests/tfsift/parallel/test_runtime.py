@@ -143,10 +143,14 @@ def test_ranks_given_different_configs_name_the_first_key_and_each_ranks_value()
         "the same config (the same dict, or the same TFSIFT_CONFIG). Received: "
         "microbatches=2 on ranks 0, 2, 3; microbatches=4 on rank 1"
     )
-    logs = [Config(log_dir=f"runs/{r}" if r == 7 else None) for r in range(8)]
-    assert runtime._differences(logs).endswith(  # type: ignore[union-attr]
-        "Received: log_dir=None on ranks 0, 1, 2, 3, 4, ... (7 ranks); log_dir='runs/7' on rank 7"
+    timeouts = [Config(timeout=9.0 if r == 7 else 5.0) for r in range(8)]
+    assert runtime._differences(timeouts).endswith(  # type: ignore[union-attr]
+        "Received: timeout=5.0 on ranks 0, 1, 2, 3, 4, ... (7 ranks); timeout=9.0 on rank 7"
     )
+    # rank 0's plan file, and a log directory of each rank's own (a benchmark's temporary
+    # directories were refused): they may differ
+    own = [Config(plan_file=f"/tmp/{r}/plan.json", log_dir=f"runs/{r}") for r in range(2)]
+    assert runtime._differences(own) is None
 
 
 @pytest.mark.mpi
