@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,9 @@ class PerSampleMean(keras.losses.Loss):  # type: ignore[misc]
     """
 
     def __init__(self, fn: Callable[..., Any], **kwargs: Any) -> None:
-        super().__init__(name=getattr(fn, "__name__", "loss"), **kwargs)
+        # a lambda's name, "<lambda>", is no name scope: the step fell back to running eagerly
+        name = re.sub(r"[^A-Za-z0-9_.]", "", getattr(fn, "__name__", "")) or "loss"
+        super().__init__(name=name, **kwargs)
         self.fn = fn
 
     def call(self, y_true: Any, y_pred: Any) -> Any:
@@ -91,7 +94,9 @@ def check_per_sample(loss: Any, name: str, y_true: Any, y_pred: Any) -> None:
     (gradients too) without a word, or a loss over pairs of samples, which a microbatch
     cannot compute: nothing tells these from a mean, so only a lone microbatch on a lone
     replica, Keras' own batch, takes one. ``loss.call`` gives the values before Keras'
-    reduction; the check runs at trace time, where the unused values are pruned.
+    reduction (of the inputs converted to the loss's dtype, as Keras' ``__call__`` does: a
+    float64 target against a bfloat16 output failed); the check runs at trace time, where
+    the unused values are pruned.
 
     Raises:
         ValueError: ``loss`` returns a scalar for batched ``y_pred``, on more than one
@@ -101,9 +106,14 @@ def check_per_sample(loss: Any, name: str, y_true: Any, y_pred: Any) -> None:
     M, R = (rt.config.microbatches, rt.topology.replicas) if rt is not None else (1, 1)
     if M * R == 1 or len(y_pred.shape) == 0:
         return
-    values = (
-        loss.call(y_true, y_pred) if isinstance(loss, keras.losses.Loss) else loss(y_true, y_pred)
-    )
+    if isinstance(loss, keras.losses.Loss):  # converted as Loss.__call__ converts them
+        y_true, y_pred = (
+            tree.map_structure(lambda t: keras.ops.convert_to_tensor(t, dtype=loss.dtype), v)
+            for v in (y_true, y_pred)
+        )
+        values = loss.call(y_true, y_pred)
+    else:
+        values = loss(y_true, y_pred)
     if len(tree.flatten(values)[0].shape) == 0:
         raise ValueError(
             f"the loss {name!r} returns one value for the whole batch, where Keras' losses "

@@ -340,6 +340,28 @@ def test_a_loss_reducing_the_batch_itself_trains_as_keras_on_one_microbatch() ->
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_a_lambda_loss_under_mixed_precision_is_checked_as_keras_converts_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the per-sample check called the function on a float64 target and a bfloat16 output
+    # (Keras converts both first): it failed; and a lambda's name, "<lambda>", no name
+    # scope, made the step fall back to running eagerly
+    tfsift.init({"microbatches": 2})
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        x, y, _ = seventy()
+        target = y.astype(np.float64)[:, None]
+        runs = []
+        for model in keras_and_tfsift():
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=lambda a, b: (a - b) ** 2)
+            with caplog.at_level(logging.WARNING, logger="tfsift"):
+                runs.append(model.fit(x[:64], target[:64], batch_size=16, verbose=0))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    np.testing.assert_allclose(runs[1].history["loss"], runs[0].history["loss"], rtol=2e-2)
+    assert [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()] == []
+
+
 def test_callbacks_early_stopping_and_learning_rate_scheduler() -> None:
     model = compiled_model()
     seen: list[float] = []
