@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from tfsift.checkpoint.files import CheckpointError
+from tfsift.parallel.launch import stat_fields
 
 log = logging.getLogger("tfsift")
 
@@ -69,11 +70,8 @@ class Owner:
 def _zombie(pid: int) -> bool:
     """Whether ``pid`` has exited and waits to be reaped (a killed job's rank whose launcher
     has not reaped it yet): it holds nothing and never runs again."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no /proc (macOS), or gone since
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
+    fields = stat_fields(pid)  # None: no /proc (macOS), or gone since
+    return fields is not None and fields[:1] == ["Z"]
 
 
 def check(directory: Path) -> None:

@@ -65,7 +65,7 @@ from typing import Any
 
 from tfsift.cli import hosts, restarts, shrink
 from tfsift.env import TFSIFT_EXIT_GRACE, TFSIFT_RESTART_COUNT, exit_grace
-from tfsift.parallel.launch import mpirun_command
+from tfsift.parallel.launch import mpirun_command, stat_fields
 
 # TensorFlow's C++ log threshold: 2 hides INFO and WARNING (the start-up lines), keeps
 # errors. Read by TensorFlow, not by tfsift, so it is named here rather than in env.py.
@@ -274,17 +274,23 @@ def outlived(pids: Sequence[int], grace: float) -> None:
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
         alive = [pid for pid in alive if _running(pid)]
-    for pid in alive:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    kill(alive)
 
 
 def _running(pid: int) -> bool:
     """Whether ``pid`` runs: it exists and is no zombie (ended, not yet reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)
+    return fields is not None and fields[:1] != ["Z"]
+
+
+def kill(pids: Sequence[int], proc: Any = None) -> None:
+    """SIGKILL to each of ``pids`` still there, then to ``proc`` (a ``Popen``) if given."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if proc is not None:
+        with contextlib.suppress(OSError):
+            proc.kill()
 
 
 @contextlib.contextmanager
@@ -302,11 +308,7 @@ def passed_on(proc: Any) -> Any:
             with contextlib.suppress(OSError):
                 proc.send_signal(signum)
             return
-        for pid in descendants(proc.pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            proc.kill()
+        kill(descendants(proc.pid), proc)
 
     former = {sig: signal.signal(sig, handle) for sig in FORWARDED}
     try:
@@ -360,21 +362,16 @@ class LingerGuard:
         )
         # its children first (the ssh to the lost host, local daemons): they hold the
         # output pipes open, and nothing else would end them
-        for pid in descendants(self.proc.pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        self.proc.kill()
+        kill(descendants(self.proc.pid), self.proc)
 
 
 def descendants(pid: int) -> list[int]:
     """The processes below ``pid``, from Linux's /proc (none elsewhere)."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(entry.name)
+        if fields is not None:  # None: ended meanwhile
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

@@ -1,10 +1,12 @@
-"""Builds mpirun command lines that work as root and on machines with fewer cores than ranks."""
+"""Builds mpirun command lines that work as root and on machines with fewer cores than ranks,
+and reads the processes they start from Linux's /proc."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def mpirun_command(np: int, argv: Sequence[str], *, python: str | None = None) -> list[str]:
@@ -25,3 +27,17 @@ def mpirun_command(np: int, argv: Sequence[str], *, python: str | None = None) -
     if np > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
     return [*cmd, python or sys.executable, *argv]
+
+
+def stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (the state first, then
+    the parent's pid, ...); None where there are none: gone, or no /proc (macOS).
+
+    Example:
+        >>> stat_fields(os.getpid())[0] in "RS"
+        True
+    """
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
