@@ -178,17 +178,23 @@ def _differences(configs: list[Config]) -> str | None:
             break
     else:
         return None
-    holders: dict[str, list[int]] = {}
-    for rank, value in enumerate(values):
-        holders.setdefault(repr(value), []).append(rank)
-    received = "; ".join(f"{field.name}={v} on {ranks_text(r)}" for v, r in holders.items())
+    received = by_rank([f"{field.name}={value!r}" for value in values])
     return (
         "tfsift.init was given different configurations on different ranks; give every rank "
         f"the same config (the same dict, or the same {env.TFSIFT_CONFIG}). Received: {received}"
     )
 
 
-def ranks_text(ranks: list[int]) -> str:
+def by_rank(texts: list[str]) -> str:
+    """Each rank's ``texts[rank]``, ranks with the same text together, in the order first
+    seen: ``microbatches=2 on ranks 0, 2; microbatches=4 on rank 1``."""
+    holders: dict[str, list[int]] = {}
+    for rank, text in enumerate(texts):
+        holders.setdefault(text, []).append(rank)
+    return "; ".join(f"{text} on {_ranks(ranks)}" for text, ranks in holders.items())
+
+
+def _ranks(ranks: list[int]) -> str:
     """``rank 1``, ``ranks 0, 2, 3``, or for many ``ranks 0, 1, 2, 3, 4, ... (64 ranks)``."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"

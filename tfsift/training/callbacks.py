@@ -102,10 +102,7 @@ def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Ca
     setups = allgather_object(rt.control_comm, mine)  # every rank is here: no wait
     what = next(k for k in mine if any(s[k] != setups[0][k] for s in setups))
     values = [setup[what] for setup in setups]
-    holders: dict[str, list[int]] = {}
-    for rank, value in enumerate(values):
-        holders.setdefault(_shown(value, values), []).append(rank)
-    received = "; ".join(f"{text} on {runtime.ranks_text(r)}" for text, r in holders.items())
+    received = runtime.by_rank([_shown(value, values) for value in values])
     if what == "callbacks":
         raise ValueError(
             "fit was given other callbacks on some ranks. Every rank runs fit's steps, saves "
