@@ -87,3 +87,12 @@ def pipeline_sum(values: np.ndarray, what: str) -> np.ndarray:
             f"the other stages of its pipeline to {what}"
         )
     return total
+
+
+def control_wait(request: Any, what: str) -> None:
+    """Waits for ``request``, a nonblocking collective over every rank on the runtime's
+    control communicator; a rank that waits longer than the config's ``timeout`` ends the
+    job, saying ``rank R waited T s`` and then ``what``."""
+    rt = runtime.get()
+    if not watchdog.wait([request], rt.config.timeout):
+        watchdog.abort(f"rank {rt.rank} waited {rt.config.timeout:g} s {what}")

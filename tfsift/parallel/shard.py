@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 from mpi4py import MPI
 
-from tfsift.parallel import runtime, watchdog
+from tfsift.parallel import collectives, runtime
 from tfsift.parallel.pydataset import PythonDataset
 
 log = logging.getLogger("tfsift")
@@ -186,11 +186,9 @@ def _plus_one(count: tf.Tensor, *_: object) -> tf.Tensor:
 def _smallest(count: int, rt: runtime.Runtime) -> int:
     """The minimum of ``count`` over every rank (bounded by the config's ``timeout``)."""
     mine, least = np.array([count], np.int64), np.zeros(1, np.int64)
-    request = rt.control_comm.Iallreduce(mine, least, op=MPI.MIN)
-    if not watchdog.wait([request], rt.config.timeout):
-        watchdog.abort(
-            f"rank {rt.rank} waited {rt.config.timeout:g} s in tfsift.shard for the other "
-            "ranks to count their shards of a dataset of unknown cardinality (is one of them "
-            "endless? or not calling tfsift.shard?)"
-        )
+    collectives.control_wait(
+        rt.control_comm.Iallreduce(mine, least, op=MPI.MIN),
+        "in tfsift.shard for the other ranks to count their shards of a dataset of unknown "
+        "cardinality (is one of them endless? or not calling tfsift.shard?)",
+    )
     return int(least[0])

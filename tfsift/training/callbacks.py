@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from tfsift.checkpoint import CheckpointManager, collective, files
 from tfsift.checkpoint.files import CheckpointError
-from tfsift.parallel import runtime, watchdog
+from tfsift.parallel import collectives, runtime
 from tfsift.parallel.comm import allgather_object
 
 # Writers of what every rank would write alike: one copy, from rank 0. Several ranks
@@ -91,12 +91,10 @@ def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Ca
     }
     digest = np.frombuffer(hashlib.sha256(repr(mine).encode()).digest()[:8], np.int64)
     everyone = np.zeros(rt.topology.size, np.int64)
-    request = rt.control_comm.Iallgather(digest.copy(), everyone)
-    if not watchdog.wait([request], rt.config.timeout):
-        watchdog.abort(
-            f"rank {rt.rank} waited {rt.config.timeout:g} s at the start of fit for the other "
-            "ranks to start it too (every rank must call fit)"
-        )
+    collectives.control_wait(
+        rt.control_comm.Iallgather(digest.copy(), everyone),
+        "at the start of fit for the other ranks to start it too (every rank must call fit)",
+    )
     if len(set(everyone.tolist())) == 1:
         return
     setups = allgather_object(rt.control_comm, mine)  # every rank is here: no wait
@@ -170,11 +168,10 @@ def agree_to_stop(model: keras.Model) -> None:
     if rt.topology.size == 1:
         return
     mine, anyone = np.array([int(bool(model.stop_training))], np.int64), np.zeros(1, np.int64)
-    if not watchdog.wait([rt.control_comm.Iallreduce(mine, anyone, op=MPI.MAX)], rt.config.timeout):
-        watchdog.abort(
-            f"rank {rt.rank} waited {rt.config.timeout:g} s in fit for the other ranks to say "
-            "whether a callback stopped training"
-        )
+    collectives.control_wait(
+        rt.control_comm.Iallreduce(mine, anyone, op=MPI.MAX),
+        "in fit for the other ranks to say whether a callback stopped training",
+    )
     model.stop_training = bool(anyone[0])
 
 
