@@ -1,4 +1,4 @@
-"""The docs sections of scripts/bench_calls.py, bench_partition.py and bench_pipeline.py:
+"""The docs sections of scripts/bench_partition.py, bench_pipeline.py and bench_precision.py:
 their tables from saved results, and nothing else but headings and the provenance line."""
 
 from __future__ import annotations
@@ -9,23 +9,6 @@ import scripts_module
 
 META = {"date": "2026-12-06", "cores": 2, "commit": "abc1234", "load_start": 0.1,
         "load_end": 0.2, "seconds": 60.0}  # fmt: skip
-
-
-def test_calls_renders_a_table_per_measurement() -> None:
-    bench = scripts_module.load("bench_calls")
-    raw = {
-        "dispatch": {"`tf.function`, 17 tensor arguments": 499.4},
-        "update": {"Adam: `tfsift.compiled_update`": 660.0},
-        "input": {"`tfsift.from_arrays`": 59.2},
-        "trained": {"`from_arrays`, plain": {"next()": 100, "step and update": 706, "record": 1}},
-        "disk": {"`tfsift.from_rows`": [443.0, 24000, 375]},
-    }
-    text = bench.render(raw, META, bench.Settings())
-    assert scripts_module.prose(text) == []
-    assert "| `tf.function`, 17 tensor arguments | 499 |" in text
-    assert "| `from_arrays`, plain | 100 | 706 | 1 | 0.81 |" in text  # 807 us in all
-    assert "| `tfsift.from_rows` | 443 | 24000 | 375 |" in text
-    assert "### Early-exit" not in text  # retired with overlap
 
 
 def test_partition_renders_its_two_tables_and_the_machine() -> None:

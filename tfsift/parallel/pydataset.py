@@ -51,7 +51,7 @@ def _tensor(leaf: Any) -> Any:
     """``leaf`` as a tensor. A NumPy array goes through ``tf.constant``, which makes the
     same tensor as ``tf.convert_to_tensor`` in about three quarters of its time (it skips the
     conversion registry's dispatch): a small model's step reads a batch of two or three
-    arrays each time (``scripts/bench_calls.py``, input per batch)."""
+    arrays each time (docs/benchmarks-log.md, Fixed cost per call: input per batch)."""
     return tf.constant(leaf) if isinstance(leaf, np.ndarray) else tf.convert_to_tensor(leaf)
 
 

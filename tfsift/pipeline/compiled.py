@@ -3,10 +3,10 @@
 A pipeline calls each stage's compiled functions once per microbatch. On every
 call ``tf.function`` canonicalises all its arguments into a function type and
 looks that up among its traces, which is a large part of a call's fixed cost
-(``scripts/bench_calls.py`` measures it). ``Compiled`` keys the concrete
-functions by the arguments' structure, shapes, dtypes and Python values itself,
-and falls back to the ``tf.function`` for arguments it cannot key (an unhashable
-Python value, a ragged or sparse tensor).
+(docs/benchmarks-log.md, Fixed cost per call, measured it). ``Compiled`` keys
+the concrete functions by the arguments' structure, shapes, dtypes and Python
+values itself, and falls back to the ``tf.function`` for arguments it cannot
+key (an unhashable Python value, a ragged or sparse tensor).
 
 Calling the concrete function binds the arguments to its signature once more (about a
 fifth of a small stage's call, ``scripts/bench_small.py``). Where the tensors it would

@@ -381,7 +381,8 @@ def action_overhead(repeats: int) -> float:
     """What the runtime adds to one action of a stage whatever its layers, measured on a
     stage that does nothing: the mean of a compiled forward call and of a backward through
     the gradient tape around it (as every stage but the last runs its backward), plus the
-    Python of a call (``scripts/bench_calls.py`` times the executor's calls)."""
+    Python of a call (docs/benchmarks-log.md, Fixed cost per call, times the executor's
+    calls)."""
     x = tf.zeros((1,))
     forward = tf.function(lambda x: x * 1.0)
 

@@ -21,8 +21,8 @@ def compiled_update(
     place of ``optimizer.apply_gradients(zip(grads, model.trainable_variables))``: the same
     update. Eagerly, a Keras 3 optimizer updates each variable in Python, which on a small
     model costs more than the step itself; a ``tf.function`` of it canonicalises its
-    arguments at every call, which this one skips (``scripts/bench_calls.py``). ``fit``
-    updates through it.
+    arguments at every call, which this one skips (docs/benchmarks-log.md, Fixed cost per
+    call). ``fit`` updates through it.
 
     The variables are read at each call, so on a pipeline they are this rank's stage's
     (``tfsift.allreduce``'s gradients are in that order); a stage without trainable

@@ -53,9 +53,9 @@ from tfsift.sift.scorer import (
 
 log = logging.getLogger("tfsift")
 # Rounds between two Spearman checks against the full loss. A check runs the full model
-# on a source batch through every stage (1.9 ms alone, scripts/bench_calls.py; on a
-# pipeline more, as every stage must meet for it), at a round, where every stage waits
-# for it; for a metric, every 100 rounds costs a fifth of what every 20 did.
+# on a source batch through every stage (1.9 ms alone, docs/benchmarks-log.md, Early-exit
+# scoring calls; on a pipeline more, as every stage must meet for it), at a round, where
+# every stage waits for it; for a metric, every 100 rounds costs a fifth of what every 20 did.
 VALIDATE_EVERY = 100
 # Overlap that found room for less than LOW_OVERLAP of the batches of its first
 # ADVICE_AFTER rounds says so, once: on a cut whose stage 0 is the slowest stage it
@@ -197,7 +197,8 @@ class EarlyExitScorer(Scorer):
         else:
             # What no wait had room for, in one call. Its size varies, but the scoring
             # calls were traced for any batch size (ExitHead._trace): a new size costs
-            # a lookup (about 0.7 ms once, scripts/bench_calls.py), not a trace.
+            # a lookup (about 0.7 ms once, docs/benchmarks-log.md, Early-exit scoring
+            # calls), not a trace.
             self._idle.score(prepared, prepared.rest(), None)
         return prepared.joined(self.needs_logits, self._out_shape)
 
@@ -312,7 +313,8 @@ class EarlyExitScorer(Scorer):
         """Spearman correlation of early-exit and full losses on the round's first source
         batch: the full loss runs through every stage, and on the whole round (g=8 batches)
         it took 12.1 ms against 2.0 ms on bench_overlap's 4-convolution model
-        (``scripts/bench_calls.py``), every ``VALIDATE_EVERY`` rounds, for a metric."""
+        (docs/benchmarks-log.md, Early-exit scoring calls), every ``VALIDATE_EVERY`` rounds,
+        for a metric."""
         x, y = _pair(element)
         rows = min(self.batch_size or len(early), len(early))
         full = self.full((x[:rows], y[:rows])).losses
@@ -356,9 +358,9 @@ class _Prepared:
         """((feature parts, label parts), losses, logits if ``needs_logits``, rows
         scored) of the round; the losses and logits of rows not scored (``leftover=
         "keep"``) are NaN. The parts stay apart: joining 8 source batches' features at
-        the round (tf.concat) took 0.3 to 0.8 ms (``scripts/bench_calls.py``, two
-        runs), while the later stages waited for the losses; the next round's calls
-        learn them as they score (``ExitHead.score``)."""
+        the round (tf.concat) took 0.3 to 0.8 ms (docs/benchmarks-log.md, Early-exit
+        scoring calls, two runs), while the later stages waited for the losses; the next
+        round's calls learn them as they score (``ExitHead.score``)."""
         features, labels, losses, logits = ([r[i] for r in self.results] for i in range(4))
         total, scored = self.rows * self.chunks, self.scored
         parts = [part.numpy() for part in losses]

@@ -4,9 +4,9 @@ The head takes one Adam step per sifted round on the exit features of the sample
 policy kept, with the user's loss (no gradient reaches the trunk). Where that step runs
 matters on a pipeline: at the round every stage waits for stage 0, and as part of the
 next round's first scoring call it made that call 3.5x a plain one (1.35 against
-0.38 ms, ``scripts/bench_calls.py`` at 779644c), too long for most of stage 0's
-waits for gradients, and the round's other units had to wait for it (they score with
-the updated head). So the step is spread over the calls that score the next round
+0.38 ms at 779644c, docs/benchmarks-log.md, Early-exit scoring calls), too long for
+most of stage 0's waits for gradients, and the round's other units had to wait for it
+(they score with the updated head). So the step is spread over the calls that score the next round
 (now 0.68 against 0.54 ms). Letters: r a round, b one source batch of it::
 
     round r+1's calls:  apply mean(r-1), score b1 + sum grads(r, b1) | score b2 + grads(r, b2) | ...
@@ -408,8 +408,8 @@ def _part(part: Any, start: int, stop: int) -> Any:
 def _rows(part: Any, y: Any, mask: np.ndarray, start: int, stop: int) -> Chunk:
     """A part and its rows ``[start, stop)`` as a call's arguments. Sliced here, the
     features and labels cost two eager ops per call, each a dispatch and a copy (a unit
-    through ``score`` against the bare call: ``scripts/bench_calls.py``); inside
-    the call the bounds cost a mask."""
+    through ``score`` against the bare call: docs/benchmarks-log.md, Early-exit scoring
+    calls); inside the call the bounds cost a mask."""
     return part, y, tf.constant(mask), tf.constant([start, stop], tf.int32)
 
 

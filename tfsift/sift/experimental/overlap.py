@@ -11,9 +11,9 @@ waited in the last steps and how long calls of each size and kind took.
 
 A unit takes as many source batches as the wait has room for: most of a small call's
 cost is fixed (one source batch took 0.38 ms to score, eight in one call 1.35 ms,
-``scripts/bench_calls.py``), so one call of several batches costs less than as
-many calls of one, and what no wait had room for is scored at the round, where every
-stage waits for it (with ``SiftConfig(leftover="keep")`` it is kept unscored instead).
+docs/benchmarks-log.md, Early-exit scoring calls), so one call of several batches costs
+less than as many calls of one, and what no wait had room for is scored at the round,
+where every stage waits for it (with ``SiftConfig(leftover="keep")`` it is kept unscored instead).
 The first unit of a round also applies the exit head's update
 (``tfsift.sift.experimental.exit_head``): when that update learnt the whole round at once it took
 3.5x a plain unit, and one estimate for both let it start where only a plain unit fits
