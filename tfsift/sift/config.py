@@ -34,9 +34,11 @@ METHODS = (
 RESCALES = ("normalized", "unbiased")
 SCORERS = ("full", "early_exit")
 SCORES = ("forward", "training")
-LEFTOVERS = ("score", "keep")
 LOSS_KINDS = ("auto", "softmax_crossentropy", "squared_error")
 TRAINING_SCORE_BATCHES = 8  # score_batches=None with scores="training"
+# The experimental fields and their defaults: set otherwise, tfsift.sift.experimental checks them
+EXPERIMENTAL = {"scorer": "full", "exit_after": None, "exit_head": None, "exit_lr": 1e-3,
+                "overlap": False, "leftover": "score"}  # fmt: skip
 AUTO = "auto"  # rescale's default: InfoBatch's weights with policy="infobatch", else none
 # The fields whose default follows from others (resolved in __post_init__), and the value
 # that asks for it: ``replace`` resolves them again unless it is given them.
@@ -101,29 +103,19 @@ class SiftConfig:
             on the benchmarks' small models, counts: paid once per 8 batches).
         drop_remainder: whether a kept set smaller than a training batch is dropped at
             the end of the data rather than trained on.
-        scorer: ``"full"`` scores with the whole model, ``"early_exit"`` with the layers
-            up to ``exit_after`` followed by ``exit_head``.
-        exit_after: early_exit only; the name of the layer the scoring pass stops after.
-            None: the last layer of stage 0; with one stage, the last layer by which at
-            most a third of the model's forward time is spent (profiled once).
-        exit_head: early_exit only; a Keras layer (any callable) mapping that layer's
-            output to predictions.
+        scorer: ``"full"`` scores with the whole model; ``"early_exit"`` (experimental,
+            docs/sifting.md) with the layers up to ``exit_after`` and ``exit_head``.
+        exit_after: early_exit only; the name of the layer the scoring pass stops after
+            (None: the last of stage 0's, or, with one stage, chosen by profiling).
+        exit_head: early_exit only; a Keras layer mapping its output to predictions.
         exit_lr: early_exit only; the learning rate of the exit head.
         stale: epochs a sample's score is reused before it is scored again (0: every
             epoch); with ``scores="training"``, the epochs a recorded loss stays usable
             (at least 1). None: 0 with forward scores, 1 with training scores, and with
             ``policy="infobatch"`` its ``epochs`` (the reference's table, which never
             forgets).
-        overlap: early_exit only; score the next round on stage 0, one source batch at a
-            time, while it waits for gradients in the next training steps, where a batch
-            is expected to fit in the wait (``tfsift.sift.experimental.overlap``), with the weights
-            before those steps' updates.
-        leftover: overlap only; what becomes of a prepared round's source batches that
-            no wait had room to score: ``"score"`` scores them between steps, where
-            every stage waits for them; ``"keep"`` keeps them unscored (probability 1),
-            so that scoring costs the step nothing and the samples sifted are those
-            stage 0's idle time could score (``sift_metrics()["samples_unscored"]``);
-            the exit head then also learns only what the scoring calls had room for.
+        overlap: early_exit only; score the next round in stage 0's waits for gradients.
+        leftover: overlap only; ``"keep"`` keeps unscored what no wait had room to score.
         seed: seeds the random draws of the selection.
         log_dir: where rank 0 writes the metrics as TensorBoard scalars (None: the
             run's ``log_dir`` from ``tfsift.init``, if set; else not written).
@@ -188,28 +180,28 @@ class SiftConfig:
         self._resolve("score_batches", TRAINING_SCORE_BATCHES if training else 1)
         infobatch_stale = self.epochs if self.policy == "infobatch" and self.epochs else 1
         self._resolve("stale", infobatch_stale if training else 0)
-        _check_number("beta", self.beta, "> 0")
+        check_number("beta", self.beta, "> 0")
         check_int("history", self.history, 1)
         check_int("delay", self.delay, 0)
-        _check_number("min_prob", self.min_prob, "in [0, 1]")
-        _check_number("keep", self.keep, "in (0, 1]")
+        check_number("min_prob", self.min_prob, "in [0, 1]")
+        check_number("keep", self.keep, "in (0, 1]")
         object.__setattr__(self, "methods", check_methods(self.methods))
-        _check_number("eta", self.eta, "> 0")
-        _check_number("curriculum_T", self.curriculum_T, "> 0")
+        check_number("eta", self.eta, "> 0")
+        check_number("curriculum_T", self.curriculum_T, "> 0")
         _check_optional_choice("rescale", self.rescale, RESCALES)
         check_int("score_batches", self.score_batches, 1)
         check_bool("drop_remainder", self.drop_remainder)
         check_choice("scorer", self.scorer, SCORERS)
-        _check_optional_name("exit_after", self.exit_after)
-        _check_head(self.exit_head)
-        _check_number("exit_lr", self.exit_lr, "> 0")
+        if any(is_set(getattr(self, k), v) for k, v in EXPERIMENTAL.items()):  # when asked for
+            from tfsift.sift.experimental.options import check
+
+            check(self)
         check_int("stale", self.stale, 0)
-        self._check_overlap()
         check_int("seed", self.seed, 0)
-        _check_optional_name("log_dir", self.log_dir)
+        check_optional_name("log_dir", self.log_dir)
         check_choice("loss_kind", self.loss_kind, LOSS_KINDS)
-        _check_number("prune", self.prune, "in [0, 1)")
-        _check_number("anneal", self.anneal, "in [0, 1]")
+        check_number("prune", self.prune, "in [0, 1)")
+        check_number("anneal", self.anneal, "in [0, 1]")
         self._check_read()
         if training:
             self._check_training()
@@ -234,34 +226,11 @@ class SiftConfig:
                 + f": leave {name} out. Received: policy={self.policy!r}, "
                 f"{name}={getattr(self, name)!r}"
             )
-        exits = ("exit_after", "exit_head", "exit_lr")
-        early = [k for k in exits if getattr(self, k) != defaults[k]]
-        if early and self.scorer != "early_exit":
-            raise ValueError(
-                f"{early[0]} shapes the early-exit scoring pass; it needs "
-                f"scorer='early_exit'. Received: scorer={self.scorer!r}, "
-                f"{early[0]}={getattr(self, early[0])!r}"
-            )
 
     def _resolve(self, name: str, value: object) -> None:
         """Sets field ``name`` to ``value`` if it was left to follow from the others."""
         if name in self._implied:
             object.__setattr__(self, name, value)
-
-    def _check_overlap(self) -> None:
-        """overlap needs the early exit; leftover needs overlap."""
-        check_bool("overlap", self.overlap)
-        if self.overlap and self.scorer != "early_exit":
-            raise ValueError(
-                "overlap runs the early-exit scoring during the pipeline's drain; it needs "
-                f"scorer='early_exit'. Received: overlap=True, scorer={self.scorer!r}"
-            )
-        check_choice("leftover", self.leftover, LEFTOVERS)
-        if self.leftover != "score" and not self.overlap:
-            raise ValueError(
-                "leftover decides what overlap had no wait to score; it needs overlap=True. "
-                f"Received: leftover={self.leftover!r}, overlap=False"
-            )
 
     def _check_training(self) -> None:
         """What ``scores="training"`` rules out: a scorer of its own, logits, stale=0."""
@@ -362,7 +331,7 @@ def _policies(names: tuple[str, ...]) -> str:
     return f"the policies {', '.join(names[:-1])} and {names[-1]}"
 
 
-def _check_number(name: str, value: object, bound: str) -> None:
+def check_number(name: str, value: object, bound: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number. Received: {name}={value!r}")
     if not BOUNDS[bound](value):
@@ -377,16 +346,14 @@ def _check_optional_choice(name: str, value: object, allowed: tuple[str, ...]) -
         )
 
 
-def _check_optional_name(name: str, value: object) -> None:
+def check_optional_name(name: str, value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ValueError(f"{name} must be None or a non-empty string. Received: {name}={value!r}")
 
 
-def _check_head(value: object) -> None:
-    if value is not None and not callable(value):
-        raise ValueError(
-            f"exit_head must be None or a callable Keras layer. Received: exit_head={value!r}"
-        )
+def is_set(value: object, default: object) -> bool:
+    """Whether ``value`` is other than ``default`` (an array or a layer is never equal)."""
+    return not (value is default or (type(value) is type(default) and value == default))
 
 
 def check_methods(value: object) -> tuple[str, ...]:

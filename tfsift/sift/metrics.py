@@ -162,11 +162,8 @@ class ScalarLog:
     """TensorBoard scalars of the metrics under ``log_dir`` (written by rank 0 only).
 
     A point per metric per batch yielded, buffered and written by one compiled call per
-    ``runlog.FLUSH`` batches (or ``runlog.FLUSH_SECONDS``), at the end of each epoch and
-    at exit (``tfsift.pipeline.runlog.Scalars``): written eagerly, about 20 summary ops
-    and a flush per batch cost rank 0 several milliseconds per sifted batch, against a
-    10 ms pipeline step (a throwaway profile; ``scripts/bench_overlap.py`` times a variant
-    with ``log_dir`` beside one without: ``docs/benchmarks-log.md``).
+    ``runlog.FLUSH`` batches, at each epoch's end and at exit (``runlog.Scalars``):
+    written eagerly, a flush per batch cost rank 0 milliseconds per sifted batch.
     """
 
     def __init__(self, log_dir: str) -> None:

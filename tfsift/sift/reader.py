@@ -1,18 +1,12 @@
 """Reads a batched source for the sifter: a few batches at a time, as NumPy arrays.
 
-A sifted step needs 1/kept source batches, and every ``next()`` on a tf.data
-iterator costs a fixed fraction of a millisecond of Python and runtime work
-(the retired ``scripts/bench_sifting.py`` measured it as a visible part of a sifted step
-on small models). When every source batch has the same static size B, the reader asks tf.data
-for g of them at once (``source.batch(g)``: one call, the copy done in C++) and hands
-out views of that block; rounds never cross two blocks, so nothing is copied again,
-and the next block is prefetched (source data only: scoring never runs ahead). The
-``next()`` for the next block, and its conversion to NumPy, are themselves run ahead,
-on a thread of the reader's own, as soon as the current block is taken: at the round
-they sat on the critical path of every stage, and the thread runs them while the rank
-waits for its peers instead (with the losses' broadcast that no longer waits, a round
-on ``scripts/bench_overlap.py``'s 4-convolution cut for sifting went from 0.7-0.8 ms of
-rank 0's ``next()`` per step to plain training's 0.5, ``docs/benchmarks-log.md``).
+A sifted step needs 1/kept source batches, and every ``next()`` on a tf.data iterator
+has a fixed cost that shows on small models (docs/benchmarks-log.md). So, when every
+source batch has the same static size B, the reader asks tf.data for g of them at once
+(``source.batch(g)``: one call, the copy done in C++) and hands out views of that block;
+rounds never cross two blocks. The next block's ``next()`` and conversion run ahead on a
+thread of the reader's own (source data only: scoring never runs ahead), so that they
+overlap the rank's waits for its peers instead of sitting on every stage's critical path.
 A source whose batch size is unknown (a last partial batch is possible) is read one
 batch at a time and concatenated, as any size may then come.
 """

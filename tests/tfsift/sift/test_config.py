@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from tfsift.sift.config import (
-    LEFTOVERS,
     LOSS_KINDS,
     METHODS,
     POLICIES,
@@ -14,6 +13,7 @@ from tfsift.sift.config import (
     SCORES,
     SiftConfig,
 )
+from tfsift.sift.experimental.options import LEFTOVERS
 
 
 def test_defaults_are_the_documented_ones() -> None:
