@@ -614,10 +614,11 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Keras' ``evaluate`` (``batch_size``, ``sample_weight``, ``verbose``, ``steps``,
         ``callbacks``, ``return_dict``): the loss averaged over the replicas, the metrics
-        over every replica's samples. Every sample is taken, as Keras takes them: a batch
-        that does not split into ``microbatches`` (a dataset's last, or the rows of arrays
-        that whole batches leave) is padded with copies of its last sample weighed 0, its
-        own samples' weights scaled so that the loss is their mean. Arrays are dealt to the
+        over every replica's samples. Every sample is taken, as Keras takes them, in batches
+        of any size: a batch that does not split into ``microbatches`` (a dataset's last,
+        the rows of arrays that whole batches leave, or fewer than a batch) is padded with
+        copies of its last sample weighed 0, its own samples' weights scaled so that the
+        loss is their mean. Arrays are dealt to the
         replicas, ``n // R`` each: rank 0 warns of the few that leaves out. ``fit``'s
         validation is taken alike."""
         from tfsift import training

@@ -140,17 +140,19 @@ class ArrayDataset(RowDataset):
         seed: int,
         what: str = "from_arrays",
         partial: bool = False,
+        any_size: bool = False,
     ) -> None:
-        """``partial`` (fit's arrays): each epoch ends with a last batch of the rows each
-        replica has left after its whole batches (``fit`` pads one that does not split
-        into the microbatches)."""
+        """``partial`` (fit's and the evaluations' arrays): each epoch ends with a last batch
+        of the rows each replica has left after its whole batches (the step pads one that
+        does not split into the microbatches); ``any_size`` (an evaluation's, which pads
+        every batch that does not): a batch size need not split."""
         # a memory map stays one, unread; lists become tuples, as Keras' fit makes them (a
         # list in tf.data is one tensor): e.g. the targets of a model's outputs, [y1, y2];
         # a list of numbers (nested or not) is one array, as np.asarray makes it
         self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(_numbers_as_arrays(data)))
         self.leaves: list[np.ndarray] = tree.flatten(self.data)
         rows = _rows(self.leaves, what)
-        rest = _check_batching(batch_size, rows, what, partial)
+        rest = _check_batching(batch_size, rows, what, partial, any_size)
         spec = _spec(self.data, None if rest else batch_size)
         super().__init__(rows, batch_size, shuffle, seed, spec, rest)
 
@@ -415,13 +417,17 @@ def _rows(leaves: list[np.ndarray], what: str) -> int:
     return int(lengths[0] or 0)
 
 
-def _check_batching(B: int, rows: int, what: str, partial: bool = False) -> int:
+def _check_batching(
+    B: int, rows: int, what: str, partial: bool = False, any_size: bool = False
+) -> int:
     """The rows of each replica's last partial batch (with ``partial``, those left after
     its whole batches; else 0), after checking that the batches split into the microbatches
-    and that each replica has one to train."""
+    (unless ``any_size``) and that each replica has one to train."""
     rt = runtime.get()
     M, replicas = rt.config.microbatches, rt.topology.replicas
-    if B < 1 or B % M:
+    if any_size and B < 1:
+        raise ValueError(f"{what}: batch_size must be a positive integer. Received: batch_size={B}")
+    if B < 1 or (B % M and not any_size):
         raise ValueError(
             f"{what}: batch_size must be a positive multiple of microbatches={M}, since "
             f"every batch splits into {M} microbatches. Received: batch_size={B}"

@@ -50,7 +50,6 @@ def training_data(
     shuffle: bool,
     *,
     ranks: Sequence[int] = (),
-    partial: bool = False,
     pads: str | None = None,
 ) -> tf.data.Dataset:
     """A dataset as it is (checked), or arrays made into this replica's shard of batches.
@@ -58,14 +57,14 @@ def training_data(
     Arrays become ``tfsift.from_arrays``: each batch one NumPy gather per array (through
     tf.data's shuffle and batch, sample by sample, the input cost a small model as much
     as a third of its step: ``scripts/bench_sifting_epochs.py``), and InfoBatch never
-    reads a pruned row. Batches are whole (``drop_remainder``), so up to a batch per
-    replica is left out of an epoch; with ``partial`` (fit, unsifted), each replica's
-    rows after its whole batches are a last batch, so that an epoch trains every sample as
-    Keras' does, and rank 0 warns of any that dealing left out. ``ranks`` are the model's
-    ``input_ranks``, for ``checked``. ``pads``, what a dataset's batches need not split
-    into the microbatches, which the step pads (``padded_batch``): ``"last"`` (``fit``
-    unsifted: a last, smaller batch; a batch size that does not split would pad every
-    step, and is refused) or ``"any"`` (an evaluation).
+    reads a pruned row. ``ranks`` are the model's ``input_ranks``, for ``checked``.
+    ``pads``, what batches need not split into the microbatches, which the step pads
+    (``padded_batch``): ``"last"`` (``fit`` unsifted: a last, smaller batch; a batch size
+    that does not split would pad every step, and is refused) or ``"any"`` (an
+    evaluation). With ``pads``, each replica's rows after its whole batches of arrays are
+    a last batch, so that an epoch takes every sample as Keras' does, and rank 0 warns of
+    any that dealing left out; without (a sifted ``fit``), batches are whole, and up to a
+    batch per replica is left out of an epoch.
     """
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
@@ -77,10 +76,12 @@ def training_data(
     if y is None:
         raise ValueError(f"{what} needs targets: pass y with array inputs. Received: y=None")
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
-    arrays = ArrayDataset(elements, batch_size or DEFAULT_BATCH, shuffle, 0, what, partial)
+    partial, any_size = pads is not None, pads == "any"
+    B = batch_size or DEFAULT_BATCH
+    arrays = ArrayDataset(elements, B, shuffle, 0, what, partial, any_size)
     if partial:
         _warn_left_out(arrays, what, arrays.rest)
-    return checked(arrays, M, what)
+    return checked(arrays, 1 if any_size else M, what)
 
 
 def _warn_left_out(arrays: ArrayDataset, what: str, rest: int) -> None:
@@ -96,28 +97,6 @@ def _warn_left_out(arrays: ArrayDataset, what: str, rest: int) -> None:
             "multiple of %d, the replicas, to take every one",
             what, arrays.rows, left, R, R,
         )  # fmt: skip
-
-
-def tail(dataset: tf.data.Dataset, what: str) -> tuple[Any, Any, Any] | None:
-    """The samples of arrays made into ``dataset`` that its whole batches leave out, as
-    one last ``(x, y, sample_weight)`` batch for ``what``, an evaluation (Keras' takes
-    every sample, its last batch partial, which the evaluation pads to split into the
-    microbatches); None if there are none. Each replica takes the rows it was dealt after
-    its whole batches (in order: an evaluation does not shuffle). Rank 0 warns of the rows
-    that dealing left out (fewer than the replicas)."""
-    if not isinstance(dataset, ArrayDataset):
-        return None
-    B = dataset.batch_size
-    whole = dataset.share // B * B  # rows each replica takes in whole batches
-    rest = dataset.share - whole
-    _warn_left_out(dataset, what, rest)
-    if rest == 0:
-        return None
-    batch = dataset.gather(dataset.order(0)[whole : whole + rest])
-    x, y, weight = keras.utils.unpack_x_y_sample_weight(
-        tree.map_structure(tf.convert_to_tensor, batch)
-    )
-    return x, y, weight
 
 
 def padded_batch(x: Any, y: Any, weight: Any, M: int) -> tuple[Any, Any, Any, int]:
@@ -245,7 +224,8 @@ def validation(
         return checked(data, 1, "fit's validation_data", ranks)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         x, y, weight = (*data, None)[:3]
-        return training_data(x, y, weight, batch_size, M, "fit's validation_data", False)
+        what = "fit's validation_data"
+        return training_data(x, y, weight, batch_size, M, what, False, pads="any")
     raise TypeError(
         "validation_data must be a batched tf.data.Dataset or a tuple (x, y) or "
         f"(x, y, sample_weight). Received: {type(data).__name__}"

@@ -8,7 +8,6 @@ rank at the same epoch). Only rank 0 shows Keras' progress bar.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -105,7 +104,6 @@ def fit(
         "fit",
         shuffle,
         ranks=ranks,
-        partial=sift is None,
         pads="last" if sift is None else None,
     )
     source = train  # before class weights and sifting wrap it: what orders the epochs
@@ -144,10 +142,6 @@ def fit(
     restored, model._initial_epoch = model._initial_epoch, None
     initial_epoch = initial_epoch if restored is None else restored
     batches = data.EpochBatches(train, steps_per_epoch, weighs)
-    # the rows of validation arrays that whole batches leave: taken (or warned of) once
-    val_rest = None
-    if validation_data is not None:
-        val_rest = _rest(validation_data, validation_steps, "fit's validation data")
     if initial_epoch:
         data.start_at(source, initial_epoch)
         if sift is not None and restored is None:  # a fresh sifted dataset counts from here
@@ -161,7 +155,7 @@ def fit(
         if sift is not None:
             epoch_logs.update(_sift_logs(train))
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
-            val_batches, _ = _every_batch(validation_data, validation_steps, val_rest)
+            val_batches = data.batches(validation_data, validation_steps)
             val = _test_loop(model, compiled, val_batches, cbs, "fit's validation_data")
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
@@ -197,7 +191,7 @@ def evaluate(
         x, y, sample_weight, batch_size, M, "evaluate", False, ranks=data.input_ranks(model),
         pads="any",
     )  # fmt: skip
-    batches, count = _every_batch(dataset, steps, _rest(dataset, steps, "evaluate"))
+    batches, count = data.batches(dataset, steps), data.step_count(dataset, steps)
     cbs = _callbacks(model, callbacks, verbose, epochs=1, steps=count)
     logs = _test_loop(model, compiled, batches, cbs, "evaluate")
     return logs if return_dict else _listed(logs, compiled)
@@ -425,23 +419,6 @@ def _recorder(compiled: Compiled, train: Any) -> Record:
         train.record(compiled.per_sample_loss(y, predictions, weight))
 
     return record
-
-
-def _rest(dataset: tf.data.Dataset, steps: int | None, what: str) -> Any:
-    """The last batch an evaluation of all of ``dataset`` takes after its whole batches, as
-    Keras evaluates every sample (``data.tail``); None with ``steps``, or where none is."""
-    return None if steps is not None else data.tail(dataset, what)
-
-
-def _every_batch(
-    dataset: tf.data.Dataset, steps: int | None, rest: Any
-) -> tuple[Iterator[tuple[Any, Any, Any]], int | None]:
-    """The batches an evaluation takes, and their count: ``steps`` of them, or all, and
-    then ``rest`` (``_rest``) where there is one."""
-    batches, count = data.batches(dataset, steps), data.step_count(dataset, steps)
-    if rest is None:
-        return batches, count
-    return itertools.chain(batches, [rest]), (count or 0) + 1
 
 
 def _test_loop(

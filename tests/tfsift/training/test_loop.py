@@ -301,6 +301,31 @@ def test_fit_on_fewer_samples_than_a_batch_trains_them_as_one_batch_as_keras_doe
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_evaluate_and_validation_on_fewer_samples_than_a_batch_take_them_as_keras_does() -> None:
+    # a quick check on a few samples: 10 with the default batch of 32, 5 (odd) in batches
+    # of 16, as evaluate's and as fit's validation arrays (refused before: "fewer than one
+    # batch"); and batches of 5 that do not split into the microbatches, as a dataset's
+    # already could (refused before: "a positive multiple of microbatches=2")
+    tfsift.init({"microbatches": 2})
+    x, y, weight = seventy()
+    runs = []
+    for model in keras_and_tfsift():
+        as_keras(model, metrics=["accuracy"])
+        few = model.evaluate(x[:10], y[:10], verbose=0)
+        odd = model.evaluate(x[:5], y[:5], sample_weight=weight[:5], batch_size=16, verbose=0)
+        fives = model.evaluate(x, y, batch_size=5, verbose=0)
+        history = model.fit(
+            x[:32], y[:32], batch_size=16, shuffle=False, verbose=0, validation_data=(x[:5], y[:5])
+        )
+        by_five = model.fit(
+            x[:32], y[:32], batch_size=16, shuffle=False, verbose=0, validation_data=(x, y),
+            validation_batch_size=5,
+        )  # fmt: skip
+        logs = [*history.history["val_loss"], *history.history["val_accuracy"]]
+        runs.append([*few, *odd, *fives, *logs, *by_five.history["val_loss"]])
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
+
+
 def summed_loss(y_true: Any, y_pred: Any) -> Any:
     """tf.distribute's idiom: a loss that reduces the batch itself, a sum over a batch size."""
     per_sample = keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
