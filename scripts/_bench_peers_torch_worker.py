@@ -1,12 +1,9 @@
-"""One rank of bench_peers.py's PyTorch rows: bench_pipeline's chain in PyTorch, timed.
+"""One rank of bench_peers.py's PyTorch rows: the conv chain in PyTorch, ``MODE CONFIG_JSON``
+(single, ddp or one of ``SCHEDULES``), timed.
 
-usage: _bench_peers_torch_worker.py MODE CONFIG_JSON
-       (MODE: single, gpipe, 1f1b, interleaved_1f1b, zero_bubble or ddp)
-
-Runs in a benchmark-only environment with PyTorch (never tfsift's), under ``mpirun``:
-the rank comes from Open MPI's environment and gloo connects the ranks. One compute
-thread per rank; channels-last convolutions (PyTorch's fastest layout on CPU). Each rank
-writes ``$TFSIFT_BENCH_OUT/rank<r>.json`` with the slowest rank's time per step.
+Runs in a benchmark-only environment with PyTorch (never tfsift's), under ``mpirun``: the
+rank comes from Open MPI's environment and gloo connects the ranks. One compute thread a
+rank; channels-last convolutions (PyTorch's fastest layout on CPU).
 """
 
 from __future__ import annotations
@@ -30,6 +27,14 @@ Config = dict[str, Any]
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 SIZE = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
 CHANNELS_LAST = torch.channels_last
+# mode: (torch's schedule class, stages a rank); ZB-H1 is the interleaved zero-bubble
+# schedule with one stage a rank
+SCHEDULES = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
+    "zero_bubble": ("ScheduleInterleavedZeroBubble", 1),
+}
 
 
 def chain(cfg: Config) -> nn.Sequential:
@@ -82,16 +87,6 @@ class Stage(nn.Module):
         return self.layers(_ChannelsLast.apply(x)).contiguous()
 
 
-# mode: (torch's schedule class, stages a rank); ZB-H1 is the interleaved zero-bubble
-# schedule with one stage a rank
-SCHEDULES = {
-    "gpipe": ("ScheduleGPipe", 1),
-    "1f1b": ("Schedule1F1B", 1),
-    "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
-    "zero_bubble": ("ScheduleInterleavedZeroBubble", 1),
-}
-
-
 def pipelined(cfg: Config, schedule: str) -> Callable[[], None]:
     """torch.distributed.pipelining: the chain cut in SIZE x v equal chunks, rank r holding
     chunks r, r + SIZE, ... (v = 1: two halves, one per rank)."""
@@ -101,14 +96,11 @@ def pipelined(cfg: Config, schedule: str) -> Callable[[], None]:
     layers, chunks = list(chain(cfg)), SIZE * v
     size = cfg["layers"] // chunks
     parts = [Stage(layers[i * size : (i + 1) * size]) for i in range(RANK, chunks, SIZE)]
-    stages = [
-        pipelining.PipelineStage(part, i, chunks, torch.device("cpu"))
-        for part, i in zip(parts, range(RANK, chunks, SIZE), strict=True)
-    ]
+    stages = [pipelining.PipelineStage(part, i, chunks, torch.device("cpu"))
+              for part, i in zip(parts, range(RANK, chunks, SIZE), strict=True)]  # fmt: skip
     multi = "Interleaved" in name  # the schedules that take a list of a rank's stages
-    runner = getattr(pipelining, name)(
-        stages if multi else stages[0], n_microbatches=cfg["M"], loss_fn=F.mse_loss
-    )
+    runner = getattr(pipelining, name)(stages if multi else stages[0], n_microbatches=cfg["M"],
+                                       loss_fn=F.mse_loss)  # fmt: skip
     optimizer = torch.optim.SGD([p for part in parts for p in part.parameters()], lr=1e-3)
     x, y = (t.contiguous() for t in data(cfg, cfg["batch"]))
 
@@ -135,14 +127,13 @@ def synced(step: Callable[[], None]) -> float:
     return float(elapsed.item())
 
 
-def main() -> None:
+if __name__ == "__main__":
     mode, cfg = sys.argv[1], json.loads(sys.argv[2])
     if SIZE > 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(cfg["port"])
         dist.init_process_group("gloo", rank=RANK, world_size=SIZE)
-    build = data_parallel if mode in ("single", "ddp") else lambda c: pipelined(c, mode)
-    step = build(cfg)
+    step = data_parallel(cfg) if mode in ("single", "ddp") else pipelined(cfg, mode)
     for _ in range(cfg["warmup"]):
         synced(step)
     times = [synced(step) for _ in range(cfg["steps"])]
@@ -152,10 +143,6 @@ def main() -> None:
         dist.destroy_process_group()
     # PyTorch 2.x's pipelining leaves threads that abort the interpreter's teardown now and
     # then ("terminate called without an active exception", exit 134 after both reports
-    # were written, 2026-11-27); the report is on disk, so leave without a teardown.
+    # were written); the report is on disk, so leave without a teardown.
     sys.stdout.flush()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

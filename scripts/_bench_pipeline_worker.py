@@ -1,13 +1,16 @@
-"""One rank of ``scripts/bench_pipeline.py``: times one configuration and writes JSON.
-
-usage: _bench_pipeline_worker.py MODE CONFIG_JSON  (run by bench_pipeline.py's harness)
-       (MODE: single, pipeline, dp, mwms, reference, microbatched or split)
-
-Letters: K stages, M microbatches, B the global batch. Every rank runs one compute
-thread; each writes its JSON report with ``bench.harness.write_rank``.
+"""One rank of a benchmark on the conv chain: ``MODE CONFIG_JSON`` (``MODES``), one compute
+thread; ``--mpi4py-first`` starts MPI before tfsift is imported (bench_launch). Letters: K
+stages, M microbatches, B the global batch.
 """
 
 from __future__ import annotations
+
+import sys
+
+if sys.argv[1] == "--mpi4py-first":  # MPI starts here, before tfsift is imported
+    from mpi4py import MPI
+
+    del sys.argv[1]
 
 import tensorflow as tf
 
@@ -22,7 +25,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
-import sys  # noqa: E402
+import socket  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -46,29 +49,23 @@ Config = dict[str, Any]
 Step = Callable[[], None]
 LOSS = keras.losses.MeanSquaredError()
 LM_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+LINK = Path("/sys/class/net/tfsift0/statistics")  # the simulated hosts' link
 
 
 def chain_layers(cfg: Config) -> list[keras.layers.Layer]:
-    """``layers`` equal layers: Conv2D(width, 3x3, same) on side x side x width images
-    (``model="conv"``) or Dense(width) (``model="dense"``), relu. Equal layers, not quite
-    equal stages: the first stage skips its first layer's input gradient (the reading
-    in bench_pipeline.py gives the shares)."""
+    """``layers`` equal layers, relu: Conv2D(width, 3x3, same) on side x side x width images
+    (``model="conv"``) or Dense(width)."""
     if cfg["model"] == "conv":
-        return [
-            keras.layers.Conv2D(cfg["width"], 3, padding="same", activation="relu")
-            for _ in range(cfg["layers"])
-        ]
+        return [keras.layers.Conv2D(cfg["width"], 3, padding="same", activation="relu")
+                for _ in range(cfg["layers"])]  # fmt: skip
     return [keras.layers.Dense(cfg["width"], activation="relu") for _ in range(cfg["layers"])]
 
 
 def sample_shape(cfg: Config) -> tuple[int, ...]:
-    """One sample's shape: the chain's input and output are the same (a transformer's
-    tokens: ``side`` of them)."""
+    """One sample's shape, the chain's input's and output's (a transformer's: its tokens)."""
     if cfg["model"] == "transformer":
         return (cfg["side"],)
-    if cfg["model"] == "conv":
-        return (cfg["side"], cfg["side"], cfg["width"])
-    return (cfg["width"],)
+    return (cfg["side"], cfg["side"], cfg["width"]) if cfg["model"] == "conv" else (cfg["width"],)
 
 
 class Chain(tfsift.DistributedModel):
@@ -81,6 +78,22 @@ class Chain(tfsift.DistributedModel):
     def call(self, x: Any) -> Any:
         for block in self.blocks:
             x = block(x)
+        return x
+
+
+class Halves(tfsift.DistributedModel):
+    """``layers`` Dense(width) layers, the first half on stage 0."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.names = [f"dense{i}" for i in range(cfg["layers"])]
+        for i, name in enumerate(self.names):  # placed as assigned, one attribute each
+            with tfsift.partition(0 if i < cfg["layers"] // 2 else 1):
+                setattr(self, name, keras.layers.Dense(cfg["width"], activation="relu"))
+
+    def call(self, x: Any) -> Any:
+        for name in self.names:
+            x = getattr(self, name)(x)
         return x
 
 
@@ -108,8 +121,7 @@ def data(cfg: Config) -> tuple[tf.Tensor, tf.Tensor]:
         ids = rng.integers(0, VOCAB, shape).astype("int32")
         return tf.constant(ids), tf.constant(np.roll(ids, -1, axis=1))
     x = rng.normal(size=shape).astype("float32")
-    y = rng.normal(size=shape).astype("float32")
-    return tf.constant(x), tf.constant(y)
+    return tf.constant(x), tf.constant(rng.normal(size=shape).astype("float32"))
 
 
 def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
@@ -126,21 +138,16 @@ def keras_step(cfg: Config, x: tf.Tensor, y: tf.Tensor) -> Step:
         return loss
 
     compiled = tf.function(train)
-
-    def step() -> None:
-        compiled(x, y)
-
-    return step
+    return lambda: compiled(x, y)
 
 
 def keras_microbatched_step(
     cfg: Config, x: tf.Tensor, y: tf.Tensor, M: int, fused: bool = False
 ) -> Step:
-    """Microbatching written by hand in TensorFlow: the reference's work split into M
-    tf.function calls (forward, backward, the running gradient sum), then the mean and the
-    SGD update in one call. ``fused``: the M microbatches in one tf.function call instead
-    (the loop unrolled in its graph), as tfsift's one stage runs them: what the smaller
-    matrix products alone cost."""
+    """Microbatching written by hand: the reference's work in M tf.function calls (forward,
+    backward, the running gradient sum), then the mean and the update in one call; with
+    ``fused``, the M microbatches in one call (the loop unrolled in its graph), as tfsift's
+    one stage runs them: what the smaller matrix products alone cost."""
     model = plain_chain(cfg)
     optimizer = keras.optimizers.SGD(1e-3)
     variables = model.trainable_variables
@@ -152,9 +159,7 @@ def keras_microbatched_step(
         grads = tape.gradient(loss, variables)
         return [t + g for t, g in zip(total, grads, strict=True)]
 
-    def microbatches(
-        x: tf.Tensor, y: tf.Tensor, call: Any, total: list[tf.Tensor]
-    ) -> list[tf.Tensor]:
+    def microbatches(x: tf.Tensor, y: tf.Tensor, call: Any, total: list[tf.Tensor]) -> Any:
         for xm, ym in zip(tf.split(x, M), tf.split(y, M), strict=True):
             total = call(xm, ym, total)
         return total
@@ -166,18 +171,17 @@ def keras_microbatched_step(
     if fused:  # the zeros made inside the graph
         every = tf.function(lambda x, y: microbatches(x, y, microbatch, zeros()))
         return lambda: update(every(x, y))
-    one, zeros_once = tf.function(microbatch), zeros()  # made once, as before
+    one, zeros_once = tf.function(microbatch), zeros()  # made once
     return lambda: update(microbatches(x, y, one, zeros_once))
 
 
 def tfsift_step(
     cfg: Config, x: tf.Tensor, y: tf.Tensor, dp: bool = False, eager_update: bool = False
 ) -> tuple[Step, Any]:
-    """A ``@tfsift.step`` train step (its first, partitioning call is made here). The
-    optimizer's update is ``tfsift.compiled_update``, as in the README loop, or with
-    ``eager_update`` ``optimizer.apply_gradients`` (Keras updates each variable in Python).
-    Also returns the model, the first call's seconds, the allreduce's times and the step
-    call alone (no accumulation, allreduce nor update)."""
+    """A ``@tfsift.step`` train step (its first, partitioning call made here), updated by
+    ``tfsift.compiled_update`` or, with ``eager_update``, ``optimizer.apply_gradients``
+    (Keras updates each variable in Python). Also returns the model, the allreduce's times
+    and the step call alone (no accumulation, allreduce nor update)."""
     model = model_of(cfg)
     loss_fn = LM_LOSS if cfg["model"] == "transformer" else LOSS
 
@@ -186,9 +190,7 @@ def tfsift_step(
         loss = loss_fn(y, model(x, training=True))
         return tfsift.gradients(loss, model.trainable_variables), loss
 
-    start = time.perf_counter()
     forward_backward(x, y)
-    first = time.perf_counter() - start
     optimizer, variables = keras.optimizers.SGD(1e-3), model.trainable_variables
     if eager_update:
 
@@ -210,40 +212,28 @@ def tfsift_step(
     def call() -> None:  # the @tfsift.step call alone: what the plan line predicts
         forward_backward(x, y)
 
-    return train, (model, first, timings, call)
+    return train, (model, timings, call)
 
 
 def fit_step(cfg: Config, x: tf.Tensor, y: tf.Tensor, distributed: bool) -> Step:
-    """An epoch of ``fit`` on ``cfg["fit_batches"]`` copies of the batch, by Keras or by
-    tfsift (a DistributedModel at the current ``tfsift.init``): its time over that count is
-    a step of ``fit``, the reading of batches and the callbacks included."""
+    """An epoch of ``fit``, Keras' or tfsift's, on ``cfg["fit_batches"]`` copies of the
+    batch: its time over that count is a step of ``fit``, reading and callbacks included."""
     model = Chain(cfg) if distributed else plain_chain(cfg)
     model.compile(optimizer=keras.optimizers.SGD(1e-3), loss=LOSS)
     xs, ys = (np.concatenate([t.numpy()] * cfg["fit_batches"]) for t in (x, y))
-
-    def step() -> None:
-        model.fit(xs, ys, batch_size=cfg["batch"], epochs=1, verbose=0, shuffle=False)
-
-    return step
+    return lambda: model.fit(xs, ys, batch_size=cfg["batch"], epochs=1, verbose=0, shuffle=False)
 
 
 def synced_time(step: Step, collect: bool) -> float:
-    """Seconds of one step started together on every rank; the slowest rank's time.
-
-    With ``collect`` a full garbage collection runs first, outside the timed window; the
-    benchmark also runs without it, to show that no step's tensors outlive the step.
-    """
+    """Seconds of one step started together on every rank; the slowest rank's time. With
+    ``collect`` a full garbage collection runs first, outside the timed window; the
+    benchmark also runs without it, to show that no step's tensors outlive the step."""
     if collect:
         gc.collect()
     MPI.COMM_WORLD.Barrier()
     start = time.perf_counter()
     step()
     return float(max(MPI.COMM_WORLD.allgather(time.perf_counter() - start)))
-
-
-def reset_peak_rss() -> None:
-    """Resets the kernel's peak-RSS mark (what ru_maxrss reports) to the current RSS."""
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def thread_cpu() -> dict[str, float]:
@@ -269,26 +259,14 @@ def timed(step: Step, cfg: Config) -> dict[str, Any]:
     return {"times": times, "thread_cpu_s": cpu, "timed_wall_s": wall}
 
 
-def timeline(step: Step) -> tuple[dict[str, float], list[list[Any]]]:
-    """One step recorded with ``tfsift.timeline()``: this rank's seconds per kind of
-    action (F, B, RF, ...) and every stage's events as [stage, action, start, end]."""
-    with tfsift.timeline() as recorded:
-        synced_time(step, True)
-    measured = recorded.steps[-1]
-    events = [[e.stage, str(e.action), e.start, e.end] for e in measured.events]
-    return measured.seconds(tfsift.mp_rank()), events
-
-
 def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def tensor_bytes() -> dict[str, int] | None:
-    """TensorFlow's CPU allocator's bytes in use and their peak since the last reset, where
-    the job runs it with statistics (``TF_CPU_ALLOCATOR_USE_BFC=true``); else None.
-
-    Unlike the RSS, this counts the tensors alone (activations, gradients, messages'
-    buffers), not what the process's heap keeps after they are freed."""
+    """TensorFlow's CPU allocator's bytes in use and their peak since the last reset (the
+    tensors alone, not what the heap keeps after they are freed), where the job runs it with
+    statistics (``TF_CPU_ALLOCATOR_USE_BFC=true``); else None."""
     try:
         return dict(tf.config.experimental.get_memory_info("CPU:0"))
     except ValueError:  # "Allocator stats not available": the default allocator
@@ -315,19 +293,12 @@ def predictions(cfg: Config, model: Chain, x: tf.Tensor) -> list[dict[str, Any]]
         for pipeline in cfg["pipelines"]:
             for optimize in cfg["optimizes"]:
                 plan = make_plan(costs, cfg["K"], M, optimize=optimize, pipeline=pipeline)
-                out.append(
-                    {
-                        "M": M,
-                        "pipeline": pipeline,
-                        "optimize": optimize,
-                        "microbatch_compute_s": float(costs.prefix.compute[-1]),
-                        "action_overhead_s": float(costs.action_overhead),
-                        "predicted_step_s": plan.predicted_step_time,
-                        "predicted_bubble": plan.predicted_bubble,
-                        "predicted_peak_bytes": list(plan.peak_memory),
-                        "bounds": list(plan.bounds),
-                    }
-                )
+                out.append({
+                    "M": M, "pipeline": pipeline, "optimize": optimize,
+                    "action_overhead_s": float(costs.action_overhead),
+                    "predicted_step_s": plan.predicted_step_time,
+                    "predicted_peak_bytes": list(plan.peak_memory),
+                })  # fmt: skip
     return out
 
 
@@ -342,28 +313,21 @@ def run_single(cfg: Config) -> dict[str, Any]:
     """One process: plain Keras vs @tfsift.step (K=1, M=1), then the simulator's predictions."""
     tfsift.init({"partitions": 1, "microbatches": 1})
     x, y = data(cfg)
-    tfsift_train, (model, first, _, _) = tfsift_step(cfg, x, y)
+    tfsift_train, (model, _, _) = tfsift_step(cfg, x, y)
     steps = {"keras": keras_step(cfg, x, y), "tfsift": tfsift_train}
     if cfg.get("fit_batches"):  # what the update left eager and fit cost
         steps["tfsift_eager_update"] = tfsift_step(cfg, x, y, eager_update=True)[0]
         steps["keras_fit"] = fit_step(cfg, x, y, distributed=False)
         steps["tfsift_fit"] = fit_step(cfg, x, y, distributed=True)
     times = time_steps(steps, cfg)
-    rss = maxrss_mib()
     whole = float(profile_at(model, x, 1, cfg).prefix.compute[-1])
     return {
-        "times": times,
-        "first_step_s": first,
-        "maxrss_mib": rss,
-        "whole_batch_compute_s": whole,
-        "predictions": predictions(cfg, model, x),
-        "microbatched": {
-            str(M): one_process_microbatched(cfg, M, x, y) for M in cfg["microbatches"]
-        },
-    }
+        "times": times, "whole_batch_compute_s": whole, "predictions": predictions(cfg, model, x),
+        "microbatched": {str(M): microbatched(cfg, M, x, y) for M in cfg["microbatches"]},
+    }  # fmt: skip
 
 
-def one_process_microbatched(cfg: Config, M: int, x: tf.Tensor, y: tf.Tensor) -> list[float]:
+def microbatched(cfg: Config, M: int, x: tf.Tensor, y: tf.Tensor) -> list[float]:
     """Step times of @tfsift.step with K=1 and M microbatches: the microbatching cost alone."""
     tfsift.init({"partitions": 1, "microbatches": M})
     train, _ = tfsift_step(cfg, x, y)
@@ -376,32 +340,25 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     (read back from a fresh plan file)."""
     plan_file = Path(tempfile.mkdtemp(prefix="tfsift-bench-plan-")) / "plan.json"
     keras.mixed_precision.set_global_policy(cfg.get("precision", "float32"))
-    tfsift.init(
-        {
-            "partitions": cfg["K"],
-            "microbatches": cfg["M"],
-            "pipeline": cfg["pipeline"],
-            "optimize": cfg["optimize"],
-            "profile_repeats": cfg["profile_repeats"],
-            "plan_file": str(plan_file),
-            # bench_schedules: interleaved on v chunks a stage; zero_bubble with room for
-            # ZB-H1's deferral
-            **({"virtual_stages": cfg["virtual_stages"]} if cfg.get("virtual_stages") else {}),
-            **({"memory_cap": cfg["memory_cap"]} if cfg.get("memory_cap") else {}),
-        }
-    )
+    options = {k: cfg[k] for k in ("virtual_stages", "memory_cap") if cfg.get(k)}
+    tfsift.init({"partitions": cfg["K"], "microbatches": cfg["M"], "pipeline": cfg["pipeline"],
+                 "optimize": cfg["optimize"], "profile_repeats": cfg["profile_repeats"],
+                 "plan_file": str(plan_file), **options})  # fmt: skip
     x, y = data(cfg)
-    before = maxrss_mib()
-    train, (model, first, _, call) = tfsift_step(cfg, x, y)
+    train, (model, _, call) = tfsift_step(cfg, x, y)
     for _ in range(cfg["warmup"]):
         synced_time(train, cfg["collect"])
     whole = maxrss_mib()
     gc.collect()
-    reset_peak_rss()
-    resting = psutil.Process().memory_info().rss / 2**20  # the peak mark starts here
+    Path("/proc/self/clear_refs").write_text("5")  # the kernel's peak-RSS mark reset to now
+    resting = psutil.Process().memory_info().rss / 2**20
     if (tensors := tensor_bytes()) is not None:
         tf.config.experimental.reset_memory_stats("CPU:0")
-    action_s, events = timeline(train)
+    with tfsift.timeline() as recorded:  # one step: each kind of action's seconds, the events
+        synced_time(train, True)
+    measured = recorded.steps[-1]
+    action_s = measured.seconds(tfsift.mp_rank())
+    events = [[e.stage, str(e.action), e.start, e.end] for e in measured.events]
     # the step call alone as many times again, where asked (bench_small: the prediction's
     # scope, which the user's update is outside of)
     repeat = cfg["steps"] if cfg.get("time_call") else 0
@@ -417,18 +374,13 @@ def run_pipeline(cfg: Config) -> dict[str, Any]:
     return result | {
         "predicted_peak_bytes": list(plan.peak_memory) if plan else None,
         "deferred": list(plan.deferred) if plan and plan.deferred is not None else None,
-        "sent_bytes": sent_bytes(model, cfg),
-        "call_times": calls,
-        "action_s": action_s,
-        "events": events,
-        "first_step_s": first,
+        "sent_bytes": sent_bytes(model, cfg), "call_times": calls,
+        "action_s": action_s, "events": events,
         "bounds": list(model.partitioned.bounds),
         "startup_predicted_s": plan.predicted_step_time if plan else None,
-        "maxrss_before_mib": before,
-        "maxrss_whole_mib": whole,
-        "maxrss_timed_mib": maxrss_mib(),
+        "maxrss_whole_mib": whole, "maxrss_timed_mib": maxrss_mib(),
         "rss_reset_mib": resting,
-    }
+    }  # fmt: skip
 
 
 def sent_bytes(model: Any, cfg: Config) -> int:
@@ -437,11 +389,8 @@ def sent_bytes(model: Any, cfg: Config) -> int:
     part, K = model.partitioned, cfg["K"]
 
     def size(specs: list[Any], floats: bool) -> int:
-        return sum(
-            int(np.prod(shape)) * tf.as_dtype(dtype).size
-            for shape, dtype in specs
-            if not floats or tf.as_dtype(dtype).is_floating
-        )
+        return sum(int(np.prod(shape)) * tf.as_dtype(dtype).size for shape, dtype in specs
+                   if not floats or tf.as_dtype(dtype).is_floating)  # fmt: skip
 
     forward = size(part.out_specs, False) if part.stage.index < K - 1 else 0
     backward = size(part.in_specs, True) if part.stage.index > 0 else 0
@@ -454,11 +403,11 @@ def run_dp(cfg: Config) -> dict[str, Any]:
     x, y = data(cfg)
     share = cfg["batch"] // tfsift.size()
     part = slice(tfsift.rank() * share, (tfsift.rank() + 1) * share)
-    train, (_, first, timings, _) = tfsift_step(cfg, x[part], y[part], dp=True)
+    train, (_, timings, _) = tfsift_step(cfg, x[part], y[part], dp=True)
     for _ in range(cfg["warmup"]):
         synced_time(train, cfg["collect"])
     timings["allreduce"].clear()
-    return timed(train, cfg) | {"first_step_s": first, "allreduce": timings["allreduce"]}
+    return timed(train, cfg) | {"allreduce": timings["allreduce"]}
 
 
 def run_mwms(cfg: Config) -> dict[str, Any]:
@@ -506,15 +455,14 @@ def run_microbatched(cfg: Config) -> dict[str, Any]:
     x, y = data(cfg)
     M = cfg["M"]
     if not cfg.get("floor"):
-        return {"times": one_process_microbatched(cfg, M, x, y)}
+        return {"times": microbatched(cfg, M, x, y)}
     tfsift.init({"partitions": 1, "microbatches": M})
     train, _ = tfsift_step(cfg, x, y)
     steps = {
-        "tfsift": train,
-        "keras": keras_step(cfg, x, y),
+        "tfsift": train, "keras": keras_step(cfg, x, y),
         "keras_microbatched": keras_microbatched_step(cfg, x, y, M),
         "keras_microbatched_fused": keras_microbatched_step(cfg, x, y, M, fused=True),
-    }
+    }  # fmt: skip
     times = time_steps(steps, cfg)
     return {"times": times.pop("tfsift")} | times
 
@@ -552,26 +500,55 @@ def run_split(cfg: Config) -> dict[str, Any]:
         if round_ >= cfg["warmup"]:  # the first calls trace
             for name, begin, end in zip(names, clock[:-1], clock[1:], strict=True):
                 times[name].append(end - begin)
-    return {"times": times, "nodes": [half, len(graph)]}
+    return {"times": times}
+
+
+def run_hosts(cfg: Config) -> dict[str, Any]:
+    """bench_hosts: a 2-stage x 2-replica step of a chain of Dense layers cut in the middle
+    (every placement cuts it at the same place) on the simulated hosts, timed; the bytes
+    this rank's host sent and received on their link meanwhile (its counters, which a
+    process in a simulated host's namespace sees as its host's), and the host's name."""
+    tfsift.init({"partitions": 2, "microbatches": cfg["M"], "placement_strategy": cfg["placement"],
+                 "auto_partition": False, "timeout": 600})  # fmt: skip
+    rng = np.random.default_rng(tfsift.dp_rank())
+    x, y = (tf.constant(rng.normal(size=(cfg["batch"], cfg["width"])).astype("float32"))
+            for _ in range(2))  # fmt: skip
+    model = Halves(cfg)
+
+    @tfsift.step
+    def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
+        loss = LOSS(y, model(x, training=True))
+        return tfsift.gradients(loss, model.trainable_variables), loss
+
+    forward_backward(x, y)  # partitions the model
+    update = tfsift.compiled_update(keras.optimizers.SGD(1e-3), model)
+
+    def train() -> None:
+        grads, _ = forward_backward(x, y)
+        update(tfsift.allreduce([g.accumulate() for g in grads]))
+
+    def counters() -> dict[str, int]:  # none on a machine without the simulated link
+        names = ("tx_bytes", "rx_bytes")
+        return {n: int((LINK / n).read_text()) if LINK.exists() else 0 for n in names}
+
+    for _ in range(cfg["warmup"]):
+        synced_time(train, collect=False)
+    MPI.COMM_WORLD.Barrier()
+    before = counters()
+    times = [synced_time(train, collect=False) for _ in range(cfg["steps"])]
+    after = counters()
+    bytes_ = {name: after[name] - before[name] for name in before}
+    return {"host": socket.gethostname(), "times": times, "bytes": bytes_}
 
 
 MODES: dict[str, Callable[[Config], dict[str, Any]]] = {
-    "single": run_single,
-    "pipeline": run_pipeline,
-    "dp": run_dp,
-    "mwms": run_mwms,
-    "reference": run_reference,
-    "microbatched": run_microbatched,
-    "split": run_split,
-}
+    "single": run_single, "pipeline": run_pipeline, "dp": run_dp, "mwms": run_mwms,
+    "reference": run_reference, "microbatched": run_microbatched, "split": run_split,
+    "hosts": run_hosts,
+}  # fmt: skip
 
-
-def main() -> None:
+if __name__ == "__main__":
     mode, cfg = sys.argv[1], json.loads(sys.argv[2])
     result = MODES[mode](cfg)
     rank = MPI.COMM_WORLD.Get_rank()
     write_rank(rank, result | {"rank": rank, "mode": mode, "config": cfg})
-
-
-if __name__ == "__main__":
-    main()

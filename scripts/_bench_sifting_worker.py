@@ -1,16 +1,11 @@
 """One job of ``scripts/bench_sifting_epochs.py``: trains one task and seed with each method.
 
-usage: _bench_sifting_worker.py CONFIG_JSON   (run by ``bench.harness.run_job``)
-
-Every rank runs one compute thread and reports (``harness.write_rank``): per method, the
-held-out metric at each evaluation with the training seconds, optimizer steps and samples
-backpropagated so far, and ``tfsift.sift_metrics()`` at the end. The model is evaluated
-every ``eval_every`` optimizer steps, with the training clock stopped; every run trains
-for the task's epochs.
-With ``scores="training"`` each step hands its per-sample losses (unweighted; on every
-rank of a pipeline) back to the sifted dataset with ``record``, on the clock; with
-``rescale`` (InfoBatch) the batches carry weights and the step's loss is the mean of
-weight x loss.
+Every rank runs one compute thread and reports, per method, the held-out metric at each
+evaluation (every ``eval_every`` optimizer steps, the training clock stopped) with the
+training seconds, optimizer steps and samples so far, and ``tfsift.sift_metrics()`` at the
+end. With training scores each step hands its per-sample losses (unweighted; on every
+rank) back to the sifted dataset with ``record``, on the clock; with InfoBatch's weights
+the step's loss is the mean of weight x loss.
 """
 
 from __future__ import annotations
@@ -38,11 +33,8 @@ Config = dict[str, Any]
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-# ---------------------------------------------------------------- data
-
-
 def mnist1d(task: Config, cache: Path) -> Arrays:
-    """MNIST-1D (generated once, then cached); ``noise`` of the training labels flipped."""
+    """MNIST-1D, generated once, then cached."""
     path = cache / f"mnist1d-{task['samples']}-{task['data_seed']}.npz"
     if not path.exists():
         from mnist1d.data import get_dataset_args, make_dataset
@@ -77,32 +69,20 @@ def friedman(task: Config, cache: Path) -> Arrays:
 
 
 LOADERS: dict[str, Callable[[Config, Path], Arrays]] = {
-    "mnist1d": mnist1d,
-    "digits": digits,
-    "friedman": friedman,
-}
+    "mnist1d": mnist1d, "digits": digits, "friedman": friedman,
+}  # fmt: skip
 
 
 def load(task: Config, seed: int, cache: Path) -> Arrays:
-    """The task's arrays, ``noise`` of the training labels flipped."""
+    """The task's arrays, ``noise`` of the training labels replaced by another class."""
     x, y, x_test, y_test = LOADERS[task["data"]](task, cache)
     if task.get("noise", 0.0) > 0:
-        y = flip_labels(y, task["noise"], int(y.max()) + 1, seed)
+        classes, rng = int(y.max()) + 1, np.random.default_rng([seed, 13])
+        flip = rng.random(len(y)) < task["noise"]
+        y = y.copy()
+        y[flip] = (y[flip] + rng.integers(1, classes, flip.sum())) % classes
     label = np.float32 if task["loss"] == "mse" else np.int32
-    x, x_test = x.astype(np.float32), x_test.astype(np.float32)
-    return x, y.astype(label), x_test, y_test.astype(label)
-
-
-def flip_labels(y: np.ndarray, fraction: float, classes: int, seed: int) -> np.ndarray:
-    """``fraction`` of the labels replaced by a uniformly drawn *other* class."""
-    rng = np.random.default_rng([seed, 13])
-    flip = rng.random(len(y)) < fraction
-    out = y.copy()
-    out[flip] = (y[flip] + rng.integers(1, classes, flip.sum())) % classes
-    return out
-
-
-# ---------------------------------------------------------------- models
+    return x.astype(np.float32), y.astype(label), x_test.astype(np.float32), y_test.astype(label)
 
 
 class ConvNet1D(tfsift.DistributedModel):
@@ -140,45 +120,6 @@ class MLP(tfsift.DistributedModel):
         return self.head(x)
 
 
-def make_model(task: Config, x: np.ndarray) -> tfsift.DistributedModel:
-    spec = task["model"]
-    out = 1 if task["loss"] == "mse" else 10
-    if spec["kind"] == "cnn":
-        return ConvNet1D(x.shape[1], spec["width"], spec["layers"], spec["hidden"], out)
-    return MLP(spec["width"], spec["layers"], out)
-
-
-def per_sample_loss(task: Config) -> keras.losses.Loss:
-    if task["loss"] == "mse":
-        return keras.losses.MeanSquaredError(reduction=None)
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-
-# ---------------------------------------------------------------- the training clock
-
-
-class Clock:
-    """Training seconds: runs only between ``start`` and ``stop``."""
-
-    def __init__(self) -> None:
-        self.total: float = 0.0
-        self.since: float | None = None
-
-    def start(self) -> None:
-        self.since = time.perf_counter()
-
-    def stop(self) -> None:
-        assert self.since is not None
-        self.total += time.perf_counter() - self.since
-        self.since = None
-
-    def now(self) -> float:
-        return self.total + (time.perf_counter() - self.since if self.since is not None else 0.0)
-
-
-# ---------------------------------------------------------------- one run
-
-
 class Run:
     """Trains one fresh model with one method and records the held-out curve."""
 
@@ -187,8 +128,16 @@ class Run:
         self.off_clock: list[float] = []  # one-time seconds taken off the clock
         keras.utils.set_random_seed(job["seed"])  # the same initial weights for every method
         self.x, self.y, self.x_test, self.y_test = data
-        self.model = make_model(self.task, self.x)
-        self.loss = per_sample_loss(self.task)
+        spec, out = self.task["model"], 1 if self.task["loss"] == "mse" else 10
+        if spec["kind"] == "cnn":
+            args = (self.x.shape[1], spec["width"], spec["layers"], spec["hidden"], out)
+            self.model: tfsift.DistributedModel = ConvNet1D(*args)
+        else:
+            self.model = MLP(spec["width"], spec["layers"], out)
+        if self.task["loss"] == "mse":
+            self.loss = keras.losses.MeanSquaredError(reduction=None)
+        else:
+            self.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
         self.optimizer = keras.optimizers.Adam(self.task["lr"])
         self.config = self.sift_config() if method["policy"] != "none" else None
         self.recording = self.config is not None and self.config.scores == "training"
@@ -196,7 +145,7 @@ class Run:
         self.train_step, self.predict = self._steps()
         self.apply = tf.function(self._apply)  # eager Adam costs more than a small model's step
         self.sifted: Any = None  # the sifted dataset, which records (scores="training")
-        self.clock = Clock()
+        self.clock_total, self.clock_since = 0.0, None  # training seconds: between start and stop
         self.steps = self.samples = 0
         self.curve: list[list[float]] = []
 
@@ -205,7 +154,7 @@ class Run:
 
         @tfsift.step
         def train_step(x: tf.Tensor, y: tf.Tensor, *weight: tf.Tensor) -> Any:
-            """Gradients of the mean loss (of weight x loss with ``rescale``); returns the
+            """Gradients of the mean loss (of weight x loss with weights); returns the
             per-sample losses, unweighted, with training scores (else their mean)."""
             losses = loss(y, model(x, training=True))
             mean = keras.ops.mean(losses * weight[0] if weight else losses)
@@ -221,15 +170,26 @@ class Run:
     def _apply(self, grads: list[tf.Tensor]) -> None:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
 
+    def start(self) -> None:
+        self.clock_since = time.perf_counter()
+
+    def stop(self) -> None:
+        assert self.clock_since is not None
+        self.clock_total += time.perf_counter() - self.clock_since
+        self.clock_since = None
+
+    def now(self) -> float:
+        since = self.clock_since
+        return self.clock_total + (time.perf_counter() - since if since is not None else 0.0)
+
     def dataset(self) -> tf.data.Dataset:
         # the data order's seed; the initial weights are the job's seed's in every run
         B, seed = self.task["batch"], self.job["seed"] + self.method.get("order", 0)
         if self.method.get("source") == "arrays":  # batches gathered by row
             train = tfsift.from_arrays((self.x, self.y), B, seed=seed)
         else:
-            source = tfsift.shard(
-                tf.data.Dataset.from_tensor_slices((self.x, self.y)), len(self.x), seed
-            )
+            rows = tf.data.Dataset.from_tensor_slices((self.x, self.y))
+            source = tfsift.shard(rows, len(self.x), seed)
             train = source.batch(B, drop_remainder=True).prefetch(2)
         if self.config is None:
             return train
@@ -238,18 +198,13 @@ class Run:
 
     def sift_config(self) -> tfsift.SiftConfig:
         """The method's config; ``scores``, ``stale`` and the sample weights are what
-        ``SiftConfig`` implies from the policy (InfoBatch: training scores, its weights,
-        every score kept for its epochs, which are the task's)."""
+        ``SiftConfig`` implies from the policy."""
         m = self.method
         return tfsift.SiftConfig(
-            policy=m["policy"],
-            delay=self.task["delay"],
-            score_batches=self.job["score_batches"],
-            seed=self.job["seed"],
-            prune=float(m["prune"]),
-            anneal=float(m["anneal"]),
+            policy=m["policy"], delay=self.task["delay"], score_batches=self.job["score_batches"],
+            seed=self.job["seed"], prune=float(m["prune"]), anneal=float(m["anneal"]),
             epochs=self.task["epochs"] if m["policy"] == "infobatch" else None,
-        )
+        )  # fmt: skip
 
     def evaluate(self) -> float:
         """Held-out accuracy, or mean squared error; every rank runs the same batches."""
@@ -267,41 +222,40 @@ class Run:
         return float(np.mean(np.argmax(pred, axis=-1) == truth))
 
     def record(self) -> None:
-        self.curve.append([self.clock.now(), self.steps, self.samples, self.evaluate()])
-
-    def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Traces the training step and the update once, outside the clock; the update
-        applies zero gradients, which moves Adam's weights by 0 (its step count by 1)."""
-        weight = [tf.ones(len(x))] if self.weighted else []
-        grads, _ = self.train_step(tf.constant(x), tf.constant(y), *weight)
-        grads = tfsift.allreduce(grads)
-        if grads:
-            self.apply([tf.zeros_like(g) for g in grads])
+        self.curve.append([self.now(), self.steps, self.samples, self.evaluate()])
 
     def train(self) -> Config:
+        """Traces the training step and the update once, outside the clock (the update
+        applies zero gradients, which moves Adam's weights by 0), then trains the task's
+        epochs."""
         B = self.task["batch"]
         train = self.dataset()
-        self.warm_up(self.x[:B], self.y[:B])
+        x, y = self.x[:B], self.y[:B]
+        weight = [tf.ones(len(x))] if self.weighted else []
+        grads = tfsift.allreduce(self.train_step(tf.constant(x), tf.constant(y), *weight)[0])
+        if grads:
+            self.apply([tf.zeros_like(g) for g in grads])
         self.record()
-        self.clock.start()
+        self.start()
         for _ in range(self.task["epochs"]):
             for batch in self.batches(train):
                 self.step(*batch)
                 if self.steps % self.task["eval_every"] == 0:  # equal on every rank
-                    self.clock.stop()
+                    self.stop()
                     self.record()
-                    self.clock.start()
-        self.clock.stop()
+                    self.start()
+        self.stop()
         if self.curve[-1][1] != self.steps:
             self.record()
-        return self.result(self.task["epochs"])
+        metrics = tfsift.sift_metrics() if self.method["policy"] != "none" else {}
+        sift = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        return {"method": self.method["name"], "epochs": self.task["epochs"], "curve": self.curve,
+                "off_clock_s": self.off_clock, "sift": sift}  # fmt: skip
 
     def batches(self, train: tf.data.Dataset) -> Iterator[tuple[tf.Tensor, ...]]:
-        """``train``'s batches, with one-time work taken off the clock as ``warm_up`` does
-        the training step's tracing: the run's first request (the shuffle buffer's first
-        fill) and the request that ran
-        the first scoring round (tracing the scoring step). Their seconds are kept.
-        Batches are ``(x, y)``, or ``(x, y, weight)`` with ``rescale``."""
+        """``train``'s batches, ``(x, y)`` or ``(x, y, weight)``, with one-time work taken off
+        the clock (and kept): the first request (the shuffle buffer's first fill) and the
+        one that ran the first scoring round (tracing the scoring step)."""
         iterator = iter(train)
         while True:
             start = time.perf_counter()
@@ -310,7 +264,7 @@ class Run:
                 return
             if not self.off_clock or self.first_scoring():
                 self.off_clock.append(time.perf_counter() - start)
-                self.clock.total -= self.off_clock[-1]
+                self.clock_total -= self.off_clock[-1]
             yield batch
 
     def first_scoring(self) -> bool:
@@ -328,49 +282,21 @@ class Run:
         self.steps += 1
         self.samples += int(x.shape[0])
 
-    def result(self, epochs: int) -> Config:
-        metrics = tfsift.sift_metrics() if self.method["policy"] != "none" else {}
-        out: Config = {"method": self.method["name"], "epochs": epochs, "curve": self.curve}
-        out["off_clock_s"] = self.off_clock
-        out["sift"] = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-        return out
 
-
-# ---------------------------------------------------------------- the job
-
-
-def run_method(job: Config, method: Config, data: Arrays) -> Config:
-    start = time.perf_counter()
-    out = Run(job, method, data).train()
-    out["wall_s"] = time.perf_counter() - start
-    return out
-
-
-def main() -> None:
+if __name__ == "__main__":
     job = json.loads(sys.argv[1])
     # the schedule its tables were measured with, before "auto" became the default
-    config = {"partitions": job["partitions"], "microbatches": job["microbatches"]}
-    tfsift.init({**config, "pipeline": "interleaved"})
+    tfsift.init({"partitions": job["partitions"], "microbatches": job["microbatches"],
+                 "pipeline": "interleaved"})  # fmt: skip
     data = load(job["task"], job["seed"], Path(job["cache"]))
     results: list[Config] = []
     for method in job["methods"]:
-        result = run_method(job, method, data)
+        start = time.perf_counter()
+        result = Run(job, method, data).train() | {"wall_s": time.perf_counter() - start}
         results.append(result)
-        log_line(job, result)
+        if tfsift.rank() == 0:
+            last = result["curve"][-1]
+            print(f"  {job['task']['name']} seed {job['seed']} {result['method']}: "
+                  f"{last[0]:.1f} s, {last[1]} steps, metric {last[3]:.4f}", file=sys.stderr,
+                  flush=True)  # fmt: skip
     harness.write_rank(tfsift.rank(), {"job": job, "rank": tfsift.rank(), "results": results})
-
-
-def log_line(job: Config, result: Config) -> None:
-    if tfsift.rank() != 0:
-        return
-    last = result["curve"][-1]
-    print(
-        f"  {job['task']['name']} seed {job['seed']} {result['method']}: "
-        f"{last[0]:.1f} s, {last[1]} steps, metric {last[3]:.4f}",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-if __name__ == "__main__":
-    main()

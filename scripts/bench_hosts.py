@@ -1,47 +1,36 @@
 """What does crossing hosts cost a 2-stage x 2-replica job, and which placement suits a slow link?
 
-Two simulated hosts (``scripts/simhosts.sh``) whose link is shaped inside their
-namespaces with ``tc`` (``tbf`` for a rate; ``netem`` for a delay, where the kernel has
-it, else host 1's userspace delay line, ``simhosts.sh delay 1 MS``), and a job of 4
-ranks for each of three configurations:
+Two simulated hosts (``scripts/simhosts.sh``) whose link is shaped inside their namespaces
+with ``tc`` (``tbf`` for a rate; ``netem`` for a delay where the kernel has it, else host
+1's userspace delay line), and a job of 4 ranks for each of ``CASES``: the 4 ranks on one
+host (the reference); ``placement_strategy="cluster"`` (each replica's stages on one host:
+the gradient allreduce crosses the link); ``"spread"`` (each replica's stages on the two
+hosts: every pipeline message crosses it). A chain of Dense layers cut in the middle. Per
+link and configuration, in rotating order: the median step, the bytes the hosts sent over
+the link per step (their ``tfsift0`` counters: payload, headers and MPI's own messages),
+and the prediction of what crosses: the partitioner's cut bytes and time per message at
+the link's rate for ``spread``; a ring allreduce of each stage's gradients for ``cluster``
+(the partitioner does not model the allreduce). Every configuration runs 4 ranks on this
+machine's cores alike: the cost of the link is the difference between the rows of one link.
 
-- one host: the 4 ranks on host 1 (their messages in shared memory), the reference;
-- 2 hosts, ``placement_strategy="cluster"``: each replica's two stages on one host, so the
-  replicas' gradient allreduce crosses the link;
-- 2 hosts, ``"spread"``: each replica's stages on the two hosts, so every pipeline
-  message (a microbatch's activations forward, its gradients back) crosses it.
-
-The model is a chain of Dense(width) layers cut in the middle (the same cut in every
-job), MSE, SGD, one compute thread per rank. For each link (the bare veth, 1 Gbit/s,
-100 Mbit/s) and configuration, in rotating order: the median step (the slowest rank's,
-steps started together), the bytes the hosts sent over the link per step (their
-``tfsift0`` counters: payload, TCP/IP headers and MPI's own messages), and the
-prediction of what crosses: the partitioner's cut bytes (``CostModel.prefix.input_bytes``,
-2 M messages per pipeline and step) and its time per message at the link's rate
-(``CostModel.cut_time``) for ``spread``; a ring allreduce of each stage's gradients,
-2 (R - 1) times its bytes in all, for ``cluster`` (the partitioner does not model the
-allreduce). Every configuration runs 4 ranks on this machine's cores alike: on 2 cores
-the steps are slower than on 4, and the cost of the link is the difference between the
-rows of one link.
-
-Needs root (network namespaces, tc). usage:
-    sudo .venv/bin/python scripts/bench_hosts.py [--quick] [--no-docs] [--json F] [--render F]
+Needs root (network namespaces, tc): ``sudo .venv/bin/python scripts/bench_hosts.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 import subprocess
 from collections.abc import Sequence
+from statistics import median
+
+from bench_pipeline import WORKER
 
 from bench import harness, report
-from bench.harness import ROOT, SIMHOSTS, Result, say
+from bench.harness import SIMHOSTS, Result, say
 from bench.main import Benchmark, run
 from partitioner.costs import CostModel, LayerCost
 
-WORKER = ROOT / "scripts" / "_bench_hosts_worker.py"
 IFACE = "tfsift0"  # the simulated hosts' link (scripts/simhosts.sh)
 NAMESPACES = ("tfsift-h1", "tfsift-h2")
 ONE_HOST, CLUSTER, SPREAD = "one host", "2 hosts, cluster", "2 hosts, spread"
@@ -51,6 +40,7 @@ CASES = (
     (CLUSTER, "cluster", "10.251.0.1:2,10.251.0.2:2"),
     (SPREAD, "spread", "10.251.0.1:2,10.251.0.2:2"),
 )
+CROSSES = {ONE_HOST: "nothing", CLUSTER: "the allreduce", SPREAD: "the stages' messages"}
 R = 2  # replicas
 
 
@@ -86,10 +76,6 @@ class Settings:
         Link("100 Mbit/s, 5 ms each way", rate_mbit=100, delay_ms=5),  # netem or delay line
     )
 
-    def worker_config(self, placement: str) -> Result:
-        fields = ("layers", "width", "batch", "M", "warmup", "steps")
-        return {f: getattr(self, f) for f in fields} | {"placement": placement}
-
 
 QUICK = Settings(
     width=128, batch=16, M=2, warmup=1, steps=3, repeats=1,
@@ -98,19 +84,13 @@ QUICK = Settings(
 
 
 def tc_commands(link: Link, namespace: str) -> list[list[str]]:
-    """The ``tc`` lines that shape ``namespace``'s outgoing link as ``link`` says: ``tbf``
-    for a rate (a burst of 10 ms of it, at least 32 KiB; packets queue up to 100 ms),
-    ``netem`` for a delay, ``tbf`` below ``netem`` for both; none for the bare link.
-
-    Example:
-        >>> " ".join(tc_commands(Link("slow", rate_mbit=100), "h1")[0][4:])
-        'tc qdisc replace dev tfsift0 root tbf rate 100mbit burst 125000 latency 100ms'
-    """
+    """The ``tc`` lines that shape ``namespace``'s outgoing link: ``tbf`` for a rate (a burst
+    of 10 ms of it, at least 32 KiB; packets queue up to 100 ms), ``netem`` for a delay,
+    ``tbf`` below ``netem`` for both; none for the bare link."""
     tc = ["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", IFACE]
-    bandwidth = link.bandwidth
     tbf = []
-    if link.rate_mbit is not None and bandwidth is not None:
-        burst = max(32768, int(bandwidth / 100))
+    if link.rate_mbit is not None and link.bandwidth is not None:
+        burst = max(32768, int(link.bandwidth / 100))
         tbf = ["tbf", "rate", f"{link.rate_mbit:g}mbit", "burst", str(burst), "latency", "100ms"]
     if link.delay_ms is None:
         return [[*tc, "root", *tbf]] if tbf else []
@@ -118,40 +98,20 @@ def tc_commands(link: Link, namespace: str) -> list[list[str]]:
     return netem + ([[*tc, "parent", "1:1", "handle", "10:", *tbf]] if tbf else [])
 
 
-def unshape_commands(namespace: str) -> list[str]:
-    return ["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", IFACE, "root"]
-
-
-def costs(s: Settings, link: Link) -> CostModel:
-    """The partitioner's cost model of the chain at one microbatch (B / M samples), with
-    the link's rate and delay; compute times are left at 0 (only the transfers are read)."""
-    params = 4 * (s.width * s.width + s.width)  # float32 kernel and bias
-    layer = LayerCost("dense", 0.0, 0.0, params, 0, output_bytes=4 * s.width)
-    return CostModel(
-        tuple(dataclasses.replace(layer, name=f"dense{i}") for i in range(s.layers)),
-        batch_size=s.batch // s.M,
-        bandwidth=link.bandwidth or 1e9,
-        latency=(link.delay_ms or 0.0) / 1e3,
-    )
-
-
 def predicted(s: Settings, case: str, link: Link) -> tuple[float, float | None]:
     """What crosses the link per step (bytes, both ways together), and the seconds that
-    takes at the link's rate, one way (None on the unshaped link).
-
-    ``spread``: each of the R pipelines sends M microbatches' activations forward over
-    the cut and M gradients back, each the partitioner's cut bytes and ``cut_time``.
-    ``cluster``: each stage's 2 replicas average their gradients in a ring allreduce; with
-    one replica on each host, each sends its stage's gradient bytes once, 2 (R - 1) S in all.
-
-    Example:
-        >>> s = Settings(layers=2, width=4, batch=8, M=2)
-        >>> predicted(s, SPREAD, Link("x")), predicted(s, CLUSTER, Link("x"))
-        ((512.0, None), (320.0, None))
+    takes at the link's rate, one way (None on the unshaped link). ``spread``: each of the
+    R pipelines sends M microbatches' activations forward over the cut and M gradients
+    back, each the partitioner's cut bytes and ``cut_time``; ``cluster``: each stage's 2
+    replicas, one a host, average their gradients in a ring allreduce, 2 (R - 1) S in all.
     """
     if case == ONE_HOST:
         return 0.0, None
-    model = costs(s, link)
+    params = 4 * (s.width * s.width + s.width)  # float32 kernel and bias; compute left at 0
+    layers = [LayerCost(f"dense{i}", 0.0, 0.0, params, 0, output_bytes=4 * s.width)
+              for i in range(s.layers)]  # fmt: skip
+    model = CostModel(tuple(layers), batch_size=s.batch // s.M, bandwidth=link.bandwidth or 1e9,
+                      latency=(link.delay_ms or 0.0) / 1e3)  # fmt: skip
     cut = s.layers // 2
     if case == SPREAD:
         messages = R * s.M  # each way
@@ -177,9 +137,8 @@ def crossing_bytes(reports: Sequence[Result]) -> float:
 def simhosts(*args: str) -> None:
     done = subprocess.run(["bash", str(SIMHOSTS), *args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(
-            f"bench_hosts: simhosts.sh {' '.join(args)} failed: {done.stdout}{done.stderr}"
-        )
+        said = f"{done.stdout}{done.stderr}"
+        raise SystemExit(f"bench_hosts: simhosts.sh {' '.join(args)} failed: {said}")
 
 
 def shape(link: Link, delay_line: bool = False) -> None:
@@ -189,14 +148,14 @@ def shape(link: Link, delay_line: bool = False) -> None:
         simhosts("delay", "1", f"{link.delay_ms:g}" if link.delay_ms else "off")
         link = dataclasses.replace(link, delay_ms=None)
     for namespace in NAMESPACES:
-        subprocess.run(unshape_commands(namespace), capture_output=True, check=False)
+        unshape = ["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", IFACE, "root"]
+        subprocess.run(unshape, capture_output=True, check=False)
         for cmd in tc_commands(link, namespace):
             subprocess.run(cmd, check=True)
 
 
 def has_netem() -> bool:
-    """Whether this kernel has the ``netem`` qdisc (a delay): tried in a namespace of its
-    own, on its loopback device."""
+    """Whether this kernel has the ``netem`` qdisc, tried on a probe namespace's loopback."""
     probe = "tfsift-netem-probe"
     subprocess.run(["ip", "netns", "add", probe], check=True)
     try:
@@ -208,26 +167,27 @@ def has_netem() -> bool:
 
 def measure(s: Settings) -> Result:
     simhosts("check")
-    links = s.links
-    delayed = [link.name for link in links if link.delay_ms is not None]
+    delayed = [link.name for link in s.links if link.delay_ms is not None]
     delay_line = delayed if delayed and not has_netem() else []
     if delay_line:
         say(f"no netem qdisc in this kernel: {', '.join(delay_line)} by the delay line")
+    cases = {name: (placement, hosts) for name, placement, hosts in CASES}
+
+    def job(name: str) -> Result:
+        placement, hosts = cases[name]
+        fields = ("layers", "width", "batch", "M", "warmup", "steps")
+        config = {f: getattr(s, f) for f in fields} | {"placement": placement}
+        args = ["hosts", json.dumps(config)]
+        reports = harness.run_job(WORKER, args, 4, bind="none", hosts=hosts)
+        return {"step_s": median(reports[0]["times"]), "bytes": crossing_bytes(reports)}
+
     simhosts("up", "2")
     out: dict[str, dict[str, list[Result]]] = {}
     try:
-        for link in links:
+        for link in s.links:
+            say(link.name)
             shape(link, bool(delay_line))
-            jobs: dict[str, list[Result]] = {name: [] for name, _, _ in CASES}
-            cases = {name: (placement, hosts) for name, placement, hosts in CASES}
-            for repeat, name in harness.rotations(list(cases), s.repeats):
-                say(f"#{repeat} {link.name} | {name}")
-                placement, hosts = cases[name]
-                args = [json.dumps(s.worker_config(placement))]
-                reports = harness.run_job(WORKER, args, 4, bind="none", hosts=hosts, timeout=900)
-                step = statistics.median(reports[0]["times"])
-                jobs[name].append({"step_s": step, "bytes": crossing_bytes(reports)})
-            out[link.name] = jobs
+            out[link.name] = harness.by_name(harness.rounds(list(cases), s.repeats, job))
     finally:
         simhosts("down")  # the shaping goes with the namespaces
     return {"links": out, "delay_line": delay_line}
@@ -236,26 +196,17 @@ def measure(s: Settings) -> Result:
 def rows(s: Settings, link: Link, jobs: dict[str, list[Result]]) -> list[list[str]]:
     """One row per configuration: its median step, against one host's, and the bytes
     measured and predicted to cross per step."""
-    step = {name: statistics.median(j["step_s"] for j in got) for name, got in jobs.items()}
+    step = {name: median(j["step_s"] for j in got) for name, got in jobs.items()}
     out = []
-    for name, _, _ in CASES:
-        if name not in jobs:
-            continue
-        measured = statistics.median(j["bytes"] for j in jobs[name])
+    for name in (name for name, _, _ in CASES if name in jobs):
+        measured = median(j["bytes"] for j in jobs[name])
         total, seconds = predicted(s, name, link)
-        out.append(
-            [
-                name,
-                f"{1e3 * step[name]:.1f}",
-                f"{step[name] / step[ONE_HOST]:.2f}x" if ONE_HOST in step else "",
-                {ONE_HOST: "nothing", CLUSTER: "the allreduce", SPREAD: "the stages' messages"}[
-                    name
-                ],
-                f"{measured / 1e6:.2f}",
-                f"{total / 1e6:.2f}",
-                "" if seconds is None else f"{1e3 * seconds:.1f}",
-            ]
-        )
+        out.append([
+            name, f"{1e3 * step[name]:.1f}",
+            f"{step[name] / step[ONE_HOST]:.2f}x" if ONE_HOST in step else "", CROSSES[name],
+            f"{measured / 1e6:.2f}", f"{total / 1e6:.2f}",
+            "" if seconds is None else f"{1e3 * seconds:.1f}",
+        ])  # fmt: skip
     return out
 
 
@@ -264,8 +215,7 @@ def answer(link: Link, jobs: dict[str, list[Result]]) -> list[str]:
     ``spread``'s (medians of the jobs); no row without both."""
     if CLUSTER not in jobs or SPREAD not in jobs:
         return []
-    cluster = statistics.median(j["step_s"] for j in jobs[CLUSTER])
-    spread = statistics.median(j["step_s"] for j in jobs[SPREAD])
+    cluster, spread = (median(j["step_s"] for j in jobs[c]) for c in (CLUSTER, SPREAD))
     return [link.name, "`spread`" if spread < cluster else "`cluster`", f"{cluster / spread:.2f}"]
 
 
@@ -280,32 +230,20 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
     answers = [[label(a[0]), *a[1:]] for a in answers if a]
     answers += [[name, "not measured: this kernel has no netem (a delay)", ""]
                 for name in raw.get("unshaped", [])]  # fmt: skip
-    parts = [
-        report.provenance(meta, f"sudo {BENCH.command}"),
-        f"### 2 x 2 of {s.layers} x Dense({s.width}), B={s.batch} per replica, M={s.M}, "
-        f"{s.repeats} jobs per configuration",
-        report.table(["link", "shorter step", "cluster / spread"], [a for a in answers if a]),
-    ]
     header = ["link", "configuration", "step ms", "vs one host", "crosses the link",
               "MB/step measured", "MB/step predicted", "predicted link ms"]  # fmt: skip
-    every = [
-        [label(name), *row]
-        for name, jobs in raw["links"].items()
-        if name in links
-        for row in rows(s, links[name], jobs)
-    ]
-    return "\n\n".join([*parts, report.table(header, every)])
+    every = [[label(name), *row] for name, jobs in raw["links"].items() if name in links
+             for row in rows(s, links[name], jobs)]  # fmt: skip
+    return report.section(
+        meta, f"sudo {BENCH.command}",
+        f"### 2 x 2 of {s.layers} x Dense({s.width}), B={s.batch} per replica, M={s.M}, "
+        f"{s.repeats} jobs per configuration",
+        report.table(["link", "shorter step", "cluster / spread"], answers),
+        report.table(header, every),
+    )  # fmt: skip
 
 
-BENCH = Benchmark(
-    name="hosts",
-    question=__doc__.splitlines()[0],
-    full=Settings(),
-    quick=QUICK,
-    measure=measure,
-    render=render,
-)
-
+BENCH = Benchmark("hosts", __doc__.splitlines()[0], Settings(), QUICK, measure, render)
 
 if __name__ == "__main__":
     run(BENCH)

@@ -1,13 +1,10 @@
 """How good and how fast is the exact partition solver, against the baselines?
 
-usage: .venv/bin/python scripts/bench_partition.py [--quick] [--no-docs] [--json F] [--render F]
-
-Five cost vectors (a VGG-like CNN, a GPT-2-medium-like transformer, a ResNet-50-like
-chain whose cuts inside a block carry the skip tensor, and two random heterogeneous
-chains), K in {2, 4, 8}, M = 8, the default link (1 GB/s, no latency). For each, the
-step-time estimate of the exact solver, the brute-force optimum where C(L - 1, K - 1) is
-small enough, and the baselines. Then the solver's run
-time on 10,000 layers x 64 stages (``--quick``: 1,000 layers).
+Five cost vectors (a VGG-like CNN, a GPT-2-medium-like transformer, a ResNet-50-like chain
+whose cuts inside a block carry the skip tensor, two random heterogeneous chains), K in
+{2, 4, 8}, M = 8, the default link: the step-time estimate of the exact solver, of the
+brute-force optimum where C(L - 1, K - 1) is small enough, and of the baselines. Then the
+solver's run time on 10,000 layers x 64 stages.
 """
 
 from __future__ import annotations
@@ -69,11 +66,9 @@ def vgg(batch: int = 32) -> CostModel:
     return CostModel(tuple(layers), batch_size=batch)
 
 
-def gpt(
-    batch: int = 8, seq: int = 1024, d: int = 1024, blocks: int = 24, vocab: int = 50257
-) -> CostModel:
+def gpt(batch: int = 8, seq: int = 1024, d: int = 1024, blocks: int = 24) -> CostModel:
     """GPT-2 medium: embedding, attention and MLP layers per block, an untied LM head."""
-    hidden = seq * d
+    hidden, vocab = seq * d, 50257
     layers = [layer("embedding", hidden, vocab * d + seq * d, hidden, hidden, batch)]
     for b in range(blocks):
         attention, acts = 8 * seq * d * d + 4 * seq * seq * d, 6 * hidden + 16 * seq * seq
@@ -126,9 +121,8 @@ def brute_force(costs: CostModel, K: int) -> Partition | None:
     p = costs.prefix
     cuts = np.array(list(itertools.combinations(range(1, L), K - 1)), dtype=np.int64)
     cuts = cuts.reshape(-1, K - 1)
-    bounds = np.hstack(
-        [np.zeros((len(cuts), 1), np.int64), cuts, np.full((len(cuts), 1), L, np.int64)]
-    )
+    ends = [np.zeros((len(cuts), 1), np.int64), cuts, np.full((len(cuts), 1), L, np.int64)]
+    bounds = np.hstack(ends)
     t = p.compute[bounds[:, 1:]] - p.compute[bounds[:, :-1]]
     t[:, 1:] = t[:, 1:] + p.cut[bounds[:, 1:-1]]
     t[:, :-1] = t[:, :-1] + p.cut[bounds[:, 1:-1]]
@@ -143,7 +137,7 @@ METHODS: dict[str, Callable[[CostModel, int], Partition]] = {
 }
 
 
-def compare(name: str, costs: CostModel, K: int) -> tuple[list[str], list[str]]:
+def compare(name: str, costs: CostModel, K: int) -> list[str]:
     """One row of step-time estimates, in milliseconds."""
     started = time.perf_counter()
     exact = solve_speed(costs, K, M)
@@ -152,15 +146,12 @@ def compare(name: str, costs: CostModel, K: int) -> tuple[list[str], list[str]]:
     brute = brute_force(costs, K)
     if brute is not None:
         assert math.isclose(step_time_estimate(costs, brute, M), best, rel_tol=1e-9), name
-    candidates = {"exact": exact, **{m: f(costs, K) for m, f in METHODS.items()}}
-    steps = [name, str(costs.num_layers), str(K)]
-    for method, partition in candidates.items():
-        value = step_time_estimate(costs, partition, M)
-        loss = "" if method == "exact" else f" (+{100 * (value / best - 1):.1f}%)"
-        steps.append(f"{1e3 * value:.1f}{loss}")
-    steps.insert(4, "= exact" if brute is not None else "n/a (too many)")
-    steps.append(f"{1e3 * elapsed:.0f}")
-    return steps
+    row = [name, str(costs.num_layers), str(K), f"{1e3 * best:.1f}",
+           "= exact" if brute is not None else "n/a (too many)"]  # fmt: skip
+    for method in METHODS.values():
+        value = step_time_estimate(costs, method(costs, K), M)
+        row.append(f"{1e3 * value:.1f} (+{100 * (value / best - 1):.1f}%)")
+    return [*row, f"{1e3 * elapsed:.0f}"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,45 +164,33 @@ class Settings:
 def scale_timing(s: Settings) -> list[list[str]]:
     """Median solver time on ``s.layers`` layers x ``s.stages`` stages, speed and memory."""
     rng = np.random.default_rng(0)
-    L, K, repeats = s.layers, s.stages, s.repeats
-    forward = rng.uniform(1e-4, 1e-3, L)
-    costs = CostModel(
-        tuple(
-            LayerCost(
-                f"l{i}",
-                float(forward[i]),
-                float(2 * forward[i] * rng.uniform(0.8, 1.2)),
-                int(rng.integers(0, 10**7)),
-                int(rng.integers(10**3, 10**6)),
-                int(rng.integers(10**3, 10**5)),
-            )
-            for i in range(L)
-        ),
-        batch_size=32,
-    )
+    forward = rng.uniform(1e-4, 1e-3, s.layers)
+    layers = (
+        LayerCost(f"l{i}", float(forward[i]), float(2 * forward[i] * rng.uniform(0.8, 1.2)),
+                  int(rng.integers(0, 10**7)), int(rng.integers(10**3, 10**6)),
+                  int(rng.integers(10**3, 10**5)))
+        for i in range(s.layers)
+    )  # fmt: skip
+    costs = CostModel(tuple(layers), batch_size=32)
     costs.prefix  # noqa: B018 - built once, outside the timed solves
     rows = []
     for label, solver in [("speed", solve_speed), ("memory", solve_memory)]:
         runs = []
-        for _ in range(repeats):
+        for _ in range(s.repeats):
             started = time.perf_counter()
-            solver(costs, K, M)
+            solver(costs, s.stages, M)
             runs.append(time.perf_counter() - started)
-        rows.append(
-            [label, f"{L:,}", str(K), str(M), f"{statistics.median(runs):.2f} s",
-             ", ".join(f"{r:.2f}" for r in runs)]
-        )  # fmt: skip
+        rows.append([label, f"{s.layers:,}", str(s.stages), str(M),
+                     f"{statistics.median(runs):.2f} s", report.listed(runs, ".2f")])  # fmt: skip
     return rows
 
 
 def cpu_name() -> str:
     """The CPU model from /proc/cpuinfo, or the platform's machine type."""
     cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.machine()
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.machine()
 
 
 MODELS: list[tuple[str, Callable[[], CostModel]]] = [
@@ -221,41 +200,30 @@ MODELS: list[tuple[str, Callable[[], CostModel]]] = [
     ("random, L=24", lambda: random_chain(24, 1)),
     ("random, L=200", lambda: random_chain(200, 2)),
 ]
-STEP_HEADER = ["model", "L", "K", "exact", "brute force", "uniform", "by_parameters",
-               "block_partition", "solve ms"]  # fmt: skip
 
 
 def measure(s: Settings) -> Result:
     """Step-time estimates per model and K, then the solver's timings."""
-    steps = []
-    for name, build in MODELS:
-        costs = build()
-        for K in STAGES:
-            steps.append(compare(name, costs, K))
+    steps = [compare(name, build(), K) for name, build in MODELS for K in STAGES]
     machine = f"{cpu_name()}, Python {platform.python_version()}, numpy {np.__version__}"
     return {"steps": steps, "timings": scale_timing(s), "machine": machine}
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
-    timing = ["solver", "L", "K", "M", "median", "runs (s)"]
+    header = ["model", "L", "K", "exact", "brute force", *METHODS, "solve ms"]
     return "\n\n".join([
         f"{report.provenance(meta, BENCH.command)} {raw['machine']}.",
         f"### Step-time estimate T = sum_s t_s + (M - 1) max_s t_s, ms (M = {M})",
-        report.table(STEP_HEADER, raw["steps"]),
+        report.table(header, raw["steps"]),
         f"### Solver run time, {s.layers:,} random layers into {s.stages} stages",
-        report.table(timing, raw["timings"]),
+        report.table(["solver", "L", "K", "M", "median", "runs (s)"], raw["timings"]),
     ])  # fmt: skip
 
 
 BENCH = Benchmark(
-    name="partition",
-    question=__doc__.splitlines()[0],
-    full=Settings(),
-    quick=Settings(layers=1_000, stages=16, repeats=1),
-    measure=measure,
-    render=render,
-    max_wait=0.0,  # one process, and the timings are of the solver alone
-)
+    "partition", __doc__.splitlines()[0], Settings(), Settings(layers=1_000, stages=16, repeats=1),
+    measure, render, max_wait=0.0,  # one process, and the timings are of the solver alone
+)  # fmt: skip
 
 if __name__ == "__main__":
     run(BENCH)

@@ -1,27 +1,14 @@
 """How does tfsift compare with what a user would run instead, on the same model?
 
-The pipeline benchmark's model (8 x Conv2D(128, 3x3, same, relu) on 16x16x128, MSE, SGD,
-global batch B=128), one compute thread per rank, each rank bound to its own core:
-
-- one process: a plain Keras step (tfsift's and tf.distribute's reference) and PyTorch;
-- K=2, M=8: tfsift ``simple`` against ``torch.distributed.pipelining.ScheduleGPipe``,
-  tfsift ``interleaved`` against ``Schedule1F1B`` and tfsift ``zero_bubble`` against
-  ``ScheduleInterleavedZeroBubble`` with one stage a rank (ZB-H1) (the chain cut in two
-  equal halves), and tfsift ``interleaved`` with ``virtual_stages=2`` against
-  ``ScheduleInterleaved1F1B`` with two stages a rank (the chain cut in four);
-- data parallel, 2 ranks x B/2: tfsift (Horovod) against tf.distribute's
-  ``MultiWorkerMirroredStrategy`` and PyTorch DDP (gloo); and tfsift with Open MPI
-  polling in its waits, as before ``import tfsift`` made it yield (``tfsift/env.py``).
-
-Every configuration runs in its own job, all of them in rotating order ``repeats`` times;
-a row shows the median of the jobs' median step times, and each framework's speed-up over
-its own one-process step; a second table pairs tfsift's jobs with the peers' round by
-round. The PyTorch rows need a benchmark-only environment with
-PyTorch (never tfsift's dependency): ``--torch PYTHON``, by default ``.venv-peers``,
-which ``bash scripts/bench/peers-venv.sh`` makes; without it they are left out.
-
-usage: .venv/bin/python scripts/bench_peers.py [--torch PYTHON] [--repeats N] [--quick]
-       [--no-docs] [--json F] [--render F] [--microbatches M --pipelines-only --no-docs]
+The pipeline benchmark's conv chain (B=128): one process, a plain Keras step and PyTorch;
+K=2, M=8, tfsift's schedules against ``torch.distributed.pipelining``'s (``CASES``), the
+chain cut in equal halves (in four with two stages a rank); data parallel, 2 ranks x B/2,
+tfsift (Horovod) against tf.distribute's ``MultiWorkerMirroredStrategy`` and PyTorch DDP
+(gloo), and tfsift with Open MPI polling in its waits, as before ``import tfsift`` made it
+yield. All jobs in rotating order ``repeats`` times; a row shows the median of the jobs'
+median steps and each framework's speed-up over its own one process; a second table pairs
+tfsift's jobs with the peers' round by round. The PyTorch rows need ``--torch PYTHON``, by
+default ``.venv-peers`` (``bash scripts/bench/peers-venv.sh``); without it they are left out.
 """
 
 from __future__ import annotations
@@ -30,8 +17,8 @@ import argparse
 import dataclasses
 import json
 import socket
-import statistics
 from pathlib import Path
+from statistics import median
 
 from bench_pipeline import WORKER
 from bench_pipeline import Settings as ChainSettings
@@ -43,7 +30,6 @@ from bench.main import Benchmark, at_least_one, run
 
 TORCH_WORKER = ROOT / "scripts" / "_bench_peers_torch_worker.py"
 TORCH_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
-# tfsift as before it made Open MPI yield in its waits (tfsift/env.py): Horovod's thread polls
 POLLING = "tfsift, Open MPI polling"
 # (row, framework, ranks, worker mode); the framework's one-process row comes first
 CASES = (
@@ -64,25 +50,21 @@ CASES = (
     ("data parallel, 2 x B/2", "PyTorch", 2, "ddp"),
 )
 ONE_PROCESS = {fw: "tfsift / Keras" for fw in ("tfsift", POLLING, "tf.distribute MWMS")}
+ZB, ONE_F_ONE_B = "K=2 pipeline, zero bubble (ZB-H1)", "K=2 pipeline, 1F1B"
+GPIPE, VIRTUAL = "K=2 pipeline, GPipe", "K=2 pipeline, interleaved 1F1B, 2 stages a rank"
+DP = "data parallel, 2 x B/2"
 # (tfsift's row, the other's): their jobs' ratio within each round of the rotation, where
 # both ran minutes apart; the medians of the whole run drift with the machine's speed
-PAIRS = (
-    ("K=2 pipeline, GPipe | tfsift", "K=2 pipeline, GPipe | PyTorch"),
-    ("K=2 pipeline, 1F1B | tfsift", "K=2 pipeline, 1F1B | PyTorch"),
-    ("K=2 pipeline, 1F1B | tfsift", "K=2 pipeline, GPipe | tfsift"),
-    ("K=2 pipeline, zero bubble (ZB-H1) | tfsift", "K=2 pipeline, zero bubble (ZB-H1) | PyTorch"),
-    ("K=2 pipeline, zero bubble (ZB-H1) | tfsift", "K=2 pipeline, 1F1B | tfsift"),
-    (
-        "K=2 pipeline, interleaved 1F1B, 2 stages a rank | tfsift",
-        "K=2 pipeline, interleaved 1F1B, 2 stages a rank | PyTorch",
-    ),
-    (
-        "K=2 pipeline, interleaved 1F1B, 2 stages a rank | tfsift",
-        "K=2 pipeline, 1F1B | tfsift",
-    ),
-    ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | tf.distribute MWMS"),
-    ("data parallel, 2 x B/2 | tfsift", "data parallel, 2 x B/2 | PyTorch"),
-)
+PAIRS = tuple(
+    (f"{a} | {fa}", f"{b} | {fb}")
+    for a, fa, b, fb in (
+        (GPIPE, "tfsift", GPIPE, "PyTorch"), (ONE_F_ONE_B, "tfsift", ONE_F_ONE_B, "PyTorch"),
+        (ONE_F_ONE_B, "tfsift", GPIPE, "tfsift"), (ZB, "tfsift", ZB, "PyTorch"),
+        (ZB, "tfsift", ONE_F_ONE_B, "tfsift"), (VIRTUAL, "tfsift", VIRTUAL, "PyTorch"),
+        (VIRTUAL, "tfsift", ONE_F_ONE_B, "tfsift"), (DP, "tfsift", DP, "tf.distribute MWMS"),
+        (DP, "tfsift", DP, "PyTorch"),
+    )
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +76,8 @@ class Settings:
     pipelines_only: bool = False  # the one-process and pipeline rows, no data parallel
 
 
-QUICK = Settings(
-    chain=ChainSettings(width=32, warmup=1, steps=3, profile_repeats=2), M=4, repeats=1
-)
+QUICK = Settings(chain=ChainSettings(width=32, warmup=1, steps=3, profile_repeats=2), M=4,
+                 repeats=1)  # fmt: skip
 
 
 def free_port() -> int:
@@ -134,17 +115,14 @@ def cases(s: Settings) -> list[tuple[str, str, int, str]]:
 
 def measure(s: Settings) -> Result:
     chosen = {f"{row} | {framework}": (framework, n, mode) for row, framework, n, mode in cases(s)}
-    out: dict[str, list[float]] = {key: [] for key in chosen}
-    for repeat, key in harness.rotations(list(chosen), s.repeats):
-        say(f"#{repeat} {key}")
-        ranks = job(s, *chosen[key])
-        out[key].append(statistics.median(ranks[0]["times"]))
-    return {"medians": out, "torch": s.torch if Path(s.torch).exists() else None, "M": s.M}
+    rounds = harness.rounds(list(chosen), s.repeats,
+                            lambda key: median(job(s, *chosen[key])[0]["times"]))  # fmt: skip
+    torch = s.torch if Path(s.torch).exists() else None
+    return {"medians": harness.by_name(rounds), "torch": torch, "M": s.M}
 
 
 def paired(medians: dict[str, list[float]], mine: str, other: str) -> list[float]:
-    """``mine``'s job time over ``other``'s, round by round (a row's list holds one job per
-    round of the rotation, in order)."""
+    """``mine``'s job time over ``other``'s, round by round."""
     return [a / b for a, b in zip(medians[mine], medians[other], strict=True)]
 
 
@@ -156,89 +134,55 @@ def paired_rows(medians: dict[str, list[float]]) -> list[list[str]]:
         if mine not in medians or other not in medians:
             continue
         ratios = paired(medians, mine, other)
-        shorter = sum(r < 1 for r in ratios)
-        (row, framework), (other_row, other_framework) = mine.split(" | "), other.split(" | ")
-        name = (
-            f"{row}: {framework} / {other_framework}"
-            if row == other_row
-            else f"{framework}: {row} / {other_row}"
-            if framework == other_framework
-            else f"{framework}, {row} / {other_framework}, {other_row}"
-        )
-        rows.append(
-            [
-                name,
-                f"{statistics.median(ratios):.3f}",
-                f"{shorter} of {len(ratios)}",
-                ", ".join(f"{r:.3f}" for r in ratios),
-            ]
-        )
+        (row, fw), (other_row, other_fw) = mine.split(" | "), other.split(" | ")
+        name = (f"{row}: {fw} / {other_fw}" if row == other_row
+                else f"{fw}: {row} / {other_row}" if fw == other_fw
+                else f"{fw}, {row} / {other_fw}, {other_row}")  # fmt: skip
+        shorter = f"{sum(r < 1 for r in ratios)} of {len(ratios)}"
+        rows.append([name, f"{median(ratios):.3f}", shorter, report.listed(ratios)])
     return rows
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
-    medians = {k: statistics.median(v) for k, v in raw["medians"].items()}
+    medians = {k: median(v) for k, v in raw["medians"].items()}
     rows = []
     for key, seconds in medians.items():
         row, framework = key.split(" | ")
         own = f"one process | {ONE_PROCESS.get(framework, framework)}"
         speedup = medians[own] / seconds if own in medians else float("nan")
-        jobs = ", ".join(f"{1e3 * t:.0f}" for t in raw["medians"][key])
+        jobs = report.listed((1e3 * t for t in raw["medians"][key]), ".0f")
         rows.append([row, framework, f"{1e3 * seconds:.1f}", f"{speedup:.2f}x", jobs])
     M = raw.get("M", s.M)  # as measured, whatever --microbatches says now
     rounds = len(next(iter(raw["medians"].values())))  # as measured, whatever --repeats says
-    return "\n\n".join(
-        [
-            report.provenance(meta, BENCH.command),
-            f"### M={M} microbatches in the pipelines, {rounds} jobs per configuration",
-            report.table(
-                ["configuration", "framework", "step ms", "speed-up over its one process", "jobs"],
-                rows,
-            ),
-            "### Paired by round of the rotation",
-            report.table(
-                ["tfsift's step / the other's", "median", "tfsift shorter in", "per round"],
-                paired_rows(raw["medians"]),
-            ),
-        ]
-    )
+    header = ["configuration", "framework", "step ms", "speed-up over its one process", "jobs"]
+    pairs = ["tfsift's step / the other's", "median", "tfsift shorter in", "per round"]
+    return BENCH.section(
+        meta, f"### M={M} microbatches in the pipelines, {rounds} jobs per configuration",
+        report.table(header, rows), "### Paired by round of the rotation",
+        report.table(pairs, paired_rows(raw["medians"])),
+    )  # fmt: skip
 
 
-BENCH = Benchmark(
-    name="peers",
-    question=__doc__.splitlines()[0],
-    full=Settings(),
-    quick=QUICK,
-    measure=measure,
-    render=render,
-)
+BENCH = Benchmark("peers", __doc__.splitlines()[0], Settings(), QUICK, measure, render)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Reads this benchmark's own options; the rest is the shared command line's. A run of
-    other settings than the docs' table (``--microbatches``, ``--pipelines-only``) needs
-    ``--no-docs``, lest it overwrite that table."""
+    """Reads this benchmark's own options; the rest is the shared command line's. Other
+    settings than the docs' table (``--microbatches``, ``--pipelines-only``) need
+    ``--no-docs``, lest they overwrite that table."""
     own = argparse.ArgumentParser(add_help=False)
-    own.add_argument(
-        "--torch", default=str(TORCH_PYTHON), help="PyTorch's Python (default: .venv-peers)"
-    )
-    own.add_argument("--microbatches", type=int, help="M of the pipelines (default 8)")
-    own.add_argument(
-        "--pipelines-only", action="store_true", help="the one-process and pipeline rows only"
-    )
+    add = own.add_argument
+    add("--torch", default=str(TORCH_PYTHON), help="PyTorch's Python (default: .venv-peers)")
+    add("--microbatches", type=int, help="M of the pipelines (default 8)")
+    add("--pipelines-only", action="store_true", help="the one-process and pipeline rows only")
     known, rest = own.parse_known_args(argv)
     at_least_one(own, microbatches=known.microbatches)
-    other = known.microbatches is not None or known.pipelines_only
-    if other and "--no-docs" not in rest:
+    if (known.microbatches is not None or known.pipelines_only) and "--no-docs" not in rest:
         own.error("--microbatches and --pipelines-only need --no-docs (the docs keep M=8's run)")
     base = QUICK if "--quick" in rest else Settings()
-    settings = dataclasses.replace(
-        base,
-        torch=known.torch,
-        M=known.microbatches if known.microbatches is not None else base.M,
-        pipelines_only=known.pipelines_only,
-    )
-    run(BENCH, argv, settings, own=own)
+    M = known.microbatches if known.microbatches is not None else base.M
+    chosen = dataclasses.replace(base, torch=known.torch, M=M, pipelines_only=known.pipelines_only)
+    run(BENCH, argv, chosen, own=own)
 
 
 if __name__ == "__main__":

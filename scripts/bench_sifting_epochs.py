@@ -1,18 +1,12 @@
 """With the epochs no sifting trains for, how much training time does InfoBatch save?
 
-Per task and seed one job (``scripts/_bench_sifting_worker.py``) trains a fresh model with
-every method in turn, from the same initial weights, each for the task's epochs, on one
-process and on the 2-stage pipeline: InfoBatch on ``tfsift.from_arrays`` against no sifting
-on the same input, and three controls of no sifting: on the tf.data input, in another data
-order (the same initial weights), and again after the others. The epochs are twice those of
-the retired time-to-target benchmark's runs (docs/benchmarks-log.md), evaluated half as
-often, so that InfoBatch, which prunes in every epoch but the first and the annealed last
-eighth, prunes in most of them. Per seed the target is the first no-sifting run's final
-metric less 0.5 point (or its MSE x 1.02); a speed-up is no sifting's training seconds to
-it over the run's.
-
-usage: .venv/bin/python scripts/bench_sifting_epochs.py [--quick] [--no-docs] [--json P]
-           [--render P] [--tasks NAME ...] [--seeds N]   (a subset needs --no-docs)
+Per task and seed one job trains a fresh model with every method in turn, from the same
+initial weights, each for the task's epochs, on one process and on the 2-stage pipeline:
+InfoBatch on ``tfsift.from_arrays`` against no sifting on the same input, and three
+controls of no sifting: on the tf.data input, in another data order, and again after the
+others. Per seed the target is the first no-sifting run's final metric less 0.5 point (or
+its MSE x 1.02); a speed-up is no sifting's training seconds to it over the run's.
+``--tasks`` and ``--seeds`` run a subset, which needs ``--no-docs``.
 """
 
 from __future__ import annotations
@@ -55,38 +49,31 @@ class Task:
     lr: float = 2e-3
     epochs: int = 6
     delay: int = 0  # source batches each sifting run trains on unsifted first
-    # Evaluated every this many optimizer steps, the same steps for every method, so
-    # that a rerun of the same trajectory is evaluated at the same points and its ratio
-    # to the first run measures the speed of its steps alone (the noise floor).
+    # Evaluated every this many optimizer steps, the same for every method, so that a rerun
+    # of the same trajectory is evaluated at the same points (the noise floor).
     eval_every: int = 200
 
     def worker_config(self) -> Result:
         kind, width, layers, hidden = self.model
-        config = dataclasses.asdict(self) | {"data_seed": 0}
-        return config | {
-            "model": {"kind": kind, "width": width, "layers": layers, "hidden": hidden}
-        }
+        model = {"kind": kind, "width": width, "layers": layers, "hidden": hidden}
+        return dataclasses.asdict(self) | {"data_seed": 0} | {"model": model}
 
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One run's setting, the same on every task and layout; what ``SiftConfig`` implies
-    from the policy (InfoBatch: training scores, its weights, every score kept for its
-    epochs, which are the task's) left to it."""
+    """One run's setting, the same on every task and layout (what ``SiftConfig`` implies
+    from the policy left to it)."""
 
     name: str
     policy: str  # a SiftConfig policy, or "none"
     prune: float = 0.5  # infobatch
     anneal: float = 0.125  # infobatch
-    # the input: "tf.data" (shard, shuffle, batch) or "arrays" (tfsift.from_arrays: by row)
-    source: str = "tf.data"
-    # added to the data order's seed (the initial weights stay the seed's): no sifting in
-    # another order shows how far the end moves with the order alone
+    source: str = "tf.data"  # or "arrays" (tfsift.from_arrays: by row)
+    # added to the data order's seed (the initial weights stay the seed's): a sifted run
+    # trains on another order too, so a gap smaller than the order alone moves is no evidence
     order: int = 0
 
 
-# a sifted run trains on another order too, so a gap in the end smaller than what the
-# order alone moves is no evidence
 METHODS = (
     Method("none", "none", source="arrays"),
     Method(RECOMMENDED, "infobatch", prune=0.5, anneal=0.125, source="arrays"),
@@ -132,58 +119,35 @@ class Settings:
 
     def job(self, task: Task, seed: int, K: int, M: int) -> Result:
         """What the worker reads: the task, the seed, the methods in order, the layout."""
-        return {
-            "score_batches": self.score_batches,
-            "task": task.worker_config(),
-            "seed": seed,
-            "methods": [dataclasses.asdict(m) for m in self.methods],
-            "partitions": K,
-            "microbatches": M,
-            "cache": str(CACHE),
-        }
-
-
-def quick_task(task: Task) -> Task:
-    """The same task on a few thousand samples for about one epoch: a smoke test."""
-    return dataclasses.replace(
-        task,
-        samples=3000,
-        epochs=1 if task.data != "digits" else 3,
-        delay=min(task.delay, 8),
-        eval_every=10,
-    )
+        return {"score_batches": self.score_batches, "task": task.worker_config(), "seed": seed,
+                "methods": [dataclasses.asdict(m) for m in self.methods], "partitions": K,
+                "microbatches": M, "cache": str(CACHE)}  # fmt: skip
 
 
 FULL = Settings()
-# a smoke test: one seed, and MNIST-1D alone on the pipeline
-QUICK = Settings(tasks=tuple(quick_task(t) for t in TASKS), seeds=(0,), pipeline_tasks=("mnist1d",))
-
-
-# ---------------------------------------------------------------- measuring
+# a smoke test: each task on a few thousand samples for about one epoch, one seed, and
+# MNIST-1D alone on the pipeline
+QUICK = Settings(
+    tasks=tuple(dataclasses.replace(t, samples=3000, epochs=1 if t.data != "digits" else 3,
+                                    delay=min(t.delay, 8), eval_every=10) for t in TASKS),
+    seeds=(0,), pipeline_tasks=("mnist1d",),
+)  # fmt: skip
 
 
 def measure(settings: Settings) -> Result:
     """Every job, one at a time; a failed job is tried once more."""
     jobs, out = settings.jobs(), []
     for i, job in enumerate(jobs):
-        K = job["partitions"]
+        K, args = job["partitions"], [json.dumps(job)]
         say(f"[{i + 1}/{len(jobs)}] {job['task']['name']}, seed {job['seed']}, K={K}")
         try:
-            ranks = harness.run_job(WORKER, [json.dumps(job)], K, mpi=K > 1)
+            ranks = harness.run_job(WORKER, args, K, mpi=K > 1)
         except RuntimeError as error:
             say(f"{error}\ntrying the job once more")
-            ranks = harness.run_job(WORKER, [json.dumps(job)], K, mpi=K > 1)
+            ranks = harness.run_job(WORKER, args, K, mpi=K > 1)
         out.append({"job": job, "ranks": ranks})
         PARTIAL.write_text(json.dumps({"jobs": out}))  # what a cut-short run measured
     return {"jobs": out}
-
-
-def jobs_of(raw: Result | list[Result]) -> list[Result]:
-    """The jobs' reports (a --json file from before the harness holds the list itself)."""
-    return raw if isinstance(raw, list) else list(raw["jobs"])
-
-
-# ---------------------------------------------------------------- summarising (pure)
 
 
 def target(final: float, regression: bool) -> float:
@@ -191,63 +155,40 @@ def target(final: float, regression: bool) -> float:
     return final * (1 + MSE_SLACK) if regression else final - ACCURACY_SLACK
 
 
-def reached(metric: float, goal: float, regression: bool) -> bool:
-    return metric <= goal if regression else metric >= goal
-
-
 def first_reach(curve: list[list[float]], goal: float, regression: bool) -> list[float] | None:
     """The first ``[seconds, steps, samples, metric]`` point that reaches ``goal``."""
-    return next((p for p in curve if reached(p[3], goal, regression)), None)
+    reached = (lambda m: m <= goal) if regression else (lambda m: m >= goal)
+    return next((p for p in curve if reached(p[3])), None)
 
 
 def seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
     """Per method of one job (rank 0's records): when it reached the target, and its
-    seconds per step."""
+    seconds per step. No sifting's time to the target is the mean of its two runs, first and
+    last in the job, so that a drift of the machine's speed does not favour the methods; the
+    repeat's own row compares it with the first run."""
     results = {r["method"]: r for r in ranks[0]["results"]}
     base = results["none"]["curve"]
     goal = target(base[-1][3], regression)
     first = first_reach(base, goal, regression) or base[-1]  # reached by construction
-    # No sifting's time to target: the mean of its two runs, first and last in the job,
-    # so that a drift of the machine's speed during the job (or a slow first run) does not
-    # favour the methods; the repeat's own row compares it with the first run.
     again = first_reach(results.get(AGAIN, {}).get("curve", []), goal, regression)
     mean = [(a + b) / 2 for a, b in zip(first, again, strict=True)] if again else first
-    return {
-        n: seed_row(r, first if n == AGAIN else mean, goal, regression) for n, r in results.items()
-    }
-
-
-def seed_row(r: Result, reference: list[float], goal: float, regression: bool) -> Result:
-    """One run against the target and the no-sifting ``reference`` point that reached it."""
-    if "curve" not in r or r.get("status"):
-        return {"status": r.get("status", "failed")}
-    hit = first_reach(r["curve"], goal, regression) or [math.inf] * 4
-    end = r["curve"][-1]
-    return {
-        "seconds": hit[0],
-        "steps": hit[1],
-        "speedup": reference[0] / hit[0] if hit[0] > 0 else 0.0,  # 0: never
-        "step_s": end[0] / max(1, end[1]),
-        "sift": r.get("sift", {}),
-    }
+    rows = {}
+    for name, r in results.items():
+        if "curve" not in r or r.get("status"):
+            rows[name] = {"status": r.get("status", "failed")}
+            continue
+        hit = first_reach(r["curve"], goal, regression) or [math.inf] * 4
+        end, reference = r["curve"][-1], first if name == AGAIN else mean
+        rows[name] = {
+            "seconds": hit[0], "steps": hit[1],
+            "speedup": reference[0] / hit[0] if hit[0] > 0 else 0.0,  # 0: never
+            "step_s": end[0] / max(1, end[1]), "sift": r.get("sift", {}),
+        }  # fmt: skip
+    return rows
 
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
-
-
-def by_task(raw: list[Result]) -> dict[str, list[Result]]:
-    """The jobs (one a seed) of each ``task`` (``task@K2`` for the pipeline)."""
-    groups: dict[str, list[Result]] = {}
-    for entry in raw:
-        groups.setdefault(job_key(entry["job"]), []).append(entry)
-    return groups
-
-
-def job_key(job: Result) -> str:
-    """The task's name, with ``@K<partitions>`` for a pipeline job."""
-    name = str(job["task"]["name"])
-    return name + (f"@K{job['partitions']}" if job["partitions"] > 1 else "")
 
 
 def gap(metric: float, base: float, regression: bool) -> float:
@@ -257,33 +198,30 @@ def gap(metric: float, base: float, regression: bool) -> float:
 
 
 def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
-    """``seed_rows``, and per run its end against no sifting's: *saved*, the share of no
-    sifting's training seconds (the mean of its two runs; for *again*, the first run's) it
-    did not need, and *delta*, its final metric less the first no-sifting run's (for MSE,
-    the ratio less 1); *delta_last*, the same of the mean of the last ``LAST`` evaluations
-    (one evaluation moves with the step it lands on). The speed-up to target splits into
-    two factors: *steps_speedup*, no sifting's optimizer steps to the target over the
-    run's (the same in every run of one seed: the runs are deterministic), and
-    *step_cost*, the run's seconds per step over no sifting's (what the machine's speed
-    moves); speed-up = steps_speedup / step_cost."""
+    """``seed_rows``, and per run: *saved*, the share of no sifting's training seconds (the
+    mean of its two runs; for *again*, the first run's) it did not need; *delta*, its final
+    metric against the first no-sifting run's (``gap``); *delta_last*, the same of the mean
+    of the last ``LAST`` evaluations (one evaluation moves with the step it lands on). The
+    speed-up to target = *steps_speedup* (no sifting's optimizer steps to the target over
+    the run's: the runs are deterministic) / *step_cost* (the run's seconds per step over no
+    sifting's: what the machine's speed moves)."""
     rows = seed_rows(ranks, regression)
     curves = {r["method"]: r["curve"] for r in ranks[0]["results"] if "curve" in r}
     ends = {name: curve[-1] for name, curve in curves.items()}
     lasts = {name: statistics.mean(p[3] for p in curve[-LAST:]) for name, curve in curves.items()}
     first = ends["none"]
     mean = (first[0] + ends[AGAIN][0]) / 2 if AGAIN in ends else first[0]
-    none_steps = rows["none"]["steps"]
     for name, row in rows.items():
         if "seconds" in row:
-            end = ends[name]
-            base_s = first[0] if name == AGAIN else mean
-            row["saved"] = 1 - end[0] / base_s
-            row["total_steps"] = end[1]
-            row["delta"] = gap(end[3], first[3], regression)
-            row["delta_last"] = gap(lasts[name], lasts["none"], regression)
-            # 0: never reached (steps inf)
-            row["steps_speedup"] = none_steps / row["steps"] if row["steps"] else math.inf
-            row["step_cost"] = row["step_s"] / (base_s / max(1, first[1]))
+            end, base_s = ends[name], first[0] if name == AGAIN else mean
+            row |= {
+                "saved": 1 - end[0] / base_s, "total_steps": end[1],
+                "delta": gap(end[3], first[3], regression),
+                "delta_last": gap(lasts[name], lasts["none"], regression),
+                # 0: never reached (steps inf)
+                "steps_speedup": rows["none"]["steps"] / row["steps"] if row["steps"] else math.inf,
+                "step_cost": row["step_s"] / (base_s / max(1, first[1])),
+            }  # fmt: skip
     return rows
 
 
@@ -307,10 +245,10 @@ def infobatch_epochs(through: float, k: float, epochs: int, anneal: float) -> fl
 def pruning_model(rows: dict[str, Result], epochs: int, anneal: float) -> Result | None:
     """One seed's ``RECOMMENDED`` run against what its pruning alone predicts (docs/
     sifting.md, "Why epochs rather than a target"): *target_epoch* E, the epochs no sifting
-    trained to reach the target; *k*, the share of the samples an epoch that prunes trained
-    (from the run's steps over the budget); *expected*, E over InfoBatch's steps to epoch E:
-    its speed-up in optimizer steps if a sifted epoch teaches what an unsifted one does.
-    None where no sifting never reached the target or no epoch prunes."""
+    trained to reach the target; *k*, the share of the samples an epoch that prunes trained;
+    *expected*, E over InfoBatch's steps to epoch E: its speed-up in optimizer steps if a
+    sifted epoch teaches what an unsifted one does. None where no sifting never reached
+    the target or no epoch prunes."""
     none, run = rows.get("none", {}), rows.get(RECOMMENDED, {})
     pruning = sum(prunes(e, epochs, anneal) for e in range(1, epochs + 1))
     if not none.get("steps") or "total_steps" not in run or not pruning:
@@ -328,16 +266,18 @@ SEED_KEYS = ("saved", "speedup", "steps_speedup", "step_cost", "delta", "delta_l
 def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
     """Per ``task`` (``task@K2`` on the pipeline), per method: medians over seeds, and each
     seed's value of every ``SEED_KEYS`` key (``<key>s``)."""
+    groups: dict[str, list[Result]] = {}
+    for entry in raw:
+        job = entry["job"]
+        key = job["task"]["name"] + (f"@K{job['partitions']}" if job["partitions"] > 1 else "")
+        groups.setdefault(key, []).append(entry)
     out: dict[str, list[Result]] = {}
-    for key, entries in by_task(raw).items():
+    for key, entries in groups.items():
         regression = entries[0]["job"]["task"]["loss"] == "mse"
         per_seed = [epoch_seed_rows(e["ranks"], regression) for e in entries]
-        models = [
-            pruning_model(rows, e["job"]["task"]["epochs"], method["anneal"])
-            for rows, e in zip(per_seed, entries, strict=True)
-            for method in e["job"]["methods"]
-            if method["name"] == RECOMMENDED
-        ]
+        models = [pruning_model(rows, e["job"]["task"]["epochs"], method["anneal"])
+                  for rows, e in zip(per_seed, entries, strict=True)
+                  for method in e["job"]["methods"] if method["name"] == RECOMMENDED]  # fmt: skip
         out[key] = []
         for method in entries[0]["job"]["methods"]:
             seeds = [s[method["name"]] for s in per_seed if "saved" in s.get(method["name"], {})]
@@ -363,22 +303,17 @@ def on_layout(summary: dict[str, list[Result]], pipeline: bool) -> list[tuple[st
 
 
 def delta_ok(row: Result, key: str = "delta") -> bool:
-    """The final metric within 0.5 point of no sifting's (or its MSE within 2%); with
-    ``key="delta_last"``, the mean of the last ``LAST`` evaluations."""
+    """The final metric (``delta_last``: the mean of the last evaluations) within 0.5 point
+    of no sifting's, or its MSE within 2%."""
     return row[key] <= MSE_SLACK if row["regression"] else row[key] >= -ACCURACY_SLACK
 
 
 def epoch_verdict(summary: dict[str, list[Result]], pipeline: bool, key: str = "speedup") -> Result:
     """The issue's bar for the recommended method on one layout: >= 1.25x to target on >= 3
     tasks, >= 0.95x on every task, and every final metric within the target's slack; with
-    ``key="steps_speedup"``, the same bar on optimizer steps to the target (the machine's
-    speed aside)."""
-    rows = [
-        r | {"task": task}
-        for task, task_rows in on_layout(summary, pipeline)
-        for r in task_rows
-        if r["method"] == RECOMMENDED and key in r
-    ]
+    ``key="steps_speedup"``, the same bar on optimizer steps to the target."""
+    rows = [r | {"task": task} for task, task_rows in on_layout(summary, pipeline)
+            for r in task_rows if r["method"] == RECOMMENDED and key in r]  # fmt: skip
     fast = [r["task"] for r in rows if r[key] >= EPOCH_SPEEDUP]
     slow = [r["task"] for r in rows if r[key] < EPOCH_FLOOR]
     lossy = [r["task"] for r in rows if not delta_ok(r)]
@@ -390,25 +325,18 @@ def epoch_verdict(summary: dict[str, list[Result]], pipeline: bool, key: str = "
 
 def epoch_floor(rows: list[Result]) -> Result | None:
     """``RECOMMENDED``'s end against the order's noise: its median gap to no sifting (the
-    mean of the last ``LAST`` evaluations) and where that lies against the per-seed gaps
-    of no sifting run in another data order: "worse" or "better" outside their range,
-    "within" inside it; None without both rows."""
+    mean of the last ``LAST`` evaluations) and where that lies against the per-seed gaps of
+    no sifting in another data order: "worse", "better" or "within" their range; None
+    without both rows."""
     by = {r["method"]: r for r in rows if "delta_lasts" in r}
     if RECOMMENDED not in by or NONE_ORDER not in by:
         return None
     gap_, spread = by[RECOMMENDED]["delta_last"], by[NONE_ORDER]["delta_lasts"]
     sign = -1 if by[RECOMMENDED]["regression"] else 1  # + is better for accuracy
-    if sign * gap_ < min(sign * x for x in spread):
-        where = "worse"
-    elif sign * gap_ > max(sign * x for x in spread):
-        where = "better"
-    else:
-        where = "within"
+    signed, mine = [sign * x for x in spread], sign * gap_
+    where = "worse" if mine < min(signed) else "better" if mine > max(signed) else "within"
     return {"gap": gap_, "spread": spread, "where": where,
             "regression": by[RECOMMENDED]["regression"]}  # fmt: skip
-
-
-# ---------------------------------------------------------------- tables
 
 
 def speedup_value(value: float) -> str:
@@ -446,20 +374,10 @@ def verdict_table(summary: dict[str, list[Result]]) -> str:
 
 def layouts(summary: dict[str, list[Result]]) -> list[tuple[str, dict[str, Result]]]:
     """``("one process: mnist1d", rows by method)``, one process first."""
-    return [
-        (f"{'2-stage pipeline' if pipeline else 'one process'}: {task}",
-         {r["method"]: r for r in rows})
-        for pipeline in (False, True)
-        for task, rows in on_layout(summary, pipeline)
-    ]  # fmt: skip
-
-
-def model_text(row: Result) -> str:
-    """The pruning model's expected speed-up in optimizer steps, with its E and k."""
-    if "model" not in row:
-        return ""
-    m = {k: median(v) for k, v in row["model"].items()}
-    return f"{m['expected']:.2f} (E {m['target_epoch']:.1f}; k {m['k']:.2f})"
+    return [(f"{'2-stage pipeline' if pipeline else 'one process'}: {task}",
+             {r["method"]: r for r in rows})
+            for pipeline in (False, True)
+            for task, rows in on_layout(summary, pipeline)]  # fmt: skip
 
 
 def recommended_table(summary: dict[str, list[Result]]) -> str:
@@ -475,10 +393,11 @@ def recommended_table(summary: dict[str, list[Result]]) -> str:
         row, floor = by.get(RECOMMENDED, {}), epoch_floor(list(by.values()))
         if "saved" not in row:
             continue
-        reg = row["regression"]
+        reg, m = row["regression"], {k: median(v) for k, v in row.get("model", {}).items()}
+        model = f"{m['expected']:.2f} (E {m['target_epoch']:.1f}; k {m['k']:.2f})" if m else ""
         rows.append([
             name, f"{row['kept']:.2f}", f"{100 * row['saved']:.0f}%",
-            speedup_value(row["speedup"]), speedup_value(row["steps_speedup"]), model_text(row),
+            speedup_value(row["speedup"]), speedup_value(row["steps_speedup"]), model,
             f"{row['step_cost']:.2f}", delta_text(row["delta_last"], reg),
             ", ".join(delta_text(x, reg) for x in floor["spread"]) if floor else "",
             floor["where"] if floor else "",
@@ -489,7 +408,6 @@ def recommended_table(summary: dict[str, list[Result]]) -> str:
 def controls_table(summary: dict[str, list[Result]]) -> str:
     names = {NONE_TF_DATA: "on the tf.data input", NONE_ORDER: "in another data order",
              AGAIN: "again, after the others"}  # fmt: skip
-    header = ["layout: task", *(f"no sifting {text}" for text in names.values())]
 
     def cell(row: Result | None) -> str:
         if row is None or "saved" not in row:
@@ -497,26 +415,22 @@ def controls_table(summary: dict[str, list[Result]]) -> str:
         steps = speedup_value(row["steps_speedup"])
         return f"{100 * row['saved']:.0f}%; {speedup_value(row['speedup'])}; {steps}"
 
+    header = ["layout: task", *(f"no sifting {text}" for text in names.values())]
     return report.table(
         header, [[n, *(cell(by.get(c)) for c in names)] for n, by in layouts(summary)]
     )
 
 
 def render(raw: Result, meta: Result, settings: Settings) -> str:
-    summary = epoch_summary(jobs_of(raw))
-    return "\n\n".join(
-        [
-            report.provenance(meta, BENCH.command),
-            verdict_table(summary),
-            f"### `{RECOMMENDED}` on `from_arrays` against no sifting (medians of the seeds)",
-            recommended_table(summary),
-            "### The controls: training time saved; speed-up to target; in optimizer steps",
-            controls_table(summary),
-        ]
-    )
-
-
-# ---------------------------------------------------------------- command line
+    # a --json file from before the harness holds the list of jobs itself
+    summary = epoch_summary(raw if isinstance(raw, list) else list(raw["jobs"]))
+    return BENCH.section(
+        meta, verdict_table(summary),
+        f"### `{RECOMMENDED}` on `from_arrays` against no sifting (medians of the seeds)",
+        recommended_table(summary),
+        "### The controls: training time saved; speed-up to target; in optimizer steps",
+        controls_table(summary),
+    )  # fmt: skip
 
 
 def options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -526,28 +440,25 @@ def options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def subset(args: argparse.Namespace) -> Settings:
-    """The jobs of ``--tasks`` (on both layouts) and ``--seeds``."""
+    """The jobs of ``--tasks`` (on both layouts; the quick run on its one pipeline task)
+    and ``--seeds``."""
     base = QUICK if args.quick else FULL
     names = args.tasks or [t.name for t in TASKS]
     tasks = tuple(t for t in base.tasks if t.name in names)
-    # the quick run keeps its one pipeline task; the full one runs each task on both layouts
     pipeline = tuple(n for n in base.pipeline_tasks if n in names)
     seeds = tuple(range(args.seeds)) if args.seeds else base.seeds
     return dataclasses.replace(base, tasks=tasks, pipeline_tasks=pipeline, seeds=seeds)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """A subset (``--tasks``, ``--seeds``) renders the same tables, so it needs
-    ``--no-docs``, lest it overwrite the docs' full run."""
     own = options(argparse.ArgumentParser(add_help=False))
     cli = parser(BENCH, own)
     args = cli.parse_args(argv)
     at_least_one(cli, seeds=args.seeds)
     if (args.tasks or args.seeds) and not args.no_docs:
         cli.error("--tasks or --seeds needs --no-docs (the docs keep the full run)")
-    # without a subset, as before: a --render of a --quick file renders the quick settings
-    chosen = subset(args) if args.tasks or args.seeds else None
-    run(BENCH, argv, settings=chosen, own=own)
+    # without a subset a --render of a --quick file renders the quick settings
+    run(BENCH, argv, settings=subset(args) if args.tasks or args.seeds else None, own=own)
 
 
 BENCH: Benchmark[Settings] = Benchmark(

@@ -1,21 +1,19 @@
 """Does pipelining a small model pay, and does tfsift predict its step?
 
-An MLP as a user would try it (Dense(256) x 4, relu, on 256 features, MSE, SGD, B=128; one
-compute thread per rank, ranks bound to cores), in one job each: one process (a plain Keras
-step, ``@tfsift.step`` with M=1 and with M microbatches, the same microbatching written by
-hand in TensorFlow, Keras' and tfsift's ``fit``); and K=2 stages with M microbatches over
-many steps without forced garbage collections, against the step the plan line printed at
-start-up predicts. The cost per action is ``(t_M - t_1) / (2 (M - 1))``: the same compute
-in M forwards and M backwards instead of one each.
-
-usage: .venv/bin/python scripts/bench_small.py [--quick] [--no-docs] [--json F] [--render F]
+An MLP as a user would try it (Dense(256) x 4, relu, on 256 features, MSE, SGD, B=128), in
+one job each: one process (a plain Keras step, ``@tfsift.step`` with M=1 and with M
+microbatches, the same microbatching written by hand in TensorFlow, Keras' and tfsift's
+``fit``); and K=2 stages with M microbatches over many steps without forced garbage
+collections, against the step the plan line printed at start-up predicts. The cost per
+action is ``(t_M - t_1) / (2 (M - 1))``: the same compute in M forwards and M backwards
+instead of one each.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
+from statistics import median
 
 import numpy as np
 from bench_pipeline import WORKER
@@ -54,48 +52,32 @@ QUICK = Settings(
 
 def measure(s: Settings) -> Result:
     c = s.chain
-    say("one process: Keras, @tfsift.step M=1, the predictions")
-    single_cfg = c.worker_config() | {"fit_batches": s.fit_batches}
-    single = harness.run_job(WORKER, ["single", json.dumps(single_cfg)], 1, timeout=900)[0]
-    say(f"one process: @tfsift.step M={s.M}")
-    micro = harness.run_job(
-        WORKER,
-        ["microbatched", json.dumps(c.worker_config(M=s.M) | {"floor": True})],
-        1,
-        timeout=900,
-    )[0]
+
+    def job(mode: str, config: Result, np: int = 1) -> list[Result]:
+        return harness.run_job(WORKER, [mode, json.dumps(config)], np)
+
+    single = job("single", c.worker_config() | {"fit_batches": s.fit_batches})[0]
+    micro = job("microbatched", c.worker_config(M=s.M) | {"floor": True})[0]
     pipelines, calls, startup = {}, {}, {}
     for optimize in s.optimizes:
         for pipeline in c.pipelines:
             key = pipeline if optimize == "speed" else f"{pipeline}, optimize={optimize}"
             say(f"K=2, M={s.M}, {key}: {s.pipeline_steps} steps")
-            cfg = c.worker_config(
-                M=s.M,
-                pipeline=pipeline,
-                optimize=optimize,
-                steps=s.pipeline_steps,
-                collect=False,
-                time_call=True,
-            )
-            ranks = harness.run_job(WORKER, ["pipeline", json.dumps(cfg)], 2, timeout=900)
-            pipelines[key] = ranks[0]["times"]
-            calls[key] = ranks[0]["call_times"]
-            startup[key] = ranks[0]["startup_predicted_s"]
+            cfg = c.worker_config(M=s.M, pipeline=pipeline, optimize=optimize)
+            cfg |= {"steps": s.pipeline_steps, "collect": False, "time_call": True}
+            rank0 = job("pipeline", cfg, 2)[0]
+            pipelines[key], calls[key] = rank0["times"], rank0["call_times"]
+            startup[key] = rank0["startup_predicted_s"]
+    times = single["times"]
     return {
-        "keras": single["times"]["keras"],
-        "tfsift_m1": single["times"]["tfsift"],
-        "tfsift_m1_eager_update": single["times"]["tfsift_eager_update"],
-        "keras_fit": single["times"]["keras_fit"],
-        "tfsift_fit": single["times"]["tfsift_fit"],
-        "tfsift_m": micro["times"],
-        "keras_again": micro["keras"],
-        "keras_m": micro["keras_microbatched"],
+        "keras": times["keras"], "tfsift_m1": times["tfsift"],
+        "tfsift_m1_eager_update": times["tfsift_eager_update"], "keras_fit": times["keras_fit"],
+        "tfsift_fit": times["tfsift_fit"], "tfsift_m": micro["times"],
+        "keras_again": micro["keras"], "keras_m": micro["keras_microbatched"],
         "keras_m_fused": micro["keras_microbatched_fused"],
-        "predictions": single["predictions"],
-        "pipelines": pipelines,
-        "pipeline_calls": calls,
+        "predictions": single["predictions"], "pipelines": pipelines, "pipeline_calls": calls,
         "startup_predicted": startup,
-    }
+    }  # fmt: skip
 
 
 def _ms(seconds: float) -> str:
@@ -103,22 +85,17 @@ def _ms(seconds: float) -> str:
 
 
 def render(raw: Result, meta: Result, s: Settings) -> str:
-    keras_s = statistics.median(raw["keras"])
-    m1, mm = statistics.median(raw["tfsift_m1"]), statistics.median(raw["tfsift_m"])
-    k1, km = statistics.median(raw["keras_again"]), statistics.median(raw["keras_m"])
+    keras_s, m1, mm, k1, km, fused, eager = (median(raw[k]) for k in (
+        "keras", "tfsift_m1", "tfsift_m", "keras_again", "keras_m", "keras_m_fused",
+        "tfsift_m1_eager_update"))  # fmt: skip
     # M=1 and M ran in two jobs, whose speeds differ by a few percent here (as much as the
     # difference sought): M's step is taken at the first job's speed, each job's own Keras
     # step (timed in turn with it) the yardstick
     actions = 2 * (s.M - 1)  # the same compute in M forwards and M backwards, not one each
     per_action = (mm * keras_s / k1 - m1) / actions
-    by_hand = (km - k1) / actions
-    fused = statistics.median(raw["keras_m_fused"])
-    floor = (fused - k1) / actions
+    by_hand, floor = (km - k1) / actions, (fused - k1) / actions
     predicted = {p["pipeline"]: p for p in raw["predictions"] if p["M"] == s.M}
-    eager = statistics.median(raw["tfsift_m1_eager_update"])
-    keras_fit, tfsift_fit = (
-        statistics.median(raw[k]) / s.fit_batches for k in ("keras_fit", "tfsift_fit")
-    )
+    keras_fit, tfsift_fit = (median(raw[k]) / s.fit_batches for k in ("keras_fit", "tfsift_fit"))
     one_process = [
         ("one process, Keras", _ms(keras_s)),
         ("one process, @tfsift.step M=1", _ms(m1)),
@@ -136,15 +113,12 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
     for pipeline, times in raw["pipelines"].items():
         t = np.asarray(times)
         med, p90, p99 = (float(np.percentile(t, q)) for q in (50, 90, 99))
-        # the @tfsift.step call alone, which the plan line predicts (earlier runs timed the
-        # whole step only)
+        # runs before the step call was timed alone, or the start-up plan line's prediction
+        # saved, stand for it with the whole step and the one-process profile's prediction
         calls = raw.get("pipeline_calls", {}).get(pipeline)
-        call = statistics.median(calls) if calls else med
-        # the start-up plan line's step (earlier runs saved the one-process profile's only)
-        pred = (
-            raw.get("startup_predicted", {}).get(pipeline)
-            or predicted[pipeline.split(",")[0]]["predicted_step_s"]
-        )
+        call = median(calls) if calls else med
+        pred = (raw.get("startup_predicted", {}).get(pipeline)
+                or predicted[pipeline.split(",")[0]]["predicted_step_s"])  # fmt: skip
         rows.append([
             f"K=2, M={s.M}, {pipeline}", _ms(med), _ms(call), _ms(pred), f"{call / pred:.2f}",
             f"{med / pred:.2f}", _ms(p90), f"{_ms(p99)} ({p99 / med:.2f}x)", _ms(float(t.max())),
@@ -164,25 +138,14 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
         "step call / predicted", "whole step / predicted", "p90 ms", "p99 ms", "max ms",
         "one process's Keras step / this",
     ]  # fmt: skip
-    return "\n\n".join(
-        [
-            report.provenance(meta, BENCH.command),
-            report.table(header, rows),
-            "### Cost per action (a forward or backward of one microbatch)",
-            report.table(["where", "microseconds"], [[n, f"{1e6 * v:.0f}"] for n, v in costs]),
-        ]
-    )
+    return BENCH.section(
+        meta, report.table(header, rows),
+        "### Cost per action (a forward or backward of one microbatch)",
+        report.table(["where", "microseconds"], [[n, f"{1e6 * v:.0f}"] for n, v in costs]),
+    )  # fmt: skip
 
 
-BENCH = Benchmark(
-    name="small",
-    question=__doc__.splitlines()[0],
-    full=Settings(),
-    quick=QUICK,
-    measure=measure,
-    render=render,
-)
-
+BENCH = Benchmark("small", __doc__.splitlines()[0], Settings(), QUICK, measure, render)
 
 if __name__ == "__main__":
     run(BENCH)

@@ -10,9 +10,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -20,18 +20,14 @@ sys.path.insert(0, str(ROOT))
 from tfsift.parallel.launch import mpirun_command  # noqa: E402
 
 Result = dict[str, Any]
+T = TypeVar("T")
 SIMHOSTS = ROOT / "scripts" / "simhosts.sh"  # simulated hosts: network namespaces
 OUT_DIR = "TFSIFT_BENCH_OUT"  # where a worker rank writes rank<r>.json
 # A rank stands in for a device: one compute thread each, so that K ranks on K cores
 # compare with one process on one core.
-ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "3",
-    "OMP_NUM_THREADS": "1",
-    "TF_NUM_INTRAOP_THREADS": "1",
-    "TF_NUM_INTEROP_THREADS": "1",
-}
+ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+       "TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+       "TF_NUM_INTEROP_THREADS": "1"}  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -61,33 +57,18 @@ def environment(extra: dict[str, str] | None = None, unset: Sequence[str] = ()) 
     return mine | ENV | {"PYTHONPATH": path} | (extra or {})
 
 
-def run_job(
-    worker: Path,
-    args: Sequence[str],
-    np: int,
-    *,
-    timeout: float = 900,
-    mpi: bool = True,
-    bind: str = "core",
-    python: str = sys.executable,
-    env: dict[str, str] | None = None,
-    hosts: str | None = None,
-    launcher: str = "mpirun",
-    unset: Sequence[str] = (),
-) -> list[Result]:
-    """Runs ``worker args`` on ``np`` ranks and returns each rank's JSON, by rank.
+def run_job(worker: Path, args: Sequence[str], np: int, *, timeout: float = 900,
+            mpi: bool = True, bind: str = "core", python: str = sys.executable,
+            env: dict[str, str] | None = None, hosts: str | None = None,
+            launcher: str = "mpirun", unset: Sequence[str] = ()) -> list[Result]:  # fmt: skip
+    """Runs ``worker args`` on ``np`` ranks (``bind``: mpirun's ``--bind-to``) and returns
+    each rank's JSON (``write_rank``), by rank; lines it prints indented are shown as they
+    come, the rest only if it fails, and a job past ``timeout`` seconds is killed.
 
-    The worker reads its output folder from ``$TFSIFT_BENCH_OUT`` (``write_rank``).
-    Lines it prints indented are progress and shown as they come; the rest of its output
-    only if it fails. Ranks are bound to a core each (``bind``, mpirun's ``--bind-to``).
-    With ``mpi=False`` (``np`` must be 1) it runs without ``mpirun``. ``python`` runs
-    the worker: another environment's (a peer framework's) for a peer's worker; ``env``
-    adds variables to the job's environment and ``unset`` leaves this process's out (as
-    ``OMPI_MCA_mpi_yield_when_idle``, which importing tfsift set here). ``launcher``: one
-    of ``LAUNCHERS`` (``launch_command``). ``hosts`` (mpirun's ``--host``
-    list) runs the job on the simulated hosts (``scripts/simhosts.sh exec``, which must have
-    made them).
-    A job still running after ``timeout`` seconds is terminated and reported as failed.
+    ``mpi=False``: one process without ``mpirun``; ``python``: another environment's (a
+    peer framework's); ``env``: added to the job's environment, ``unset``: left out of it
+    (as ``OMPI_MCA_mpi_yield_when_idle``, which importing tfsift set here); ``launcher``:
+    one of ``LAUNCHERS``; ``hosts``: mpirun's ``--host`` list, on the simulated hosts.
     """
     argv = [str(worker), *args]
     if not mpi and np != 1:
@@ -149,16 +130,24 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]
 
 def write_rank(rank: int, values: Result) -> None:
     """Called in a worker rank: its JSON report (ranks' stdout lines can interleave)."""
-    path = Path(os.environ[OUT_DIR]) / f"rank{rank}.json"
-    path.write_text(json.dumps(values))
+    (Path(os.environ[OUT_DIR]) / f"rank{rank}.json").write_text(json.dumps(values))
 
 
-def rotations(names: Sequence[str], repeats: int) -> Iterator[tuple[int, str]]:
-    """(repeat, name) in rotating order, so that a drifting machine hits every name alike:
-    repeat 0 runs a b c, repeat 1 b c a, repeat 2 c a b."""
+def rounds(names: Sequence[str], repeats: int, job: Callable[[str], T]) -> list[dict[str, T]]:
+    """``job(name)`` of every name in each of ``repeats`` rounds, by round; the order rotates
+    (a b c, then b c a, c a b) so that a drifting machine hits every name alike."""
+    out: list[dict[str, T]] = [{} for _ in range(repeats)]
     for r in range(repeats):
         for i in range(len(names)):
-            yield r, names[(i + r) % len(names)]
+            name = names[(i + r) % len(names)]
+            say(f"#{r} {name}")
+            out[r][name] = job(name)
+    return out
+
+
+def by_name(rounds: list[dict[str, T]]) -> dict[str, list[T]]:
+    """``rounds``' results by name, one a round."""
+    return {name: [r[name] for r in rounds] for name in rounds[0]} if rounds else {}
 
 
 def git(*args: str) -> str:
@@ -172,12 +161,7 @@ def metadata(load_start: float, seconds: float, note: str = "") -> Result:
     dirty = git(
         "status", "--porcelain", "--untracked-files=no", "--", "tfsift", "partitioner", "scripts"
     )
-    return {
-        "date": datetime.date.today().isoformat(),
-        "cores": os.cpu_count(),
-        "commit": (git("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if dirty else ""),
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
-        "seconds": seconds,
-        "wait_note": note,
-    }
+    commit = (git("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if dirty else "")
+    return {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(), "commit": commit,
+            "load_start": load_start, "load_end": os.getloadavg()[0], "seconds": seconds,
+            "wait_note": note}  # fmt: skip

@@ -40,6 +40,9 @@ class Benchmark(Generic[S]):
     def command(self) -> str:
         return f".venv/bin/python scripts/bench_{self.name.replace('-', '_')}.py"
 
+    def section(self, meta: Result, *parts: str) -> str:
+        return report.section(meta, self.command, *parts)
+
 
 def parser(
     bench: Benchmark[S], own: argparse.ArgumentParser | None = None

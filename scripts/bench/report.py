@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bench.harness import ROOT, Result
@@ -20,6 +20,15 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def median_ms(times: Sequence[float]) -> float:
     return 1000 * statistics.median(times)
+
+
+def listed(values: Iterable[float], spec: str = ".3f", sep: str = ", ") -> str:
+    return sep.join(format(v, spec) for v in values)
+
+
+def section(meta: Result, command: str, *parts: str) -> str:
+    """A docs section: the provenance line, then ``parts`` (tables, headings)."""
+    return "\n\n".join([provenance(meta, command), *parts])
 
 
 def provenance(meta: Result, command: str) -> str:

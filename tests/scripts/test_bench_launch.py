@@ -58,8 +58,8 @@ def test_six_configurations_three_launchers_by_two_orders(bench: ModuleType) -> 
     chosen = bench.configurations()
     assert next(iter(chosen)) == bench.REFERENCE == "mpirun | tfsift first"
     assert len(chosen) == 6
-    assert chosen["horovodrun | mpi4py first"] == ("horovodrun", bench.MPI_FIRST)
-    assert chosen["tfsift run | tfsift first"] == ("tfsift run", bench.WORKER)
+    assert chosen["horovodrun | mpi4py first"] == ("horovodrun", ["--mpi4py-first"])
+    assert chosen["tfsift run | tfsift first"] == ("tfsift run", [])
 
 
 def test_the_table_divides_each_job_by_the_reference_job_of_its_round(bench: ModuleType) -> None:
