@@ -1,7 +1,7 @@
 """Per-sample scores two of AdaSelection's methods rank by: gradient norms and AdaBoost weights.
 
 Experimental, with AdaSelection (``adaptive``): the policies ``grad_norm`` and ``adaboost``
-import it when one is chosen (``tfsift.sift.policies.choose``).
+import it when one is chosen (``tfsift.sift.experimental.fraction.choose``).
 
 Letters: B samples, C classes, d the size of a regression output's last axis. The
 gradient norms are closed forms of the per-sample loss's gradient at the logits z:
