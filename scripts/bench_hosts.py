@@ -1,19 +1,11 @@
 """What does crossing hosts cost a 2-stage x 2-replica job, and which placement suits a slow link?
 
-Two simulated hosts (``scripts/simhosts.sh``) whose link is shaped inside their namespaces
-with ``tc`` (``tbf`` for a rate; ``netem`` for a delay where the kernel has it, else host
-1's userspace delay line), and a job of 4 ranks for each of ``CASES``: the 4 ranks on one
-host (the reference); ``placement_strategy="cluster"`` (each replica's stages on one host:
-the gradient allreduce crosses the link); ``"spread"`` (each replica's stages on the two
-hosts: every pipeline message crosses it). A chain of Dense layers cut in the middle. Per
-link and configuration, in rotating order: the median step, the bytes the hosts sent over
-the link per step (their ``tfsift0`` counters: payload, headers and MPI's own messages),
-and the prediction of what crosses: the partitioner's cut bytes and time per message at
-the link's rate for ``spread``; a ring allreduce of each stage's gradients for ``cluster``
-(the partitioner does not model the allreduce). Every configuration runs 4 ranks on this
-machine's cores alike: the cost of the link is the difference between the rows of one link.
-
-Needs root (network namespaces, tc): ``sudo .venv/bin/python scripts/bench_hosts.py``.
+Two simulated hosts (``scripts/simhosts.sh``), their link shaped with ``tc`` (or host 1's
+delay line where the kernel has no ``netem``); 4 ranks of a chain of Dense layers cut in the
+middle, on one host, with ``placement_strategy="cluster"`` (the allreduce crosses the link)
+and ``"spread"`` (every pipeline message crosses it). Per link and configuration: the median
+step, the bytes the hosts' counters sent over the link per step, and what the partitioner
+predicts to cross (the allreduce: a ring of each stage's gradients). Needs root.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Does data parallelism's speed depend on the launcher, or on what the script imports first?
 
-``scripts/bench_peers.py``'s data-parallel row (2 ranks x B/2 of the conv chain) launched
-by ``mpirun``, ``horovodrun`` and ``tfsift run``, with the worker importing tfsift first or
-``mpi4py.MPI`` first (``--mpi4py-first``). Every job starts without
-``OMPI_MCA_mpi_yield_when_idle``, as a user's shell does: ``import tfsift`` sets it before
-MPI starts; where MPI started first, Open MPI polls until ``tfsift.init`` makes it yield;
-``tfsift run`` sets it for every rank. A slower "mpi4py first" row means that polling is
-back. A row shows the median of the jobs' median steps, and each job's step over the
-``mpirun``, tfsift-first job of its round: their median, then every round's.
+bench_peers' data-parallel job under ``mpirun``, ``horovodrun`` and ``tfsift run``, the
+worker importing tfsift or ``mpi4py`` first, every job without
+``OMPI_MCA_mpi_yield_when_idle`` (``import tfsift`` sets it): a slower "mpi4py first" row
+means that Open MPI polls in its waits again. Each job against the ``REFERENCE`` job of its
+round.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """How does tfsift compare with what a user would run instead, on the same model?
 
-The pipeline benchmark's conv chain (B=128): one process, a plain Keras step and PyTorch;
-K=2, M=8, tfsift's schedules against ``torch.distributed.pipelining``'s (``CASES``), the
-chain cut in equal halves (in four with two stages a rank); data parallel, 2 ranks x B/2,
-tfsift (Horovod) against tf.distribute's ``MultiWorkerMirroredStrategy`` and PyTorch DDP
-(gloo), and tfsift with Open MPI polling in its waits, as before ``import tfsift`` made it
-yield. All jobs in rotating order ``repeats`` times; a row shows the median of the jobs'
-median steps and each framework's speed-up over its own one process; a second table pairs
-tfsift's jobs with the peers' round by round. The PyTorch rows need ``--torch PYTHON``, by
-default ``.venv-peers`` (``bash scripts/bench/peers-venv.sh``); without it they are left out.
+The conv chain in one process (Keras, PyTorch), on K=2 pipelines (tfsift's schedules
+against ``torch.distributed.pipelining``'s) and in 2-rank data parallelism (tfsift, with Open
+MPI polling as before tfsift made it yield, tf.distribute's MWMS, PyTorch DDP), all jobs in
+rotating order; the PyTorch rows need ``--torch PYTHON`` (default ``.venv-peers``, made by
+``scripts/bench/peers-venv.sh``), else they are left out.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import json
 from statistics import median
 
 from bench_pipeline import WORKER
+from bench_pipeline import Settings as ChainSettings
 
 from bench import harness, report
 from bench.harness import Result
@@ -23,31 +24,25 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    layers: int = 4
-    width: int = 128
-    side: int = 64  # tokens a sample
-    batch: int = 64
-    K: int = 2
+    chain: ChainSettings = dataclasses.field(
+        default_factory=lambda: ChainSettings("transformer", 4, 128, 64, 64, profile_repeats=5)
+    )  # model, layers, width, side (tokens), batch
     M: int = 8
     rounds: int = 3
-    warmup: int = 3
-    steps: int = 10
-    profile_repeats: int = 5
 
     def worker_config(self, precision: str) -> Result:
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rounds", "M")}
-        return fields | {"model": "transformer", "microbatches": [self.M], "M": self.M,
-                         "pipeline": "interleaved", "optimize": "speed", "precision": precision,
-                         "collect": True}  # fmt: skip
+        return self.chain.worker_config(microbatches=[self.M], M=self.M, pipeline="interleaved",
+                                        optimize="speed", precision=precision)  # fmt: skip
 
 
-QUICK = Settings(layers=2, width=32, side=16, warmup=1, steps=2, rounds=1, profile_repeats=1)
+QUICK = Settings(ChainSettings(model="transformer", layers=2, width=32, side=16, batch=64,
+                               warmup=1, steps=2, profile_repeats=1), rounds=1)  # fmt: skip
 
 
 def measure(s: Settings) -> Result:
     def job(precision: str) -> Result:
         config = json.dumps(s.worker_config(precision))
-        ranks = harness.run_job(WORKER, ["pipeline", config], s.K)
+        ranks = harness.run_job(WORKER, ["pipeline", config], s.chain.K)
         return {
             "times": ranks[0]["times"],
             "predicted": ranks[0]["startup_predicted_s"],
@@ -89,13 +84,14 @@ def render(raw: Result, meta: Result, s: Settings) -> str:
     ratio = f"{got['paired']['ratio']:.3f} ({report.listed(got['paired']['rounds'])})"
     predicted = f"{bf16['predicted_ms'] / fp32['predicted_ms']:.3f}"
     rows.append(["bf16 / fp32 (paired)", ratio, predicted, " / ".join(sent), "", ""])
-    stages = " / ".join(f"stage {i}" for i in range(s.K))
+    c = s.chain
+    stages = " / ".join(f"stage {i}" for i in range(c.K))
     header = ["precision", "step ms", "predicted ms", f"MiB sent a step ({stages})",
               f"peak MiB ({stages})", f"predicted peak MiB ({stages})"]  # fmt: skip
     return BENCH.section(
         meta,
-        f"### Decoder ({s.layers} blocks of {s.width} on {s.side} tokens), B={s.batch}, "
-        f"K={s.K}, M={s.M}",
+        f"### Decoder ({c.layers} blocks of {c.width} on {c.side} tokens), B={c.batch}, "
+        f"K={c.K}, M={s.M}",
         report.table(header, rows),
     )
 

@@ -1,14 +1,10 @@
 """Do the zero-bubble schedule and virtual stages beat 1F1B on the conv chain, and what does
 splitting cost?
 
-bench_pipeline's conv chain, K=2, M=8, optimize="speed". The split: one process runs the
-chain's second half as a stage whose input gradients are wanted, on one microbatch, its
-backward fused (the tape, as 1F1B runs it) and split into B then W (as the zero-bubble
-schedule runs it), in alternating rounds. Paired rounds: a K=2 job of each of ``SCHEDULES``
-a round, the order rotating; per job its median step (the slowest rank's) and each rank's
-peak tensor bytes during the timed steps above those in use when they began (TensorFlow's
-CPU allocator's own count, run with statistics: the RSS does not show it, as that
-allocator keeps what it took), against what each job's start-up plan predicted.
+The split: the chain's second half as a stage, its backward fused (1F1B) and split into B
+then W (zero bubble), timed alone. Paired rounds of K=2 jobs of ``SCHEDULES``: each job's
+median step and each rank's peak tensor bytes above those at rest (TensorFlow's allocator's
+own count: the RSS does not show it), against what the start-up plan predicted.
 """
 
 from __future__ import annotations

@@ -161,32 +161,6 @@ def first_reach(curve: list[list[float]], goal: float, regression: bool) -> list
     return next((p for p in curve if reached(p[3])), None)
 
 
-def seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
-    """Per method of one job (rank 0's records): when it reached the target, and its
-    seconds per step. No sifting's time to the target is the mean of its two runs, first and
-    last in the job, so that a drift of the machine's speed does not favour the methods; the
-    repeat's own row compares it with the first run."""
-    results = {r["method"]: r for r in ranks[0]["results"]}
-    base = results["none"]["curve"]
-    goal = target(base[-1][3], regression)
-    first = first_reach(base, goal, regression) or base[-1]  # reached by construction
-    again = first_reach(results.get(AGAIN, {}).get("curve", []), goal, regression)
-    mean = [(a + b) / 2 for a, b in zip(first, again, strict=True)] if again else first
-    rows = {}
-    for name, r in results.items():
-        if "curve" not in r or r.get("status"):
-            rows[name] = {"status": r.get("status", "failed")}
-            continue
-        hit = first_reach(r["curve"], goal, regression) or [math.inf] * 4
-        end, reference = r["curve"][-1], first if name == AGAIN else mean
-        rows[name] = {
-            "seconds": hit[0], "steps": hit[1],
-            "speedup": reference[0] / hit[0] if hit[0] > 0 else 0.0,  # 0: never
-            "step_s": end[0] / max(1, end[1]), "sift": r.get("sift", {}),
-        }  # fmt: skip
-    return rows
-
-
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
@@ -197,31 +171,47 @@ def gap(metric: float, base: float, regression: bool) -> float:
     return metric / base - 1 if regression else metric - base
 
 
-def epoch_seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
-    """``seed_rows``, and per run: *saved*, the share of no sifting's training seconds (the
-    mean of its two runs; for *again*, the first run's) it did not need; *delta*, its final
-    metric against the first no-sifting run's (``gap``); *delta_last*, the same of the mean
-    of the last ``LAST`` evaluations (one evaluation moves with the step it lands on). The
-    speed-up to target = *steps_speedup* (no sifting's optimizer steps to the target over
-    the run's: the runs are deterministic) / *step_cost* (the run's seconds per step over no
-    sifting's: what the machine's speed moves)."""
-    rows = seed_rows(ranks, regression)
-    curves = {r["method"]: r["curve"] for r in ranks[0]["results"] if "curve" in r}
+def seed_rows(ranks: list[Result], regression: bool) -> dict[str, Result]:
+    """Per method of one job (rank 0's records): when it reached the target and its seconds
+    per step; *saved*, the share of no sifting's training seconds it did not need; *delta*,
+    its final metric against the first no-sifting run's (``gap``); *delta_last*, the same of
+    the mean of the last ``LAST`` evaluations (one evaluation moves with the step it lands
+    on). No sifting's seconds are the mean of its two runs, first and last in the job, so
+    that a drift of the machine's speed does not favour the methods (*again*'s own row is
+    against the first). The speed-up to target = *steps_speedup* (no sifting's optimizer
+    steps to the target over the run's: the runs are deterministic) / *step_cost* (the run's
+    seconds per step over no sifting's: what the machine's speed moves)."""
+    results = {r["method"]: r for r in ranks[0]["results"]}
+    curves = {name: r["curve"] for name, r in results.items() if "curve" in r}
+    base = curves["none"]
+    goal = target(base[-1][3], regression)
+    first = first_reach(base, goal, regression) or base[-1]  # reached by construction
+    again = first_reach(curves.get(AGAIN, []), goal, regression)
+    mean = [(a + b) / 2 for a, b in zip(first, again, strict=True)] if again else first
     ends = {name: curve[-1] for name, curve in curves.items()}
     lasts = {name: statistics.mean(p[3] for p in curve[-LAST:]) for name, curve in curves.items()}
-    first = ends["none"]
-    mean = (first[0] + ends[AGAIN][0]) / 2 if AGAIN in ends else first[0]
-    for name, row in rows.items():
-        if "seconds" in row:
-            end, base_s = ends[name], first[0] if name == AGAIN else mean
-            row |= {
-                "saved": 1 - end[0] / base_s, "total_steps": end[1],
-                "delta": gap(end[3], first[3], regression),
-                "delta_last": gap(lasts[name], lasts["none"], regression),
-                # 0: never reached (steps inf)
-                "steps_speedup": rows["none"]["steps"] / row["steps"] if row["steps"] else math.inf,
-                "step_cost": row["step_s"] / (base_s / max(1, first[1])),
-            }  # fmt: skip
+    end_s = (base[-1][0] + ends[AGAIN][0]) / 2 if AGAIN in ends else base[-1][0]
+    rows: dict[str, Result] = {}
+    for name, r in results.items():
+        if "curve" not in r or r.get("status"):
+            rows[name] = {"status": r.get("status", "failed")}
+            continue
+        hit = first_reach(r["curve"], goal, regression) or [math.inf] * 4
+        end, reference = ends[name], first if name == AGAIN else mean
+        base_s = base[-1][0] if name == AGAIN else end_s
+        rows[name] = {
+            "seconds": hit[0], "steps": hit[1],
+            "speedup": reference[0] / hit[0] if hit[0] > 0 else 0.0,  # 0: never
+            "step_s": end[0] / max(1, end[1]), "sift": r.get("sift", {}),
+            "saved": 1 - end[0] / base_s, "total_steps": end[1],
+            "delta": gap(end[3], base[-1][3], regression),
+            "delta_last": gap(lasts[name], lasts["none"], regression),
+            "step_cost": end[0] / max(1, end[1]) / (base_s / max(1, base[-1][1])),
+        }  # fmt: skip
+    none_steps = rows["none"]["steps"]
+    for row in rows.values():
+        if "steps" in row:  # 0: never reached (steps inf)
+            row["steps_speedup"] = none_steps / row["steps"] if row["steps"] else math.inf
     return rows
 
 
@@ -274,7 +264,7 @@ def epoch_summary(raw: list[Result]) -> dict[str, list[Result]]:
     out: dict[str, list[Result]] = {}
     for key, entries in groups.items():
         regression = entries[0]["job"]["task"]["loss"] == "mse"
-        per_seed = [epoch_seed_rows(e["ranks"], regression) for e in entries]
+        per_seed = [seed_rows(e["ranks"], regression) for e in entries]
         models = [pruning_model(rows, e["job"]["task"]["epochs"], method["anneal"])
                   for rows, e in zip(per_seed, entries, strict=True)
                   for method in e["job"]["methods"] if method["name"] == RECOMMENDED]  # fmt: skip

@@ -1,12 +1,9 @@
 """Does pipelining a small model pay, and does tfsift predict its step?
 
-An MLP as a user would try it (Dense(256) x 4, relu, on 256 features, MSE, SGD, B=128), in
-one job each: one process (a plain Keras step, ``@tfsift.step`` with M=1 and with M
-microbatches, the same microbatching written by hand in TensorFlow, Keras' and tfsift's
-``fit``); and K=2 stages with M microbatches over many steps without forced garbage
-collections, against the step the plan line printed at start-up predicts. The cost per
-action is ``(t_M - t_1) / (2 (M - 1))``: the same compute in M forwards and M backwards
-instead of one each.
+An MLP (Dense(256) x 4, B=128) in one process (Keras, ``@tfsift.step`` with M=1 and M, the
+same microbatching by hand, Keras' and tfsift's ``fit``), and on K=2 stages over many steps
+against the step the start-up plan line predicts. The cost per action is
+``(t_M - t_1) / (2 (M - 1))``: the same compute in M forwards and backwards, not one each.
 """
 
 from __future__ import annotations

@@ -30,31 +30,19 @@ if [ "$quick" = 1 ]; then
 fi
 # pytest exits 5 when arguments select no test of one kind: that part passes.
 run() { python -m pytest "$@" || [ $? -eq 5 ]; }
-# The suite is bound by CPU, and a third of it is start-up: a rank costs about 3 CPU seconds
-# from start to exit before it trains (importing TensorFlow's 2,700 modules, with the
-# collector kept off them: tests/lean_site). The next stage's 88 Python processes (81
-# import TensorFlow; its two pytest workers among them) used 733 CPU seconds in all (at
-# 71fd7c2). It gets shorter by starting fewer processes: the tests of one layout share a
-# job (tests/mpi.py: SharedJob). A third worker did not shorten it then (617 s against 579
-# and 638 s with two); since the restart, shrink, doctor and host-cut tests came (each
-# waits seconds for a timeout or a lost host while its ranks idle), the two workers left
-# the cores idle a seventh of the time (970 CPU s in 564 s), and a third took it from 522
-# and 564 s to 487 s (2026-12-06).
+# The suite is bound by CPU, a third of it start-up (a rank costs about 3 CPU seconds before
+# it trains): the tests of one layout share a job (tests/mpi.py: SharedJob), and three
+# workers fill the cores that the jobs' waits, bubbles and start-up leave idle.
 echo "== pytest: one-process and multi-process tests (mpirun, horovodrun), three at a time"
-# A job's ranks leave the cores idle a sixth of the time (waits, bubbles, start-up): the
-# one-process tests beside them fill it (23 s less than one stage after the other). Results
-# do not depend on how fast the tests run; those that time themselves are marked alone.
-# Tests marked xdist_group share one job or the simulated hosts: loadgroup (in every stage)
-# gives each group to one worker.
-# Two jobs share the 2 cores, which each job's ranks cannot see: no spinning receives.
-# The tests that cut a simulated host off run here, in the simulated hosts' group: in the
-# next stage that group kept one worker for 94 s while the two others were done in 85 s.
+# Results do not depend on how fast the tests run; those that time themselves are marked
+# alone. Tests marked xdist_group share one job or the simulated hosts: loadgroup gives each
+# group to one worker. Jobs share the cores, which their ranks cannot see: no spinning
+# receives. The tests that cut a simulated host off run here, in that group.
 TFSIFT_SPIN_US=0 run -m "not alone and (not fault or hosts)" -n 3 --dist loadgroup \
   --durations=25 "$@"
 echo "== pytest: multi-process tests that end their jobs on purpose, three at a time"
 # Each job idles while a rank stalls or the others notice one left, and its test times the
-# end from that event with seconds of slack: three such jobs share the cores well (two at
-# a time the stage took 127 s, three at a time 116 s, when it held the host-cut tests too).
+# end from that event with seconds of slack: three such jobs share the cores well.
 TFSIFT_SPIN_US=0 run -m "mpi and fault and not hosts" -n 3 --dist loadgroup --durations=10 "$@"
 echo "== pytest: tests that time their jobs or waits, one at a time"
 # A wait holds what fits in it, a call returns within a fraction of a second: these assume

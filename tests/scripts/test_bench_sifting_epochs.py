@@ -123,7 +123,7 @@ def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType
         "infobatch": curve((1, 0.5), (4, 0.9), (7.7, 0.897)),
         "none-again": curve((1, 0.5), (6, 0.9), (12, 0.89)),
     }
-    rows = bench.epoch_seed_rows(job(curves)["ranks"], regression=False)
+    rows = bench.seed_rows(job(curves)["ranks"], regression=False)
     # against the mean of no sifting's two runs: 11 s to the end, 5.5 s to the target
     assert rows["infobatch"]["saved"] == pytest.approx(0.3)
     assert rows["infobatch"]["speedup"] == pytest.approx(5.5 / 4)
@@ -142,10 +142,10 @@ def test_the_epoch_rows_compare_each_runs_end_with_no_siftings(bench: ModuleType
     )
     never = curves | {"infobatch": curve((1, 0.5), (7.7, 0.89))}
     assert (
-        bench.epoch_seed_rows(job(never)["ranks"], False)["infobatch"]["steps_speedup"] == 0
+        bench.seed_rows(job(never)["ranks"], False)["infobatch"]["steps_speedup"] == 0
     )  # never reached: "never" in the table, below every bar
     mse = {k: [[*p[:3], 1 - p[3]] for p in c] for k, c in curves.items()}  # 0.1 at the end
-    rows = bench.epoch_seed_rows(job(mse, "mse")["ranks"], regression=True)
+    rows = bench.seed_rows(job(mse, "mse")["ranks"], regression=True)
     assert rows["infobatch"]["delta"] == pytest.approx(0.103 / 0.1 - 1)  # relative
     # the mean of the last 3 evaluations: 0.5, 0.1, 0.103 against 0.5, 0.1, 0.1
     assert rows["infobatch"]["delta_last"] == pytest.approx(0.703 / 0.7 - 1)
