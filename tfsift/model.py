@@ -270,6 +270,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             _say_microbatch_statistics(norms, rt.config.microbatches, example)
         graph = trace(self, example)
         check_training_branches(self, example)  # every rank, before the plan
+        graph.find_masks(example)  # every rank, before it frees the other stages' weights
         masked = tuple(
             i
             for i, t in enumerate(tree.flatten(graph.structure))

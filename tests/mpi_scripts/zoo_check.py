@@ -67,6 +67,42 @@ class Encoder(tfsift.DistributedModel):
         return self.out(self.pool(h))
 
 
+class AttentionBlock(keras.layers.Layer):
+    """Attention and feed-forward with residuals, one node of the graph: its attention reads
+    the mask of the block's input from the tensor itself, not from an argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.supports_masking = True
+        self.attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)
+        self.norm = keras.layers.LayerNormalization()
+        self.ff = keras.layers.Dense(16, activation="relu")
+
+    def call(self, x: Any) -> Any:
+        x = self.norm(keras.ops.add(x, self.attention(x, x)))
+        return keras.ops.add(x, self.ff(x))
+
+
+class MaskedAttention(tfsift.DistributedModel):
+    """Padded time steps (rows of zeros, masked by Masking) through two attention blocks
+    and a pooling that skips them: a block's input that crosses a cut (or, split into B
+    and W, a node's call) must carry its mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masking = keras.layers.Masking(0.0)
+        self.embed = keras.layers.Dense(16)
+        self.block1, self.block2 = AttentionBlock(), AttentionBlock()
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.out = keras.layers.Dense(10)
+
+    def call(self, x: Any) -> Any:
+        rows = keras.ops.reshape(x, (-1, 8, 8))
+        rows = keras.ops.where(rows[:, :, :1] > 0.4, 0.0, rows)  # about a third: padding
+        h = self.block2(self.block1(self.embed(self.masking(rows))))
+        return self.out(self.pool(h))
+
+
 class Block(keras.layers.Layer):
     """A custom layer that owns two sub-layers."""
 
@@ -143,6 +179,7 @@ class Shared(tfsift.DistributedModel):
 ZOO = {
     "resnet_bn": ResNetBN,
     "encoder": Encoder,
+    "masked": MaskedAttention,
     "custom": CustomLayers,
     "recurrent": Recurrent,
     "sequential": SequentialBlock,

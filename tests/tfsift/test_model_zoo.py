@@ -1,7 +1,7 @@
 """Realistic models pipelined on 2 stages (both schedules, both modes) equal one process.
 
 ResNet-style CNN with BatchNormalization (moving statistics compared too), a transformer
-encoder block, custom layers owning sub-layers, GRU + LSTM, a keras.Sequential block with
+encoder block, attention over padded (masked) time steps, custom layers owning sub-layers, GRU + LSTM, a keras.Sequential block with
 dropout, and tied weights (one layer called at two depths, on one stage or on two: each
 holder's gradients are the whole model's). Multi-input and multi-output models:
 tests/tfsift/test_multi_io.py; a tied embedding trained for many steps:
@@ -15,7 +15,7 @@ import pytest
 import mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
-MODELS = "resnet_bn,encoder,custom,recurrent,sequential,shared"
+MODELS = "resnet_bn,encoder,masked,custom,recurrent,sequential,shared"
 # half the grid: each model with both schedules and both modes, each (schedule, mode) pair on
 # three models (tests/mpi_scripts/models.py: grid)
 ON_TWO_STAGES = mpi.TWO_STAGES.scenario(
@@ -81,7 +81,7 @@ def test_model_zoo_on_virtual_stages_matches_too(K: int) -> None:
 # the zero-bubble schedule, which splits stage 1's backward node by node into B and W: on
 # the models whose layers it splits apart from the chain's (BatchNorm's statistics,
 # attention, a recurrent cell, a tied layer)
-ZERO_BUBBLE_MODELS = "resnet_bn,encoder,recurrent,shared"
+ZERO_BUBBLE_MODELS = "resnet_bn,encoder,masked,recurrent,shared"
 ZERO_BUBBLE = mpi.TWO_STAGES.scenario(
     "zoo_check.py", "2", ZERO_BUBBLE_MODELS, "zero_bubble", "speed", "all", timeout=600
 )
@@ -108,7 +108,7 @@ def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() ->
     checked = 0
     for rank, rep in reports.items():
         configs = [(r["model"], r["config"]) for r in rep["results"]]
-        assert len(set(configs)) == len(configs) == 6 * 2, configs
+        assert len(set(configs)) == len(configs) == len(MODELS.split(",")) * 2, configs
         for model in MODELS.split(","):
             words = {w for m, c in configs if m == model for w in c.split()[1:]}
             assert words == {"simple", "interleaved", "speed", "memory"}, (model, configs)
@@ -121,7 +121,7 @@ def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() ->
             assert result["grad_error"] < 1e-5, (rank, result)
             assert result["state_error"] < 1e-5, (rank, result)
             assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
-    assert checked == 2 * 6 * 2  # every model in each of its configurations, on both ranks
+    assert checked == 2 * len(MODELS.split(",")) * 2  # every model in each of its configurations, on both ranks
     by_config: dict[tuple[str, str], int] = {}
     for rep in reports.values():
         for result in rep["results"]:

@@ -71,14 +71,21 @@ class _Node:
 
 
 def _make_node(
-    gn: GraphNode, values: Sequence[tf.Tensor], training: bool, variables: dict[int, int]
+    gn: GraphNode,
+    values: Sequence[tf.Tensor],
+    training: bool,
+    variables: dict[int, int],
+    masks: Sequence[tuple[int, int]] = (),
 ) -> _Node:
     """Traces one node on ``values``' specs (``variables``: a stage variable's index by
-    the id of its handle)."""
+    the id of its handle; ``masks``: its inputs' Keras masks, which arguments lose)."""
     ids = tuple(dict.fromkeys(gn.inputs))
 
     def call(*xs: tf.Tensor) -> list[Any]:
-        return keras_internals.call_node(gn.node, dict(zip(ids, xs, strict=True)), training)
+        values = dict(zip(ids, xs, strict=True))
+        for t, m in masks:
+            keras_internals.attach_mask(values[t], values[m])
+        return keras_internals.call_node(gn.node, values, training)
 
     specs = [tf.TensorSpec(x.shape, x.dtype) for x in values]
     concrete = tf.function(call, autograph=False).get_concrete_function(*specs)
@@ -162,7 +169,10 @@ class Layout:
         for i, gn in enumerate(graph.nodes):
             if build:
                 node_inputs = [values[t] for t in dict.fromkeys(gn.inputs)]
-                self.nodes.append(_make_node(gn, node_inputs, self.training, self.split.variables))
+                masks = graph.node_masks[i] if graph.node_masks else ()
+                self.nodes.append(
+                    _make_node(gn, node_inputs, self.training, self.split.variables, masks)
+                )
             node = self.nodes[i]
             outputs, kept = node.run([values[t] for t in node.inputs])
             values.update(zip(gn.outputs, outputs, strict=True))

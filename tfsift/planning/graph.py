@@ -60,6 +60,41 @@ class Graph:
         missing = [t for t in self.outputs if t not in self._producer]
         if missing:
             raise ValueError("the model output does not depend on the model input")
+        # Which tensors carry a Keras mask when a node reads them, by node, once
+        # ``find_masks`` has run the model (empty: none does)
+        self.masked_reads: list[frozenset[int]] = [frozenset()] * len(self.nodes)
+
+    def find_masks(self, example: Sequence[Any]) -> None:
+        """Runs the nodes once, in one process, on the first sample of ``example`` (the
+        inputs ``trace`` took) and notes which tensors carry a Keras mask when each node
+        reads them: where a run of its own starts a stage (or a node, split into B and W),
+        the tensors it receives carry none, and it attaches those (``StageGraph.run``).
+        The symbolic trace cannot tell: a ``MultiHeadAttention`` deletes its inputs'
+        masks when it runs, not when it is traced, so after it a one-process run carries
+        fewer masks than the trace. Nothing runs for a model whose trace has no mask."""
+        if not any(keras_internals.mask(x) is not None for x in self.tensors.values()):
+            return
+        rows = [x[:1] for x in tree.flatten(list(example))]
+        values = dict(zip(self.inputs, rows, strict=True))
+        for i, gn in enumerate(self.nodes):
+            reads = dict.fromkeys(gn.inputs)
+            self.masked_reads[i] = frozenset(
+                t for t in reads if keras_internals.mask(values[t]) is not None
+            )
+            outputs = keras_internals.call_node(gn.node, values, training=False)
+            values.update(zip(gn.outputs, outputs, strict=True))
+
+    def mask_pairs(
+        self, reads: Sequence[int], masked: frozenset[int]
+    ) -> tuple[tuple[int, int], ...]:
+        """(tensor, its mask) for each of ``reads`` that carries one (``masked``), where
+        the trace's mask of it is among ``reads`` too (its value, received alike)."""
+        pairs = []
+        for t in reads:
+            m = keras_internals.mask(self.tensors[t])
+            if t in masked and m is not None and id(m) in reads:
+                pairs.append((t, id(m)))
+        return tuple(pairs)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -79,7 +114,22 @@ class Graph:
 
     def stage(self, start: int, end: int) -> StageGraph:
         """The sub-graph of nodes ``[start, end)`` with its live inputs and outputs."""
-        return StageGraph(self.nodes[start:end], self.live(start), self.live(end))
+        inputs = self.live(start)
+        # what the first node to read each input finds on it
+        first: dict[int, frozenset[int]] = {}
+        for i in range(start, end):
+            for t in self.nodes[i].inputs:
+                first.setdefault(t, self.masked_reads[i])
+        masked = frozenset(t for t in inputs if t in first.get(t, frozenset()))
+        nodes = [self.mask_pairs(gn.inputs, self.masked_reads[start + i]) for i, gn in
+                 enumerate(self.nodes[start:end])]  # fmt: skip
+        return StageGraph(
+            self.nodes[start:end],
+            inputs,
+            self.live(end),
+            self.mask_pairs(inputs, masked),
+            tuple(nodes),
+        )
 
     def _position(self, tensor: int) -> tuple[int, int]:
         producer = self._producer[tensor]
@@ -95,10 +145,16 @@ class StageGraph:
     nodes: Sequence[GraphNode]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    # (input, its mask): live inputs that carry a Keras mask in one process, and per node
+    # its inputs' (``Graph.find_masks``)
+    masks: tuple[tuple[int, int], ...] = ()
+    node_masks: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def run(self, values: Sequence[Any], training: bool) -> list[Any]:
         """Executes the stage's nodes in order on concrete tensors."""
         tensors = dict(zip(self.inputs, values, strict=True))
+        for t, m in self.masks:  # a tensor received from the stage before carries none
+            keras_internals.attach_mask(tensors[t], tensors[m])
         for gn in self.nodes:
             outputs = keras_internals.call_node(gn.node, tensors, training)
             tensors.update(zip(gn.outputs, outputs, strict=True))
@@ -271,8 +327,20 @@ def _order(outputs: Sequence[Any], inputs: set[int]) -> list[GraphNode]:
             order.append(_graph_node(node, names))
             continue
         stack.append((tensor, True))
-        stack += [(x, False) for x in reversed(node.input_tensors)]
+        stack += [(x, False) for x in reversed(node_reads(node))]
     return order
+
+
+def node_reads(node: Any) -> list[Any]:
+    """The symbolic tensors a node reads: its inputs, and the mask attached to any of them
+    (a layer may read its input's mask instead of an argument, ``MultiHeadAttention``
+    its query's: where the input crosses a cut, the mask must cross with it)."""
+    found = {id(x): x for x in node.input_tensors}
+    for x in node.input_tensors:
+        m = keras_internals.mask(x)
+        if m is not None and hasattr(m, "_keras_history"):
+            found.setdefault(id(m), m)
+    return list(found.values())
 
 
 def _graph_node(node: Any, names: dict[str, int]) -> GraphNode:
@@ -281,7 +349,7 @@ def _graph_node(node: Any, names: dict[str, int]) -> GraphNode:
     names[base] = uses + 1
     name = base if uses == 0 else f"{base}#{uses}"
     return GraphNode(
-        name, node, tuple(id(x) for x in node.input_tensors), tuple(id(x) for x in node.outputs)
+        name, node, tuple(id(x) for x in node_reads(node)), tuple(id(x) for x in node.outputs)
     )
 
 

@@ -1,16 +1,17 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs nine things Keras and TensorFlow do not expose publicly: the node that
-produced a symbolic tensor (to walk a traced ``call``), tracing through the Keras models a
-model calls (``models_inlined``), forgetting the nodes of a trace made only to compare it
-with another (``calls_forgotten``), re-running one node on concrete
-values with its recorded arguments, the seed generators a layer owns (to replay dropout
-masks when recomputing), freeing a variable's buffer (so a rank holds only its
-stage), which variables code assigns inside a ``keras.StatelessScope`` (the
-metrics a step function updates), an optimizer's global-norm clipping and loss-scale
-finite check with a norm and a verdict computed over every stage (``global_reductions``),
-and a ``tf.function``'s forward and backward halves, called apart to split a backward
-(``forward_backward``).
+tfsift needs ten things Keras and TensorFlow do not expose publicly: the node that
+produced a symbolic tensor (to walk a traced ``call``), the padding mask Keras attaches
+to a tensor (which a layer may read from its input rather than take as an argument),
+tracing through the Keras models a model calls (``models_inlined``), forgetting the
+nodes of a trace made only to compare it with another (``calls_forgotten``), re-running
+one node on concrete values with its recorded arguments, the seed generators a layer
+owns (to replay dropout masks when recomputing), freeing a variable's buffer (so a rank
+holds only its stage), which variables code assigns inside a ``keras.StatelessScope``
+(the metrics a step function updates), an optimizer's global-norm clipping and
+loss-scale finite check with a norm and a verdict computed over every stage
+(``global_reductions``), and a ``tf.function``'s forward and backward halves, called
+apart to split a backward (``forward_backward``).
 Keeping them here means a Keras upgrade is checked in one file;
 ``tests/tfsift/planning/test_keras_internals.py`` pins each one.
 """
@@ -86,9 +87,43 @@ def node_arguments(
     """The node's recorded call arguments with its input tensors replaced by ``values``
     (keyed by the symbolic tensors' ids); ``training`` is passed where the layer takes it."""
     args, kwargs = node.arguments.fill_in(values)
+    kwargs = {k: v for k, v in kwargs.items() if k not in _filled_masks(node)}
     if training is not None and takes_training(node.operation):
         kwargs["training"] = training
     return tuple(args), dict(kwargs)
+
+
+def _filled_masks(node: Any) -> set[str]:
+    """The mask arguments (``mask``, ``query_mask``, ...) the trace recorded because Keras'
+    ``Layer.__call__`` filled them in from its inputs' masks: left out, the call fills them
+    in again from the masks its inputs carry then, as a run in one process does (a
+    ``MultiHeadAttention`` deletes its inputs' masks when it runs, so a layer after it
+    finds fewer than the trace recorded)."""
+    own = {id(mask(x)) for x in node.input_tensors if mask(x) is not None}
+    filled = set()
+    for name, value in node.arguments.kwargs.items():
+        if name == "mask" or name.endswith("_mask"):
+            leaves = tree.flatten(value)
+            if leaves and all(id(leaf) in own for leaf in leaves):
+                filled.add(name)
+    return filled
+
+
+def mask(tensor: Any) -> Any:
+    """The Keras mask (padding) attached to ``tensor``, symbolic or concrete, or None."""
+    from keras.src.backend.common.masking import get_keras_mask
+
+    return get_keras_mask(tensor)
+
+
+def attach_mask(tensor: Any, value: Any) -> None:
+    """Attaches the mask ``value`` to the concrete ``tensor``, as a layer's call attaches
+    its output's: ``MultiHeadAttention`` reads its query's mask there, never from an
+    argument, so a tensor received from another stage or another compiled call needs it
+    back."""
+    from keras.src.backend.common.masking import set_keras_mask
+
+    set_keras_mask(tensor, value)
 
 
 def call_node(node: Any, values: dict[int, Any], training: bool | None = None) -> list[Any]:

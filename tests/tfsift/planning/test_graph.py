@@ -55,6 +55,63 @@ def test_stages_chained_compute_the_whole_model() -> None:
     assert [len(s.trainable_variables()) for s in (first, second)] == [4, 2]
 
 
+class Padded(keras.Model):  # type: ignore[misc]
+    """Masking, then attention twice: a MultiHeadAttention reads its query's mask from the
+    tensor, and deletes its inputs' masks when it runs (not when it is traced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masking = keras.layers.Masking(0.0)
+        self.embed = keras.layers.Dense(8)
+        self.first = keras.layers.MultiHeadAttention(2, 4)
+        self.add = keras.layers.Add()
+        self.second = keras.layers.MultiHeadAttention(2, 4)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+
+    def call(self, x: Any) -> Any:
+        h = self.embed(self.masking(x))
+        h = self.add([h, self.first(h, h)])
+        return self.pool(self.second(h, h))
+
+
+def padded_rows() -> tf.Tensor:
+    x = np.random.default_rng(0).normal(size=(2, 6, 4)).astype(np.float32)
+    x[0, 4:] = x[1, 2:] = 0.0  # padding
+    return tf.constant(x)
+
+
+def test_a_stage_attaches_the_masks_its_inputs_carry_in_one_process() -> None:
+    # a stage's inputs come from another stage without the mask Keras attached: a cut
+    # before the attention lost its query's mask, and the pooling after it counted the
+    # padding, without a word
+    model, x = Padded(), padded_rows()
+    graph = trace(model, [x])
+    graph.find_masks([x])
+    first = next(i for i, gn in enumerate(graph.nodes) if gn.operation is model.first)
+    second = next(i for i, gn in enumerate(graph.nodes) if gn.operation is model.second)
+    want = model(x).numpy()
+    for cut in (first, second):
+        before, after = graph.stage(0, cut), graph.stage(cut, len(graph))
+        got = after.run(before.run([x], training=False), training=False)[0].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=str(cut))
+    # the first attention's query carries the mask; the second's none, as in one process
+    # (the first deleted it from the tensors it read), though the trace says it does
+    h = graph.nodes[first].inputs[0]
+    assert h in graph.masked_reads[first]
+    assert not graph.masked_reads[second]
+    query = graph.tensors[graph.nodes[second].inputs[0]]
+    assert keras.src.backend.get_keras_mask(query) is not None
+
+
+def test_a_model_without_masks_is_not_run_to_find_them() -> None:
+    model = Skip()
+    graph = trace(model, [tf.zeros((2, 5))])
+    calls = []
+    model.a.call = lambda *args, **kwargs: calls.append(1)  # would fail if called
+    graph.find_masks([tf.zeros((2, 5))])
+    assert calls == [] and graph.masked_reads == [frozenset()] * len(graph)
+
+
 def test_a_layer_called_on_two_stages_is_a_tie_owned_by_its_first_stage() -> None:
     import keras
     import tensorflow as tf
