@@ -262,8 +262,18 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
         ),
         list(example),
     )
-    with keras_internals.models_inlined(model):
+    with keras_internals.models_inlined(model), keras_internals.weights_read_outside() as reads:
         out = model.call(*symbolic, **training)
+    if reads:
+        raise ValueError(
+            f"{type(model).__name__}.call reads a layer's weights outside that layer's call, "
+            "where tfsift's trace of it holds their value when traced, a constant: they "
+            "would get no gradient from that use and it would never see their updates. Use "
+            "them through a call of their layer (a head tied to an embedding: "
+            "keras.layers.ReversibleEmbedding, called with reverse=True), or move the use "
+            "into a layer of your own. Received: a read of "
+            + ", ".join(repr(v.path) for v in reads)
+        )
     return Graph(tree.flatten(symbolic), tree.flatten(out), out)
 
 

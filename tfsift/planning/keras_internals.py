@@ -1,8 +1,9 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs ten things Keras and TensorFlow do not expose publicly: the node that
+tfsift needs eleven things Keras and TensorFlow do not expose publicly: the node that
 produced a symbolic tensor (to walk a traced ``call``), the padding mask Keras attaches
-to a tensor (which a layer may read from its input rather than take as an argument),
+to a tensor (which a layer may read from its input rather than take as an argument), the
+weights a model's ``call`` reads outside any layer's call (``weights_read_outside``),
 tracing through the Keras models a model calls (``models_inlined``), forgetting the
 nodes of a trace made only to compare it with another (``calls_forgotten``), re-running
 one node on concrete values with its recorded arguments, the seed generators a layer
@@ -124,6 +125,31 @@ def attach_mask(tensor: Any, value: Any) -> None:
     from keras.src.backend.common.masking import set_keras_mask
 
     set_keras_mask(tensor, value)
+
+
+@contextlib.contextmanager
+def weights_read_outside() -> Iterator[list[Any]]:
+    """Within it, the list it gives collects each variable whose value is read where no
+    layer's call is running (Keras' call context): in a model's own ``call``, say
+    ``ops.matmul(h, ops.transpose(self.embed.embeddings))``. Traced, such a read is the
+    value at the trace, a constant, not the variable."""
+    from keras.src.backend.common import global_state
+    from keras.src.backend.common.variables import Variable
+
+    reads: list[Any] = []
+    value = Variable.value
+
+    def watched(variable: Any) -> Any:
+        outside = global_state.get_global_attribute("current_call_ctx") is None
+        if outside and all(v is not variable for v in reads):
+            reads.append(variable)
+        return value.fget(variable)
+
+    Variable.value = property(watched)
+    try:
+        yield reads
+    finally:
+        Variable.value = value
 
 
 def call_node(node: Any, values: dict[int, Any], training: bool | None = None) -> list[Any]:

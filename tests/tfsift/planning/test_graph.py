@@ -112,6 +112,35 @@ def test_a_model_without_masks_is_not_run_to_find_them() -> None:
     assert calls == [] and graph.masked_reads == [frozenset()] * len(graph)
 
 
+class HandTied(keras.Model):  # type: ignore[misc]
+    """A head tied to the embedding by hand: its weights read in the model's own call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = keras.layers.Embedding(10, 4, name="tokens")
+        self.dense = keras.layers.Dense(4)
+
+    def call(self, ids: Any) -> Any:
+        h = self.dense(self.embed(ids))
+        return keras.ops.matmul(h, keras.ops.transpose(self.embed.embeddings))
+
+
+def test_a_layers_weights_read_outside_its_call_are_refused_by_name() -> None:
+    # traced, the read was the value at the trace: the head never saw an update and gave
+    # the embedding no gradient (weights 0.64 off one process's after 2 epochs, silently)
+    with pytest.raises(ValueError) as err:
+        trace(HandTied(), [tf.zeros((2, 3), tf.int32)])
+    assert str(err.value) == (
+        "HandTied.call reads a layer's weights outside that layer's call, where tfsift's "
+        "trace of it holds their value when traced, a constant: they would get no gradient "
+        "from that use and it would never see their updates. Use them through a call of "
+        "their layer (a head tied to an embedding: keras.layers.ReversibleEmbedding, called "
+        "with reverse=True), or move the use into a layer of your own. Received: a read of "
+        "'tokens/embeddings'"
+    )
+    trace(Skip(), [tf.zeros((2, 5))])  # weights read in their layers' calls: traced
+
+
 def test_a_layer_called_on_two_stages_is_a_tie_owned_by_its_first_stage() -> None:
     import keras
     import tensorflow as tf
