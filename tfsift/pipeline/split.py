@@ -38,7 +38,7 @@ import tensorflow as tf
 from tfsift.pipeline.compiled import Compiled, signature
 from tfsift.pipeline.stage import Stage, add
 from tfsift.planning import keras_internals
-from tfsift.planning.autodiff import is_float
+from tfsift.planning.autodiff import is_float, note_sparse
 from tfsift.planning.graph import GraphNode
 
 
@@ -249,6 +249,7 @@ class Layout:
             node = self.nodes[i]
             result = node.gradients(kept, grads)
             for position, v in node.weights:
+                note_sparse(variables[v], result[position])
                 g = tf.convert_to_tensor(result[position])
                 sums[v] = g if sums[v] is None else sums[v] + g
         found = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,10 +21,37 @@ def gradients(
         list(sources),
         output_gradients=None if output_gradients is None else list(output_gradients),
     )
+    for x, g in zip(sources, grads, strict=True):
+        note_sparse(x, g)
     return [
         tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype)) if g is None else tf.convert_to_tensor(g)
         for x, g in zip(sources, grads, strict=True)
     ]
+
+
+_SPARSE_WARNED: set[str] = set()
+
+
+def note_sparse(variable: Any, gradient: Any) -> None:
+    """Warns once per variable whose gradient comes sparse (``tf.IndexedSlices``: an
+    ``Embedding`` not tied to a head), which the pipeline sums dense. Keras' optimizers
+    that square the gradient (Adam, AdamW, RMSprop, Adagrad) take a row looked up twice in
+    a batch as two gradients, the sum of their squares, where the dense sum gives the
+    square of the sum; SGD (with momentum too) and Lion update the same."""
+    path = getattr(variable, "path", None)
+    if not isinstance(gradient, tf.IndexedSlices) or path is None or path in _SPARSE_WARNED:
+        return
+    _SPARSE_WARNED.add(path)
+    logging.getLogger("tfsift").warning(
+        "the gradient of %r is sparse (tf.IndexedSlices, a lookup's): tfsift sums the "
+        "microbatches' and replicas' gradients dense, and where a batch looks a row up more "
+        "than once, Adam, AdamW, RMSprop and Adagrad update it otherwise than Keras does in "
+        "one process (there, the sum of the lookups' squared gradients; here, the square of "
+        "their sum): with those optimizers this layer trains differently. SGD and Lion "
+        "update the same. A head tied to the embedding (keras.layers.ReversibleEmbedding) "
+        "makes its gradient dense in one process too",
+        path,
+    )
 
 
 def is_float(x: Any) -> bool:
