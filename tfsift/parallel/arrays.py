@@ -149,7 +149,7 @@ class ArrayDataset(RowDataset):
         # a memory map stays one, unread; lists become tuples, as Keras' fit makes them (a
         # list in tf.data is one tensor): e.g. the targets of a model's outputs, [y1, y2];
         # a list of numbers (nested or not) is one array, as np.asarray makes it
-        self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(_numbers_as_arrays(data)))
+        self.data = tree.map_structure(np.asarray, tree.lists_to_tuples(numbers_as_arrays(data)))
         self.leaves: list[np.ndarray] = tree.flatten(self.data)
         rows = _rows(self.leaves, what)
         rest = _check_batching(batch_size, rows, what, partial, any_size)
@@ -160,15 +160,15 @@ class ArrayDataset(RowDataset):
         return tree.pack_sequence_as(self.data, [leaf[rows] for leaf in self.leaves])
 
 
-def _numbers_as_arrays(data: Any) -> Any:
+def numbers_as_arrays(data: Any) -> Any:
     """``data`` with each Python list of numbers (``[1, 2]``, ``[[1, 2], [3, 4]]``) made
     one array: ``lists_to_tuples`` would make its numbers leaves, single values."""
     if isinstance(data, list) and _numbers(data):
         return np.asarray(data)
     if isinstance(data, (list, tuple)):
-        return type(data)(_numbers_as_arrays(part) for part in data)
+        return type(data)(numbers_as_arrays(part) for part in data)
     if isinstance(data, dict):
-        return {key: _numbers_as_arrays(part) for key, part in data.items()}
+        return {key: numbers_as_arrays(part) for key, part in data.items()}
     return data
 
 

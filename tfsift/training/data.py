@@ -13,7 +13,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel import runtime
-from tfsift.parallel.arrays import ArrayDataset, RowDataset
+from tfsift.parallel.arrays import ArrayDataset, RowDataset, numbers_as_arrays
 from tfsift.parallel.shard import prompt_end
 
 if TYPE_CHECKING:
@@ -239,7 +239,10 @@ def prediction_data(x: Any, batch_size: int | None, ranks: Sequence[int] = ()) -
     if isinstance(x, tf.data.Dataset):
         return checked(x, 1, "predict", ranks)
     refuse_unread(x, "predict")
-    return tf.data.Dataset.from_tensor_slices(x).batch(batch_size or DEFAULT_BATCH)
+    # (x,): arrays of several inputs are the one input of the model's call, as in Keras'
+    # predict (a pair would be taken for inputs and targets); a list is a tuple, as there
+    inputs = (tree.lists_to_tuples(numbers_as_arrays(x)),)
+    return tf.data.Dataset.from_tensor_slices(inputs).batch(batch_size or DEFAULT_BATCH)
 
 
 def padded(inputs: Any, M: int) -> tuple[Any, int]:

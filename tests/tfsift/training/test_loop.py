@@ -326,6 +326,38 @@ def test_evaluate_and_validation_on_fewer_samples_than_a_batch_take_them_as_kera
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
 
 
+def pair_net(base: type) -> Any:
+    """A model whose one input is a pair of arrays, of class ``base``."""
+
+    class PairNet(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = seeded_layers()
+
+        def call(self, x: Any) -> Any:
+            return self.b(self.a(keras.ops.concatenate([x[0], x[1]], axis=-1)))
+
+    return PairNet()
+
+
+def test_predict_takes_a_pair_or_a_list_of_arrays_as_one_input_as_keras_does() -> None:
+    # the pair was taken for inputs and targets: "zip() argument 2 is shorter than
+    # argument 1" after a fit, Keras' "expected min_ndim=2, found ndim=1" before one
+    tfsift.init({"microbatches": 2})
+    x, y, _ = seventy()
+    pair = (x[:, :2], x[:, 2:])
+    runs = []
+    for model in (pair_net(keras.Model), pair_net(tfsift.DistributedModel)):
+        as_keras(model)
+        before = model.predict(pair, batch_size=16, verbose=0)
+        model.fit(pair, y, batch_size=16, shuffle=False, verbose=0)
+        after = model.predict(list(pair), verbose=0)
+        runs.append([before, after])
+    for got, want in zip(runs[1], runs[0], strict=True):
+        assert got.shape == want.shape == (70, 3)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def summed_loss(y_true: Any, y_pred: Any) -> Any:
     """tf.distribute's idiom: a loss that reduces the batch itself, a sum over a batch size."""
     per_sample = keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
