@@ -41,7 +41,7 @@ def test_a_dataset_that_cannot_split_fails_with_the_received_value(
 
 
 def test_a_predicted_batch_is_padded_to_whole_microbatches_with_its_last_row() -> None:
-    batches = [b.numpy() for b in data.prediction_data(X, 4)]
+    batches = [b.numpy() for (b,) in data.prediction_data(X, 4)]  # (x,): one input
     assert [len(b) for b in batches] == [4, 4, 2]  # 10 rows
     last, rows = data.padded(tf.constant(batches[-1]), 4)
     assert rows == 2
