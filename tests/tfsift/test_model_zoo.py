@@ -1,11 +1,11 @@
 """Realistic models pipelined on 2 stages (both schedules, both modes) equal one process.
 
 ResNet-style CNN with BatchNormalization (moving statistics compared too), a transformer
-encoder block, attention over padded (masked) time steps, custom layers owning sub-layers, GRU + LSTM, a keras.Sequential block with
-dropout, and tied weights (one layer called at two depths, on one stage or on two: each
-holder's gradients are the whole model's). Multi-input and multi-output models:
-tests/tfsift/test_multi_io.py; a tied embedding trained for many steps:
-tests/tfsift/test_big_models.py.
+encoder block, attention over padded (masked) time steps, custom layers owning
+sub-layers, GRU + LSTM, a keras.Sequential block with dropout, and tied weights (one
+layer called at two depths, on one stage or on two: each holder's gradients are the
+whole model's). Multi-input and multi-output models: tests/tfsift/test_multi_io.py; a
+tied embedding trained for many steps: tests/tfsift/test_big_models.py.
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def test_model_zoo_on_two_stages_matches_the_whole_model_run_per_microbatch() ->
             assert result["grad_error"] < 1e-5, (rank, result)
             assert result["state_error"] < 1e-5, (rank, result)
             assert result["loss"] == pytest.approx(result["ref_loss"], rel=1e-5)
-    assert checked == 2 * len(MODELS.split(",")) * 2  # every model in each of its configurations, on both ranks
+    # every model in each of its configurations, on both ranks
+    assert checked == 2 * len(MODELS.split(",")) * 2
     by_config: dict[tuple[str, str], int] = {}
     for rep in reports.values():
         for result in rep["results"]:
