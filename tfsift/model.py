@@ -76,7 +76,7 @@ class Partitioned:
                 "a layer's trainable flag changed after the model was partitioned; tfsift "
                 "fixes each stage's trainable weights when it partitions the model (its first "
                 "step). Set trainable before the first step: for fine-tuning, save the weights "
-                "(tfsift.save_weights or a CheckpointManager) and load them into a new model "
+                "(model.save_weights or a CheckpointManager) and load them into a new model "
                 f"with the layers frozen. Received: {now}"
             )
 
@@ -268,6 +268,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         _refuse_synchronized_statistics(norms, rt.topology.replicas)
         if rt.rank == 0:
             _say_microbatch_statistics(norms, rt.config.microbatches, example)
+            _say_microbatch_draws(self, rt.config.microbatches)
         graph = trace(self, example)
         check_training_branches(self, example)  # every rank, before the plan
         graph.find_masks(example)  # every rank, before it frees the other stages' weights
@@ -751,6 +752,28 @@ def _say_microbatch_statistics(
         "training (%s samples a call, microbatches=%d), not by the whole batch's",
         ", ".join(layer.name for layer in norms),
         rows,
+        M,
+    )
+
+
+def _say_microbatch_draws(model: DistributedModel, M: int) -> None:
+    """Rank 0 says, once per model, that its random layers (``Dropout``, ``GaussianNoise``,
+    ...) draw a microbatch's values at a time: with M > 1 they are other draws than one
+    Keras process makes for the same batch (alike in distribution), so training differs
+    from it by the draws. Recomputation repeats a microbatch's own draws exactly."""
+    drawing = [
+        layer.name
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "_seed_generators", None)
+        and not layer._flatten_layers(include_self=False)
+        and getattr(layer, "rate", 1) != 0  # an attention's dropout of 0 draws nothing
+    ]
+    if M == 1 or not drawing:
+        return
+    log.info(
+        "random layers (%s) draw their values for each microbatch (microbatches=%d): other "
+        "draws than one process makes for the whole batch, alike in distribution",
+        ", ".join(drawing),
         M,
     )
 

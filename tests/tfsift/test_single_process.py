@@ -289,6 +289,43 @@ def test_batchnorm_on_microbatches_is_said_to_normalize_by_each_microbatch(
         ]
 
 
+class Dropped(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(4)
+        self.drop = keras.layers.Dropout(0.3, seed=7, name="drop")
+        self.attention = keras.layers.MultiHeadAttention(2, 2)  # its dropout of 0 draws nothing
+        self.b = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        h = keras.ops.expand_dims(self.drop(self.a(x)), 1)
+        return self.b(keras.ops.squeeze(self.attention(h, h), 1))
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_dropout_on_microbatches_is_said_to_draw_for_each_microbatch(
+    caplog: pytest.LogCaptureFixture, microbatches: int
+) -> None:
+    # with M > 1 a step's dropout masks are other draws than one process's for the batch:
+    # training differs from it by the draws, which nothing said
+    tfsift.init({"microbatches": microbatches})
+    model, (x, y) = Dropped(), batch()
+    step = standard_step(model)
+    with caplog.at_level("INFO", logger="tfsift"):
+        step(x, y)
+        step(x, y)
+    said = [r.getMessage() for r in caplog.records if "random layers" in r.getMessage()]
+    assert (
+        said == []
+        if microbatches == 1
+        else said
+        == [
+            "random layers (drop) draw their values for each microbatch (microbatches=2): other "
+            "draws than one process makes for the whole batch, alike in distribution"
+        ]
+    )
+
+
 class Padded(tfsift.DistributedModel):
     def __init__(self) -> None:
         super().__init__()
@@ -342,7 +379,7 @@ def test_a_layer_frozen_before_the_first_step_stays_and_one_frozen_after_is_refu
         "a layer's trainable flag changed after the model was partitioned; tfsift fixes each "
         "stage's trainable weights when it partitions the model (its first step). Set "
         "trainable before the first step: for fine-tuning, save the weights "
-        "(tfsift.save_weights or a CheckpointManager) and load them into a new model with "
+        "(model.save_weights or a CheckpointManager) and load them into a new model with "
         f"the layers frozen. Received: {name}/kernel (trainable=True), {name}/bias "
         "(trainable=True)"
     )

@@ -111,7 +111,7 @@ def test_a_layer_frozen_after_the_first_step_is_refused_on_every_stage() -> None
             "a layer's trainable flag changed after the model was partitioned; tfsift fixes "
             "each stage's trainable weights when it partitions the model (its first step). "
             "Set trainable before the first step: for fine-tuning, save the weights "
-            "(tfsift.save_weights or a CheckpointManager) and load them into a new model with "
+            "(model.save_weights or a CheckpointManager) and load them into a new model with "
             "the layers frozen. Received: A/kernel (trainable=False), A/bias (trainable=False)"
         )
 
