@@ -170,7 +170,7 @@ def run_case(
             if grads:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             step_losses.append(float(loss.reduce_mean()))
-    head = getattr(sifted.sifter.scorer, "_head", None)  # early exit: on stage 0 only
+    head = getattr(sifted.sifter.rounds.scorer, "_head", None)  # early exit: on stage 0 only
     return dict(
         head=weight_sums(head) if head is not None else None,
         head_rounds=rounds,

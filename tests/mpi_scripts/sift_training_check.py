@@ -139,16 +139,17 @@ def run_case(policy: str, calls: list[int]) -> dict[str, Any]:
             values = losses.concat().numpy().tolist()
             recorded += [(i, v, epoch) for i, v in zip(ids(xb), values, strict=True)]
     sifter = train.sifter
-    assert sifter.recorder is not None
-    sifter.recorder.merge(sifter._group)  # the last epoch's records (collective)
-    policy_state = sifter.policy.state()
+    rounds = getattr(sifter, "rounds", sifter)  # a streaming sifter's rounds hold them
+    assert rounds.recorder is not None
+    rounds.recorder.merge(sifter._group)  # the last epoch's records (collective)
+    policy_state = rounds.policy.state()
     return dict(
         rank=tfsift.rank(),
         stage=tfsift.mp_rank(),
         replica=tfsift.dp_rank(),
         batches=batches,
         recorded=recorded,
-        table=table_by_id(sifter.recorder.cache, by_row),
+        table=table_by_id(rounds.recorder.cache, by_row),
         gathered=gathered,
         policy={k: np.asarray(v).tolist() for k, v in _flat(policy_state).items()},
         scorer_calls=calls[0],

@@ -50,7 +50,6 @@ from tfsift.sift.infobatch import InfoBatchPolicy, pruning_epochs
 from tfsift.sift.metrics import ScalarLog, SiftMetrics, warn_empty_epoch
 from tfsift.sift.policies import make_policy
 from tfsift.sift.reader import SourceReader
-from tfsift.sift.recorder import Recorder
 from tfsift.sift.replicas import COUNTS, FULL_BATCHES, REMAINDER, ReplicaGroup
 from tfsift.sift.rounds import Leaves, Rounds
 from tfsift.sift.scorer import FullScorer, NoScorer, Scorer, StepScorer
@@ -243,22 +242,7 @@ class Sifter:
     @batch_size.setter
     def batch_size(self, value: int | None) -> None:
         self.rounds.batch_size = value
-        self.scorer.batch_size = value
-
-    @property
-    def scorer(self) -> Scorer:
-        """What scores the candidates (the rounds')."""
-        return self.rounds.scorer
-
-    @property
-    def policy(self) -> Policy | InfoBatchPolicy:
-        """What selects among them (the rounds'; an ``IndexedSifter`` has one too)."""
-        return self.rounds.policy
-
-    @property
-    def recorder(self) -> Recorder | None:
-        """The losses the loop records, with ``scores="training"`` (the rounds')."""
-        return self.rounds.recorder
+        self.rounds.scorer.batch_size = value
 
     @property
     def metrics(self) -> SiftMetrics:
@@ -352,18 +336,19 @@ class Sifter:
 
     def record(self, losses: Any) -> None:
         """Takes the per-sample losses of the batch yielded last (``scores="training"``)."""
-        if self.recorder is None:
+        recorder = self.rounds.recorder
+        if recorder is None:
             raise ValueError(
                 "record hands the training step's losses back for scores='training'; this "
                 "sifted dataset scores with a forward pass. "
                 f"Received: scores={self.config.scores!r}"
             )
-        self.recorder.record(losses, self.metrics.epochs)
+        recorder.record(losses, self.metrics.epochs)
 
     def _replicas(self) -> ReplicaGroup:
         if self._group is None:
             self._group = ReplicaGroup(runtime.get())
-            self.scorer.bind(self._group)
+            self.rounds.scorer.bind(self._group)
         return self._group
 
     def _read(self, reader: SourceReader) -> list[np.ndarray] | None:
@@ -389,8 +374,9 @@ class Sifter:
     def _emit(self, buffer: SampleBuffer, n: int) -> Element:
         start = time.perf_counter()
         leaves, probs = buffer.take(n)
-        if self.recorder is not None:  # the keys ride along as a last leaf
-            self.recorder.yielded(leaves.pop())
+        recorder = self.rounds.recorder
+        if recorder is not None:  # the keys ride along as a last leaf
+            recorder.yielded(leaves.pop())
         element = tree.pack_sequence_as(self.element_spec, leaves)
         self.metrics.time_accumulating += time.perf_counter() - start
         self.metrics.batches_yielded += 1

@@ -338,7 +338,7 @@ def test_early_exit_scores_with_the_first_layers_and_a_head_that_learns() -> Non
     )
     sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
     first = [ids(x) for x, _ in sifted]
-    scorer = sifted.sifter.scorer
+    scorer = sifted.sifter.rounds.scorer
     head = scorer._head.model
     assert [type(layer).__name__ for layer in head.layers] == ["Flatten", "Dense", "Reshape"]
     assert head.layers[1].kernel.shape == (16, 3)  # layer b's 16 features to the 3 logits
@@ -464,7 +464,7 @@ def test_exit_after_accepts_the_model_attribute_holding_the_layer() -> None:
     config = tfsift.SiftConfig(policy="big_loss", scorer="early_exit", exit_after="a")
     sifted = source().apply(tfsift.sift(model, PER_SAMPLE, config))
     next(iter(sifted))
-    assert sifted.sifter.scorer._exit_graph.nodes[-1].operation is model.a
+    assert sifted.sifter.rounds.scorer._exit_graph.nodes[-1].operation is model.a
 
 
 @pytest.mark.parametrize("scorer", ["full", "early_exit", "step"])
