@@ -143,3 +143,39 @@ def test_calls_made_within_calls_forgotten_leave_each_layer_its_nodes() -> None:
         keras.layers.Dense(1)(dense(keras.Input((3,))))
         assert len(dense._inbound_nodes) == before[0] + 1
     assert (len(dense._inbound_nodes), len(dense._outbound_nodes)) == before
+
+
+def test_a_mask_is_read_and_attached_where_keras_keeps_it() -> None:
+    # Keras keeps a tensor's padding mask on the tensor (``_keras_mask``), symbolic or not
+    inp = keras.Input((3,), dtype="int32")
+    embedded = keras.layers.Embedding(5, 2, mask_zero=True)(inp)
+    assert keras_internals.mask(embedded) is not None and keras_internals.mask(inp) is None
+    value, mask = tf.ones((1, 3, 2)), tf.constant([[True, False, True]])
+    keras_internals.attach_mask(value, mask)
+    assert keras_internals.mask(value) is mask
+
+
+def test_mask_arguments_filled_in_at_the_trace_are_left_to_the_call() -> None:
+    # Layer.__call__ fills ``mask`` in from its input's mask and the trace records it; a
+    # rerun leaves it out, so that the call fills it in from the mask its input has then
+    inp = keras.Input((3,), dtype="int32")
+    embedded = keras.layers.Embedding(5, 2, mask_zero=True)(inp)
+    pooled = keras.layers.GlobalAveragePooling1D()(embedded)
+    node = keras_internals.producer(pooled)
+    assert "mask" in node.arguments.kwargs
+    values = {id(embedded): tf.constant([[[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]]])}
+    _, kwargs = keras_internals.node_arguments(node, values)
+    assert "mask" not in kwargs
+    keras_internals.attach_mask(values[id(embedded)], tf.constant([[True, False, True]]))
+    (out,) = keras_internals.call_node(node, values)
+    assert out.numpy().tolist() == [[3.0, 3.0]]  # (1 + 5) / 2: the masked step skipped
+
+
+def test_weights_read_outside_every_layers_call_are_listed_once() -> None:
+    embed, dense = keras.layers.Embedding(5, 2), keras.layers.Dense(2)
+    embed.build((1,))
+    with keras_internals.weights_read_outside() as reads:
+        dense(embed(tf.constant([[1]])))  # read inside their calls
+        keras.ops.transpose(embed.embeddings)  # read outside them, twice
+        keras.ops.sum(embed.embeddings)
+    assert reads == [embed.embeddings]
