@@ -1,8 +1,10 @@
 """A rank leaving early (sys.exit, an exception, SIGKILL) or every rank leaving together.
 
-usage: exit_check.py exit0|exit1|raise|kill pipeline|dp [all]
+usage: exit_check.py exit0|exit1|raise|kill pipeline|dp|fit [all]
   pipeline: 2 stages (K=2); rank 1 leaves before its second step while rank 0 goes on
             training (and waits for rank 1's messages).
+  fit:      2 stages; rank 1 leaves as rank 0 starts fit (and waits in fit's first
+            agreement over every rank).
   dp:       2 replicas (K=1, Horovod); rank 1 leaves while rank 0 reduces gradients.
   all:      every rank calls sys.exit(0 or 1) after the last step (a normal end).
 A leaving rank first reports the time.time() at which it left.
@@ -30,8 +32,13 @@ def leave(how: str) -> None:
 
 
 how, layout, together = sys.argv[1], sys.argv[2], sys.argv[3:] == ["all"]
-tfsift.init({"partitions": 2 if layout == "pipeline" else 1, "microbatches": 2})
+tfsift.init({"partitions": 1 if layout == "dp" else 2, "microbatches": 2})
 model = MODELS["skip"]()
+if layout == "fit":
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    if tfsift.rank() == 1:
+        leave(how)
+    model.fit(*data(8), epochs=1, verbose=0)
 forward_backward = training_step(model)
 x, y = data(8)
 for step in range(3):

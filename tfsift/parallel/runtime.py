@@ -38,9 +38,13 @@ class Runtime:
     horovod: bool
     dp_set: Any = None  # horovod ProcessSet of this stage's data-parallel group
     mp_set: Any = None  # horovod ProcessSet of this rank's pipeline
-    # A duplicate of COMM_WORLD for tfsift's own control messages (the exit check, shard
-    # counts), so they never match a plan broadcast or a user's message; None on one rank.
+    # A duplicate of COMM_WORLD for tfsift's own control messages (shard counts, fit's
+    # agreements), so they never match a plan broadcast or a user's message; None on one rank.
     control_comm: Any = None
+    # Another, for the exit check's barrier alone: on a communicator shared with other
+    # collectives, a rank that exits early met a peer's collective there (fit's first
+    # agreement, say) as if it were its barrier, failed, and left the peer waiting.
+    exit_comm: Any = None
     exit_grace: float = env.EXIT_GRACE  # seconds; see _exit_check
     # every rank's host name when the job spans hosts (messages name a peer's host), else ()
     hosts: tuple[str, ...] = ()
@@ -56,10 +60,10 @@ class Runtime:
 
     def close(self) -> None:
         """Frees the pipeline and control communicators (collective over their ranks)."""
-        for comm in (self.pipe_comm, self.control_comm):
+        for comm in (self.pipe_comm, self.control_comm, self.exit_comm):
             if comm is not None and comm != MPI.COMM_NULL:
                 comm.Free()
-        self.pipe_comm = self.control_comm = None
+        self.pipe_comm = self.control_comm = self.exit_comm = None
 
 
 def init(config: Mapping[str, Any] | Config | None = None) -> Runtime:
@@ -150,6 +154,7 @@ def _create(cfg: Config, topology: Topology, use_hvd: bool, grace: float) -> Run
     control = world.Dup() if topology.size > 1 else None
     runtime = Runtime(cfg, topology, rank, local_rank, world, pipe_comm, use_hvd)
     runtime.control_comm, runtime.exit_grace = control, grace
+    runtime.exit_comm = world.Dup() if topology.size > 1 else None
     runtime.local_size = local_size
     names = [name for name, _ in gathered]
     runtime.hosts = tuple(names) if len(set(names)) > 1 else ()
@@ -332,9 +337,9 @@ def _exit_check() -> None:
     blocked waiting for it and never come, so that rank ends the job.
     """
     rt: Runtime | None = STATE.runtime
-    if rt is None or rt.control_comm is None or MPI.Is_finalized():
+    if rt is None or rt.exit_comm is None or MPI.Is_finalized():
         return
-    if not watchdog.wait([rt.control_comm.Ibarrier()], rt.exit_grace):
+    if not watchdog.wait([rt.exit_comm.Ibarrier()], rt.exit_grace):
         watchdog.abort(
             f"rank {rt.rank} exited (sys.exit() or the end of the script) while other ranks "
             f"were still running: they had not all exited {rt.exit_grace:g} s later "

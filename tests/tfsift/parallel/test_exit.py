@@ -45,6 +45,18 @@ def test_a_rank_calling_sys_exit_while_others_train_ends_the_job_naming_it(
     assert float(grace or 10) <= took < float(grace or 10) + 15, took
 
 
+def test_a_rank_leaving_as_the_others_start_fit_ends_the_job_naming_it() -> None:
+    # the exit check's barrier shared a communicator with fit's first agreement, matched
+    # it as a collective and failed: rank 0 waited in fit forever, and rank 1's exit
+    # check ended with MPI_ERR_IN_STATUS and no abort
+    proc, took = _leave("exit0", "fit", "3")
+    print(f"sys.exit(0) on rank 1 as rank 0 starts fit, grace 3 s: ended in {took:.1f} s")
+    assert proc.returncode != 0
+    assert f"{EXITED}: they had not all exited 3 s later" in proc.stderr
+    assert "MPI_ERR" not in proc.stderr
+    assert 3 <= took < 3 + 15, took
+
+
 def test_a_replica_calling_sys_exit_ends_the_job_under_horovodrun() -> None:
     proc, took = _leave("exit0", "dp", "3", "horovodrun")
     print(f"sys.exit(0) on replica 1 under horovodrun, grace 3 s: ended in {took:.1f} s")
