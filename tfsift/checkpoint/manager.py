@@ -258,7 +258,21 @@ class CheckpointManager:
                 _warn_other_layout(source, m, rt, part.virtual_stages, sift is not None)
             return
         state = codec.unpack(ckpt.arrays(state_file(rt.replica, rt.stage)))
-        weights.assign(weights.local(self.model, part), state["variables"], source)
+        local = weights.local(self.model, part)
+        mine = [(key, var) for key, var in local if key in state["variables"]]
+        if len(mine) < len(local) and tuple(m.bounds) != tuple(part.bounds):
+            # the cut moved (another profile, no plan_file): a layer now on this rank was
+            # saved by another stage's rank, whose replica 0 wrote it to the weights files
+            moved = [key for key, var in local if key not in state["variables"]]
+            log.warning(
+                "%s was saved with the stages cut at nodes %s and is restored into stages cut "
+                "at %s: the variables %s, now on stage %d, take replica 0's values (BatchNorm "
+                "statistics, random-generator states); the rest resumes exactly. Pass the same "
+                "plan_file to every run to keep the cut",
+                source, list(m.bounds), list(part.bounds), moved, rt.stage,
+            )  # fmt: skip
+            local = mine
+        weights.assign(local, state["variables"], source)
         random_state.restore(state["random"])
         if self.sifter is not None and state["sift"] is not None:
             self.sifter.load_state(state["sift"])

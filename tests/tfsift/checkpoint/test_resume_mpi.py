@@ -146,3 +146,25 @@ def _assert_stored(found: dict[str, Any], stored_weights: Any, stored_optimizer:
         np.testing.assert_array_equal(np.asarray(value), stored_weights[key], err_msg=key)
     for key, value in found["optimizer"].items():
         np.testing.assert_array_equal(np.asarray(value), stored_optimizer[key], err_msg=key)
+
+
+def test_a_checkpoint_restores_where_the_cut_moved_with_replica_0s_moved_state(
+    tmp_path: Path,
+) -> None:
+    # the same 2 stages, another cut (a plan made again without plan_file): the dropout
+    # layer's seed state moved from stage 1 to stage 0, whose rank file lacks it, and
+    # restore failed with "has no value for the layer paths ['drop/seed_generator_state']
+    # ... a checkpoint of another model?"
+    saved = mpi.reports(mpi.run(2, "moved_cut_check.py", str(tmp_path), "save", timeout=120))
+    proc = mpi.run(2, "moved_cut_check.py", str(tmp_path), "restore", timeout=120)
+    restored = mpi.reports(proc)
+    assert saved[0]["bounds"] == [0, 1, 3] and restored[0]["bounds"] == [0, 2, 3]
+    assert all(r["step"] == 1 for r in restored.values())
+    for got, want in zip(restored[0]["weights"], saved[0]["weights"], strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert (
+        "was saved with the stages cut at nodes [0, 1, 3] and is restored into stages cut at "
+        "[0, 2, 3]: the variables ['drop/seed_generator_state'], now on stage 0, take replica "
+        "0's values (BatchNorm statistics, random-generator states); the rest resumes exactly. "
+        "Pass the same plan_file to every run to keep the cut"
+    ) in proc.stdout + proc.stderr
