@@ -568,6 +568,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             x: a dataset of ``(x, y)`` or ``(x, y, sample_weight)`` batches, its batch
                 size divisible by ``microbatches``; or input arrays, read as
                 ``tfsift.from_arrays`` does (permuted each epoch unless ``shuffle=False``,
+                seeded by ``keras.utils.set_random_seed``'s seed on rank 0, else 0;
                 dealt to the replicas, ``n // R`` each, batches of ``batch_size``, default
                 32, gathered by row; as Keras', an epoch ends with a partial batch of the
                 rest; with ``sift``, the rest is left out). A last, smaller batch that does

@@ -1,9 +1,10 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs eleven things Keras and TensorFlow do not expose publicly: the node that
+tfsift needs twelve things Keras and TensorFlow do not expose publicly: the node that
 produced a symbolic tensor (to walk a traced ``call``), the padding mask Keras attaches
 to a tensor (which a layer may read from its input rather than take as an argument), the
-weights a model's ``call`` reads outside any layer's call (``weights_read_outside``),
+weights a model's ``call`` reads outside any layer's call (``weights_read_outside``), the
+seed ``keras.utils.set_random_seed`` set (``random_seed``),
 tracing through the Keras models a model calls (``models_inlined``), forgetting the
 nodes of a trace made only to compare it with another (``calls_forgotten``), re-running
 one node on concrete values with its recorded arguments, the seed generators a layer
@@ -125,6 +126,14 @@ def attach_mask(tensor: Any, value: Any) -> None:
     from keras.src.backend.common.masking import set_keras_mask
 
     set_keras_mask(tensor, value)
+
+
+def random_seed() -> int | None:
+    """The seed ``keras.utils.set_random_seed`` set in this process, or None."""
+    from keras.src.utils.rng_utils import get_random_seed
+
+    seed = get_random_seed()
+    return None if seed is None else int(seed)
 
 
 @contextlib.contextmanager

@@ -12,9 +12,10 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
-from tfsift.parallel import runtime
+from tfsift.parallel import collectives, runtime
 from tfsift.parallel.arrays import ArrayDataset, RowDataset, numbers_as_arrays
 from tfsift.parallel.shard import prompt_end
+from tfsift.planning import keras_internals
 
 if TYPE_CHECKING:
     from tfsift.model import DistributedModel
@@ -78,10 +79,26 @@ def training_data(
     elements = (x, y) if sample_weight is None else (x, y, sample_weight)
     partial, any_size = pads is not None, pads == "any"
     B = batch_size or DEFAULT_BATCH
-    arrays = ArrayDataset(elements, B, shuffle, 0, what, partial, any_size)
+    seed = shuffle_seed() if shuffle else 0
+    arrays = ArrayDataset(elements, B, shuffle, seed, what, partial, any_size)
     if partial:
         _warn_left_out(arrays, what, arrays.rest)
     return checked(arrays, 1 if any_size else M, what)
+
+
+def shuffle_seed() -> int:
+    """The seed of ``fit``'s permutations of arrays: the one ``keras.utils.set_random_seed``
+    set (Keras' shuffle follows it too: another seed, another order), else 0; rank 0's on
+    every rank, since every stage of a replica must read the same rows (a script that
+    seeds each rank apart, for its dropout, say, would otherwise feed them others)."""
+    rt = runtime.get()
+    seed = np.array([keras_internals.random_seed() or 0], np.int64)
+    if rt.topology.size > 1:
+        collectives.control_wait(
+            rt.control_comm.Ibcast(seed, root=0),
+            "at the start of fit for rank 0's shuffle seed (every rank must call fit)",
+        )
+    return int(seed[0])
 
 
 def _warn_left_out(arrays: ArrayDataset, what: str, rest: int) -> None:

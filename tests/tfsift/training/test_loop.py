@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tfsift
 from tfsift.training import callbacks
+from tfsift.training.data import shuffle_seed
 
 N, B, SEED = 64, 16, 3
 
@@ -356,6 +357,22 @@ def test_predict_takes_a_pair_or_a_list_of_arrays_as_one_input_as_keras_does() -
     for got, want in zip(runs[1], runs[0], strict=True):
         assert got.shape == want.shape == (70, 3)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_fits_shuffle_follows_keras_global_seed() -> None:
+    # the order was from_arrays' seed 0 whatever keras.utils.set_random_seed said: runs
+    # meant to vary by their seed trained the same batches (Keras' shuffle follows it)
+    tfsift.init({"microbatches": 2})
+    x, y, _ = seventy()
+    histories = {}
+    for seed in (0, 1, 0):
+        keras.utils.set_random_seed(seed)
+        assert shuffle_seed() == seed
+        model = as_keras(SeededMlp())
+        loss = model.fit(x[:64], y[:64], batch_size=16, epochs=2, verbose=0).history["loss"]
+        histories.setdefault(seed, []).append(loss)
+    assert histories[0][0] == histories[0][1]  # the same seed: the same batches
+    assert histories[1][0] != histories[0][0]
 
 
 def summed_loss(y_true: Any, y_pred: Any) -> Any:
