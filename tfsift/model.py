@@ -612,7 +612,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         """
         from tfsift import training
 
-        return training.fit(self, x, y, **kwargs)
+        with training.quiet_elsewhere():  # Keras' own messages: once
+            return training.fit(self, x, y, **kwargs)
 
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Keras' ``evaluate`` (``batch_size``, ``sample_weight``, ``verbose``, ``steps``,
@@ -626,7 +627,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         validation is taken alike."""
         from tfsift import training
 
-        return training.evaluate(self, x, y, **kwargs)
+        with training.quiet_elsewhere():  # Keras' own messages: once
+            return training.evaluate(self, x, y, **kwargs)
 
     def predict(self, x: Any = None, **kwargs: Any) -> Any:
         """Keras' ``predict`` (``batch_size``, ``verbose``, ``steps``, ``callbacks``): NumPy
@@ -635,7 +637,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         last sample, whose predictions are dropped). Needs no ``compile``."""
         from tfsift import training
 
-        return training.predict(self, x, **kwargs)
+        with training.quiet_elsewhere():  # Keras' own messages: once
+            return training.predict(self, x, **kwargs)
 
     def train_on_batch(
         self,

@@ -1,6 +1,7 @@
 """Keras' training API for DistributedModel: ``compile``, ``fit``, ``evaluate``, ``predict``,
 the ``*_on_batch`` methods, and the collective ``save``, ``save_weights``, ``load_weights``."""
 
+from tfsift.training.callbacks import quiet_elsewhere
 from tfsift.training.compiled import Compiled, compile_model, compiled_of
 from tfsift.training.loop import (
     evaluate,
@@ -22,6 +23,7 @@ __all__ = [
     "load_weights",
     "predict",
     "predict_on_batch",
+    "quiet_elsewhere",
     "save",
     "save_weights",
     "test_on_batch",

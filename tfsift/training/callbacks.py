@@ -7,9 +7,11 @@ same everywhere. What a callback shows or writes is rank 0's alone (``for_rank``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +278,20 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]
         if self.delete_checkpoint:
             world = runtime.get().world
             collective.on_root(world, lambda: shutil.rmtree(self.backup_dir, ignore_errors=True))
+
+
+@contextlib.contextmanager
+def quiet_elsewhere() -> Iterator[None]:
+    """Within it, Keras' own messages (``TerminateOnNaN``'s, and any callback's printed
+    through ``keras.utils.io_utils``, which ``verbose=0`` does not silence) print on rank 0
+    alone: elsewhere Keras logs them at INFO level (its interactive logging off), not
+    once per rank."""
+    rt = runtime.get()
+    if rt.rank == 0 or not keras.config.is_interactive_logging_enabled():
+        yield
+        return
+    keras.config.disable_interactive_logging()
+    try:
+        yield
+    finally:
+        keras.config.enable_interactive_logging()
