@@ -244,7 +244,8 @@ class Head:
                         tape, request.loss, layout, split[1:], grad_sum
                     )
                     continue
-                all_grads = gradients(tape, request.loss, list(stage.variables) + wrt_inputs)
+                sources = list(stage.variables) + wrt_inputs
+                all_grads = gradients(tape, request.loss, sources, warn_sparse=True)
                 n = len(stage.variables)
                 grads, in_grads = all_grads[:n], all_grads[n:]
                 if grad_sum is not None:

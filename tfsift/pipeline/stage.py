@@ -111,7 +111,8 @@ class Stage:
         out_grads: Sequence[tf.Tensor],
     ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         wrt_inputs = floats(inputs) if self.index > 0 else []
-        grads = gradients(tape, floats(outputs), list(self.variables) + wrt_inputs, out_grads)
+        sources = list(self.variables) + wrt_inputs
+        grads = gradients(tape, floats(outputs), sources, out_grads, warn_sparse=True)
         n = len(self.variables)
         return grads[:n], grads[n:]
 

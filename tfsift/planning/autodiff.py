@@ -14,15 +14,19 @@ def gradients(
     targets: Any,
     sources: Sequence[Any],
     output_gradients: Sequence[tf.Tensor] | None = None,
+    *,
+    warn_sparse: bool = False,
 ) -> list[tf.Tensor]:
-    """``tape.gradient`` with dense results and zeros for sources the targets do not reach."""
+    """``tape.gradient`` with dense results and zeros for sources the targets do not reach;
+    ``warn_sparse`` (a training step's): ``note_sparse`` on each."""
     grads = tape.gradient(
         targets,
         list(sources),
         output_gradients=None if output_gradients is None else list(output_gradients),
     )
-    for x, g in zip(sources, grads, strict=True):
-        note_sparse(x, g)
+    if warn_sparse:
+        for x, g in zip(sources, grads, strict=True):
+            note_sparse(x, g)
     return [
         tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype)) if g is None else tf.convert_to_tensor(g)
         for x, g in zip(sources, grads, strict=True)
@@ -30,6 +34,15 @@ def gradients(
 
 
 _SPARSE_WARNED: set[str] = set()
+# ids of the variables tied across stages (``tfsift.planning.graph.ties``): a stage's
+# gradient of one may be sparse, but the pipeline adds the stages' as one process's tape
+# adds the uses' (a head tied to the embedding), which makes it dense there too
+_TIED: set[int] = set()
+
+
+def tied(variables: Sequence[Any]) -> None:
+    """Notes ``variables`` as tied across stages: ``note_sparse`` leaves them alone."""
+    _TIED.update(id(v) for v in variables)
 
 
 def note_sparse(variable: Any, gradient: Any) -> None:
@@ -40,6 +53,8 @@ def note_sparse(variable: Any, gradient: Any) -> None:
     square of the sum; SGD (with momentum too) and Lion update the same."""
     path = getattr(variable, "path", None)
     if not isinstance(gradient, tf.IndexedSlices) or path is None or path in _SPARSE_WARNED:
+        return
+    if id(variable) in _TIED:
         return
     _SPARSE_WARNED.add(path)
     logging.getLogger("tfsift").warning(

@@ -84,6 +84,17 @@ class Graph:
             outputs = keras_internals.call_node(gn.node, values, training=False)
             values.update(zip(gn.outputs, outputs, strict=True))
 
+    def called_twice(self) -> list[Any]:
+        """The layers called by more than one node (a tied embedding, say), in node order."""
+        counts: dict[int, int] = {}
+        for gn in self.nodes:
+            counts[id(gn.operation)] = counts.get(id(gn.operation), 0) + 1
+        seen: dict[int, Any] = {}
+        for gn in self.nodes:
+            if counts[id(gn.operation)] > 1:
+                seen.setdefault(id(gn.operation), gn.operation)
+        return list(seen.values())
+
     def mask_pairs(
         self, reads: Sequence[int], masked: frozenset[int]
     ) -> tuple[tuple[int, int], ...]:
@@ -227,6 +238,7 @@ def ties(graph: Graph, bounds: Sequence[int], ranks: int | None = None) -> list[
                 s = c if ranks is None else c % ranks
                 calls.setdefault(id(gn.operation), []).append((gn.name, s))
                 layers[id(gn.operation)] = gn.operation
+    _refuse_shared_weights(calls, layers)
     found = []
     for key, where in calls.items():
         if len({s for _, s in where}) < 2:
@@ -244,6 +256,35 @@ def ties(graph: Graph, bounds: Sequence[int], ranks: int | None = None) -> list[
             )
         found.append(Tie(layer, tuple(where)))
     return found
+
+
+def _refuse_shared_weights(calls: dict[int, list[tuple[str, int]]], layers: dict[int, Any]) -> None:
+    """Refuses a weight that two layers hold (a head layer that keeps the embedding layer
+    and multiplies by its weights, say) where they run on different stages: each stage
+    would keep a copy trained by its own uses alone, without a word. A layer called on two
+    stages is a tie (``ties``); two layers that share a weight are not."""
+    holders: dict[int, list[int]] = {}  # a variable's id: the layers holding it
+    for key, layer in layers.items():
+        for var in layer.variables:
+            holders.setdefault(id(var), []).append(key)
+    for var_id, keys in holders.items():
+        stages = {s for key in keys for _, s in calls[key]}
+        if len(keys) < 2 or len(stages) < 2:
+            continue
+        var = next(v for v in layers[keys[0]].variables if id(v) == var_id)
+        on = ", ".join(
+            f"{layers[key].name!r} on stage{'s' if len({s for _, s in calls[key]}) > 1 else ''} "
+            + ", ".join(str(s) for s in sorted({s for _, s in calls[key]}))
+            for key in keys
+        )
+        raise ValueError(
+            f"the weight {var.path!r} belongs to more than one layer, and they run on different "
+            "stages: each stage would keep a copy, trained by its own layer's uses alone. "
+            "Tie it by calling one layer on every stage that uses it (a head tied to the "
+            "embedding: keras.layers.ReversibleEmbedding, called with reverse=True), or keep "
+            "those layers on one stage (auto_partition=False and tfsift.partition). "
+            f"Received: {on}"
+        )
 
 
 def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:

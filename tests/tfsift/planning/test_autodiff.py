@@ -27,7 +27,7 @@ def test_a_lookups_gradient_is_summed_dense_and_warned_of_once(
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(dense(embed(ids)))
         with caplog.at_level(logging.WARNING, logger="tfsift"):
-            grads = autodiff.gradients(tape, loss, sources)
+            grads = autodiff.gradients(tape, loss, sources, warn_sparse=True)
     assert not any(isinstance(g, tf.IndexedSlices) for g in grads)
     kernel = dense.kernel.numpy()[:, 0].tolist()
     assert grads[0].numpy().tolist() == [[0, 0], [2 * k for k in kernel], [0, 0], kernel, [0, 0]]
@@ -40,3 +40,20 @@ def test_a_lookups_gradient_is_summed_dense_and_warned_of_once(
         "and Lion update the same. A head tied to the embedding "
         "(keras.layers.ReversibleEmbedding) makes its gradient dense in one process too"
     ]
+
+
+def test_a_weight_tied_across_stages_is_not_warned_of(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an embedding reversed as the head: one stage's lookup gives a sparse gradient, but
+    # the tied copies' sum is dense, as one process's tape makes it
+    monkeypatch.setattr(autodiff, "_SPARSE_WARNED", set())
+    monkeypatch.setattr(autodiff, "_TIED", set())
+    embed = keras.layers.ReversibleEmbedding(5, 2, name="tied_tokens")
+    embed.build((1, 3))
+    autodiff.tied(embed.trainable_variables)
+    with caplog.at_level(logging.WARNING, logger="tfsift"):
+        autodiff.note_sparse(
+            embed.embeddings, tf.IndexedSlices(tf.ones((2, 2)), tf.constant([1, 1]))
+        )
+    assert caplog.records == []
