@@ -65,17 +65,17 @@ class Graph:
         self.masked_reads: list[frozenset[int]] = [frozenset()] * len(self.nodes)
 
     def find_masks(self, example: Sequence[Any]) -> None:
-        """Runs the nodes once, in one process, on the first sample of ``example`` (the
-        inputs ``trace`` took) and notes which tensors carry a Keras mask when each node
-        reads them: where a run of its own starts a stage (or a node, split into B and W),
-        the tensors it receives carry none, and it attaches those (``StageGraph.run``).
-        The symbolic trace cannot tell: a ``MultiHeadAttention`` deletes its inputs'
-        masks when it runs, not when it is traced, so after it a one-process run carries
-        fewer masks than the trace. Nothing runs for a model whose trace has no mask."""
+        """Runs the nodes once, in one process, on ``example`` (the inputs ``trace`` took,
+        one microbatch: a call written for its batch size runs as traced) and notes
+        which tensors carry a Keras mask when each node reads them: where a run of its
+        own starts a stage (or a node, split into B and W), the tensors it receives
+        carry none, and it attaches those (``StageGraph.run``). The symbolic trace
+        cannot tell: a ``MultiHeadAttention`` deletes its inputs' masks when it runs,
+        not when it is traced, so after it a one-process run carries fewer masks than
+        the trace. Nothing runs for a model whose trace has no mask."""
         if not any(keras_internals.mask(x) is not None for x in self.tensors.values()):
             return
-        rows = [x[:1] for x in tree.flatten(list(example))]
-        values = dict(zip(self.inputs, rows, strict=True))
+        values = dict(zip(self.inputs, tree.flatten(list(example)), strict=True))
         for i, gn in enumerate(self.nodes):
             reads = dict.fromkeys(gn.inputs)
             self.masked_reads[i] = frozenset(
