@@ -137,12 +137,6 @@ grads, loss = train_step(tokens[:8], next_tokens[:8])
     "README.md": [
         ("code", IMAGES),
         ("block", 0),  # the training loop on 2 stages
-        ("code", PER_SAMPLE + "train = tfsift.shard(dataset).batch(32, drop_remainder=True)"),
-        (
-            "code",
-            "train = train.apply(tfsift.sift(model, per_sample_loss, "
-            "tfsift.SiftConfig(policy='relative', beta=1.0)))",
-        ),
         ("block", 1),  # checkpoints and export
         ("block", 2),  # infobatch on training scores, its step defined
         ("code", "test = tfsift.shard(dataset.take(32)).batch(32, drop_remainder=True)"),
