@@ -197,9 +197,11 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
 
     @property
     def losses(self) -> list[Any]:
-        """Keras' ``losses``; refused inside a ``@tfsift.step`` function, where a stage
-        holds its own weights only (``tfsift.add_weight_penalties`` adds their penalties
-        after the step)."""
+        """Keras' ``losses``, of the weights this rank holds: once the model is cut into
+        stages, its own stage's penalties only (``tfsift.add_weight_penalties`` gives every
+        stage's sum). Refused inside a ``@tfsift.step`` function, where a stage holds its
+        own weights only (``tfsift.add_weight_penalties`` adds their penalties after the
+        step)."""
         if context.current() is not None:
             raise ValueError(
                 "model.losses cannot join the loss inside a @tfsift.step function: on a "

@@ -96,8 +96,16 @@ class CheckpointManager:
             raise TypeError(
                 f"optimizer must be a Keras optimizer or None. Received: {type(optimizer).__name__}"
             )
-        if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
-            raise ValueError(f"max_to_keep must be an int >= 1 or None. Received: {max_to_keep!r}")
+        if max_to_keep is not None:
+            if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int | np.integer):
+                raise TypeError(
+                    f"max_to_keep must be an int >= 1 or None. Received: {max_to_keep!r}"
+                )
+            if max_to_keep < 1:
+                raise ValueError(
+                    f"max_to_keep must be an int >= 1 or None. Received: {max_to_keep!r}"
+                )
+            max_to_keep = int(max_to_keep)
         sifter = getattr(sift, "sifter", None)
         if sift is not None and not hasattr(sifter, "load_state"):
             raise TypeError(

@@ -32,8 +32,9 @@ def partitioned(
         return model.partitioned
     if inputs is None:
         raise ValueError(
-            f"{caller} needs the model partitioned, which happens at the first @tfsift.step "
-            "call; call it after a step, or pass example=<a batch of model inputs>"
+            f"{caller} needs the model partitioned, which happens at its first step (the "
+            "first call of a @tfsift.step, fit, evaluate or predict): call it after one. "
+            "Received: a model no step has run"
         )
     return model.partition_model([tf.zeros(tuple(shape), dtype) for shape, dtype in inputs])
 

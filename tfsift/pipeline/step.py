@@ -81,7 +81,9 @@ def step(
 
     Raises:
         ValueError: a batch size not divisible by ``microbatches``; a name in
-            ``non_split_inputs`` that is not an argument of ``fn``.
+            ``non_split_inputs`` that is not an argument of ``fn``; a call whose arguments
+            have another structure than the first call's (its plan was made for them: an
+            argument passed by name where it was passed by position counts as another).
     """
     if fn is None:
         return functools.partial(step, compile=compile, non_split_inputs=non_split_inputs)

@@ -198,6 +198,7 @@ def timeline() -> Iterator[Timeline]:
         >>> if tfsift.rank() == 0:
         ...     step.draw("timeline.png", title="K=2, M=8, interleaved")
         ...     recorded.save_trace("timeline.json")  # open in ui.perfetto.dev
+        ...     from partitioner import Plan  # the plan file's reader (tfsift plan reads it)
         ...     predicted = Plan.load("plan.json").predicted_bubble  # with plan_file set
         ...     print(step.summary(predicted))  # measured bubble 23.4% (simulated 18.0%)
 

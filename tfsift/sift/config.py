@@ -188,7 +188,7 @@ class SiftConfig:
         object.__setattr__(self, "methods", check_methods(self.methods))
         check_number("eta", self.eta, "> 0")
         check_number("curriculum_T", self.curriculum_T, "> 0")
-        _check_optional_choice("rescale", self.rescale, RESCALES)
+        _check_optional_choice("rescale", self.rescale, (AUTO, *RESCALES))  # AUTO resolved
         check_int("score_batches", self.score_batches, 1)
         check_bool("drop_remainder", self.drop_remainder)
         check_choice("scorer", self.scorer, SCORERS)
@@ -203,8 +203,15 @@ class SiftConfig:
         check_number("prune", self.prune, "in [0, 1)")
         check_number("anneal", self.anneal, "in [0, 1]")
         self._check_read()
+        uses = {"grad_norm": True, "adaptive": "grad_norm" in self.methods}
+        logits = uses.get(self.policy, False)  # the policy ranks by the model's logits
         if training:
-            self._check_training()
+            self._check_training(logits)
+        elif self.stale and logits:
+            raise ValueError(
+                f"stale reuses losses, but policy {self.policy!r} needs fresh logits. "
+                f"Received: stale={self.stale}, policy={self.policy!r}"
+            )
         if self.policy == "infobatch":
             self._check_infobatch()
 
@@ -232,16 +239,14 @@ class SiftConfig:
         if name in self._implied:
             object.__setattr__(self, name, value)
 
-    def _check_training(self) -> None:
-        """What ``scores="training"`` rules out: a scorer of its own, logits, stale=0."""
+    def _check_training(self, logits: bool) -> None:
+        """What ``scores="training"`` rules out: a scorer of its own, ``logits``, stale=0."""
         if self.scorer != "full":
             raise ValueError(
                 "scores='training' runs no scoring pass, so it takes no scorer of its own; "
                 f"leave scorer='full'. Received: scores='training', scorer={self.scorer!r}"
             )
-        if self.policy == "grad_norm" or (
-            self.policy == "adaptive" and "grad_norm" in self.methods
-        ):
+        if logits:
             raise ValueError(
                 "the grad_norm method needs the model's logits, which scores='training' does "
                 f"not keep. Received: scores='training', policy={self.policy!r}, "

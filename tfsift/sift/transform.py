@@ -175,11 +175,6 @@ def _scorer(
                 "tfsift.sift(model, per_sample_loss, config) needs a per-sample loss function. "
                 f"Received: per_sample_loss={per_sample_loss!r}"
             )
-        if config.stale and needs_logits:
-            raise ValueError(
-                f"stale reuses losses, but policy {config.policy!r} needs fresh logits. "
-                f"Received: stale={config.stale}, policy={config.policy!r}"
-            )
         if config.scorer == "early_exit":  # the experimental part, only when asked for
             from tfsift.sift.experimental.early_exit import EarlyExitScorer
 

@@ -305,8 +305,14 @@ def test_a_directory_that_is_a_file_is_refused_when_the_manager_is_made(tmp_path
 
 
 def test_saving_before_any_step_asks_for_one(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=re.escape("at the first @tfsift.step call")):
+    # it asked for example=, which save does not take
+    with pytest.raises(ValueError) as err:
         Run(tmp_path).ckpt.save(0)
+    assert str(err.value) == (
+        "CheckpointManager.save needs the model partitioned, which happens at its first step "
+        "(the first call of a @tfsift.step, fit, evaluate or predict): call it after one. "
+        "Received: a model no step has run"
+    )
 
 
 def test_arguments_of_the_wrong_kind_are_named() -> None:
@@ -322,3 +328,7 @@ def test_arguments_of_the_wrong_kind_are_named() -> None:
         ValueError, match=re.escape("max_to_keep must be an int >= 1 or None. Received: 0")
     ):
         tfsift.CheckpointManager(model, None, "x", max_to_keep=0)
+    with pytest.raises(  # a wrong kind is a TypeError, as the docs say (a ValueError before)
+        TypeError, match=re.escape("max_to_keep must be an int >= 1 or None. Received: '2'")
+    ):
+        tfsift.CheckpointManager(model, None, "x", max_to_keep="2")  # type: ignore[arg-type]

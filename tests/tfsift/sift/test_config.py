@@ -97,7 +97,7 @@ def test_choices_are_module_constants() -> None:
          "scorer='fast'"),
         ({"loss_kind": "mse"}, "loss_kind must be one of 'auto', 'softmax_crossentropy', "
          "'squared_error'. Received: loss_kind='mse'"),
-        ({"rescale": "none"}, "rescale must be None or one of 'normalized', 'unbiased'. "
+        ({"rescale": "none"}, "rescale must be None or one of 'auto', 'normalized', 'unbiased'. "
          "Received: rescale='none'"),
         ({"exit_after": ""}, "exit_after must be None or a non-empty string. Received: "
          "exit_after=''"),
