@@ -178,7 +178,7 @@ def load_weights(model: DistributedModel, path: str | Path, example: Any = None)
     path = Path(path)
     if path.suffix == ".keras" or path.name.endswith(WEIGHTS_SUFFIX):
         part = collective.together(
-            rt.world, lambda: weights.partitioned(model, inputs, "tfsift.load_weights")
+            rt.world, lambda: weights.partitioned(model, inputs, "tfsift.load_weights", True)
         )
         collective.together(rt.world, lambda: _load_keras_file(model, part, path))
         return None

@@ -24,16 +24,21 @@ def check_model(model: Any, caller: str) -> DistributedModel:
 
 
 def partitioned(
-    model: DistributedModel, inputs: Sequence[tuple[Sequence[int], str]] | None, caller: str
+    model: DistributedModel,
+    inputs: Sequence[tuple[Sequence[int], str]] | None,
+    caller: str,
+    takes_example: bool = False,
 ) -> Partitioned:
     """The model's stage, partitioning it first (a collective) for one microbatch of
-    ``inputs`` (``(shape, dtype)`` each) when no step has run yet."""
+    ``inputs`` (``(shape, dtype)`` each) when no step has run yet; ``takes_example``: the
+    caller takes ``example=``, which its error then offers."""
     if model.partitioned is not None:
         return model.partitioned
     if inputs is None:
+        other = ", or pass example=<a batch of model inputs>" if takes_example else ""
         raise ValueError(
             f"{caller} needs the model partitioned, which happens at its first step (the "
-            "first call of a @tfsift.step, fit, evaluate or predict): call it after one. "
+            f"first call of a @tfsift.step, fit, evaluate or predict): call it after one{other}. "
             "Received: a model no step has run"
         )
     return model.partition_model([tf.zeros(tuple(shape), dtype) for shape, dtype in inputs])
