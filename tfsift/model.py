@@ -22,7 +22,7 @@ from tfsift.pipeline import context
 from tfsift.pipeline.chunks import Chunks
 from tfsift.pipeline.stage import Stage, microbatch_seconds
 from tfsift.pipeline.tied import TiedWeights, tie_stages
-from tfsift.planning import autodiff, keras_internals, placement
+from tfsift.planning import keras_internals, placement
 from tfsift.planning.bounds import plan_bounds
 from tfsift.planning.graph import Graph, check_training_branches, ties, trace
 
@@ -274,10 +274,6 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         graph = trace(self, example)
         check_training_branches(self, example)  # every rank, before the plan
         graph.find_masks(example)  # every rank, before it frees the other stages' weights
-        # a layer called twice (an embedding reversed as the head): its weights' gradient is
-        # the sum of its uses', dense in one process, though a stage's use may give a sparse
-        # one; not warned of (autodiff.note_sparse), from the profile's stages on
-        autodiff.tied([v for layer in graph.called_twice() for v in layer.trainable_variables])
         masked = tuple(
             i
             for i, t in enumerate(tree.flatten(graph.structure))

@@ -245,7 +245,9 @@ class Head:
                     )
                     continue
                 sources = list(stage.variables) + wrt_inputs
-                all_grads = gradients(tape, request.loss, sources, warn_sparse=True)
+                all_grads = gradients(
+                    tape, request.loss, sources, warn_sparse=True, reused=stage.graph.reused
+                )
                 n = len(stage.variables)
                 grads, in_grads = all_grads[:n], all_grads[n:]
                 if grad_sum is not None:

@@ -249,7 +249,7 @@ class Layout:
             node = self.nodes[i]
             result = node.gradients(kept, grads)
             for position, v in node.weights:
-                note_sparse(variables[v], result[position])
+                note_sparse(variables[v], result[position], self.split.stage.graph.reused)
                 g = tf.convert_to_tensor(result[position])
                 sums[v] = g if sums[v] is None else sums[v] + g
         found = [

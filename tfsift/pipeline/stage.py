@@ -112,7 +112,10 @@ class Stage:
     ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         wrt_inputs = floats(inputs) if self.index > 0 else []
         sources = list(self.variables) + wrt_inputs
-        grads = gradients(tape, floats(outputs), sources, out_grads, warn_sparse=True)
+        reused = self.graph.reused
+        grads = gradients(
+            tape, floats(outputs), sources, out_grads, warn_sparse=True, reused=reused
+        )
         n = len(self.variables)
         return grads[:n], grads[n:]
 

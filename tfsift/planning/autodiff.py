@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -16,9 +16,10 @@ def gradients(
     output_gradients: Sequence[tf.Tensor] | None = None,
     *,
     warn_sparse: bool = False,
+    reused: Collection[int] = (),
 ) -> list[tf.Tensor]:
     """``tape.gradient`` with dense results and zeros for sources the targets do not reach;
-    ``warn_sparse`` (a training step's): ``note_sparse`` on each."""
+    ``warn_sparse`` (a training step's): ``note_sparse`` on each but those in ``reused``."""
     grads = tape.gradient(
         targets,
         list(sources),
@@ -26,7 +27,7 @@ def gradients(
     )
     if warn_sparse:
         for x, g in zip(sources, grads, strict=True):
-            note_sparse(x, g)
+            note_sparse(x, g, reused)
     return [
         tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype)) if g is None else tf.convert_to_tensor(g)
         for x, g in zip(sources, grads, strict=True)
@@ -34,27 +35,21 @@ def gradients(
 
 
 _SPARSE_WARNED: set[str] = set()
-# ids of the variables tied across stages (``tfsift.planning.graph.ties``): a stage's
-# gradient of one may be sparse, but the pipeline adds the stages' as one process's tape
-# adds the uses' (a head tied to the embedding), which makes it dense there too
-_TIED: set[int] = set()
 
 
-def tied(variables: Sequence[Any]) -> None:
-    """Notes ``variables`` as tied across stages: ``note_sparse`` leaves them alone."""
-    _TIED.update(id(v) for v in variables)
-
-
-def note_sparse(variable: Any, gradient: Any) -> None:
+def note_sparse(variable: Any, gradient: Any, reused: Collection[int] = ()) -> None:
     """Warns once per variable whose gradient comes sparse (``tf.IndexedSlices``: an
     ``Embedding`` not tied to a head), which the pipeline sums dense. Keras' optimizers
     that square the gradient (Adam, AdamW, RMSprop, Adagrad) take a row looked up twice in
     a batch as two gradients, the sum of their squares, where the dense sum gives the
-    square of the sum; SGD (with momentum too) and Lion update the same."""
+    square of the sum; SGD (with momentum too) and Lion update the same. ``reused``: the
+    ids of the weights of layers the model calls more than once (``Graph.reused``: a head
+    tied to the embedding), whose gradient is the sum of their uses', dense in one
+    process too, though a stage's use may give a sparse one."""
     path = getattr(variable, "path", None)
     if not isinstance(gradient, tf.IndexedSlices) or path is None or path in _SPARSE_WARNED:
         return
-    if id(variable) in _TIED:
+    if id(variable) in reused:
         return
     _SPARSE_WARNED.add(path)
     logging.getLogger("tfsift").warning(

@@ -9,6 +9,7 @@ sent across it too.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import math
@@ -63,6 +64,15 @@ class Graph:
         # Which tensors carry a Keras mask when a node reads them, by node, once
         # ``find_masks`` has run the model (empty: none does)
         self.masked_reads: list[frozenset[int]] = [frozenset()] * len(self.nodes)
+        # the ids of the trainable weights of layers more than one node calls (an embedding
+        # reversed as the head): their gradient sums their uses' (``autodiff.note_sparse``)
+        calls = collections.Counter(id(gn.operation) for gn in self.nodes)
+        self.reused = frozenset(
+            id(v)
+            for gn in self.nodes
+            if calls[id(gn.operation)] > 1
+            for v in getattr(gn.operation, "trainable_variables", [])
+        )
 
     def find_masks(self, example: Sequence[Any]) -> None:
         """Runs the nodes once, in one process, on ``example`` (the inputs ``trace`` took,
@@ -83,17 +93,6 @@ class Graph:
             )
             outputs = keras_internals.call_node(gn.node, values, training=False)
             values.update(zip(gn.outputs, outputs, strict=True))
-
-    def called_twice(self) -> list[Any]:
-        """The layers called by more than one node (a tied embedding, say), in node order."""
-        counts: dict[int, int] = {}
-        for gn in self.nodes:
-            counts[id(gn.operation)] = counts.get(id(gn.operation), 0) + 1
-        seen: dict[int, Any] = {}
-        for gn in self.nodes:
-            if counts[id(gn.operation)] > 1:
-                seen.setdefault(id(gn.operation), gn.operation)
-        return list(seen.values())
 
     def mask_pairs(
         self, reads: Sequence[int], masked: frozenset[int]
@@ -140,6 +139,7 @@ class Graph:
             self.live(end),
             self.mask_pairs(inputs, masked),
             tuple(nodes),
+            self.reused,
         )
 
     def _position(self, tensor: int) -> tuple[int, int]:
@@ -160,6 +160,7 @@ class StageGraph:
     # its inputs' (``Graph.find_masks``)
     masks: tuple[tuple[int, int], ...] = ()
     node_masks: tuple[tuple[tuple[int, int], ...], ...] = ()
+    reused: frozenset[int] = frozenset()  # ``Graph.reused``
 
     def run(self, values: Sequence[Any], training: bool) -> list[Any]:
         """Executes the stage's nodes in order on concrete tensors."""

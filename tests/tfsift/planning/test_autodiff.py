@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import keras
 import pytest
 import tensorflow as tf
 
 from tfsift.planning import autodiff
+from tfsift.planning.graph import trace
 
 
 def test_a_lookups_gradient_is_summed_dense_and_warned_of_once(
@@ -48,12 +50,23 @@ def test_a_weight_tied_across_stages_is_not_warned_of(
     # an embedding reversed as the head: one stage's lookup gives a sparse gradient, but
     # the tied copies' sum is dense, as one process's tape makes it
     monkeypatch.setattr(autodiff, "_SPARSE_WARNED", set())
-    monkeypatch.setattr(autodiff, "_TIED", set())
-    embed = keras.layers.ReversibleEmbedding(5, 2, name="tied_tokens")
-    embed.build((1, 3))
-    autodiff.tied(embed.trainable_variables)
+
+    class Tied(keras.Model):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = keras.layers.ReversibleEmbedding(5, 2, name="tied_tokens")
+
+        def call(self, ids: Any) -> Any:
+            return self.embed(self.embed(ids), reverse=True)
+
+    model = Tied()
+    graph = trace(model, [tf.zeros((1, 3), tf.int32)])
+    assert graph.reused == {id(model.embed.embeddings)}  # the layer called twice
+    assert graph.stage(0, 1).reused == graph.reused
     with caplog.at_level(logging.WARNING, logger="tfsift"):
         autodiff.note_sparse(
-            embed.embeddings, tf.IndexedSlices(tf.ones((2, 2)), tf.constant([1, 1]))
+            model.embed.embeddings,
+            tf.IndexedSlices(tf.ones((2, 2)), tf.constant([1, 1])),
+            graph.reused,
         )
     assert caplog.records == []
