@@ -101,8 +101,10 @@ class Graph:
         the trace's mask of it is among ``reads`` too (its value, received alike)."""
         pairs = []
         for t in reads:
+            if t not in masked:  # every read of a model without masks: no lookup
+                continue
             m = keras_internals.mask(self.tensors[t])
-            if t in masked and m is not None and id(m) in reads:
+            if m is not None and id(m) in reads:
                 pairs.append((t, id(m)))
         return tuple(pairs)
 
