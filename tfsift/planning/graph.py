@@ -271,14 +271,14 @@ def _refuse_shared_weights(calls: dict[int, list[tuple[str, int]]], layers: dict
         for var in layer.variables:
             holders.setdefault(id(var), []).append(key)
     for var_id, keys in holders.items():
-        stages = {s for key in keys for _, s in calls[key]}
-        if len(keys) < 2 or len(stages) < 2:
+        where = {key: sorted({s for _, s in calls[key]}) for key in keys}
+        if len(keys) < 2 or len({s for stages in where.values() for s in stages}) < 2:
             continue
         var = next(v for v in layers[keys[0]].variables if id(v) == var_id)
         on = ", ".join(
-            f"{layers[key].name!r} on stage{'s' if len({s for _, s in calls[key]}) > 1 else ''} "
-            + ", ".join(str(s) for s in sorted({s for _, s in calls[key]}))
-            for key in keys
+            f"{layers[key].name!r} on stage{'s' if len(stages) > 1 else ''} "
+            + ", ".join(map(str, stages))
+            for key, stages in where.items()
         )
         raise ValueError(
             f"the weight {var.path!r} belongs to more than one layer, and they run on different "

@@ -101,7 +101,7 @@ def _filled_masks(node: Any) -> set[str]:
     in again from the masks its inputs carry then, as a run in one process does (a
     ``MultiHeadAttention`` deletes its inputs' masks when it runs, so a layer after it
     finds fewer than the trace recorded)."""
-    own = {id(mask(x)) for x in node.input_tensors if mask(x) is not None}
+    own = {id(m) for m in map(mask, node.input_tensors) if m is not None}
     filled = set()
     for name, value in node.arguments.kwargs.items():
         if name == "mask" or name.endswith("_mask"):
