@@ -770,8 +770,8 @@ def _say_microbatch_draws(model: DistributedModel, M: int) -> None:
     drawing = [
         layer.name
         for layer in model._flatten_layers(include_self=False)
-        if getattr(layer, "_seed_generators", None)
-        and not layer._flatten_layers(include_self=False)
+        if not layer._flatten_layers(include_self=False)  # its own draws: a leaf's
+        and keras_internals.seed_states(layer)
         and getattr(layer, "rate", 1) != 0  # an attention's dropout of 0 draws nothing
     ]
     if M == 1 or not drawing:
