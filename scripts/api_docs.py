@@ -83,11 +83,6 @@ def public_object(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def public_names() -> list[str]:
-    """``tfsift.__all__``, in its order."""
-    return list(tfsift.__all__)
-
-
 def members(cls: type) -> list[tuple[str, Any]]:
     """The public methods and properties ``cls`` defines itself, in definition order
     (a dataclass's fields are not members: they have a table of their own)."""
@@ -108,7 +103,8 @@ def signature(obj: Any, name: str, *, drop_first: bool = False) -> str:
     sig = inspect.signature(obj)
     params = list(sig.parameters.values())[1 if drop_first else 0 :]
     parts = list(_parameter_texts(params))
-    returns = "" if inspect.isclass(obj) else _returns(sig)
+    annotated = sig.return_annotation is not sig.empty and not inspect.isclass(obj)
+    returns = f" -> {_annotation(sig.return_annotation)!r}" if annotated else ""
     one_line = f"{name}({', '.join(parts)}){returns}"
     if len(one_line) <= WIDTH:
         return one_line
@@ -134,12 +130,6 @@ def _annotation(annotation: Any) -> Any:
         return annotation
     text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
     return _Plain(text)
-
-
-def _returns(sig: inspect.Signature) -> str:
-    if sig.return_annotation is inspect.Signature.empty:
-        return ""
-    return f" -> {_annotation(sig.return_annotation)!r}"
 
 
 # ---- docstrings to Markdown ----------------------------------------------------------------
@@ -183,19 +173,16 @@ def section_entries(lines: Sequence[str]) -> list[tuple[str, str]]:
 
 def docstring_markdown(doc: str, skip: Sequence[str] = ()) -> str:
     """A Google-style docstring as Markdown (sections in ``skip`` left out)."""
-    out = []
-    for name, lines in split_sections(doc):
-        if name in skip:
-            continue
-        out.append(_section_markdown(name, lines))
-    return "\n\n".join(part for part in out if part)
+    parts = [_section_markdown(n, lines) for n, lines in split_sections(doc) if n not in skip]
+    return "\n\n".join(part for part in parts if part)
 
 
 def _section_markdown(name: str | None, lines: list[str]) -> str:
     if name is None:
         return _prose(lines)
     if name in CODE_SECTIONS:
-        return f"**{name}:**\n\n```python\n{_trimmed(lines)}\n```"
+        code = "\n".join(lines).strip("\n").rstrip()
+        return f"**{name}:**\n\n```python\n{code}\n```"
     if name in LIST_SECTIONS:
         items = [f"- `{key}`: {code_spans(text)}" for key, text in section_entries(lines)]
         return f"**{name}:**\n\n" + "\n".join(items)
@@ -211,18 +198,11 @@ def _prose(lines: list[str]) -> str:
             block.append(line)
             continue
         if block:
-            out.append(f"```\n{_dedented(block)}\n```")
+            code = textwrap.dedent("\n".join(block)).strip("\n")
+            out.append(f"```\n{code}\n```")
             block = []
         out.append(code_spans(line))
     return "\n".join(out).strip()
-
-
-def _trimmed(lines: Sequence[str]) -> str:
-    return "\n".join(lines).strip("\n").rstrip()
-
-
-def _dedented(lines: Sequence[str]) -> str:
-    return textwrap.dedent("\n".join(lines)).strip("\n")
 
 
 # ---- tables ---------------------------------------------------------------------------------
@@ -300,8 +280,7 @@ def sift_fields(cls: type) -> str:
 
 def anchor(title: str) -> str:
     """The anchor GitHub gives a heading."""
-    text = re.sub(r"[^\w\- ]", "", title.lower())
-    return text.replace(" ", "-")
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
 def _code(text: str) -> str:
@@ -337,12 +316,8 @@ def name_section(name: str) -> str:
 def _class_section(name: str, cls: type) -> str:
     """A class of a public sub-package (``tfsift.callbacks.BackupAndRestore``)."""
     title = f"tfsift.{name}"
-    parts = [
-        f"### `{title}`",
-        _code(signature(cls, title)),
-        docstring_markdown(inspect.getdoc(cls) or ""),
-    ]
-    return "\n\n".join(parts)
+    doc = docstring_markdown(inspect.getdoc(cls) or "")
+    return "\n\n".join([f"### `{title}`", _code(signature(cls, title)), doc])
 
 
 def member_section(cls: type, name: str, value: Any) -> str:
@@ -352,27 +327,20 @@ def member_section(cls: type, name: str, value: Any) -> str:
         return f"{title}\n\n*property*\n\n{docstring_markdown(inspect.getdoc(value) or '')}"
     original = getattr(value, "__name__", name)
     if original != name:  # an alias such as StepOutput.merge = concat
-        return _alias(cls, name, original)
+        target = f"{cls.__name__}.{original}"
+        return f"{title}\n\nAnother name for [`{target}`](#{anchor(target)})."
     is_method = inspect.isfunction(value)
     head = _code(signature(value, name, drop_first=is_method))
     return f"{title}\n\n{head}\n\n{docstring_markdown(inspect.getdoc(value) or '')}".rstrip()
 
 
-def _alias(cls: type, name: str, original: str) -> str:
-    target = f"{cls.__name__}.{original}"
-    return f"### `{cls.__name__}.{name}`\n\nAnother name for [`{target}`](#{anchor(target)})."
-
-
-def contents(names: Sequence[str]) -> str:
-    links = [f"[`{name}`](#{anchor(f'tfsift.{name}')})" for name in names]
-    return "Contents: " + ", ".join(links) + "."
-
-
 def render() -> str:
     """The whole of docs/api.md."""
     os.environ.setdefault(TF_CPP_MIN_LOG_LEVEL, QUIET_TF)
-    names = public_names()
-    text = "\n\n".join([HEADER.rstrip(), contents(names), *map(name_section, names)]) + "\n"
+    names = list(tfsift.__all__)
+    links = [f"[`{name}`](#{anchor(f'tfsift.{name}')})" for name in names]
+    contents = "Contents: " + ", ".join(links) + "."
+    text = "\n\n".join([HEADER.rstrip(), contents, *map(name_section, names)]) + "\n"
     if re.search(r" at 0x[0-9a-f]+", text):  # a repr with an address differs run to run
         raise ValueError("the reference would hold a memory address (an object's default repr)")
     return text
