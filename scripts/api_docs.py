@@ -83,6 +83,11 @@ def public_object(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def public_names() -> list[str]:
+    """``tfsift.__all__``, in its order (tests/test_docs.py reads it too)."""
+    return list(tfsift.__all__)
+
+
 def members(cls: type) -> list[tuple[str, Any]]:
     """The public methods and properties ``cls`` defines itself, in definition order
     (a dataclass's fields are not members: they have a table of their own)."""
@@ -337,7 +342,7 @@ def member_section(cls: type, name: str, value: Any) -> str:
 def render() -> str:
     """The whole of docs/api.md."""
     os.environ.setdefault(TF_CPP_MIN_LOG_LEVEL, QUIET_TF)
-    names = list(tfsift.__all__)
+    names = public_names()
     links = [f"[`{name}`](#{anchor(f'tfsift.{name}')})" for name in names]
     contents = "Contents: " + ", ".join(links) + "."
     text = "\n\n".join([HEADER.rstrip(), contents, *map(name_section, names)]) + "\n"
