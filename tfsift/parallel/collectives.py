@@ -27,9 +27,17 @@ def bounded(rt: runtime.Runtime, what: str) -> Any:
     return watchdog.guard(rt.config.timeout, waited_for)
 
 
-def as_tensors(grads: Sequence[Any]) -> list[tf.Tensor]:
-    """``grads`` as tensors: a ``StepOutput``'s ``accumulate()``, anything else converted."""
-    return [g.accumulate() if hasattr(g, "accumulate") else tf.convert_to_tensor(g) for g in grads]
+def as_tensors(grads: Sequence[Any]) -> list[Any]:
+    """``grads`` as tensors: a ``StepOutput``'s ``accumulate()``, a lookup's
+    ``tf.IndexedSlices`` as it is, anything else converted."""
+    return [
+        g.accumulate()
+        if hasattr(g, "accumulate")
+        else g
+        if isinstance(g, tf.IndexedSlices)
+        else tf.convert_to_tensor(g)
+        for g in grads
+    ]
 
 
 def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
@@ -39,7 +47,9 @@ def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
         grads: tensors, or ``StepOutput`` gradients (their ``accumulate()`` is used).
 
     Returns:
-        The averaged gradients, in the order given.
+        The averaged gradients, in the order given. A lookup's ``tf.IndexedSlices`` is
+        gathered (every replica's rows, over the replicas), as one process's tape joins
+        the whole batch's lookups and as Horovod's ``allreduce`` averages slices.
     """
     tensors = as_tensors(grads)
     rt = runtime.get()
@@ -47,8 +57,25 @@ def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
         return tensors
     import horovod.tensorflow as hvd
 
+    dense = [i for i, g in enumerate(tensors) if not isinstance(g, tf.IndexedSlices)]
     with bounded(rt, "average the gradients"):
-        return list(hvd.grouped_allreduce(tensors, op=hvd.Average, process_set=rt.dp_set))
+        averaged = (
+            hvd.grouped_allreduce(
+                [tensors[i] for i in dense], op=hvd.Average, process_set=rt.dp_set
+            )
+            if dense
+            else []
+        )
+        out = list(tensors)
+        for i, g in zip(dense, averaged, strict=True):
+            out[i] = g
+        for i, g in enumerate(tensors):
+            if isinstance(g, tf.IndexedSlices):
+                values = hvd.allgather(g.values, process_set=rt.dp_set)
+                indices = hvd.allgather(g.indices, process_set=rt.dp_set)
+                count = tf.cast(rt.topology.replicas, values.dtype)
+                out[i] = tf.IndexedSlices(values / count, indices, g.dense_shape)
+    return out
 
 
 def broadcast_variables(variables: Sequence[Any]) -> None:

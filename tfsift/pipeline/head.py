@@ -43,8 +43,8 @@ from tfsift.pipeline.compiled import Compiled, signature
 from tfsift.pipeline.outputs import divide
 from tfsift.pipeline.split import Layout as SplitLayout
 from tfsift.pipeline.split import Pending, SplitBackward
-from tfsift.pipeline.stage import Stage, add
-from tfsift.planning.autodiff import gradients, is_float
+from tfsift.pipeline.stage import Stage
+from tfsift.planning.autodiff import add, gradients, is_float
 
 log = logging.getLogger("tfsift")
 GRADS_MARKER = "__tfsift_gradients__"
@@ -245,10 +245,8 @@ class Head:
                     )
                     continue
                 sources = list(stage.variables) + wrt_inputs
-                all_grads = gradients(
-                    tape, request.loss, sources, warn_sparse=True, reused=stage.graph.reused
-                )
                 n = len(stage.variables)
+                all_grads = gradients(tape, request.loss, sources, sparse=n)
                 grads, in_grads = all_grads[:n], all_grads[n:]
                 if grad_sum is not None:
                     grads = add(grad_sum, grads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -83,7 +84,7 @@ class GradientOutput(StepOutput):
             return self.total
         if self._step is not None:
             return self._step.mean(self._index)
-        return self.total / tf.cast(self.count, self.total.dtype)
+        return _over(self.total, tf.constant(self.count))
 
     def reduce_sum(self) -> tf.Tensor:
         return self.total
@@ -122,8 +123,16 @@ class StepGradients:
 
 
 def divide(totals: Sequence[tf.Tensor], count: tf.Tensor) -> list[tf.Tensor]:
-    """Each total over ``count`` (a tensor, never a constant: see ``StepGradients.mean``)."""
-    return [t / tf.cast(count, t.dtype) for t in totals]
+    """Each total over ``count`` (a tensor, never a constant: see ``StepGradients.mean``);
+    a lookup's ``tf.IndexedSlices`` stays slices."""
+    return [_over(t, count) for t in totals]
+
+
+def _over(total: Any, count: tf.Tensor) -> Any:
+    if isinstance(total, tf.IndexedSlices):
+        values = total.values / tf.cast(count, total.values.dtype)
+        return tf.IndexedSlices(values, total.indices, total.dense_shape)
+    return total / tf.cast(count, total.dtype)
 
 
 _DIVIDE = Compiled(divide, "the gradients' mean over microbatches", autograph=False)

@@ -36,9 +36,9 @@ from typing import Any
 import tensorflow as tf
 
 from tfsift.pipeline.compiled import Compiled, signature
-from tfsift.pipeline.stage import Stage, add
+from tfsift.pipeline.stage import Stage
 from tfsift.planning import keras_internals
-from tfsift.planning.autodiff import is_float, note_sparse
+from tfsift.planning.autodiff import add, is_float
 from tfsift.planning.graph import GraphNode
 
 
@@ -249,9 +249,9 @@ class Layout:
             node = self.nodes[i]
             result = node.gradients(kept, grads)
             for position, v in node.weights:
-                note_sparse(variables[v], result[position], self.split.stage.graph.reused)
-                g = tf.convert_to_tensor(result[position])
-                sums[v] = g if sums[v] is None else sums[v] + g
+                g = result[position]  # a lookup's tf.IndexedSlices stays slices: autodiff.add
+                g = g if isinstance(g, tf.IndexedSlices) else tf.convert_to_tensor(g)
+                sums[v] = g if sums[v] is None else add([sums[v]], [g])[0]
         found = [
             tf.zeros(tuple(v.shape), v.dtype) if g is None else g
             for v, g in zip(variables, sums, strict=True)

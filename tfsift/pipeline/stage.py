@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsift.pipeline.compiled import Compiled
-from tfsift.planning.autodiff import floats, gradients
+from tfsift.planning.autodiff import add, floats, gradients
 from tfsift.planning.graph import Graph, StageGraph
 from tfsift.planning.profiler import medians
 
@@ -112,11 +112,8 @@ class Stage:
     ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         wrt_inputs = floats(inputs) if self.index > 0 else []
         sources = list(self.variables) + wrt_inputs
-        reused = self.graph.reused
-        grads = gradients(
-            tape, floats(outputs), sources, out_grads, warn_sparse=True, reused=reused
-        )
         n = len(self.variables)
+        grads = gradients(tape, floats(outputs), sources, out_grads, sparse=n)
         return grads[:n], grads[n:]
 
 
@@ -130,11 +127,6 @@ def _compiled_forward(graph: StageGraph, training: bool, index: int) -> Compiled
         return graph.run(inputs, training)
 
     return Compiled(forward, f"stage {index}'s forward", autograph=False)
-
-
-def add(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Elementwise sums of two equally long tensor lists (gradient accumulation)."""
-    return [x + y for x, y in zip(a, b, strict=True)]
 
 
 def microbatch_seconds(

@@ -60,10 +60,11 @@ class TiedWeights:
 
     def sum_gradients(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """``grads`` (one per trainable variable of the stage) with each tied weight's
-        gradient replaced by the sum of every holder's, added in stage order."""
+        gradient replaced by the sum of every holder's, added in stage order (dense: a
+        tied weight's other use, the head's, gives a dense gradient in one process too)."""
         out = list(grads)
         for group in self.groups:
-            arrays = [np.ascontiguousarray(out[i].numpy()) for i in group.indices]
+            arrays = [np.ascontiguousarray(tf.convert_to_tensor(out[i])) for i in group.indices]
             for i, total in zip(group.indices, self._exchange(group, arrays), strict=True):
                 out[i] = tf.convert_to_tensor(total)
         return out

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -15,53 +14,59 @@ def gradients(
     sources: Sequence[Any],
     output_gradients: Sequence[tf.Tensor] | None = None,
     *,
-    warn_sparse: bool = False,
-    reused: Collection[int] = (),
-) -> list[tf.Tensor]:
-    """``tape.gradient`` with dense results and zeros for sources the targets do not reach;
-    ``warn_sparse`` (a training step's): ``note_sparse`` on each but those in ``reused``."""
+    sparse: int = 0,
+) -> list[Any]:
+    """``tape.gradient`` with zeros for sources the targets do not reach, dense but for the
+    first ``sparse`` sources (a stage's variables): a lookup's ``tf.IndexedSlices`` stays
+    as it is, one row per lookup, as one process's tape hands it to the optimizer (Keras'
+    Adam squares each row, and its clipping takes their norm, where a dense sum would
+    square the sum of a row looked up twice)."""
     grads = tape.gradient(
         targets,
         list(sources),
         output_gradients=None if output_gradients is None else list(output_gradients),
     )
-    if warn_sparse:
-        for x, g in zip(sources, grads, strict=True):
-            note_sparse(x, g, reused)
     return [
-        tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype)) if g is None else tf.convert_to_tensor(g)
-        for x, g in zip(sources, grads, strict=True)
+        tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype))
+        if g is None
+        else g
+        if i < sparse and isinstance(g, tf.IndexedSlices)
+        else tf.convert_to_tensor(g)
+        for i, (x, g) in enumerate(zip(sources, grads, strict=True))
     ]
 
 
-_SPARSE_WARNED: set[str] = set()
+def add(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+    """Elementwise sums of two gradient lists (accumulation over microbatches): two
+    lookups' ``tf.IndexedSlices`` are joined, as a tape joins a batch's lookups of one
+    table; a dense gradient and slices sum dense, as a tape sums them."""
+    return [_add(x, y) for x, y in zip(a, b, strict=True)]
 
 
-def note_sparse(variable: Any, gradient: Any, reused: Collection[int] = ()) -> None:
-    """Warns once per variable whose gradient comes sparse (``tf.IndexedSlices``: an
-    ``Embedding`` not tied to a head), which the pipeline sums dense. Keras' optimizers
-    that square the gradient (Adam, AdamW, RMSprop, Adagrad) take a row looked up twice in
-    a batch as two gradients, the sum of their squares, where the dense sum gives the
-    square of the sum; SGD (with momentum too) and Lion update the same. ``reused``: the
-    ids of the weights of layers the model calls more than once (``Graph.reused``: a head
-    tied to the embedding), whose gradient is the sum of their uses', dense in one
-    process too, though a stage's use may give a sparse one."""
-    path = getattr(variable, "path", None)
-    if not isinstance(gradient, tf.IndexedSlices) or path is None or path in _SPARSE_WARNED:
-        return
-    if id(variable) in reused:
-        return
-    _SPARSE_WARNED.add(path)
-    logging.getLogger("tfsift").warning(
-        "the gradient of %r is sparse (tf.IndexedSlices, a lookup's): tfsift sums the "
-        "microbatches' and replicas' gradients dense, and where a batch looks a row up more "
-        "than once, Adam, AdamW, RMSprop and Adagrad update it otherwise than Keras does in "
-        "one process (there, the sum of the lookups' squared gradients; here, the square of "
-        "their sum): with those optimizers this layer trains differently. SGD and Lion "
-        "update the same. A head tied to the embedding (keras.layers.ReversibleEmbedding) "
-        "makes its gradient dense in one process too",
-        path,
-    )
+def _add(x: Any, y: Any) -> Any:
+    if isinstance(x, tf.IndexedSlices) and isinstance(y, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            tf.concat([x.values, y.values], 0),
+            tf.concat([x.indices, tf.cast(y.indices, x.indices.dtype)], 0),
+            x.dense_shape,
+        )
+    if isinstance(x, tf.IndexedSlices) or isinstance(y, tf.IndexedSlices):
+        return tf.convert_to_tensor(x) + tf.convert_to_tensor(y)
+    return x + y
+
+
+def scale(gradient: Any, factor: Any) -> Any:
+    """``gradient * factor``; ``tf.IndexedSlices`` stay slices (their values scaled)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        values = gradient.values * tf.cast(factor, gradient.values.dtype)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def values(gradient: Any) -> Any:
+    """The numbers a gradient holds: a ``tf.IndexedSlices``' rows, as Keras' sparse ops
+    read them (its global norm sums each row's squares, a row looked up twice twice)."""
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
 def is_float(x: Any) -> bool:

@@ -9,7 +9,6 @@ sent across it too.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import inspect
 import math
@@ -64,15 +63,6 @@ class Graph:
         # Which tensors carry a Keras mask when a node reads them, by node, once
         # ``find_masks`` has run the model (empty: none does)
         self.masked_reads: list[frozenset[int]] = [frozenset()] * len(self.nodes)
-        # the ids of the trainable weights of layers more than one node calls (an embedding
-        # reversed as the head): their gradient sums their uses' (``autodiff.note_sparse``)
-        calls = collections.Counter(id(gn.operation) for gn in self.nodes)
-        self.reused = frozenset(
-            id(v)
-            for gn in self.nodes
-            if calls[id(gn.operation)] > 1
-            for v in getattr(gn.operation, "trainable_variables", [])
-        )
 
     def find_masks(self, example: Sequence[Any]) -> None:
         """Runs the nodes once, in one process, on ``example`` (the inputs ``trace`` took,
@@ -141,7 +131,6 @@ class Graph:
             self.live(end),
             self.mask_pairs(inputs, masked),
             tuple(nodes),
-            self.reused,
         )
 
     def _position(self, tensor: int) -> tuple[int, int]:
@@ -162,7 +151,6 @@ class StageGraph:
     # its inputs' (``Graph.find_masks``)
     masks: tuple[tuple[int, int], ...] = ()
     node_masks: tuple[tuple[tuple[int, int], ...], ...] = ()
-    reused: frozenset[int] = frozenset()  # ``Graph.reused``
 
     def run(self, values: Sequence[Any], training: bool) -> list[Any]:
         """Executes the stage's nodes in order on concrete tensors."""

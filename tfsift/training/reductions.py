@@ -29,7 +29,7 @@ import tensorflow as tf
 from tfsift.model import DistributedModel
 from tfsift.parallel import runtime
 from tfsift.parallel.collectives import as_tensors, pipeline_sum
-from tfsift.planning import keras_internals
+from tfsift.planning import autodiff, keras_internals
 
 
 def check(optimizer: keras.optimizers.Optimizer) -> None:
@@ -137,7 +137,7 @@ def clip_by_global_norm(
     norm = _norm(counted_variables(model))(tensors)
     scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
     scale = scale + (norm - norm)
-    return [g * tf.cast(scale, g.dtype) for g in tensors], norm
+    return [autodiff.scale(g, scale) for g in tensors], norm
 
 
 def stage_gradients(grads: Sequence[Any], model: keras.Model, call: str) -> list[tf.Tensor]:
@@ -174,7 +174,7 @@ def _norm(counted: Sequence[bool]) -> Callable[[list[Any]], Any]:
                 f"norm. Received: {len(grads)} gradients, {len(counted)} variables"
             )
         squares = [
-            tf.cast(tf.reduce_sum(tf.square(g)), tf.float64)
+            tf.cast(tf.reduce_sum(tf.square(autodiff.values(g))), tf.float64)
             for g, mine in zip(grads, counted, strict=True)
             if mine and g is not None
         ]
@@ -187,7 +187,7 @@ def _norm(counted: Sequence[bool]) -> Callable[[list[Any]], Any]:
 
 
 def _finite(grads: list[Any]) -> Any:
-    flags = [tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None]
+    flags = [tf.reduce_all(tf.math.is_finite(autodiff.values(g))) for g in grads if g is not None]
     local = tf.cast(tf.reduce_all(tf.stack(flags)) if flags else True, tf.float64)
     total = _over_stages(local, "say whether their gradients are finite")
     return tf.equal(total, float(runtime.get().topology.partitions))

@@ -107,7 +107,8 @@ class Penalties:
         if self._indices:
             extra, value = self._add()
             for i, g in zip(self._indices, extra, strict=True):
-                grads[i] = grads[i] + tf.cast(g, grads[i].dtype)
+                # a lookup's slices and the penalty's dense gradient sum dense, as a tape sums
+                grads[i] = tf.convert_to_tensor(grads[i]) + tf.cast(g, grads[i].dtype)
             local = float(value)
         return grads, self.value(local)
 
