@@ -98,8 +98,11 @@ class Halves(tfsift.DistributedModel):
 
 
 def model_of(cfg: Config) -> Any:
-    """The chain, or (``model="transformer"``) examples/decoder_lm.py's decoder: ``layers``
-    blocks of ``width`` on ``side`` tokens, its embedding tied to the head."""
+    """The chain, ``Halves`` (``model="halves"``) or (``model="transformer"``)
+    examples/decoder_lm.py's decoder: ``layers`` blocks of ``width`` on ``side`` tokens, its
+    embedding tied to the head."""
+    if cfg["model"] == "halves":
+        return Halves(cfg)
     if cfg["model"] != "transformer":
         return Chain(cfg)
     from examples.decoder_lm import DecoderLM
@@ -513,19 +516,7 @@ def run_hosts(cfg: Config) -> dict[str, Any]:
     rng = np.random.default_rng(tfsift.dp_rank())
     x, y = (tf.constant(rng.normal(size=(cfg["batch"], cfg["width"])).astype("float32"))
             for _ in range(2))  # fmt: skip
-    model = Halves(cfg)
-
-    @tfsift.step
-    def forward_backward(x: tf.Tensor, y: tf.Tensor) -> Any:
-        loss = LOSS(y, model(x, training=True))
-        return tfsift.gradients(loss, model.trainable_variables), loss
-
-    forward_backward(x, y)  # partitions the model
-    update = tfsift.compiled_update(keras.optimizers.SGD(1e-3), model)
-
-    def train() -> None:
-        grads, _ = forward_backward(x, y)
-        update(tfsift.allreduce([g.accumulate() for g in grads]))
+    train, _ = tfsift_step(cfg | {"model": "halves"}, x, y, dp=True)
 
     def counters() -> dict[str, int]:  # none on a machine without the simulated link
         names = ("tx_bytes", "rx_bytes")
