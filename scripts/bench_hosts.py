@@ -11,12 +11,11 @@ predicts to cross (the allreduce: a ring of each stage's gradients). Needs root.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 from collections.abc import Sequence
 from statistics import median
 
-from bench_pipeline import WORKER
+from bench_pipeline import run_job
 
 from bench import harness, report
 from bench.harness import SIMHOSTS, Result, say
@@ -169,8 +168,7 @@ def measure(s: Settings) -> Result:
         placement, hosts = cases[name]
         fields = ("layers", "width", "batch", "M", "warmup", "steps")
         config = {f: getattr(s, f) for f in fields} | {"placement": placement}
-        args = ["hosts", json.dumps(config)]
-        reports = harness.run_job(WORKER, args, 4, bind="none", hosts=hosts)
+        reports = run_job(4, "hosts", config, bind="none", hosts=hosts)
         return {"step_s": median(reports[0]["times"]), "bytes": crossing_bytes(reports)}
 
     simhosts("up", "2")

@@ -16,8 +16,8 @@ import socket
 from pathlib import Path
 from statistics import median
 
-from bench_pipeline import WORKER
 from bench_pipeline import Settings as ChainSettings
+from bench_pipeline import run_job
 from bench_schedules import schedule_config
 
 from bench import harness, report
@@ -96,9 +96,8 @@ def job(s: Settings, framework: str, ranks: int, mode: str) -> list[Result]:
     if config["pipeline"] in ("simple", "interleaved", "zero_bubble"):
         mode = "pipeline"
     extra["ports"] = [free_port() for _ in range(ranks)]
-    args = [mode, json.dumps(c.worker_config(**extra))]
     env = {"OMPI_MCA_mpi_yield_when_idle": "0"} if framework == POLLING else None
-    return harness.run_job(WORKER, args, ranks, timeout=600, env=env)
+    return run_job(ranks, mode, c.worker_config(**extra), timeout=600, env=env)
 
 
 def cases(s: Settings) -> list[tuple[str, str, int, str]]:

@@ -75,8 +75,9 @@ QUICK = Settings(width=32, microbatches=(1, 8), pipelines=("interleaved",), warm
                  repeats=2, dense_width=256, dense_batch=64, small_batch=32, small_M=8)  # fmt: skip
 
 
-def run_job(np: int, mode: str, config: Result) -> list[Result]:
-    return harness.run_job(WORKER, [mode, json.dumps(config)], np)
+def run_job(np: int, mode: str, config: Result, **options: Any) -> list[Result]:
+    """A job of ``WORKER`` on ``np`` ranks (``options``: ``harness.run_job``'s)."""
+    return harness.run_job(WORKER, [mode, json.dumps(config)], np, **options)
 
 
 def run_all(settings: Settings) -> Result:

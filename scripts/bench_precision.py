@@ -9,11 +9,10 @@ each stage's peak RSS above its resting RSS during the timed steps beside the pl
 from __future__ import annotations
 
 import dataclasses
-import json
 from statistics import median
 
-from bench_pipeline import WORKER
 from bench_pipeline import Settings as ChainSettings
+from bench_pipeline import run_job
 
 from bench import harness, report
 from bench.harness import Result
@@ -41,8 +40,7 @@ QUICK = Settings(ChainSettings(model="transformer", layers=2, width=32, side=16,
 
 def measure(s: Settings) -> Result:
     def job(precision: str) -> Result:
-        config = json.dumps(s.worker_config(precision))
-        ranks = harness.run_job(WORKER, ["pipeline", config], s.chain.K)
+        ranks = run_job(s.chain.K, "pipeline", s.worker_config(precision))
         return {
             "times": ranks[0]["times"],
             "predicted": ranks[0]["startup_predicted_s"],

@@ -10,11 +10,10 @@ own count: the RSS does not show it), against what the start-up plan predicted.
 from __future__ import annotations
 
 import dataclasses
-import json
 from statistics import median
 
-from bench_pipeline import WORKER
 from bench_pipeline import Settings as ChainSettings
+from bench_pipeline import run_job
 
 from bench import harness, report
 from bench.harness import Result
@@ -51,12 +50,11 @@ def schedule_config(token: str) -> Result:
 
 def measure(s: Settings) -> Result:
     c = s.chain
-    split_cfg = json.dumps(c.worker_config(M=s.M, steps=s.split_steps))
-    split = harness.run_job(WORKER, ["split", split_cfg], 1)[0]["times"]
+    split = run_job(1, "split", c.worker_config(M=s.M, steps=s.split_steps))[0]["times"]
 
     def job(token: str) -> Result:
         config = c.worker_config(M=s.M, optimize="speed", **schedule_config(token))
-        ranks = harness.run_job(WORKER, ["pipeline", json.dumps(config)], c.K, env=ALLOCATOR)
+        ranks = run_job(c.K, "pipeline", config, env=ALLOCATOR)
         return {
             "times": ranks[0]["times"],
             "predicted": ranks[0]["startup_predicted_s"],

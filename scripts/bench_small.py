@@ -9,14 +9,13 @@ against the step the start-up plan line predicts. The cost per action is
 from __future__ import annotations
 
 import dataclasses
-import json
 from statistics import median
 
 import numpy as np
-from bench_pipeline import WORKER
 from bench_pipeline import Settings as ChainSettings
+from bench_pipeline import run_job
 
-from bench import harness, report
+from bench import report
 from bench.harness import Result, say
 from bench.main import Benchmark, run
 
@@ -49,12 +48,8 @@ QUICK = Settings(
 
 def measure(s: Settings) -> Result:
     c = s.chain
-
-    def job(mode: str, config: Result, np: int = 1) -> list[Result]:
-        return harness.run_job(WORKER, [mode, json.dumps(config)], np)
-
-    single = job("single", c.worker_config() | {"fit_batches": s.fit_batches})[0]
-    micro = job("microbatched", c.worker_config(M=s.M) | {"floor": True})[0]
+    single = run_job(1, "single", c.worker_config() | {"fit_batches": s.fit_batches})[0]
+    micro = run_job(1, "microbatched", c.worker_config(M=s.M) | {"floor": True})[0]
     pipelines, calls, startup = {}, {}, {}
     for optimize in s.optimizes:
         for pipeline in c.pipelines:
@@ -62,7 +57,7 @@ def measure(s: Settings) -> Result:
             say(f"K=2, M={s.M}, {key}: {s.pipeline_steps} steps")
             cfg = c.worker_config(M=s.M, pipeline=pipeline, optimize=optimize)
             cfg |= {"steps": s.pipeline_steps, "collect": False, "time_call": True}
-            rank0 = job("pipeline", cfg, 2)[0]
+            rank0 = run_job(2, "pipeline", cfg)[0]
             pipelines[key], calls[key] = rank0["times"], rank0["call_times"]
             startup[key] = rank0["startup_predicted_s"]
     times = single["times"]
