@@ -61,15 +61,12 @@ def run_job(worker: Path, args: Sequence[str], np: int, *, timeout: float = 900,
             mpi: bool = True, bind: str = "core", python: str = sys.executable,
             env: dict[str, str] | None = None, hosts: str | None = None,
             launcher: str = "mpirun", unset: Sequence[str] = ()) -> list[Result]:  # fmt: skip
-    """Runs ``worker args`` on ``np`` ranks (``bind``: mpirun's ``--bind-to``) and returns
-    each rank's JSON (``write_rank``), by rank; lines it prints indented are shown as they
-    come, the rest only if it fails, and a job past ``timeout`` seconds is killed.
-
-    ``mpi=False``: one process without ``mpirun``; ``python``: another environment's (a
-    peer framework's); ``env``: added to the job's environment, ``unset``: left out of it
-    (as ``OMPI_MCA_mpi_yield_when_idle``, which importing tfsift set here); ``launcher``:
-    one of ``LAUNCHERS``; ``hosts``: mpirun's ``--host`` list, on the simulated hosts.
-    """
+    """Runs ``worker args`` on ``np`` ranks and returns each rank's JSON (``write_rank``), by
+    rank; indented lines it prints are shown as they come, the rest only if it fails; a job
+    past ``timeout`` seconds is killed. ``mpi=False``: one process without ``mpirun``;
+    ``python``: another environment's (a peer framework's); ``unset``: left out of the
+    environment (as ``OMPI_MCA_mpi_yield_when_idle``, which importing tfsift set here);
+    ``hosts``: mpirun's ``--host`` list, on the simulated hosts."""
     argv = [str(worker), *args]
     if not mpi and np != 1:
         raise ValueError(f"a job without mpirun runs one process. Received: np={np}")
