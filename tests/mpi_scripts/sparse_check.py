@@ -7,7 +7,8 @@ are (Adam squares each, ``global_clipnorm`` and ``clipnorm`` take their norm,
 usage: sparse_check.py CONFIG...
   each CONFIG is ``SCHEDULE:KIND[,KIND...]``: a schedule as ``models.schedule`` reads it
   (``-`` for the default, ``memory`` for ``optimize="memory"``, ``dp`` for one stage:
-  the world's ranks are its replicas) and the optimizers (keys of ``OPTIMIZERS``,
+  the world's ranks are its replicas, ``shared`` for ``Shared``, its table looked up on
+  both stages) and the optimizers (keys of ``OPTIMIZERS``,
   ``loop`` for the README's loop with ``tfsift.clip_by_global_norm``).
   The job's ranks are 2 stages x R replicas, but for ``dp``.
 """
@@ -61,20 +62,66 @@ class Net(tfsift.DistributedModel):
         return self.out(self.hidden(self.pool(self.tokens(ids))))
 
 
+def shared_layers() -> dict[str, Any]:
+    chain = [
+        keras.layers.Dense(32, "tanh", kernel_initializer=keras.initializers.GlorotUniform(5 + i))
+        for i in range(4)
+    ]
+    tokens, pool, _, out = layers()
+    return {
+        "tokens": tokens,
+        "pool": pool,
+        "chain": chain,
+        "mix": keras.layers.Dense(D, kernel_initializer=keras.initializers.GlorotUniform(9)),
+        "out": out,
+    }
+
+
+def shared_call(self: Any, ids: Any) -> Any:
+    """The table looked up by the first half of the ids, and by the second after the
+    chain: an embedding shared by an encoder and a decoder, on two stages."""
+    h = self.pool(self.tokens(ids[:, : T // 2]))
+    for layer in self.chain:
+        h = layer(h)
+    return self.out(self.mix(h) + self.pool(self.tokens(ids[:, T // 2 :])))
+
+
+class Shared(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__(name="net")
+        for name, layer in shared_layers().items():
+            setattr(self, name, layer)
+
+    call = shared_call
+
+
+class SharedReference(keras.Model):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__(name="net")
+        for name, layer in shared_layers().items():
+            setattr(self, name, layer)
+
+    call = shared_call
+
+
 def data() -> tuple[np.ndarray, np.ndarray]:
     """Ids among 4 of the 12 rows: every batch looks each row up many times."""
     rng = np.random.default_rng(0)
     return rng.integers(0, 4, (N, T)).astype(np.int32), rng.integers(0, 3, N)
 
 
-def reference(kind: str, R: int) -> list[np.ndarray]:
+def reference(kind: str, R: int, shared: bool) -> list[np.ndarray]:
     """One process's Keras fit, each step on the R replicas' batches together (a replica
     takes every R-th sample, fit's ``n // R`` dealt by row)."""
     x, y = data()
     per = N // R
     steps = [np.arange(r, N, R)[s * B : (s + 1) * B] for s in range(per // B) for r in range(R)]
     order = np.concatenate(steps)
-    model = keras.Sequential([keras.Input((T,), dtype="int32"), *layers()])
+    model = (
+        SharedReference()
+        if shared
+        else keras.Sequential([keras.Input((T,), dtype="int32"), *layers()])
+    )
     model.compile(optimizer=OPTIMIZERS[kind](), loss=LOSS)
     if kind != "loop":
         model.fit(x[order], y[order], batch_size=B * R, epochs=EPOCHS, shuffle=False, verbose=0)
@@ -90,8 +137,8 @@ def reference(kind: str, R: int) -> list[np.ndarray]:
     return [w.numpy() for w in model.trainable_weights]
 
 
-def trained(kind: str) -> Net:
-    model = Net()
+def trained(kind: str, shared: bool) -> tfsift.DistributedModel:
+    model = Shared() if shared else Net()
     model.compile(optimizer=OPTIMIZERS[kind](), loss=LOSS)
     x, y = data()
     if kind != "loop":
@@ -119,11 +166,14 @@ def trained(kind: str) -> Net:
 
 def main() -> None:
     found: dict[str, float] = {}
+    tied: bool | None = None  # whether Shared's table is held by both stages
     for token in sys.argv[1:]:
         schedule, _, kinds = token.partition(":")
+        shared = schedule == "shared"
         config: dict[str, Any] = {"microbatches": M, "profile_repeats": 1}
         config["partitions"] = 1 if schedule == "dp" else 2
-        if schedule == "memory":
+        if schedule in ("memory", "shared"):
+            # by memory the cut falls inside the chain (by speed, a near tie of noise)
             config["optimize"] = "memory"
         elif schedule not in ("-", "dp"):
             from models import schedule as parse  # the tests import this module too
@@ -133,12 +183,16 @@ def main() -> None:
         replicas = tfsift.dp_size()
         for kind in kinds.split(","):
             ref = computed_once(
-                f"sparse-{kind}-{replicas}", functools.partial(reference, kind, replicas)
+                f"sparse-{kind}-{replicas}-{shared}",
+                functools.partial(reference, kind, replicas, shared),
             )
-            weights = trained(kind).get_weights()
+            model = trained(kind, shared)
+            if shared:
+                tied = bool(model.partitioned.tied)
+            weights = model.get_weights()
             error = max(float(np.max(np.abs(w - r))) for w, r in zip(weights, ref, strict=True))
             found[f"{token}/{kind}"] = error
-    report(rank=tfsift.rank(), stage=tfsift.mp_rank(), errors=found)
+    report(rank=tfsift.rank(), stage=tfsift.mp_rank(), errors=found, tied=tied)
 
 
 if __name__ == "__main__":

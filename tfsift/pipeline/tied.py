@@ -5,7 +5,8 @@ held by each of them (``tfsift.planning.graph.ties``). The copies start equal: t
 s1 sends its values to the other holders when the model is partitioned. They stay equal:
 at the end of every training step the holders exchange their gradients of the tied
 weights and each adds them up in stage order, so every copy is given the bitwise same
-gradient (the sum a single process computes for a layer called twice) and, with the same
+gradient (the sum a single process computes for a layer called twice; where every
+holder looks the weight up, their rows joined, as a tape joins lookups) and, with the same
 optimizer state, takes the same update. Megatron-LM keeps its input and output
 embeddings in step the same way (its "embedding group" allreduce).
 
@@ -54,30 +55,100 @@ class TiedWeights:
     groups: tuple[TiedGroup, ...] = ()
     counted: tuple[bool, ...] = ()
     timeout: float = math.inf
+    # per group, whether each of its weights is looked up on every holder, learnt at the
+    # first exchange (a lookup's gradient is tf.IndexedSlices, one row per lookup)
+    _rows: dict[int, tuple[bool, ...]] = dataclasses.field(default_factory=dict, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.groups)
 
-    def sum_gradients(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    def sum_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """``grads`` (one per trainable variable of the stage) with each tied weight's
-        gradient replaced by the sum of every holder's, added in stage order (dense: a
-        tied weight's other use, the head's, gives a dense gradient in one process too)."""
+        gradient replaced by the sum of every holder's, added in stage order: dense, as a
+        tape adds a head's dense gradient to a lookup's; where every holder looks the
+        weight up (an embedding shared by an encoder and a decoder), their rows joined in
+        stage order, as a tape joins lookups of one table."""
         out = list(grads)
-        for group in self.groups:
-            arrays = [np.ascontiguousarray(tf.convert_to_tensor(out[i])) for i in group.indices]
-            for i, total in zip(group.indices, self._exchange(group, arrays), strict=True):
-                out[i] = tf.convert_to_tensor(total)
+        for g, group in enumerate(self.groups):
+            mine = [out[i] for i in group.indices]
+            if g not in self._rows:
+                self._rows[g] = self._looked_up(group, mine)
+            rows = self._rows[g]
+            if any(rows):
+                totals = self._join(group, mine, rows)
+            else:
+                arrays = [np.ascontiguousarray(tf.convert_to_tensor(t)) for t in mine]
+                totals = [tf.convert_to_tensor(t) for t in self._exchange(group, arrays)]
+            for i, total in zip(group.indices, totals, strict=True):
+                out[i] = total
         return out
 
-    def _exchange(self, group: TiedGroup, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        mine = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
-        gathered = np.empty(len(group.stages) * mine.size, np.uint8)
-        request = group.comm.Iallgather([mine, MPI.BYTE], [gathered, MPI.BYTE])
+    def _looked_up(self, group: TiedGroup, mine: list[Any]) -> tuple[bool, ...]:
+        flags = np.array([isinstance(t, tf.IndexedSlices) for t in mine], np.uint8)
+        everyone = self._gather(group, flags.view(np.uint8))
+        return tuple(bool(np.all([part[j] for part in everyone])) for j in range(len(mine)))
+
+    def _join(self, group: TiedGroup, mine: list[Any], rows: tuple[bool, ...]) -> list[Any]:
+        arrays: list[np.ndarray] = []
+        for t, joined in zip(mine, rows, strict=True):
+            if not joined:
+                arrays.append(np.ascontiguousarray(tf.convert_to_tensor(t)))
+            elif isinstance(t, tf.IndexedSlices):
+                arrays += [np.ascontiguousarray(t.values), np.asarray(t.indices, np.int64)]
+            else:  # no lookup reached it this step: its zeros, every row once
+                arrays += [np.ascontiguousarray(t), np.arange(int(t.shape[0]), dtype=np.int64)]
+        # each holder's part: its arrays' element counts (the rows differ), then the arrays
+        header = np.array([a.size for a in arrays], np.int64)
+        flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in [header, *arrays]])
+        unpacked = []
+        for part in self._gather(group, flat):
+            counts = part[: header.nbytes].view(np.int64)
+            pieces, offset = [], header.nbytes
+            for a, n in zip(arrays, counts, strict=True):
+                nbytes = int(n) * a.itemsize
+                pieces.append(part[offset : offset + nbytes].view(a.dtype))
+                offset += nbytes
+            unpacked.append(pieces)
+        totals, k = [], 0
+        for t, joined in zip(mine, rows, strict=True):
+            shape = tuple(t.dense_shape.numpy() if isinstance(t, tf.IndexedSlices) else t.shape)
+            if joined:
+                width = shape[1:]
+                values = np.concatenate([p[k].reshape(-1, *width) for p in unpacked])
+                indices = np.concatenate([p[k + 1] for p in unpacked])
+                dense_shape = tf.constant(list(shape))
+                totals.append(
+                    tf.IndexedSlices(tf.constant(values), tf.constant(indices), dense_shape)
+                )
+                k += 2
+            else:
+                total = unpacked[0][k].copy()
+                for p in unpacked[1:]:  # in stage order on every holder: bitwise equal sums
+                    total += p[k]
+                totals.append(tf.convert_to_tensor(total.reshape(shape)))
+                k += 1
+        return totals
+
+    def _gather(self, group: TiedGroup, data: np.ndarray) -> list[np.ndarray]:
+        """Every holder's bytes ``data`` (of any length), in stage order."""
+        sizes = np.zeros(len(group.stages), np.int64)
+        self._wait(group, group.comm.Iallgather(np.array([data.size], np.int64), sizes))
+        gathered = np.empty(int(sizes.sum()), np.uint8)
+        layout = (sizes, None)  # displacements: the sizes' running sums
+        self._wait(group, group.comm.Iallgatherv([data, MPI.BYTE], [gathered, layout, MPI.BYTE]))
+        return np.split(gathered, np.cumsum(sizes)[:-1])
+
+    def _wait(self, group: TiedGroup, request: Any) -> None:
         if not watchdog.wait([request], self.timeout):
             watchdog.abort(
                 f"stage {group.stages[group.comm.Get_rank()]} waited {self.timeout:g} s for "
                 f"stages {list(group.stages)} to exchange the gradients of the weights they share"
             )
+
+    def _exchange(self, group: TiedGroup, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        mine = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
+        gathered = np.empty(len(group.stages) * mine.size, np.uint8)
+        self._wait(group, group.comm.Iallgather([mine, MPI.BYTE], [gathered, MPI.BYTE]))
         parts = gathered.reshape(len(group.stages), mine.size)
         totals, offset = [], 0
         for a in arrays:
