@@ -17,9 +17,28 @@ class StepOutput:
         >>> out = StepOutput([tf.constant(1.0), tf.constant(3.0)])
         >>> float(out.reduce_mean())
         2.0
+
+    Raises:
+        TypeError: ``outputs`` a tensor or an array (a list of the microbatches' values is
+            expected: a tensor's rows would be taken for microbatches).
+        ValueError: no value at all.
     """
 
     def __init__(self, outputs: Sequence[tf.Tensor]) -> None:
+        if (
+            tf.is_tensor(outputs)
+            or hasattr(outputs, "__array__")
+            or not isinstance(outputs, Sequence)
+            or isinstance(outputs, (str, bytes))
+        ):
+            raise TypeError(
+                "StepOutput expects a list with one value per microbatch. Received: "
+                f"{type(outputs).__name__}"
+            )
+        if not outputs:
+            raise ValueError(
+                "StepOutput expects one value per microbatch, at least one. Received: []"
+            )
         self.outputs = [tf.convert_to_tensor(x) for x in outputs]
 
     def __len__(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,3 +64,26 @@ def test_a_steps_gradients_are_freed_without_a_garbage_collection() -> None:
         assert watch() is None  # no reference cycle holds the step's tensors
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(
+    ("outputs", "error", "message"),
+    [
+        # a tensor's rows would have been taken for microbatches, silently
+        (tf.constant([1.0, 3.0]), TypeError, "Received: EagerTensor"),
+        (np.array([1.0, 3.0]), TypeError, "Received: ndarray"),
+        ("ab", TypeError, "Received: str"),
+        ([], ValueError, "at least one. Received: []"),  # its mean was NaN
+    ],
+)
+def test_a_step_output_is_a_list_of_one_value_per_microbatch(
+    outputs: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as raised:
+        StepOutput(outputs)
+    assert str(raised.value).startswith("StepOutput expects ")
+    assert str(raised.value).endswith(message)
+
+
+def test_a_step_output_of_a_tuple_of_values_is_taken() -> None:
+    assert float(StepOutput((tf.constant(1.0), 3.0)).reduce_sum()) == 4.0
