@@ -30,14 +30,13 @@ def bounded(rt: runtime.Runtime, what: str) -> Any:
 def as_tensors(grads: Sequence[Any]) -> list[Any]:
     """``grads`` as tensors: a ``StepOutput``'s ``accumulate()``, a lookup's
     ``tf.IndexedSlices`` as it is, anything else converted."""
-    return [
-        g.accumulate()
-        if hasattr(g, "accumulate")
-        else g
-        if isinstance(g, tf.IndexedSlices)
-        else tf.convert_to_tensor(g)
-        for g in grads
-    ]
+    return [_tensor(g) for g in grads]
+
+
+def _tensor(grad: Any) -> Any:
+    if hasattr(grad, "accumulate"):
+        return grad.accumulate()
+    return grad if isinstance(grad, tf.IndexedSlices) else tf.convert_to_tensor(grad)
 
 
 def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
@@ -57,18 +56,15 @@ def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
         return tensors
     import horovod.tensorflow as hvd
 
+    out = list(tensors)
     dense = [i for i, g in enumerate(tensors) if not isinstance(g, tf.IndexedSlices)]
     with bounded(rt, "average the gradients"):
-        averaged = (
-            hvd.grouped_allreduce(
+        if dense:
+            averaged = hvd.grouped_allreduce(
                 [tensors[i] for i in dense], op=hvd.Average, process_set=rt.dp_set
             )
-            if dense
-            else []
-        )
-        out = list(tensors)
-        for i, g in zip(dense, averaged, strict=True):
-            out[i] = g
+            for i, g in zip(dense, averaged, strict=True):
+                out[i] = g
         for i, g in enumerate(tensors):
             if isinstance(g, tf.IndexedSlices):
                 values = hvd.allgather(g.values, process_set=rt.dp_set)

@@ -26,14 +26,15 @@ def gradients(
         list(sources),
         output_gradients=None if output_gradients is None else list(output_gradients),
     )
-    return [
-        tf.zeros(tuple(x.shape), tf.as_dtype(x.dtype))
-        if g is None
-        else g
-        if i < sparse and isinstance(g, tf.IndexedSlices)
-        else tf.convert_to_tensor(g)
-        for i, (x, g) in enumerate(zip(sources, grads, strict=True))
-    ]
+    return [_kept(x, g, i < sparse) for i, (x, g) in enumerate(zip(sources, grads, strict=True))]
+
+
+def _kept(source: Any, grad: Any, slices: bool) -> Any:
+    if grad is None:
+        return tf.zeros(tuple(source.shape), tf.as_dtype(source.dtype))
+    if slices and isinstance(grad, tf.IndexedSlices):
+        return grad
+    return tf.convert_to_tensor(grad)
 
 
 def add(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
