@@ -1,16 +1,8 @@
 """One rank of a benchmark on the conv chain: ``MODE CONFIG_JSON`` (``MODES``), one compute
-thread; ``--mpi4py-first`` starts MPI before tfsift is imported (bench_launch). Letters: K
-stages, M microbatches, B the global batch.
+thread. Letters: K stages, M microbatches, B the global batch.
 """
 
 from __future__ import annotations
-
-import sys
-
-if sys.argv[1] == "--mpi4py-first":  # MPI starts here, before tfsift is imported
-    from mpi4py import MPI
-
-    del sys.argv[1]
 
 import tensorflow as tf
 
@@ -26,6 +18,7 @@ import os  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import socket  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402

@@ -50,32 +50,30 @@ def wait_for_quiet(max_load: float, max_wait: float, poll: float = 15.0) -> tupl
     return load, f"; the load never dropped below {max_load}, and it ran after {waited:.0f} minutes"
 
 
-def environment(extra: dict[str, str] | None = None, unset: Sequence[str] = ()) -> dict[str, str]:
-    """The caller's environment with the benchmark threads and paths, without ``unset``."""
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment with the benchmark threads and paths."""
     path = os.pathsep.join([str(ROOT), str(ROOT / "scripts")])
-    mine = {k: v for k, v in os.environ.items() if k not in unset}
-    return mine | ENV | {"PYTHONPATH": path} | (extra or {})
+    return dict(os.environ) | ENV | {"PYTHONPATH": path} | (extra or {})
 
 
 def run_job(worker: Path, args: Sequence[str], np: int, *, timeout: float = 900,
             mpi: bool = True, bind: str = "core", python: str = sys.executable,
-            env: dict[str, str] | None = None, hosts: str | None = None,
-            launcher: str = "mpirun", unset: Sequence[str] = ()) -> list[Result]:  # fmt: skip
+            env: dict[str, str] | None = None,
+            hosts: str | None = None) -> list[Result]:  # fmt: skip
     """Runs ``worker args`` on ``np`` ranks and returns each rank's JSON (``write_rank``), by
     rank; indented lines it prints are shown as they come, the rest only if it fails; a job
     past ``timeout`` seconds is killed. ``mpi=False``: one process without ``mpirun``;
-    ``python``: another environment's (a peer framework's); ``unset``: left out of the
-    environment (as ``OMPI_MCA_mpi_yield_when_idle``, which importing tfsift set here);
-    ``hosts``: mpirun's ``--host`` list, on the simulated hosts."""
+    ``python``: another environment's (a peer framework's); ``hosts``: mpirun's
+    ``--host`` list, on the simulated hosts."""
     argv = [str(worker), *args]
     if not mpi and np != 1:
         raise ValueError(f"a job without mpirun runs one process. Received: np={np}")
-    cmd = launch_command(np, argv, bind, python, launcher) if mpi else [python, *argv]
+    cmd = launch_command(np, argv, bind, python) if mpi else [python, *argv]
     if hosts is not None:
         cmd = ["bash", str(SIMHOSTS), "exec", *cmd[:3], "--host", hosts, *cmd[3:]]
     with tempfile.TemporaryDirectory(prefix="tfsift-bench-") as folder:
         out = Path(folder)
-        tail = _run(cmd, environment({**(env or {}), OUT_DIR: str(out)}, unset), timeout)
+        tail = _run(cmd, environment({**(env or {}), OUT_DIR: str(out)}), timeout)
         files = sorted(out.glob("rank*.json"), key=lambda f: int(f.stem[4:]))
         if len(files) != np or tail[0] != 0:
             raise RuntimeError(
@@ -85,24 +83,9 @@ def run_job(worker: Path, args: Sequence[str], np: int, *, timeout: float = 900,
         return [json.loads(f.read_text()) for f in files]
 
 
-LAUNCHERS = ("mpirun", "horovodrun", "tfsift run")
-
-
-def launch_command(
-    np: int, argv: Sequence[str], bind: str, python: str, launcher: str = "mpirun"
-) -> list[str]:
-    """The command running ``python argv`` on ``np`` local ranks bound by ``bind``:
-    tfsift's own ``mpirun`` line (root, oversubscription), or ``horovodrun``'s or ``tfsift
-    run``'s (both from ``python``'s environment), which build theirs."""
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {LAUNCHERS}. Received: {launcher!r}")
-    scripts = Path(python).parent
-    if launcher == "horovodrun":
-        binding = f"--binding-args=--bind-to {bind} --map-by core"
-        return [str(scripts / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", binding,
-                python, *argv]  # fmt: skip
-    if launcher == "tfsift run":
-        return [str(scripts / "tfsift"), "run", "-np", str(np), "--bind-to", bind, python, *argv]
+def launch_command(np: int, argv: Sequence[str], bind: str, python: str) -> list[str]:
+    """tfsift's own ``mpirun`` line (root, oversubscription) running ``python argv`` on
+    ``np`` local ranks bound by ``bind``."""
     cmd = mpirun_command(np, argv, python=python)
     cmd[cmd.index("--bind-to") + 1] = bind
     return cmd

@@ -1,5 +1,5 @@
-"""The docs sections of scripts/bench_partition.py, bench_pipeline.py and bench_precision.py:
-their tables from saved results, and nothing else but headings and the provenance line."""
+"""The docs sections of scripts/bench_pipeline.py and bench_precision.py: their tables from
+saved results, and nothing else but headings and the provenance line."""
 
 from __future__ import annotations
 
@@ -9,19 +9,6 @@ import scripts_module
 
 META = {"date": "2026-12-06", "cores": 2, "commit": "abc1234", "load_start": 0.1,
         "load_end": 0.2, "seconds": 60.0}  # fmt: skip
-
-
-def test_partition_renders_its_two_tables_and_the_machine() -> None:
-    bench = scripts_module.load("bench_partition")
-    raw = {
-        "steps": [["VGG-16 CNN", "21", "2", "1007.3", "= exact", "1007.3 (+0.0%)", "1", "2", "1"]],
-        "timings": [["speed", "10,000", "64", "8", "0.35 s", "0.39, 0.35, 0.35"]],
-        "machine": "AMD EPYC, Python 3.11.7, numpy 2.4.6",
-    }
-    text = bench.render(raw, META, bench.Settings())
-    assert scripts_module.prose(text) == []
-    assert text.splitlines()[0].endswith("`. AMD EPYC, Python 3.11.7, numpy 2.4.6.")
-    assert text.count("\n|---|") == 2
 
 
 def pipeline_row(M: int, pipeline: str, optimize: str, step: float) -> dict[str, Any]:
