@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
-# Chaos test of checkpoints: trains tests/mpi_scripts/checkpoint_train.py once without
-# interruption, then again while killing (kill -9) a random rank at a random step, several
-# times in a row, restarting the same command after each kill; the final weights and
-# optimizer state must equal the uninterrupted run's, bitwise. Every killed job must end
-# within 60 s of the kill. Needs the set-up of scripts/setup.sh (.venv/).
-#
+# Chaos test of checkpoints (docs/checkpoints.md): a run without interruption, then the
+# same run with a random rank killed (kill -9) at a random step and restarted, several times;
+# the final checkpoint must equal the first run's bitwise, and each killed job must end
+# within 60 s. Needs scripts/setup.sh's .venv/.
 # usage: scripts/chaos.sh [--np N] [--partitions K] [--steps S] [--every E] [--kills X]
 #                         [--sift] [--seed SEED] [--workdir DIR]
 # defaults: 4 ranks as 2 stages x 2 replicas, 24 steps, a checkpoint every 3, 3 kills.

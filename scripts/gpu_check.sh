@@ -1,23 +1,10 @@
 #!/usr/bin/env bash
-# Checks tfsift on this host's GPUs, step by step, and says what each step saw:
-#   1. TensorFlow's build (CUDA, cuDNN) and the GPUs it sees;
-#   2. `tfsift doctor`;
-#   3. one rank per GPU: more ranks than GPUs must fail at init with the reason;
-#   4. a variable of a one-process model lands on the GPU;
-#   5. the main example (a 2-stage pipeline) and the sifting example (InfoBatch),
-#      timed, then the same on the CPU of this host (CUDA_VISIBLE_DEVICES="");
-#   6. with `tests`: the test suite's multi-process tests with GPU kernels, with TF32 off
-#      (NVIDIA_TF32_OVERRIDE=0: the tests compare with one process to float32 rounding,
-#      and TensorFlow's default TF32 matmuls and convolutions on Ampere and newer GPUs
-#      are far coarser) and deterministic kernels (TF_DETERMINISTIC_OPS=1: some tests
-#      ask for bitwise-equal losses).
-# With one GPU, steps 5 and 6 share it between the ranks on purpose (TFSIFT_PIN_GPU=0,
-# TF_FORCE_GPU_ALLOW_GROWTH=true), as docs/install.md#gpus says. If TensorFlow lists no
-# GPU, run it with TF_CPP_MIN_LOG_LEVEL=0 to see which library it could not open (with
-# the CUDA wheels unpacked into a folder on PYTHONPATH, it needed LD_LIBRARY_PATH to
-# name their nvidia/*/lib folders).
+# Checks tfsift on this host's GPUs step by step and says what each step saw: TensorFlow's
+# build and GPUs, `tfsift doctor`, one rank per GPU, where a model's variables land, the
+# examples on the GPU and on the CPU, and with `tests` the multi-process tests (TF32 off,
+# deterministic kernels); with one GPU the ranks share it. Why each setting, what to do
+# when TensorFlow lists no GPU, and what it printed on an H100: docs/install.md#gpus.
 # Usage: PYTHON=.venv/bin/python bash scripts/gpu_check.sh [quick|tests] (default quick).
-# Results seen on an H100 are in docs/install.md#gpus.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
