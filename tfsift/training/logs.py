@@ -48,7 +48,7 @@ def _sorted(rows: np.ndarray) -> np.ndarray:
     return rows[np.lexsort(rows.T[::-1])]
 
 
-def replica_logs(losses: dict[str, Any], metrics: Any) -> dict[str, float]:
+def replica_logs(losses: dict[str, Any], metrics: Any) -> dict[str, Any]:
     """The losses (``"loss"``, and each output's) averaged over the data-parallel
     replicas, and ``metrics`` (Keras'
     ``CompileMetrics``, or None) computed from their variables combined over the replicas
@@ -59,7 +59,7 @@ def replica_logs(losses: dict[str, Any], metrics: Any) -> dict[str, float]:
     """
     if not _replicated():
         means = {k: float(v) for k, v in losses.items()}
-        return {**means, **{k: float(v) for k, v in metric_results(metrics).items()}}
+        return {**means, **pythonified(metric_results(metrics))}
     variables = list(metrics.variables) if metrics is not None and metrics.built else []
     values = [np.asarray(v.numpy(), np.float64) for v in variables]
     own = [float(v) for v in losses.values()]
@@ -81,7 +81,7 @@ def replica_logs(losses: dict[str, Any], metrics: Any) -> dict[str, float]:
             total = part.sum(axis=0)
         combined.append(tf.constant(total.reshape(value.shape), var.dtype))
     results = metrics.stateless_result(combined)
-    return {**logs, **{k: float(v) for k, v in results.items()}}
+    return {**logs, **pythonified(results)}
 
 
 def metric_results(metrics: Any) -> dict[str, Any]:
@@ -89,3 +89,15 @@ def metric_results(metrics: Any) -> dict[str, Any]:
     if metrics is None or not metrics.built:
         return {}
     return dict(metrics.result())
+
+
+def pythonified(results: dict[str, Any]) -> dict[str, Any]:
+    """Metric results as Keras puts them in the logs: a number as a float, a result that
+    is a dict merged in, anything else (``F1Score``'s one value per class) an array."""
+    out: dict[str, Any] = {}
+    for name, value in results.items():
+        if isinstance(value, dict):
+            out.update(pythonified(value))
+        else:
+            out[name] = float(value) if np.ndim(value) == 0 else np.asarray(value)
+    return out

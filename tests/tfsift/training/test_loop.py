@@ -1260,3 +1260,41 @@ def test_the_partitioned_model_gets_sets_and_exports_the_whole_model(tmp_path: P
         model(x)
     assert str(call.value).endswith("to compute its outputs for data, call model.predict(x) on "
                                     "every rank")  # fmt: skip
+
+
+class SumAndMean(keras.metrics.Metric):  # type: ignore[misc]
+    """A metric whose result is a dict, which Keras merges into the logs."""
+
+    def __init__(self) -> None:
+        super().__init__(name="sum_and_mean")
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        self.total.assign_add(keras.ops.sum(y_pred))
+        self.count.assign_add(keras.ops.cast(keras.ops.size(y_pred), "float32"))
+
+    def result(self) -> dict[str, Any]:
+        return {"pred_sum": self.total + 0.0, "pred_mean": self.total / self.count}
+
+
+def test_a_metric_of_one_value_per_class_or_a_dict_is_logged_as_keras_logs_it() -> None:
+    # F1Score's default, one value per class, and a dict result raised "only 0-dimensional
+    # arrays can be converted to Python scalars" after the first epoch
+    tfsift.init({"microbatches": 2})
+    x, y, _ = seventy()
+    histories, evaluated = [], []
+    for model in keras_and_tfsift():
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+            metrics=[keras.metrics.F1Score(), SumAndMean()],
+        )
+        one_hot = keras.utils.to_categorical(y, 3)
+        histories.append(model.fit(x, one_hot, batch_size=16, shuffle=False, verbose=0).history)
+        evaluated.append(model.evaluate(x, one_hot, batch_size=16, verbose=0, return_dict=True))
+    for ours, theirs in ((histories[1], histories[0]), (evaluated[1], evaluated[0])):
+        assert sorted(ours) == sorted(theirs) == ["f1_score", "loss", "pred_mean", "pred_sum"]
+        for key, value in theirs.items():
+            np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(value), rtol=1e-5)
+    assert np.asarray(histories[1]["f1_score"][0]).shape == (3,)
