@@ -152,9 +152,24 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         ...         self.dense = keras.layers.Dense(10)
         ...     def call(self, x):
         ...         return self.dense(x)
+
+    A functional model (``keras.Model(inputs, outputs)``) is cut layer by layer when a
+    subclass holds it and calls it: ``self.net = keras.Model(inputs, outputs)`` in
+    ``__init__``, ``return self.net(x)`` in ``call``.
+
+    Raises:
+        TypeError: ``DistributedModel(inputs, outputs)``, Keras' functional constructor.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if len(args) == 2 or {"inputs", "outputs"} <= set(kwargs) or (args and "outputs" in kwargs):
+            # Keras would turn this class into a functional one, which the trace cannot cut
+            raise TypeError(
+                "tfsift.DistributedModel is subclassed (layers in __init__, the forward in "
+                "call), not built from inputs and outputs: hold the functional model in a "
+                "subclass, self.net = keras.Model(inputs, outputs), and return self.net(x) "
+                "from call. Received: DistributedModel(inputs, outputs)"
+            )
         super().__init__(*args, **kwargs)
         object.__setattr__(self, "_tfsift", _ModelState())
 
@@ -601,8 +616,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             ValueError: a training dataset whose batches do not split into
                 ``microbatches`` (validation's may); targets
                 that do not match a model's outputs (at the first step); a model class
-                that overrides Keras' ``train_step``, ``test_step``, ``compute_loss`` or
-                ``compute_metrics`` (tfsift runs its own step);
+                that overrides Keras' ``train_step``, ``test_step``, ``compute_loss``,
+                ``compute_metrics`` or ``get_metrics_result`` (tfsift runs its own step);
+                a ``validation_freq`` neither an int >= 1 nor a list of epochs;
                 ``validation_split`` with a dataset; ``class_weight`` with ``sift``;
                 ``sift`` with ``policy="infobatch"`` and other ``epochs`` than ``fit``'s;
                 callbacks that differ between ranks (other than those that show or write

@@ -513,3 +513,46 @@ def test_weights_of_the_models_own_are_refused_before_any_step(model: Any, recei
         f"build and uses them in its call) and call that layer. Received: {received}"
     )
     assert made.partitioned is None
+
+
+def _functional() -> keras.Model:
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(8, "relu", kernel_initializer=keras.initializers.GlorotUniform(1))
+    out = keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(2))
+    return keras.Model(inputs, out(hidden(inputs)))
+
+
+class Holder(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _functional()
+
+    def call(self, x: Any) -> Any:
+        return self.net(x)
+
+
+def test_keras_functional_constructor_is_refused_with_the_subclass_to_write() -> None:
+    # it built and compiled, then fit said the model made weights of its own
+    inputs = keras.Input((5,))
+    outputs = keras.layers.Dense(3)(inputs)
+    for args, kwargs in [((inputs, outputs), {}), ((), {"inputs": inputs, "outputs": outputs})]:
+        with pytest.raises(TypeError) as err:
+            tfsift.DistributedModel(*args, **kwargs)
+        assert str(err.value) == (
+            "tfsift.DistributedModel is subclassed (layers in __init__, the forward in call), "
+            "not built from inputs and outputs: hold the functional model in a subclass, "
+            "self.net = keras.Model(inputs, outputs), and return self.net(x) from call. "
+            "Received: DistributedModel(inputs, outputs)"
+        )
+
+
+def test_a_subclass_holding_a_functional_model_trains_as_keras_does() -> None:
+    tfsift.init({"microbatches": 2})
+    x = np.random.default_rng(0).normal(size=(32, 5)).astype(np.float32)
+    y = np.arange(32) % 3
+    models = [_functional(), Holder()]
+    for model in models:
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    for ours, theirs in zip(models[1].get_weights(), models[0].get_weights(), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -70,8 +70,9 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
 
 
 # Keras' hooks its own fit, evaluate and predict call, which tfsift's pipelined steps do not
-TRAIN_HOOKS = ("train_step", "test_step", "compute_loss", "compute_metrics")
-TEST_HOOKS = ("test_step", "compute_loss", "compute_metrics")
+# get_metrics_result: Keras' fit and evaluate build their logs with it
+TRAIN_HOOKS = ("train_step", "test_step", "compute_loss", "compute_metrics", "get_metrics_result")
+TEST_HOOKS = ("test_step", "compute_loss", "compute_metrics", "get_metrics_result")
 PREDICT_HOOKS = ("predict_step",)
 
 

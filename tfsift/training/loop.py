@@ -73,7 +73,7 @@ def fit(
     steps_per_epoch: int | None = None,
     validation_steps: int | None = None,
     validation_batch_size: int | None = None,
-    validation_freq: int = 1,
+    validation_freq: int | list[int] = 1,
     sift: SiftConfig | None = None,
 ) -> keras.callbacks.History:
     """Keras' ``fit``, pipelined and data-parallel; see ``DistributedModel.fit``."""
@@ -86,6 +86,7 @@ def fit(
             f"SiftConfig(epochs={sift.epochs}); pass sift=config.replace(epochs={epochs})"
         )
     check_hooks(model, "fit", TRAIN_HOOKS)
+    _check_validation_freq(validation_freq)
     compiled, M = compiled_of(model), runtime.get().config.microbatches
     ranks = data.input_ranks(model)
     if validation_split:
@@ -154,7 +155,7 @@ def fit(
             _ran_dry(model, epoch, first=epoch == initial_epoch)
         if sift is not None:
             epoch_logs.update(_sift_logs(train))
-        if validation_data is not None and (epoch + 1) % validation_freq == 0:
+        if validation_data is not None and _validates(epoch, validation_freq):
             val_batches = data.batches(validation_data, validation_steps)
             val = _test_loop(model, compiled, val_batches, cbs, "fit's validation_data")
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
@@ -401,6 +402,26 @@ def _train_batch(
     if record is not None:  # a sifted batch splits: never padded
         record(y, y_pred, weight)
     return _update(compiled, trackers, losses, y_pred, y, weight, penalty, rows)
+
+
+def _check_validation_freq(validation_freq: Any) -> None:
+    """Before training: Keras takes an int (every N epochs) or a list of epochs (1-based),
+    and says so only when it first validates, after an epoch's training."""
+    valid = (isinstance(validation_freq, int) and validation_freq >= 1) or (
+        isinstance(validation_freq, list) and all(isinstance(e, int) for e in validation_freq)
+    )
+    if isinstance(validation_freq, bool) or not valid:
+        raise ValueError(
+            "fit's validation_freq must be an int >= 1 (validate every that many epochs) or a "
+            f"list of the epochs to validate after (1-based). Received: {validation_freq!r}"
+        )
+
+
+def _validates(epoch: int, validation_freq: int | list[int]) -> bool:
+    """Whether fit validates after ``epoch`` (0-based), as Keras' ``_should_eval``."""
+    if isinstance(validation_freq, list):
+        return epoch + 1 in validation_freq
+    return (epoch + 1) % validation_freq == 0
 
 
 def _sift_logs(train: Any) -> Logs:

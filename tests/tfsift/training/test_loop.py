@@ -791,6 +791,47 @@ def test_keras_hooks_a_model_overrides_are_refused_before_any_step() -> None:
     assert model.partitioned is None  # refused before the first step traced it
 
 
+class OwnLogs(Mlp):
+    """A model whose logs Keras builds with its own ``get_metrics_result``."""
+
+    def get_metrics_result(self) -> dict[str, Any]:
+        return {**super().get_metrics_result(), "custom": 1.0}
+
+
+def test_a_model_with_logs_of_its_own_is_refused_before_any_step() -> None:
+    # tfsift's logs left the override's "custom" out without a word
+    compiled_model()
+    model = OwnLogs()
+    model.compile(optimizer="sgd", loss="mse")
+    for what, run in [("fit", lambda: model.fit(dataset(), verbose=0)),
+                      ("evaluate", lambda: model.evaluate(dataset(), verbose=0))]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^tfsift's {what} runs .* overrides get_metrics"):
+            run()
+    assert model.partitioned is None
+
+
+@pytest.mark.parametrize("freq", [[1, 3], 2])
+def test_validation_freq_takes_an_int_or_a_list_of_epochs_as_keras_does(freq: Any) -> None:
+    # a list raised "unsupported operand type(s) for %" after the first epoch's training
+    history = compiled_model().fit(
+        dataset(), epochs=3, validation_data=dataset(), validation_freq=freq, verbose=0
+    )
+    validated = [1, 3] if freq == [1, 3] else [2]
+    assert len(history.history["val_loss"]) == len(validated)
+
+
+@pytest.mark.parametrize("freq", [0, "2", 1.5, [1, "2"], True])
+def test_a_validation_freq_of_another_kind_is_refused_before_training(freq: Any) -> None:
+    model = compiled_model()
+    with pytest.raises(ValueError) as err:
+        model.fit(dataset(), epochs=2, validation_data=dataset(), validation_freq=freq, verbose=0)
+    assert str(err.value) == (
+        "fit's validation_freq must be an int >= 1 (validate every that many epochs) or a "
+        f"list of the epochs to validate after (1-based). Received: {freq!r}"
+    )
+    assert model.partitioned is None  # before the first step
+
+
 def test_the_progress_bar_shows_on_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
     model = compiled_model()
     model.fit(dataset(), epochs=1, verbose=2)
