@@ -555,10 +555,15 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         takes what Keras takes: one loss for every output, or a list or dict of losses,
         with ``loss_weights`` and metrics per output; ``fit`` and ``evaluate`` log the
         total ``loss`` and each loss as Keras names it (``{output}_loss``), and ``y`` holds
-        a target per output.
+        a target per output. A loss that ignores a class
+        (``SparseCategoricalCrossentropy(ignore_class=...)``), which Keras divides by the
+        targets it does not ignore, is divided by their count over the whole batch, every
+        replica's, as in one process.
 
         Raises:
-            ValueError: a layer with an ``activity_regularizer``; a loss whose
+            ValueError: a layer with an ``activity_regularizer``; a loss that ignores a
+                class among several outputs' losses, where the batch is split into
+                microbatches or replicas; a loss whose
                 ``reduction`` is not Keras' default ``"sum_over_batch_size"`` (``fit``
                 averages the microbatches' losses, which is the batch's loss only then);
                 at ``fit``'s first step, a loss function that returns one value for the

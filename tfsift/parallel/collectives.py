@@ -74,6 +74,18 @@ def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
     return out
 
 
+def replica_sum(value: float, what: str) -> tuple[float, int]:
+    """``value`` summed over the caller's data-parallel group, and the group's size."""
+    rt = runtime.get()
+    if not rt.horovod or rt.topology.replicas == 1:
+        return value, 1
+    import horovod.tensorflow as hvd
+
+    with bounded(rt, what):
+        total = hvd.allreduce(tf.constant([value], tf.float64), op=hvd.Sum, process_set=rt.dp_set)
+    return float(total.numpy()[0]), rt.topology.replicas
+
+
 def broadcast_variables(variables: Sequence[Any]) -> None:
     """Copies ``variables`` from dp_rank 0 to every replica of the caller's stage.
 

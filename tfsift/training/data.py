@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -133,6 +133,35 @@ def padded_batch(x: Any, y: Any, weight: Any, M: int) -> tuple[Any, Any, Any, in
     y_p = padded(y, M)[0]
     w_p = None if weight is None else padded(weight, M)[0]
     return x_p, y_p, sifted_weights(y_p, w_p, scale), rows
+
+
+def counted_weights(
+    y_p: Any,
+    weight: Any,
+    rows: int,
+    M: int,
+    ignore_class: int,
+    replica_sum: Callable[[float], tuple[float, int]],
+) -> Any:
+    """The sample weights of a padded batch (``padded_batch``'s ``y_p``, its own ``rows``)
+    whose loss ignores a class (``SparseCategoricalCrossentropy(ignore_class=...)``).
+
+    Keras divides such a loss by the number of targets not ignored, so each microbatch's
+    loss is the mean over its own count, and their average over the microbatches and
+    replicas is not the batch's mean. Weighing microbatch m by ``n_m * M * R / n`` (its
+    count, including padded copies, which Keras counts in it; ``n`` the batch's own
+    targets over every replica, ``replica_sum`` of this replica's, with R) makes the
+    average the batch's loss, and its gradients the batch's; the copies weigh 0.
+    """
+    total = int(tree.flatten(y_p)[0].shape[0])
+    counted = tf.cast(tf.not_equal(tf.cast(y_p, tf.float64), float(ignore_class)), tf.float64)
+    per_row = tf.reduce_sum(tf.reshape(counted, [total, -1]), axis=1)
+    overall, replicas = replica_sum(float(tf.reduce_sum(per_row[:rows])))
+    per_microbatch = tf.reduce_sum(tf.reshape(per_row, [M, -1]), axis=1)
+    factor = per_microbatch * (M * replicas / overall) if overall > 0 else per_microbatch * 0
+    own = tf.concat([tf.ones([rows], tf.float64), tf.zeros([total - rows], tf.float64)], 0)
+    w_p = None if weight is None else padded(weight, M)[0]
+    return sifted_weights(y_p, w_p, tf.repeat(factor, total // M) * own)
 
 
 def refuse_unread(x: Any, what: str) -> None:

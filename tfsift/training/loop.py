@@ -8,6 +8,7 @@ rank at the same epoch). Only rank 0 shows Keras' progress bar.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ import tensorflow as tf
 from keras import tree
 
 from tfsift.parallel import runtime
-from tfsift.parallel.collectives import allreduce
+from tfsift.parallel.collectives import allreduce, replica_sum
 from tfsift.sift.config import SiftConfig
 from tfsift.sift.transform import sift as sift_transform
 from tfsift.training import data
@@ -284,7 +285,7 @@ def test_on_batch(
     compiled = compiled_of(model)
     x, y, weight = _one_batch(model, x, y, sample_weight, "test_on_batch")
     M = runtime.get().config.microbatches
-    x_p, y_p, w_p, rows = data.padded_batch(x, y, weight, M)
+    x_p, y_p, w_p, rows = _padded(compiled, x, y, weight, M)
     losses, y_pred = compiled.eval_step(x_p, y_p, *_weights(w_p))
     penalty = compiled.penalties.value()
     logs = _update(compiled, _reset(compiled), losses, y_pred, y, weight, penalty, rows)
@@ -297,6 +298,18 @@ def predict_on_batch(model: DistributedModel, x: Any) -> Any:
     x, rows = data.padded(tree.lists_to_tuples(x), runtime.get().config.microbatches)
     x, _, _ = _one_batch(model, x, None, None, "predict_on_batch")
     return tree.map_structure(lambda o: o.concat().numpy()[:rows], predict_step_of(model)(x))
+
+
+def _padded(compiled: Compiled, x: Any, y: Any, weight: Any, M: int) -> tuple[Any, ...]:
+    """``data.padded_batch``, its loss weighed by each microbatch's share of the batch's
+    targets where the loss ignores a class (``data.counted_weights``); the metrics take
+    ``weight`` as it is."""
+    x_p, y_p, w_p, rows = data.padded_batch(x, y, weight, M)
+    ignored = compiled.loss.ignore_class
+    if ignored is not None and M * runtime.get().topology.replicas > 1:
+        count = functools.partial(replica_sum, what="count the targets of the batch")
+        w_p = data.counted_weights(y_p, weight, rows, M, ignored, count)
+    return x_p, y_p, w_p, rows
 
 
 def _one_batch(
@@ -392,7 +405,7 @@ def _train_batch(
     back to the sifted dataset."""
     x, y, weight = batch
     # a batch that does not split into the microbatches is padded, its copies weighed 0
-    x_p, y_p, w_p, rows = data.padded_batch(x, y, weight, runtime.get().config.microbatches)
+    x_p, y_p, w_p, rows = _padded(compiled, x, y, weight, runtime.get().config.microbatches)
     grads, losses, y_pred = compiled.train_step(x_p, y_p, *_weights(w_p))
     check_output_mask(model)  # on every rank, before any update
     grads, penalty = compiled.penalties.apply(allreduce(grads))  # Keras' model.losses
@@ -456,7 +469,7 @@ def _test_loop(
     for n, (x, y, weight) in enumerate(batches):
         cbs.on_test_batch_begin(n)
         # a batch that does not split into the microbatches is padded, its copies weighed 0
-        x_p, y_p, w_p, rows = data.padded_batch(x, y, weight, M)
+        x_p, y_p, w_p, rows = _padded(compiled, x, y, weight, M)
         losses, y_pred = compiled.eval_step(x_p, y_p, *_weights(w_p))
         if n == 0:  # after a step (the model partitioned); the weights stay as they are
             check_output_mask(model)

@@ -204,6 +204,11 @@ class ModelLoss:
         for each in [self.single] if self.single is not None else tree.flatten(loss):
             if isinstance(each, keras.losses.Loss):  # names and functions reduce by the mean
                 check_reduction(each)
+        # a class whose targets the loss leaves out of its mean (and of its count), which
+        # fit then weighs the microbatches by (data.counted_weights)
+        self.ignore_class = getattr(self.single, "ignore_class", None)
+        if self.single is None:
+            _refuse_ignored_classes(loss)
         # the per-sample losses, made once: sifting asks for them at every step
         self._unreduced = None if self.single is None else per_sample_loss(self.single)
         self._user = (loss, loss_weights, output_names)
@@ -287,6 +292,25 @@ class ModelLoss:
         assert self._keras is not None  # built by _terms
         aligned = _aligned(targets, y_pred, self._user[2])
         return _repacked(self._keras._y_true_build_structure, aligned)
+
+
+def _refuse_ignored_classes(losses: Any) -> None:
+    """Refuses, where batches are split, an output's loss that ignores a class among
+    several outputs' (one output's is taken exactly: ``data.counted_weights``)."""
+    rt = STATE.runtime
+    if rt is None or rt.config.microbatches * rt.topology.replicas == 1:
+        return
+    for each in tree.flatten(losses):
+        ignored = getattr(each, "ignore_class", None)
+        if ignored is not None:
+            raise ValueError(
+                "a loss that ignores a class divides by the targets it does not ignore, "
+                "which tfsift's fit counts over the whole batch for a model of one output "
+                "only; here each microbatch's would be divided by its own count. Weigh the "
+                "ignored targets 0 with sample_weight instead, or use one microbatch on one "
+                f"replica. Received: {type(each).__name__}(ignore_class={ignored}) among "
+                "several losses"
+            )
 
 
 def _plus(total: Any, value: Any, weight: Any) -> Any:

@@ -202,6 +202,28 @@ def test_a_model_of_two_outputs_needs_a_target_for_each_and_its_losses_a_mean() 
     assert str(err.value).endswith("Received: MeanSquaredError(reduction='sum')")
 
 
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_loss_that_ignores_a_class_among_several_outputs_is_refused_where_batches_split(
+    microbatches: int,
+) -> None:
+    # each microbatch's loss would be divided by its own count of targets it does not ignore
+    tfsift.init({"microbatches": microbatches})
+    ignoring = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)
+    model = TwoHeads()
+    if microbatches == 1:  # Keras' own batch: nothing to refuse
+        model.compile(optimizer="sgd", loss=["mse", ignoring])
+        return
+    with pytest.raises(ValueError) as err:  # at compile, before any step
+        model.compile(optimizer="sgd", loss=["mse", ignoring])
+    assert str(err.value) == (
+        "a loss that ignores a class divides by the targets it does not ignore, which "
+        "tfsift's fit counts over the whole batch for a model of one output only; here each "
+        "microbatch's would be divided by its own count. Weigh the ignored targets 0 with "
+        "sample_weight instead, or use one microbatch on one replica. Received: "
+        "SparseCategoricalCrossentropy(ignore_class=-1) among several losses"
+    )
+
+
 def test_a_per_token_loss_scores_each_sample_by_its_tokens_mean_which_averages_to_the_loss() -> (
     None
 ):
