@@ -569,7 +569,9 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
                 at ``fit``'s first step, a loss function that returns one value for the
                 whole batch instead of one per sample, where the batch is split into
                 microbatches or replicas (a sum, or a loss over pairs of samples, would
-                train otherwise than in one process).
+                train otherwise than in one process); at the first batch of ``fit`` or
+                ``evaluate``, before any update, a loss whose value for a sample depends
+                on the batch's other samples (in-batch negatives), where it is split.
         """
         from tfsift import training
 

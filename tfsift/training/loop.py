@@ -300,6 +300,14 @@ def predict_on_batch(model: DistributedModel, x: Any) -> Any:
     return tree.map_structure(lambda o: o.concat().numpy()[:rows], predict_step_of(model)(x))
 
 
+def _parts() -> int:
+    """Into how many parts a step splits a replica's batch, for ``ModelLoss.check_alone``:
+    its microbatches, or two halves where one microbatch is one of R replicas' parts."""
+    rt = runtime.get()
+    M = rt.config.microbatches
+    return M if M > 1 else 2 if rt.topology.replicas > 1 else 1
+
+
 def _padded(compiled: Compiled, x: Any, y: Any, weight: Any, M: int) -> tuple[Any, ...]:
     """``data.padded_batch``, its loss weighed by each microbatch's share of the batch's
     targets where the loss ignores a class (``data.counted_weights``); the metrics take
@@ -408,6 +416,7 @@ def _train_batch(
     x_p, y_p, w_p, rows = _padded(compiled, x, y, weight, runtime.get().config.microbatches)
     grads, losses, y_pred = compiled.train_step(x_p, y_p, *_weights(w_p))
     check_output_mask(model)  # on every rank, before any update
+    compiled.loss.check_alone(y_p, y_pred, _parts())
     grads, penalty = compiled.penalties.apply(allreduce(grads))  # Keras' model.losses
     # every stage, one without trainable variables too: it takes its part in the sums the
     # others' update makes over the pipeline (a global norm, a loss scale's finite check)
@@ -473,6 +482,7 @@ def _test_loop(
         losses, y_pred = compiled.eval_step(x_p, y_p, *_weights(w_p))
         if n == 0:  # after a step (the model partitioned); the weights stay as they are
             check_output_mask(model)
+            compiled.loss.check_alone(y_p, y_pred, _parts())
             penalty = compiled.penalties.value()
         logs = _update(compiled, trackers, losses, y_pred, y, weight, penalty, rows)
         cbs.on_test_batch_end(n, logs)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import tree
 from keras.src.trainers.compile_utils import CompileLoss
@@ -155,9 +156,8 @@ def check_output_mask(model: DistributedModel) -> None:
 
 def per_sample_loss(loss: keras.losses.Loss) -> Callable[..., Any]:
     """``loss`` with ``reduction=None`` (one value per sample), for ``tfsift.sift``."""
-    if isinstance(loss, PerSampleMean):
-        fn: Callable[..., Any] = loss.fn
-        return fn
+    if isinstance(loss, PerSampleMean):  # a Loss still: it converts its inputs, as Keras'
+        return PerSampleMean(loss.fn, reduction=None)
     try:
         unreduced: Callable[..., Any] = type(loss).from_config(
             {**loss.get_config(), "reduction": None}
@@ -215,6 +215,7 @@ class ModelLoss:
         self._keras: CompileLoss | None = None
         self._unreduced_terms: list[Callable[..., Any]] = []
         self._checked = False  # check_per_sample, at the first call
+        self._alone = False  # check_alone, at the first batch
 
     def __call__(self, y: Any, y_pred: Any, sample_weight: Any = None) -> dict[str, Any]:
         """``{"loss": the weighted sum, "{name}_loss": each loss unweighted, ...}``, the
@@ -238,6 +239,42 @@ class ModelLoss:
                 values[f"{name}_loss"] = value
             total = _plus(total, value, weight)
         return {"loss": total, **values}
+
+    def check_alone(self, y: Any, y_pred: Any, parts: int) -> None:
+        """Refuses, at the first batch, a loss whose value for a sample depends on the
+        other samples of its batch (in-batch negatives, a batch statistic): ``fit`` and
+        ``evaluate`` compute it on each microbatch, a part of the batch, where Keras
+        computes it on the whole. ``y`` the batch's targets, ``y_pred`` its predictions
+        (each output's ``StepOutput``, on every rank), ``parts`` the microbatches (a
+        replica's batch is halved where M is 1: on R replicas it is a part too).
+
+        Raises:
+            ValueError: a sample's loss differs between its microbatch and the batch.
+        """
+        if self._alone or parts < 2:
+            return
+        self._alone = True
+        whole = tree.map_structure(lambda o: o.concat(), y_pred)
+        rows = int(tree.flatten(whole)[0].shape[0])
+        size = -(-rows // parts)
+        spans = [(start, min(start + size, rows)) for start in range(0, rows, size)]
+        values = np.asarray(self.per_sample(y, whole))
+        split = np.concatenate(
+            [np.asarray(self.per_sample(*_rows((y, whole), a, b))) for a, b in spans]
+        )
+        # loose: only the same computation on fewer rows (kernels may round otherwise)
+        if not np.allclose(values, split, rtol=1e-3, atol=1e-4):
+            worst = int(np.argmax(np.abs(values - split)))
+            raise ValueError(
+                "the loss gives a sample another value in a part of the batch than in the "
+                "whole batch: it reads the batch's other samples (in-batch negatives, a "
+                f"batch statistic). tfsift's fit and evaluate compute it on each of the {parts} "
+                "microbatches (or replicas' parts) of a batch, where Keras computes it on "
+                "the whole batch: it would train otherwise, without a word. Compute such a "
+                "loss in a @tfsift.step loop of your own, or use one microbatch on one "
+                f"replica. Received: sample {worst}'s loss {values[worst]:.6g} in the batch "
+                f"of {rows}, {split[worst]:.6g} in a part of {size}"
+            )
 
     def per_sample(self, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         """One loss per sample (for ``tfsift.sift``): the weighted sum of every output's,
@@ -311,6 +348,11 @@ def _refuse_ignored_classes(losses: Any) -> None:
                 f"replica. Received: {type(each).__name__}(ignore_class={ignored}) among "
                 "several losses"
             )
+
+
+def _rows(structure: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of every tensor in ``structure``."""
+    return tree.map_structure(lambda t: t[start:stop], structure)
 
 
 def _plus(total: Any, value: Any, weight: Any) -> Any:
