@@ -387,18 +387,36 @@ def _train_epoch(
     at_batches: bool = False,
 ) -> Logs:
     """One epoch's batches; with ``at_batches`` (``decides_at_batches``), whether a
-    callback stopped training is agreed over the ranks after each."""
+    callback stopped training is agreed over the ranks after each call of the batch
+    callbacks. As in Keras, with ``steps_per_execution=S`` those are called once every S
+    batches (begin with the first's index, end with the last's) and after the last batch
+    (end with the index a full execution would end at, as Keras names it)."""
     trackers = _reset(compiled)
     logs: Logs = {}
+    every, ended = _steps_per_execution(model), -1
     for n, batch in enumerate(batches):
-        cbs.on_train_batch_begin(n)
+        if n % every == 0:
+            cbs.on_train_batch_begin(n)
         logs = _train_batch(model, compiled, trackers, batch, record)
-        cbs.on_train_batch_end(n, logs)
-        if at_batches:
-            agree_to_stop(model)
+        if (n + 1) % every == 0:
+            ended = n
+            cbs.on_train_batch_end(n, logs)
+            if at_batches:
+                agree_to_stop(model)
         if model.stop_training:
             break
+    else:
+        if logs and ended != n:  # the epoch's last execution, cut short: Keras still names
+            cbs.on_train_batch_end(n - n % every + every - 1, logs)  # its full length's end
+            if at_batches:
+                agree_to_stop(model)
     return dict(logs)
+
+
+def _steps_per_execution(model: DistributedModel) -> int:
+    """``compile``'s ``steps_per_execution`` (Keras keeps it on the model; 1 by default)."""
+    every = getattr(model, "steps_per_execution", 1)
+    return every if isinstance(every, int) and every > 1 else 1
 
 
 def _train_batch(
@@ -475,8 +493,10 @@ def _test_loop(
     logs: Logs = {}
     M = runtime.get().config.microbatches
     cbs.on_test_begin()
+    every = _steps_per_execution(model)
     for n, (x, y, weight) in enumerate(batches):
-        cbs.on_test_batch_begin(n)
+        if n % every == 0:  # as in Keras, once every steps_per_execution batches
+            cbs.on_test_batch_begin(n)
         # a batch that does not split into the microbatches is padded, its copies weighed 0
         x_p, y_p, w_p, rows = _padded(compiled, x, y, weight, M)
         losses, y_pred = compiled.eval_step(x_p, y_p, *_weights(w_p))
@@ -485,7 +505,10 @@ def _test_loop(
             compiled.loss.check_alone(y_p, y_pred, _parts())
             penalty = compiled.penalties.value()
         logs = _update(compiled, trackers, losses, y_pred, y, weight, penalty, rows)
-        cbs.on_test_batch_end(n, logs)
+        if (n + 1) % every == 0:
+            cbs.on_test_batch_end(n, logs)
+    if logs and (n + 1) % every:  # the last execution, cut short (named as in fit)
+        cbs.on_test_batch_end(n - n % every + every - 1, logs)
     if not logs:  # as predict: a loss of nothing is no number to report
         raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
     cbs.on_test_end(logs)

@@ -1339,3 +1339,40 @@ def test_a_metric_of_one_value_per_class_or_a_dict_is_logged_as_keras_logs_it() 
         for key, value in theirs.items():
             np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(value), rtol=1e-5)
     assert np.asarray(histories[1]["f1_score"][0]).shape == (3,)
+
+
+class Calls(keras.callbacks.Callback):  # type: ignore[misc]
+    """Records the batch callbacks' calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.calls.append(("train_begin", batch))
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.calls.append(("train_end", batch))
+
+    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.calls.append(("test_begin", batch))
+
+    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.calls.append(("test_end", batch))
+
+
+def test_batch_callbacks_come_once_every_steps_per_execution_as_in_keras() -> None:
+    # tfsift called them at every batch: a per-batch schedule or log ran 3 times as often
+    tfsift.init({"microbatches": 2})
+    x, y, _ = seventy()  # 5 batches of 16 (the last of 6): executions of 3 and 2
+    seen = []
+    for model in keras_and_tfsift():
+        as_keras(model, steps_per_execution=3)
+        calls = Calls()
+        model.fit(x, y, batch_size=16, validation_data=(x, y), verbose=0, callbacks=[calls])
+        seen.append(calls.calls)
+    # the last execution, of batches 3 and 4, is named by where a full one would end
+    assert seen[1] == seen[0] == [
+        ("train_begin", 0), ("train_end", 2), ("train_begin", 3), ("train_end", 5),
+        ("test_begin", 0), ("test_end", 2), ("test_begin", 3), ("test_end", 5),
+    ]  # fmt: skip
