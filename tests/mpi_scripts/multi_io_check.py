@@ -199,16 +199,15 @@ def fit_check(case: str, K: int, M: int) -> dict[str, Any]:
             verbose=0, validation_data=validation,
         ).history  # fmt: skip
         evaluated = model.evaluate(x, targets, verbose=0)  # a list, in Keras' order
-        # 60 samples: whole batches of 16 leave 12 (6 a replica of 2), a last batch. Keras
-        # in one batch of 60: with a partial last batch its own logs of each output's loss
-        # are off (1.1607 for 1.1634 here: its loss over the 60 samples, which tfsift logs)
+        # 60 samples: whole batches of 16 leave 12 (6 a replica of 2), a last batch, where
+        # Keras logs each output's loss as the plain mean over the batches (the total: by
+        # their sizes), and tfsift as Keras
+        batch = 16 * tfsift.dp_size() if isinstance(model, KerasHeads) else 16
         head = keras.tree.map_structure(lambda t: t[:60], targets)
-        batch = 60 if isinstance(model, KerasHeads) else 16
         evaluated += model.evaluate(x[:60], head, batch_size=batch, verbose=0)
         # 64 - R samples: each replica's last batch, of 15, is padded to split into M
         n = 64 - tfsift.dp_size()
         head = keras.tree.map_structure(lambda t, n=n: t[:n], targets)
-        batch = n if isinstance(model, KerasHeads) else 16
         evaluated += model.evaluate(x[:n], head, batch_size=batch, verbose=0)
         runs[type(model).__name__] = history, evaluated, named_weights(model)
     (history, evaluated, ref), (got, got_eval, mine) = runs["KerasHeads"], runs["TwoHeads"]

@@ -562,7 +562,10 @@ def _update(
         if name not in trackers:  # a Mean makes its variables: once per loss, not per batch
             trackers[name] = keras.metrics.Mean(name=name)
         mean = value.reduce_mean() + penalty * (name == "loss")
-        trackers[name].update_state(mean, sample_weight=batch)
+        # Keras weighs the total by the batch's size and each output's loss by the size its
+        # compiled step knows statically: the same for batches of one size, none (a plain
+        # mean over the batches) where a last batch is smaller
+        trackers[name].update_state(mean, sample_weight=batch if name == "loss" else None)
     if compiled.metrics is not None:
         compiled.metrics.update_state(y, y_pred, sample_weight=weight)
     return replica_logs({name: t.result() for name, t in trackers.items()}, compiled.metrics)
