@@ -5,8 +5,9 @@ call ``tf.function`` canonicalises all its arguments into a function type and
 looks that up among its traces, which is a large part of a call's fixed cost
 (docs/benchmarks-log.md, Fixed cost per call, measured it). ``Compiled`` keys
 the concrete functions by the arguments' structure, shapes, dtypes and Python
-values itself, and falls back to the ``tf.function`` for arguments it cannot
-key (an unhashable Python value, a ragged or sparse tensor).
+values itself (a lookup's gradient, ``tf.IndexedSlices``, by its parts), and falls back
+to the ``tf.function`` for arguments it cannot key (an unhashable Python value, a ragged
+or sparse tensor).
 
 Calling the concrete function binds the arguments to its signature once more (about a
 fifth of a small stage's call, ``scripts/bench_small.py``). Where the tensors it would
@@ -116,7 +117,10 @@ def signature(value: Any) -> Hashable | None:
         return None if any(s is None for _, s in items) else (dict, items)
     if value is None:
         return ("None",)
-    if tf.is_tensor(value):  # a composite tensor (ragged, sparse): tf.function keys it
+    if isinstance(value, tf.IndexedSlices):  # a lookup's gradient, keyed by its parts
+        parts = (value.values, value.indices, value.dense_shape)
+        return ("IndexedSlices", *(signature(part) for part in parts))
+    if tf.is_tensor(value):  # another composite tensor (ragged, sparse): tf.function keys it
         return None
     try:
         hash(value)
@@ -129,6 +133,9 @@ def flat_tensors(value: Any) -> list[tf.Tensor]:
     """The tensors among ``value``'s leaves in ``tf.nest`` order (a dict's sorted keys)."""
     if isinstance(value, tf.Tensor):
         return [value]
+    if isinstance(value, tf.IndexedSlices):  # its components, in TensorFlow's order
+        parts = (value.values, value.indices, value.dense_shape)
+        return [t for t in parts if t is not None]
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in flat_tensors(v)]
     if isinstance(value, dict):

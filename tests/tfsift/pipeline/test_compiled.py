@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfsift.pipeline.compiled import RETRACE_WARNING, Compiled, signature
+from tfsift.pipeline.compiled import RETRACE_WARNING, Compiled, flat_tensors, signature
 
 
 def counting(fn: Any) -> tuple[Compiled, list[int]]:
@@ -159,3 +159,21 @@ def test_gradients_flow_through_a_flat_call() -> None:
         tape.watch(x)
         y = square(x)
     assert float(tape.gradient(y, x)) == 6.0
+
+
+def test_a_lookups_gradient_is_keyed_by_its_parts_and_called_flat() -> None:
+    # keyed as None, every call of a stage's gradient sum with an embedding's slices went
+    # through tf.function's own dispatch: the decoder's step took 1.19x as long
+    add = Compiled(lambda a, b: [tf.concat([a.values, b.values], 0), a.indices + b.indices])
+    a = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([0, 1]), tf.constant([5, 3]))
+    b = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([1, 1]), tf.constant([5, 3]))
+    key = signature((a, b))
+    assert key is not None
+    for _ in range(2):
+        values, indices = add(a, b)
+    assert values.shape == (4, 3) and indices.numpy().tolist() == [1, 2]
+    assert add._concrete[key][1]  # its calls go flat
+    parts = flat_tensors(a)
+    assert len(parts) == 3 and all(
+        x is y for x, y in zip(parts, (a.values, a.indices, a.dense_shape), strict=True)
+    )
