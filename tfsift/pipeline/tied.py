@@ -89,42 +89,25 @@ class TiedWeights:
         return tuple(bool(np.all([part[j] for part in everyone])) for j in range(len(mine)))
 
     def _join(self, group: TiedGroup, mine: list[Any], rows: tuple[bool, ...]) -> list[Any]:
-        arrays: list[np.ndarray] = []
-        for t, joined in zip(mine, rows, strict=True):
-            if not joined:
-                arrays.append(np.ascontiguousarray(tf.convert_to_tensor(t)))
-            elif isinstance(t, tf.IndexedSlices):
-                arrays += [np.ascontiguousarray(t.values), np.asarray(t.indices, np.int64)]
-            else:  # no lookup reached it this step: its zeros, every row once
-                arrays += [np.ascontiguousarray(t), np.arange(int(t.shape[0]), dtype=np.int64)]
-        # each holder's part: its arrays' element counts (the rows differ), then the arrays
+        """The group's totals where some weight is looked up on every holder (``rows``):
+        those weights' rows joined, the others summed dense, each in stage order."""
+        arrays = _packed(mine, rows)
+        # each holder's part: its arrays' element counts (its rows differ), then the arrays
         header = np.array([a.size for a in arrays], np.int64)
         flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in [header, *arrays]])
-        unpacked = []
-        for part in self._gather(group, flat):
-            counts = part[: header.nbytes].view(np.int64)
-            pieces, offset = [], header.nbytes
-            for a, n in zip(arrays, counts, strict=True):
-                nbytes = int(n) * a.itemsize
-                pieces.append(part[offset : offset + nbytes].view(a.dtype))
-                offset += nbytes
-            unpacked.append(pieces)
+        holders = [_unpacked(part, header, arrays) for part in self._gather(group, flat)]
         totals, k = [], 0
         for t, joined in zip(mine, rows, strict=True):
             shape = tuple(t.dense_shape.numpy() if isinstance(t, tf.IndexedSlices) else t.shape)
             if joined:
-                width = shape[1:]
-                values = np.concatenate([p[k].reshape(-1, *width) for p in unpacked])
-                indices = np.concatenate([p[k + 1] for p in unpacked])
-                dense_shape = tf.constant(list(shape))
-                totals.append(
-                    tf.IndexedSlices(tf.constant(values), tf.constant(indices), dense_shape)
-                )
+                values = np.concatenate([h[k].reshape(-1, *shape[1:]) for h in holders])
+                indices = tf.constant(np.concatenate([h[k + 1] for h in holders]))
+                totals.append(tf.IndexedSlices(tf.constant(values), indices, tf.constant(shape)))
                 k += 2
             else:
-                total = unpacked[0][k].copy()
-                for p in unpacked[1:]:  # in stage order on every holder: bitwise equal sums
-                    total += p[k]
+                total = holders[0][k].copy()
+                for h in holders[1:]:  # in stage order on every holder: bitwise equal sums
+                    total += h[k]
                 totals.append(tf.convert_to_tensor(total.reshape(shape)))
                 k += 1
         return totals
@@ -159,6 +142,32 @@ class TiedWeights:
             totals.append(total.reshape(a.shape))
             offset += a.nbytes
         return totals
+
+
+def _packed(mine: list[Any], rows: tuple[bool, ...]) -> list[np.ndarray]:
+    """A holder's gradients as arrays: a looked-up weight's rows and their indices, any
+    other weight's dense gradient."""
+    arrays: list[np.ndarray] = []
+    for t, joined in zip(mine, rows, strict=True):
+        if not joined:
+            arrays.append(np.ascontiguousarray(tf.convert_to_tensor(t)))
+        elif isinstance(t, tf.IndexedSlices):
+            arrays += [np.ascontiguousarray(t.values), np.asarray(t.indices, np.int64)]
+        else:  # no lookup reached it this step: its zeros, every row once
+            arrays += [np.ascontiguousarray(t), np.arange(int(t.shape[0]), dtype=np.int64)]
+    return arrays
+
+
+def _unpacked(part: np.ndarray, header: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:
+    """A holder's ``_packed`` arrays from its bytes, read by its header of element counts,
+    each of the dtype of this holder's ``like``."""
+    counts = part[: header.nbytes].view(np.int64)
+    pieces, offset = [], header.nbytes
+    for a, n in zip(like, counts, strict=True):
+        nbytes = int(n) * a.itemsize
+        pieces.append(part[offset : offset + nbytes].view(a.dtype))
+        offset += nbytes
+    return pieces
 
 
 def tie_stages(
