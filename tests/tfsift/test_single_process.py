@@ -556,3 +556,56 @@ def test_a_subclass_holding_a_functional_model_trains_as_keras_does() -> None:
         model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
     for ours, theirs in zip(models[1].get_weights(), models[0].get_weights(), strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_that_leaves_its_gradients_out_of_its_result_is_refused() -> None:
+    # it returned None and trained nothing, without a word
+    model, x, y = start(2)
+
+    @tfsift.step
+    def train(images: tf.Tensor, labels: tf.Tensor) -> Any:
+        loss = LOSS(labels, model(images, training=True))
+        tfsift.gradients(loss, model.trainable_variables)
+
+    with pytest.raises(RuntimeError) as err:
+        train(x, y)
+    assert str(err.value) == (
+        "the @tfsift.step function computes tfsift.gradients but does not return them: "
+        "return them (e.g. return tfsift.gradients(loss, model.trainable_variables), loss) "
+        "to get them back from the step. Received: a step returning None"
+    )
+
+
+def test_allreduce_and_clipping_take_a_list_not_one_value() -> None:
+    # a tensor's rows were averaged as gradients of their own; a StepOutput was "not iterable"
+    model, x, y = start(2)
+    _, loss = standard_step(model)(x, y)
+    for value in (loss, tf.constant([1.0, 2.0]), np.ones(3), 2.0):
+        with pytest.raises(TypeError) as err:
+            tfsift.allreduce(value)
+        assert str(err.value) == (
+            "tfsift.allreduce(grads) expects a list of gradients, one per trainable variable "
+            "(a step's tfsift.gradients result); for one value, pass a list of it. Received: "
+            f"{type(value).__name__}"
+        )
+    with pytest.raises(TypeError, match=r"^clip_by_global_norm\(grads, clip_norm, model\) exp"):
+        tfsift.clip_by_global_norm(tf.constant([1.0]), 1.0, model)
+    assert float(tfsift.allreduce([loss])[0]) == pytest.approx(float(loss.reduce_mean()))
+
+
+def test_update_names_a_gradient_not_of_its_variables_shape() -> None:
+    # Keras said "Dimensions must be equal ... for '{{node adam/Sub_2}}'"
+    model, x, y = start(2)
+    grads, _ = standard_step(model)(x, y)
+    update = tfsift.compiled_update(keras.optimizers.Adam(), model)
+    tensors = tfsift.allreduce(grads)
+    swapped = [tensors[1], tensors[0], *tensors[2:]]
+    with pytest.raises(ValueError) as err:
+        update(swapped)
+    kernel = model.trainable_variables[0]
+    assert str(err.value) == (
+        "update(grads) expects each gradient in the shape of its variable, in the order of "
+        f"the trainable variables of this rank's stage of {model.name!r}. Received: a "
+        f"gradient of shape (8,) for {kernel.path!r} of shape (5, 8)"
+    )
+    update(tensors)  # the first call that passes the check

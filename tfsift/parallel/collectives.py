@@ -27,9 +27,26 @@ def bounded(rt: runtime.Runtime, what: str) -> Any:
     return watchdog.guard(rt.config.timeout, waited_for)
 
 
-def as_tensors(grads: Sequence[Any]) -> list[Any]:
+def as_tensors(grads: Sequence[Any], call: str = "tfsift.allreduce(grads)") -> list[Any]:
     """``grads`` as tensors: a ``StepOutput``'s ``accumulate()``, a lookup's
-    ``tf.IndexedSlices`` as it is, anything else converted."""
+    ``tf.IndexedSlices`` as it is, anything else converted.
+
+    Raises:
+        TypeError: one value, not a list (a tensor's rows were taken for gradients), named
+            by ``call``, the public function taking them.
+    """
+    if (
+        tf.is_tensor(grads)
+        or hasattr(grads, "accumulate")
+        or hasattr(grads, "__array__")
+        or not isinstance(grads, Sequence)
+        or isinstance(grads, (str, bytes))
+    ):
+        raise TypeError(
+            f"{call} expects a list of gradients, one per trainable variable (a step's "
+            "tfsift.gradients result); for one value, pass a list of it. Received: "
+            f"{type(grads).__name__}"
+        )
     return [_tensor(g) for g in grads]
 
 
@@ -43,12 +60,16 @@ def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:
     """Averages gradients over the caller's data-parallel group in one fused allreduce.
 
     Args:
-        grads: tensors, or ``StepOutput`` gradients (their ``accumulate()`` is used).
+        grads: a list of tensors, or of ``StepOutput`` gradients (their ``accumulate()``
+            is used).
 
     Returns:
         The averaged gradients, in the order given. A lookup's ``tf.IndexedSlices`` is
         gathered (every replica's rows, over the replicas), as one process's tape joins
         the whole batch's lookups and as Horovod's ``allreduce`` averages slices.
+
+    Raises:
+        TypeError: one value (a tensor, a ``StepOutput``) in place of a list.
     """
     tensors = as_tensors(grads)
     rt = runtime.get()

@@ -19,7 +19,7 @@ from tfsift.parallel import runtime, watchdog
 from tfsift.parallel.comm import PipeComm
 from tfsift.pipeline import context, metrics, runlog, timeline
 from tfsift.pipeline.executor import Executor, Microbatch, StepResult, Timed
-from tfsift.pipeline.head import GRADS_MARKER, Head
+from tfsift.pipeline.head import GRADS_MARKER, Head, mark_gradients
 from tfsift.pipeline.outputs import StepGradients, StepOutput
 from tfsift.pipeline.plan import Chunk, StepPlan, describe_arguments
 from tfsift.pipeline.roles import role_for
@@ -345,9 +345,17 @@ def _probe(
     # not reach them. The model call partitions the model, so it keeps its state.
     probe = context.StepContext(metrics.stateful(model_call))
     with metrics.recording() as recorder, context.active(probe):
-        fn(*args, **kwargs)
+        returned = fn(*args, **kwargs)
     if not seen:
         raise RuntimeError("the @tfsift.step function did not call a tfsift.DistributedModel")
+    if probe.requests and GRADS_MARKER not in tree.flatten(mark_gradients(returned)):
+        # the gradients exist only as the step's result: left out, the step trained nothing
+        raise RuntimeError(
+            "the @tfsift.step function computes tfsift.gradients but does not return them: "
+            "return them (e.g. return tfsift.gradients(loss, model.trainable_variables), "
+            "loss) to get them back from the step. Received: a step returning "
+            f"{'None' if returned is None else type(returned).__name__}"
+        )
     if len({id(m) for m, _ in seen}) > 1:
         raise RuntimeError("a @tfsift.step function may call only one DistributedModel")
     if len(seen) > 1:

@@ -146,8 +146,9 @@ def stage_gradients(grads: Sequence[Any], model: keras.Model, call: str) -> list
 
     Raises:
         ValueError: another number of gradients, naming ``call``.
+        TypeError: one value in place of a list, naming ``call``.
     """
-    tensors = as_tensors(grads)
+    tensors = as_tensors(grads, call)
     expected = len(model.trainable_variables)
     if len(tensors) != expected:
         raise ValueError(

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from tfsift.model import DistributedModel
 from tfsift.pipeline.compiled import Compiled
@@ -43,9 +44,9 @@ def compiled_update(
 
     Raises:
         TypeError: not a Keras optimizer, or not a Keras model.
-        ValueError: (at the first update, on a pipeline) an optimizer subclass with
-            clipping or a loss-scale check of its own, which tfsift cannot make span the
-            stages.
+        ValueError: (at the first update) a gradient not of its variable's shape; on a
+            pipeline, an optimizer subclass with clipping or a loss-scale check of its
+            own, which tfsift cannot make span the stages.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
@@ -79,7 +80,8 @@ def compiled_update(
                 f"stage of {model.name!r}, in their order ({len(variables)}). Received: "
                 f"{len(grads)} gradients"
             )
-        if not checked:
+        if not checked:  # the first call: the shapes stay those of the variables
+            _check_shapes(grads, variables, model)
             reductions.check(optimizer)
             checked.append(reductions.Bystander(optimizer))
         if not variables:
@@ -94,3 +96,18 @@ def compiled_update(
 def _build(optimizer: keras.optimizers.Optimizer, variables: Sequence[Any]) -> None:
     if not optimizer.built:
         optimizer.build(list(variables))
+
+
+def _check_shapes(grads: Sequence[Any], variables: Sequence[Any], model: keras.Model) -> None:
+    """Refuses a gradient not of its variable's shape, naming both, before Keras' own error,
+    which names an operation of the optimizer."""
+    for grad, var in zip(grads, variables, strict=True):
+        slices = isinstance(grad, tf.IndexedSlices)
+        got = tuple(grad.dense_shape.numpy()) if slices else getattr(grad, "shape", None)
+        if got is not None and tuple(got) != tuple(var.shape):
+            raise ValueError(
+                "update(grads) expects each gradient in the shape of its variable, in the "
+                f"order of the trainable variables of this rank's stage of {model.name!r}. "
+                f"Received: a gradient of shape {tuple(got)} for {var.path!r} of shape "
+                f"{tuple(var.shape)}"
+            )
