@@ -29,6 +29,9 @@ def delayline() -> ModuleType:
     return module
 
 
+_OPEN_FOR_THE_LINE: list[socket.socket] = []
+
+
 def test_frames_come_out_the_delay_late_in_order_both_ways(delayline: ModuleType) -> None:
     # host <-> [line] <-> switch, each side a datagram socket pair (a frame a datagram)
     host, host_line = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -41,6 +44,10 @@ def test_frames_come_out_the_delay_late_in_order_both_ways(delayline: ModuleType
         args=(host_line.fileno(), switch_line.fileno(), DELAY, copied),
         daemon=True,  # run() never returns: it ends with the test process
     )
+    # ...and so must its sockets: closed, their descriptor numbers would be reused by the
+    # worker's next files, which the line would go on reading (a later test's subprocess
+    # pipe, read here, left its communicate() waiting until the suite's timeout)
+    _OPEN_FOR_THE_LINE.extend([host, host_line, switch, switch_line])
     line.start()
     sent = time.monotonic()
     frames = [bytes([i]) * (100 + i) for i in range(20)]
