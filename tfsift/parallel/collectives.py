@@ -10,6 +10,7 @@ import tensorflow as tf
 from mpi4py import MPI
 
 from tfsift.parallel import runtime, watchdog
+from tfsift.planning.autodiff import as_gradient
 
 
 def bounded(rt: runtime.Runtime, what: str) -> Any:
@@ -35,13 +36,7 @@ def as_tensors(grads: Sequence[Any], call: str = "tfsift.allreduce(grads)") -> l
         TypeError: one value, not a list (a tensor's rows were taken for gradients), named
             by ``call``, the public function taking them.
     """
-    if (
-        tf.is_tensor(grads)
-        or hasattr(grads, "accumulate")
-        or hasattr(grads, "__array__")
-        or not isinstance(grads, Sequence)
-        or isinstance(grads, (str, bytes))
-    ):
+    if one_value(grads):
         raise TypeError(
             f"{call} expects a list of gradients, one per trainable variable (a step's "
             "tfsift.gradients result); for one value, pass a list of it. Received: "
@@ -50,10 +45,20 @@ def as_tensors(grads: Sequence[Any], call: str = "tfsift.allreduce(grads)") -> l
     return [_tensor(g) for g in grads]
 
 
+def one_value(values: Any) -> bool:
+    """Whether ``values``, where a list of values is expected, is one value: a tensor or an
+    array (whose rows would be taken for values), a string, or anything not a sequence (a
+    ``StepOutput``)."""
+    return (
+        tf.is_tensor(values)
+        or hasattr(values, "__array__")
+        or not isinstance(values, Sequence)
+        or isinstance(values, (str, bytes))
+    )
+
+
 def _tensor(grad: Any) -> Any:
-    if hasattr(grad, "accumulate"):
-        return grad.accumulate()
-    return grad if isinstance(grad, tf.IndexedSlices) else tf.convert_to_tensor(grad)
+    return grad.accumulate() if hasattr(grad, "accumulate") else as_gradient(grad)
 
 
 def allreduce(grads: Sequence[Any]) -> list[tf.Tensor]:

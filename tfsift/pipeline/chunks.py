@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfsift.pipeline.stage import Stage
-from tfsift.planning.autodiff import add
+from tfsift.planning.autodiff import add_gradient
 from tfsift.planning.graph import StageGraph
 
 
@@ -68,7 +68,7 @@ class Chunks:
             if grads is None:  # a chunk without weights, whose sum is empty
                 continue
             for i, grad in zip(self.positions(stage.index), grads, strict=True):
-                total[i] = grad if total[i] is None else add([total[i]], [grad])[0]
+                total[i] = grad if total[i] is None else add_gradient(total[i], grad)
         return [
             tf.zeros(tuple(var.shape), var.dtype) if grad is None else grad
             for var, grad in zip(self.variables, total, strict=True)

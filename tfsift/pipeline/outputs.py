@@ -7,7 +7,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfsift.parallel.collectives import one_value
 from tfsift.pipeline.compiled import Compiled
+from tfsift.planning.autodiff import elementwise
 
 
 class StepOutput:
@@ -25,12 +27,7 @@ class StepOutput:
     """
 
     def __init__(self, outputs: Sequence[tf.Tensor]) -> None:
-        if (
-            tf.is_tensor(outputs)
-            or hasattr(outputs, "__array__")
-            or not isinstance(outputs, Sequence)
-            or isinstance(outputs, (str, bytes))
-        ):
+        if one_value(outputs):
             raise TypeError(
                 "StepOutput expects a list with one value per microbatch. Received: "
                 f"{type(outputs).__name__}"
@@ -148,10 +145,7 @@ def divide(totals: Sequence[tf.Tensor], count: tf.Tensor) -> list[tf.Tensor]:
 
 
 def _over(total: Any, count: tf.Tensor) -> Any:
-    if isinstance(total, tf.IndexedSlices):
-        values = total.values / tf.cast(count, total.values.dtype)
-        return tf.IndexedSlices(values, total.indices, total.dense_shape)
-    return total / tf.cast(count, total.dtype)
+    return elementwise(total, lambda v: v / tf.cast(count, v.dtype))
 
 
 _DIVIDE = Compiled(divide, "the gradients' mean over microbatches", autograph=False)

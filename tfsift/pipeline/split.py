@@ -38,7 +38,7 @@ import tensorflow as tf
 from tfsift.pipeline.compiled import Compiled, signature
 from tfsift.pipeline.stage import Stage
 from tfsift.planning import keras_internals
-from tfsift.planning.autodiff import add, is_float
+from tfsift.planning.autodiff import add, add_gradient, as_gradient, is_float
 from tfsift.planning.graph import GraphNode
 
 
@@ -249,9 +249,8 @@ class Layout:
             node = self.nodes[i]
             result = node.gradients(kept, grads)
             for position, v in node.weights:
-                g = result[position]  # a lookup's tf.IndexedSlices stays slices: autodiff.add
-                g = g if isinstance(g, tf.IndexedSlices) else tf.convert_to_tensor(g)
-                sums[v] = g if sums[v] is None else add([sums[v]], [g])[0]
+                g = as_gradient(result[position])  # a lookup's slices stay slices
+                sums[v] = g if sums[v] is None else add_gradient(sums[v], g)
         found = [
             tf.zeros(tuple(v.shape), v.dtype) if g is None else g
             for v, g in zip(variables, sums, strict=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -32,19 +32,24 @@ def gradients(
 def _kept(source: Any, grad: Any, slices: bool) -> Any:
     if grad is None:
         return tf.zeros(tuple(source.shape), tf.as_dtype(source.dtype))
-    if slices and isinstance(grad, tf.IndexedSlices):
-        return grad
-    return tf.convert_to_tensor(grad)
+    return as_gradient(grad) if slices else tf.convert_to_tensor(grad)
+
+
+def as_gradient(grad: Any) -> Any:
+    """``grad`` as a tensor, a lookup's ``tf.IndexedSlices`` as it is (one process's
+    optimizer reads its rows)."""
+    return grad if isinstance(grad, tf.IndexedSlices) else tf.convert_to_tensor(grad)
 
 
 def add(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
     """Elementwise sums of two gradient lists (accumulation over microbatches): two
     lookups' ``tf.IndexedSlices`` are joined, as a tape joins a batch's lookups of one
     table; a dense gradient and slices sum dense, as a tape sums them."""
-    return [_add(x, y) for x, y in zip(a, b, strict=True)]
+    return [add_gradient(x, y) for x, y in zip(a, b, strict=True)]
 
 
-def _add(x: Any, y: Any) -> Any:
+def add_gradient(x: Any, y: Any) -> Any:
+    """One gradient plus another, as ``add`` adds each pair."""
     if isinstance(x, tf.IndexedSlices) and isinstance(y, tf.IndexedSlices):
         return tf.IndexedSlices(
             tf.concat([x.values, y.values], 0),
@@ -58,10 +63,14 @@ def _add(x: Any, y: Any) -> Any:
 
 def scale(gradient: Any, factor: Any) -> Any:
     """``gradient * factor``; ``tf.IndexedSlices`` stay slices (their values scaled)."""
+    return elementwise(gradient, lambda v: v * tf.cast(factor, v.dtype))
+
+
+def elementwise(gradient: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` of a gradient's numbers: of a ``tf.IndexedSlices``' rows, which stay slices."""
     if isinstance(gradient, tf.IndexedSlices):
-        values = gradient.values * tf.cast(factor, gradient.values.dtype)
-        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
-    return gradient * tf.cast(factor, gradient.dtype)
+        return tf.IndexedSlices(fn(gradient.values), gradient.indices, gradient.dense_shape)
+    return fn(gradient)
 
 
 def values(gradient: Any) -> Any:

@@ -393,21 +393,20 @@ def _train_epoch(
     (end with the index a full execution would end at, as Keras names it)."""
     trackers = _reset(compiled)
     logs: Logs = {}
-    every, ended = _steps_per_execution(model), -1
+    every = _steps_per_execution(model)
     for n, batch in enumerate(batches):
         if n % every == 0:
             cbs.on_train_batch_begin(n)
         logs = _train_batch(model, compiled, trackers, batch, record)
         if (n + 1) % every == 0:
-            ended = n
             cbs.on_train_batch_end(n, logs)
             if at_batches:
                 agree_to_stop(model)
         if model.stop_training:
             break
     else:
-        if logs and ended != n:  # the epoch's last execution, cut short: Keras still names
-            cbs.on_train_batch_end(n - n % every + every - 1, logs)  # its full length's end
+        if logs and (n + 1) % every:  # the epoch's last execution, cut short
+            cbs.on_train_batch_end(_execution_end(n, every), logs)
             if at_batches:
                 agree_to_stop(model)
     return dict(logs)
@@ -417,6 +416,12 @@ def _steps_per_execution(model: DistributedModel) -> int:
     """``compile``'s ``steps_per_execution`` (Keras keeps it on the model; 1 by default)."""
     every = getattr(model, "steps_per_execution", 1)
     return every if isinstance(every, int) and every > 1 else 1
+
+
+def _execution_end(n: int, every: int) -> int:
+    """The batch index Keras ends the execution holding batch ``n`` with: a full
+    execution's last, even where the epoch cuts it short."""
+    return n - n % every + every - 1
 
 
 def _train_batch(
@@ -507,8 +512,8 @@ def _test_loop(
         logs = _update(compiled, trackers, losses, y_pred, y, weight, penalty, rows)
         if (n + 1) % every == 0:
             cbs.on_test_batch_end(n, logs)
-    if logs and (n + 1) % every:  # the last execution, cut short (named as in fit)
-        cbs.on_test_batch_end(n - n % every + every - 1, logs)
+    if logs and (n + 1) % every:  # the last execution, cut short
+        cbs.on_test_batch_end(_execution_end(n, every), logs)
     if not logs:  # as predict: a loss of nothing is no number to report
         raise ValueError(f"{what} read no batch from the dataset. Received: an empty dataset")
     cbs.on_test_end(logs)
