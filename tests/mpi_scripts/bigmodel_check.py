@@ -247,6 +247,7 @@ def fp32_loop(K: int, ckpt_dir: Path) -> dict[str, Any]:
     )
     found["get_weights_count"] = [len(whole), len(ref["keras_weights"])]
     found["refused"] = refused(model)
+    found["refused_whole"] = refused_whole(model)
     if K == 2 and tfsift.dp_size() == 1:
         tfsift.CheckpointManager(model, run["optimizer"], ckpt_dir).save(STEPS)
         found["saved"] = {v.path: v.numpy().tolist() for v in model.trainable_variables}
@@ -269,6 +270,32 @@ def refused(model: Any) -> str:
     except ValueError as err:
         return str(err)
     return "not refused"
+
+
+def refused_whole(model: Any) -> list[str]:
+    """What a pipeline says of subclasses whose own update sees every gradient at once:
+    one centring the gradients in apply_gradients, one clipping by their norm without
+    global_clipnorm (neither is Keras' global_clipnorm, which spans the stages)."""
+
+    class Centred(keras.optimizers.Adam):  # type: ignore[misc]
+        def apply_gradients(self, grads_and_vars: Any) -> Any:
+            pairs = list(grads_and_vars)
+            mean = tf.add_n([tf.reduce_mean(g) for g, _ in pairs]) / len(pairs)
+            return super().apply_gradients([(g - mean, v) for g, v in pairs])
+
+    class NormClip(keras.optimizers.SGD):  # type: ignore[misc]
+        def _clip_gradients(self, grads: list[Any]) -> list[Any]:
+            return list(tf.clip_by_global_norm(grads, 1.0)[0])
+
+    said = []
+    for optimizer in (Centred(), keras.optimizers.LossScaleOptimizer(NormClip())):
+        update = tfsift.compiled_update(optimizer, model)
+        try:
+            update([tf.zeros_like(v) for v in model.trainable_variables])
+            said.append("not refused")
+        except ValueError as err:
+            said.append(str(err))
+    return said
 
 
 def exported(model: Any, where: Path) -> dict[str, Any]:

@@ -54,6 +54,18 @@ def check_loop(reports: mpi.Reports, K: int) -> None:
             "clip_norm, model) and pass an optimizer without global_clipnorm. Received: "
             "OwnClipping(global_clipnorm=1.0)"
         )
+        assert rep["refused_whole"] == [
+            "on a pipeline each stage's optimizer is given that stage's gradients only, so an "
+            "override of apply_gradients, apply or _clip_gradients, which may compute over all "
+            "of them (a norm, a finite check), would compute over one stage's. Move what "
+            "treats each variable alone into update_step, and clip over every stage's "
+            "gradients in the loop with tfsift.clip_by_global_norm(grads, clip_norm, model). "
+            f"Received: {name}"
+            for name in (
+                "Centred, which overrides Centred.apply_gradients",
+                "LossScaleOptimizer, which overrides NormClip._clip_gradients",
+            )
+        ]
         assert rep["get_weights_error"] < EXACT, rep  # the whole model on every rank
         assert rep["get_weights_count"][0] == rep["get_weights_count"][1]
     holders = [r["embedding"] for r in reports.values() if r["stage"] in (0, K - 1)]

@@ -403,14 +403,17 @@ class Backbone(tfsift.DistributedModel):
         return self.head(self.body(x, training=training))
 
 
-def assert_fits_as_keras(model: tfsift.DistributedModel, ref: keras.Model) -> None:
+def assert_fits_as_keras(
+    model: tfsift.DistributedModel, ref: keras.Model, optimizer: Any = keras.optimizers.SGD
+) -> None:
     """fit, on 2 microbatches, gives ``model`` the losses and weights that Keras' fit gives
-    ``ref``, a plain Keras model of the same layers and initial weights."""
+    ``ref``, a plain Keras model of the same layers and initial weights (``optimizer(0.1)``
+    each)."""
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(32, 6)).astype(np.float32), rng.integers(0, 3, 32)
     losses = []
     for fitted in (model, ref):
-        fitted.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+        fitted.compile(optimizer=optimizer(0.1), loss=LOSS)
         losses.append(fitted.fit(x, y, batch_size=8, shuffle=False, verbose=0).history["loss"])
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
     for a, b in zip(ref.get_weights(), model.get_weights(), strict=True):
@@ -430,6 +433,23 @@ def test_a_backbone_called_whole_is_traced_through_and_trains_as_keras() -> None
         model.head,
     ]  # the backbone's layers, each a node
     assert type(model.body) is type(backbone())  # its own class back
+
+
+class Centred(keras.optimizers.SGD):  # type: ignore[misc]
+    """Centres every gradient by the mean over all of them, in its own apply_gradients."""
+
+    def apply_gradients(self, grads_and_vars: Any) -> Any:
+        pairs = list(grads_and_vars)
+        mean = tf.add_n([tf.reduce_mean(g) for g, _ in pairs]) / len(pairs)
+        return super().apply_gradients([(g - mean, v) for g, v in pairs])
+
+
+def test_an_optimizers_own_apply_gradients_runs_in_fit_as_in_keras() -> None:
+    # fit called optimizer.apply, which left the override out: plain SGD's weights
+    tfsift.init({"microbatches": 2})
+    inp, body = keras.Input((6,)), backbone()
+    head = keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(3))
+    assert_fits_as_keras(Backbone(), keras.Model(inp, head(body(inp))), Centred)
 
 
 class OwnWeight(keras.Model):  # type: ignore[misc]

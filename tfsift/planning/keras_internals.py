@@ -245,6 +245,23 @@ def keras_clipping(optimizer: Any) -> bool:
     return type(optimizer)._clip_gradients is BaseOptimizer._clip_gradients
 
 
+# Optimizer methods that see every gradient ``apply`` is given at once: an override of one
+# may compute over all of them (a norm, a finite check), which tfsift cannot tell from a
+# computation on each variable alone (``update_step``, ``_apply_weight_decay``).
+WHOLE_UPDATE = ("apply_gradients", "apply", "_clip_gradients")
+
+
+def own_overrides(optimizer: Any, names: Sequence[str] = WHOLE_UPDATE) -> list[str]:
+    """The methods of ``names`` that a class of ``optimizer``'s own (outside Keras)
+    defines, as ``Class.method``, in the order of ``names``."""
+    found = []
+    for name in names:
+        owner = next(cls for cls in type(optimizer).__mro__ if name in vars(cls))
+        if not owner.__module__.startswith("keras."):
+            found.append(f"{owner.__name__}.{name}")
+    return found
+
+
 def keras_finite_check(optimizer: Any) -> bool:
     """Whether a ``LossScaleOptimizer`` decides with Keras' own ``check_finite`` and ``apply``."""
     cls = keras.optimizers.LossScaleOptimizer

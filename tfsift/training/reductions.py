@@ -34,7 +34,8 @@ from tfsift.planning import autodiff, keras_internals
 
 def check(optimizer: keras.optimizers.Optimizer) -> None:
     """Refuses, on a pipeline, an optimizer whose reductions over all gradients tfsift
-    cannot make span the stages (a subclass with clipping or a finite check of its own).
+    cannot make span the stages (a subclass with clipping, a finite check or an update of
+    its own that sees every gradient at once: ``keras_internals.WHOLE_UPDATE``).
 
     Raises:
         ValueError: naming the optimizer and what it overrides.
@@ -60,6 +61,18 @@ def check(optimizer: keras.optimizers.Optimizer) -> None:
             "gradients are not finite, which tfsift decides for Keras' own "
             f"LossScaleOptimizer only. Received: {type(optimizer).__name__}, which overrides "
             "check_finite or apply"
+        )
+    overridden = keras_internals.own_overrides(optimizer)
+    if scaled:
+        overridden += keras_internals.own_overrides(clipping)
+    if overridden:
+        raise ValueError(
+            "on a pipeline each stage's optimizer is given that stage's gradients only, so "
+            "an override of apply_gradients, apply or _clip_gradients, which may compute over "
+            "all of them (a norm, a finite check), would compute over one stage's. Move what "
+            "treats each variable alone into update_step, and clip over every stage's "
+            "gradients in the loop with tfsift.clip_by_global_norm(grads, clip_norm, model). "
+            f"Received: {type(optimizer).__name__}, which overrides {', '.join(overridden)}"
         )
 
 

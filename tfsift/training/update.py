@@ -45,8 +45,9 @@ def compiled_update(
     Raises:
         TypeError: not a Keras optimizer, or not a Keras model.
         ValueError: (at the first update) a gradient not of its variable's shape; on a
-            pipeline, an optimizer subclass with clipping or a loss-scale check of its
-            own, which tfsift cannot make span the stages.
+            pipeline, an optimizer subclass with clipping, a loss-scale check or an
+            ``apply_gradients`` or ``apply`` of its own, which tfsift cannot make span the
+            stages (one process and replicas run them as Keras does).
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
@@ -66,7 +67,8 @@ def compiled_update(
 
     def apply_all(grads: list[Any]) -> None:
         with reductions.spanning(optimizer, model):  # a global norm over every stage's
-            optimizer.apply(grads, model.trainable_variables)
+            # as Keras' fit calls it: a subclass's own apply_gradients runs too
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     # Keras' code only: nothing for AutoGraph to convert
     apply = Compiled(apply_all, "the optimizer's update", autograph=False)
