@@ -162,7 +162,33 @@ def stopped_alone(K: int) -> dict[str, Any]:
         own_rate.fit(dataset(1), epochs=1, verbose=0)
     except ValueError as error:
         found["own_learning_rate"] = str(error)
+    for case, start in (("schedule", 0.05), ("own_schedule", 0.05 * (1 + tfsift.rank()))):
+        model = Net(K)  # a schedule Keras cannot serialize (no get_config) trains as in Keras
+        model.compile(optimizer=keras.optimizers.Adam(Halving(start)), loss=LOSS)
+        try:
+            found[case] = len(model.fit(dataset(1), epochs=1, verbose=0).history["loss"])
+        except ValueError as error:
+            found[case] = str(error)
+    decayed = keras.optimizers.AdamW(0.05, weight_decay=0.1)
+    if tfsift.rank() == 0:  # each stage decayed its own choice of weights, without a word
+        decayed.exclude_from_weight_decay(var_names=["bias"])
+    own_exclusions = Net(K)
+    own_exclusions.compile(optimizer=decayed, loss=LOSS)
+    try:
+        own_exclusions.fit(dataset(1), epochs=1, verbose=0)
+    except ValueError as error:
+        found["own_exclusions"] = str(error)
     return found
+
+
+class Halving(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
+    """``start / (1 + step)``, without the get_config Keras needs only to save it."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+
+    def __call__(self, step: Any) -> Any:
+        return self.start / (1.0 + keras.ops.cast(step, "float32"))
 
 
 def adam_model(K: int) -> Net:

@@ -89,6 +89,7 @@ def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Ca
     mine = {
         "callbacks": [type(c).__qualname__ for c in callbacks if not isinstance(c, _SHOWN_ONLY)],
         "optimizer": _described(getattr(model, "optimizer", None)),
+        "exclude_from_weight_decay": _excluded(model),
         "loss": _described(getattr(model, "loss", None)),
     }
     digest = np.frombuffer(hashlib.sha256(repr(mine).encode()).digest()[:8], np.int64)
@@ -109,6 +110,12 @@ def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Ca
             "and stops in lock-step, so give every rank the same callbacks (tfsift shows the "
             "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those "
             f"may be given to rank 0 only). Received: {received}"
+        )
+    if what == "exclude_from_weight_decay":
+        raise ValueError(
+            "the model's optimizer excludes other weights from weight decay on some ranks "
+            "(exclude_from_weight_decay). Every stage and replica trains one model, so "
+            f"exclude the same weights on every rank. Received: {received}"
         )
     raise ValueError(
         f"the model was compiled with another {what} on some ranks. Every stage and replica "
@@ -137,10 +144,46 @@ def _described(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _described(v) for k, v in value.items()}
     if hasattr(value, "get_config"):
-        return {"class": type(value).__name__, **_unnamed(value.get_config())}
+        try:
+            config = value.get_config()
+        except NotImplementedError:  # a schedule without get_config, which Keras trains with
+            return {"class": type(value).__name__, **_attributes(value)}
+        return {"class": type(value).__name__, **_unnamed(config)}
     if callable(value):
         return getattr(value, "__qualname__", repr(value))
     return value
+
+
+def _attributes(value: Any) -> dict[str, Any]:
+    """What Keras cannot serialize, by its attributes: numbers, strings, schedules and
+    wrapped optimizers; an optimizer's public ones (and its learning rate), all of a
+    user's schedule's."""
+    schedule = isinstance(value, keras.optimizers.schedules.LearningRateSchedule)
+    kept = {}
+    for k, v in sorted(vars(value).items()):
+        if k in ("name", "built") or (k.startswith("_") and not schedule and k != "_learning_rate"):
+            continue
+        if isinstance(
+            v, (keras.optimizers.schedules.LearningRateSchedule, keras.optimizers.Optimizer)
+        ):
+            kept["learning_rate" if k == "_learning_rate" else k] = _described(v)
+        elif isinstance(v, (bool, int, float, str, type(None))):
+            kept[k] = v
+    return kept
+
+
+def _excluded(model: keras.Model) -> Any:
+    """What the model's optimizer leaves out of weight decay (``exclude_from_weight_decay``,
+    kept out of its config): the names it matches and the paths of the variables listed."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    listed = getattr(optimizer, "_exclude_from_weight_decay", set())
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    paths = sorted(v.path for v in model.weights if id(v) in listed)
+    # Keras joins the names in a set's order, which differs from process to process
+    names = sorted(pattern.pattern.split("|")) if pattern is not None else []
+    return {"var_names": names, "var_list": paths, "unknown": len(listed) - len(paths)}
 
 
 def _unnamed(config: Any) -> Any:

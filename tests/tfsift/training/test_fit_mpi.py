@@ -86,6 +86,21 @@ def check_stopped_alone(reports: dict[int, dict[str, Any]], per_epoch: int) -> N
             "learning_rate=0.05000000074505806 on rank 0; learning_rate=0.10000000149011612 "
             "on rank 1"
         )
+        # a schedule without get_config: fit failed in Keras' serialization (Keras trains)
+        assert rep["stopped_alone"]["schedule"] == 1
+        assert rep["stopped_alone"]["own_schedule"] == (
+            "the model was compiled with another optimizer on some ranks. Every stage and "
+            "replica trains one model, so compile it alike on every rank (the same optimizer "
+            "settings and learning rate, the same loss). Received: learning_rate={'class': "
+            "'Halving', 'start': 0.05} on rank 0; learning_rate={'class': 'Halving', "
+            "'start': 0.1} on rank 1"
+        )
+        assert rep["stopped_alone"]["own_exclusions"] == (
+            "the model's optimizer excludes other weights from weight decay on some ranks "
+            "(exclude_from_weight_decay). Every stage and replica trains one model, so exclude "
+            "the same weights on every rank. Received: var_names=['bias'] on rank 0; "
+            "var_names=[] on rank 1"
+        )
 
 
 def check_callbacks(reports: dict[int, dict[str, Any]]) -> None:
