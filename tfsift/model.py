@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import weakref
@@ -318,7 +319,7 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
             [Stage(graph.stage(bounds[c], bounds[c + 1]), c, recompute=recompute) for c in chunks]
         )
         tied = tie_stages(shared, stage.variables, rt.pipe_comm, s, rt.config.timeout)
-        _release_other_stages(graph, stage.graph)
+        _release_other_stages(graph, stage.graph, bounds, K, f"rank {rt.rank} (stage {s})")
         # Replicas must start equal; the optimizer's slots are created equal (zeros) later.
         broadcast_variables(stage.graph.variables())
         first = stage.stages[0].graph
@@ -700,13 +701,21 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
     # ---- end of Keras' training API -----------------------------------------------------------
 
 
-def _release_other_stages(graph: Graph, sub: Any) -> None:
-    """Frees the weights of layers this rank does not run, so a rank holds only its stage."""
+def _release_other_stages(graph: Graph, sub: Any, bounds: Sequence[int], K: int, here: str) -> None:
+    """Frees the weights of layers this rank does not run, so a rank holds only its stage;
+    reading one says which stage holds it."""
     keep = {id(v) for v in sub.variables()}
-    for gn in graph.nodes:
+    for i, gn in enumerate(graph.nodes):
+        holder = (bisect.bisect_right(bounds, i) - 1) % K  # chunk c runs on stage c % K
         for var in getattr(gn.operation, "variables", []):
-            if id(var) not in keep:
-                keras_internals.free(var)
+            if id(var) not in keep and not keras_internals.is_freed(var):
+                keras_internals.free(
+                    var,
+                    f"{var.path} is a weight of stage {holder}, which {here} does not hold: "
+                    "read the whole model's weights with model.get_weights() (on every "
+                    f"rank), and read or assign this one on the ranks of stage {holder} "
+                    f"(where tfsift.mp_rank() == {holder})",
+                )
 
 
 def _specs(graph: Graph, ids: Sequence[int]) -> list[Spec]:

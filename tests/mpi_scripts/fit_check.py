@@ -313,7 +313,20 @@ def checks(K: int) -> dict[str, Any]:
         kept_fraction=tfsift.sift_metrics()["kept_fraction"],
         callbacks=with_callbacks(K, out),
         stopped_alone=stopped_alone(K),
+        unheld=unheld(fitted),
     )
+
+
+def unheld(model: Net) -> list[str]:
+    """What reading or assigning the weights of a layer of another stage says, on this rank
+    (Keras said "'NoneType' object is not callable")."""
+    said = []
+    for use in (model.a.get_weights, lambda: model.c.kernel.assign(np.zeros((16, 3)))):
+        try:
+            use()
+        except ValueError as error:
+            said.append(str(error))
+    return said
 
 
 if __name__ == "__main__":

@@ -182,9 +182,16 @@ def seed_states(layer: Any) -> list[Any]:
     ]
 
 
-def free(variable: Any) -> None:
-    """Drops a variable's buffer (it must never be read again)."""
+def free(variable: Any, why: str) -> None:
+    """Drops a variable's buffer: reading or assigning it from now on raises
+    ``ValueError(why)`` (Keras would fail calling its spent initializer)."""
+
+    def unheld(*_: Any, **__: Any) -> Any:
+        raise ValueError(why)
+
     variable._value = None
+    variable._initializer = unheld  # what Keras reads an uninitialized variable with
+    variable._direct_assign = unheld  # an instance's own: Keras' assign calls it
 
 
 def is_freed(variable: Any) -> bool:

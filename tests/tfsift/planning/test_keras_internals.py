@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfsift.planning import keras_internals
@@ -42,12 +43,21 @@ def test_seed_states_include_sub_layers_generators() -> None:
     assert len(states) == 1 and states[0] is inner.seed_generator.state
 
 
-def test_free_drops_the_buffer() -> None:
+def test_free_drops_the_buffer_and_reading_or_assigning_it_says_why() -> None:
+    # Keras said "'NoneType' object is not callable" (or has no attribute 'assign')
     dense = keras.layers.Dense(2)
     dense.build((None, 3))
     assert not keras_internals.is_freed(dense.kernel)
-    keras_internals.free(dense.kernel)
+    keras_internals.free(dense.kernel, "held by stage 1")
     assert keras_internals.is_freed(dense.kernel)
+    for use in (
+        dense.get_weights,
+        dense.kernel.numpy,
+        lambda: dense.kernel.assign(np.ones((3, 2))),
+    ):
+        with pytest.raises(ValueError, match=r"^held by stage 1$"):
+            use()
+    assert float(dense.bias.numpy().sum()) == 0.0  # the others as they were
 
 
 def test_the_recorder_lists_assigned_variables_in_order_and_applies_nothing() -> None:
