@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +294,16 @@ def _remove(path: Path) -> None:
 
 def _load_keras_file(model: DistributedModel, part: Partitioned, path: Path) -> None:
     if path.suffix == ".keras":
-        loaded = keras.saving.load_model(path, compile=False)
+        try:
+            loaded = keras.saving.load_model(path, compile=False)
+        except (TypeError, ValueError) as err:
+            # Keras' save of a model of this class, whose weights Keras' own load_weights
+            # reads by attribute without the class (registered for load_model or not); it
+            # skips the optimizer in a weights file only, which the archive holds
+            with tempfile.TemporaryDirectory() as folder, zipfile.ZipFile(path) as archive:
+                inner = archive.extract("model.weights.h5", folder)
+                _load_by_attribute(model, part, path, err, read=Path(inner))
+            return
     else:  # a weights file of the functional model save_weights writes
         loaded = standalone(part, model.name)
         with warnings.catch_warnings(record=True) as said:
@@ -319,11 +330,17 @@ def _load_keras_file(model: DistributedModel, part: Partitioned, path: Path) -> 
 
 
 def _load_by_attribute(
-    model: DistributedModel, part: Partitioned, path: Path, functional: Exception
+    model: DistributedModel,
+    part: Partitioned,
+    path: Path,
+    functional: Exception,
+    read: Path | None = None,
 ) -> None:
     """Loads a ``.weights.h5`` file that Keras wrote for a model with this model's layers
     (``keras.Model.save_weights`` of the same class, or of a ``keras.Model`` with the same
-    attributes), which stores each layer under its attribute path.
+    attributes), which stores each layer under its attribute path, or the weights of such
+    a model's ``.keras`` file (``keras.Model.save``, read without its class: ``read``, the
+    weights file extracted from it)
 
     Keras' own ``load_weights`` walks the model as its ``save_weights`` did, inside a
     stateless scope: nothing is assigned to the other stages' variables (their buffers are
@@ -339,7 +356,7 @@ def _load_by_attribute(
     with keras_internals.AssignmentRecorder() as recorder:
         try:
             keras.Model.load_weights(
-                model, path, objects_to_skip=[] if optimizer is None else [optimizer]
+                model, read or path, objects_to_skip=[] if optimizer is None else [optimizer]
             )
         except ValueError as err:
             raise ValueError(
