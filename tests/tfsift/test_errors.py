@@ -25,6 +25,11 @@ pytestmark = pytest.mark.mpi
             "no partition into 2 stages fits the memory cap; the smallest cap that fits is ",
         ),
         (
+            "other_features",
+            "ValueError: the model's inputs keep the shapes of its first call, but for the "
+            "batch size: expected (None, 6). Received: (4, 5)",
+        ),
+        (
             "synchronized_bn",
             "BatchNormalization(synchronized=True) normalizes by the statistics of every "
             "replica's batch, which tfsift's data-parallel replicas do not share (each "
@@ -35,6 +40,7 @@ pytestmark = pytest.mark.mpi
     ],
 )
 def test_bad_setup_fails_on_every_rank_before_training(case: str, message: str) -> None:
+    # other_features: at its step, not before training
     proc = mpi.run(2, "errors_check.py", case, timeout=180)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0

@@ -49,10 +49,31 @@ class FirstStage:
     """Stage 0 of a pipeline of two or more stages."""
 
     def forward(self, ex: Executor, chunk: Chunk, m: int) -> None:
-        ex.stage_forward(chunk, m, model_input(ex, m))
+        inputs = model_input(ex, m)
+        try:
+            ex.stage_forward(chunk, m, inputs)
+        except tf.errors.InvalidArgumentError:  # checked on failure only: free for a step
+            check_shapes(inputs, chunk.in_specs)
+            raise
 
     def backward(self, ex: Executor, chunk: Chunk, m: int) -> None:
         ex.stage_backward(chunk, m)
+
+
+def check_shapes(inputs: list[tf.Tensor], specs: Any) -> None:
+    """Names a model input whose shape is not the one the model was traced for (but the
+    batch size), where TensorFlow failed inside the stage ("Matrix size-incompatible")."""
+    expected = [(None, *shape) for shape, _ in specs]
+    received = [tuple(x.shape) for x in inputs]
+    if len(received) != len(expected) or any(
+        len(r) != len(e) or any(a is not None and a != b for a, b in zip(e, r, strict=True))
+        for r, e in zip(received, expected, strict=True)
+    ):
+        raise ValueError(
+            "the model's inputs keep the shapes of its first call, but for the batch size: "
+            f"expected {', '.join(map(str, expected))}. Received: "
+            f"{', '.join(map(str, received))}"
+        ) from None  # TensorFlow's error inside the stage's graph says no more
 
 
 class MiddleStage:
