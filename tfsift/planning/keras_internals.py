@@ -182,6 +182,18 @@ def seed_states(layer: Any) -> list[Any]:
     ]
 
 
+def read_as(model: Any, dtype: str) -> set[int]:
+    """The ids of the variables of ``model``'s layers that are read (autocast) as ``dtype``
+    in the model's call: its layer's compute dtype, that of the innermost layer that owns
+    it (Keras keeps a layer's own in ``_trainable_variables``)."""
+    found: dict[int, bool] = {}
+    for layer in model._flatten_layers(include_self=False):  # an outer layer first
+        for variable in getattr(layer, "_trainable_variables", []):
+            autocast = getattr(variable, "_autocast", False)
+            found[id(variable)] = autocast and layer.compute_dtype == dtype
+    return {key for key, yes in found.items() if yes}
+
+
 def free(variable: Any, why: str) -> None:
     """Drops a variable's buffer: reading or assigning it from now on raises
     ``ValueError(why)`` (Keras would fail calling its spent initializer)."""
