@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from tfsift.parallel import runtime
+from tfsift.pipeline.compiled import Compiled as Traced
 from tfsift.pipeline.context import gradients
 from tfsift.pipeline.step import step
 from tfsift.planning import autodiff, keras_internals
@@ -42,6 +43,7 @@ class Compiled:
     eval_step: Callable[..., Any]
     predict_step: Callable[..., Any]
     update: Callable[[list[Any]], None]
+    whole_batch: Callable[[list[Any]], list[Any]]  # the averaged gradients, as one process's
     penalties: regularizers.Penalties  # the regularized weights' penalties, as Keras adds
 
 
@@ -67,6 +69,7 @@ def compile_model(model: DistributedModel, **kwargs: Any) -> None:
         # Eagerly the update costs more than a small model's step (bench_small.py's MLP:
         # 1.6x to 1.8x a step with it compiled), as in Keras' own train step
         update=compiled_update(model.optimizer, model),
+        whole_batch=_whole_batch(model),
         penalties=regularizers.Penalties(model, model.optimizer),
     )
     object.__setattr__(model, _ATTRIBUTE, compiled)
@@ -159,25 +162,34 @@ def parts_of(model: DistributedModel) -> int:
     return rt.config.microbatches * rt.topology.replicas
 
 
-def whole_batch(model: DistributedModel, grads: list[Any]) -> list[Any]:
+def _whole_batch(model: DistributedModel) -> Callable[[list[Any]], list[Any]]:
     """The averaged gradients of ``fit``'s step as one process's of the whole batch:
     multiplied back by ``parts_of(model)``, and those of the variables read as float16
     rounded to it, as one process's sum over the batch is (a sum past float16's range
-    overflows there, and its loss scale skips the step: every part's sum could stay in)."""
-    parts = parts_of(model)
-    if parts == 1:
-        return grads
-    halves = keras_internals.read_as(model, "float16")
+    overflows there, and its loss scale skips the step: every part's sum could stay in).
+    One compiled call, made at the first step that needs it."""
+    made: list[Traced] = []
 
-    def rounded(g: Any) -> Any:
-        return tf.cast(tf.cast(g, tf.float16), g.dtype)
+    def whole_batch(grads: list[Any]) -> list[Any]:
+        parts = parts_of(model)
+        if parts == 1:
+            return grads
+        if not made:
+            halves = keras_internals.read_as(model, "float16")
+            flags = [id(v) in halves for v in model.trainable_variables]
 
-    return [
-        autodiff.elementwise(g, rounded) if id(v) in halves else g
-        for g, v in zip(
-            (autodiff.scale(g, parts) for g in grads), model.trainable_variables, strict=True
-        )
-    ]
+            def rounded(g: Any) -> Any:
+                return tf.cast(tf.cast(g, tf.float16), g.dtype)
+
+            def combine(grads: list[Any]) -> list[Any]:
+                scaled = [autodiff.scale(g, parts) for g in grads]
+                return [autodiff.elementwise(g, rounded) if half else g
+                        for g, half in zip(scaled, flags, strict=True)]  # fmt: skip
+
+            made.append(Traced(combine, "the gradients of the whole batch", autograph=False))
+        return made[0](list(grads))  # type: ignore[no-any-return]
+
+    return whole_batch
 
 
 def _eval_step(model: DistributedModel, loss: ModelLoss) -> Callable[..., Any]:

@@ -38,7 +38,6 @@ from tfsift.training.compiled import (
     check_hooks,
     compiled_of,
     predict_step_of,
-    whole_batch,
 )
 from tfsift.training.logs import replica_logs, replica_mean
 from tfsift.training.losses import check_output_mask
@@ -441,7 +440,7 @@ def _train_batch(
     grads, losses, y_pred = compiled.train_step(x_p, y_p, *_weights(w_p))
     check_output_mask(model)  # on every rank, before any update
     compiled.loss.check_alone(y_p, y_pred, _parts())
-    grads = whole_batch(model, allreduce(grads))  # each part's loss was its share
+    grads = compiled.whole_batch(allreduce(grads))  # each part's loss was its share
     grads, penalty = compiled.penalties.apply(grads)  # Keras' model.losses
     # every stage, one without trainable variables too: it takes its part in the sums the
     # others' update makes over the pipeline (a global norm, a loss scale's finite check)
