@@ -368,8 +368,8 @@ def _load_by_attribute(
             ) from err
         finally:
             model.built = built
-    read = {id(var) for var in recorder.assigned}
-    missing = [var.path for var in held if id(var) not in read]
+    assigned = {id(var) for var in recorder.assigned}
+    missing = [var.path for var in held if id(var) not in assigned]
     if missing:
         raise ValueError(
             f"{path} has no value for {len(missing)} weights of this rank's stage of "

@@ -178,7 +178,7 @@ def _excluded(model: keras.Model) -> Any:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return None
-    listed = getattr(optimizer, "_exclude_from_weight_decay", set())
+    listed: set[int] = getattr(optimizer, "_exclude_from_weight_decay", set())
     pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
     paths = sorted(v.path for v in model.weights if id(v) in listed)
     # Keras joins the names in a set's order, which differs from process to process
