@@ -317,16 +317,17 @@ def checks(K: int) -> dict[str, Any]:
     )
 
 
-def unheld(model: Net) -> list[str]:
+def unheld(model: Net) -> dict[str, list[str]]:
     """What reading or assigning the weights of a layer of another stage says, on this rank
-    (Keras said "'NoneType' object is not callable")."""
+    (Keras said "'NoneType' object is not callable"); the paths of the kernels tried (the
+    layers' names are numbered by the models the job's process made before)."""
     said = []
     for use in (model.a.get_weights, lambda: model.c.kernel.assign(np.zeros((16, 3)))):
         try:
             use()
         except ValueError as error:
             said.append(str(error))
-    return said
+    return {"paths": [model.a.kernel.path, model.c.kernel.path], "said": said}
 
 
 if __name__ == "__main__":
