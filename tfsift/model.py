@@ -378,7 +378,8 @@ class DistributedModel(keras.Model):  # type: ignore[misc]
         return None
 
     def load_weights(self, filepath: Any, *args: Any, **kwargs: Any) -> Any:
-        """Keras' ``load_weights``, collective: a ``.keras`` or ``.weights.h5`` file, or a
+        """Keras' ``load_weights``, collective: a ``.keras`` or ``.weights.h5`` file (tfsift's,
+        or one Keras saved of a model with these layers, its class registered or not), or a
         tfsift checkpoint directory, into a model that has run a step (``fit``,
         ``predict`` or a ``@tfsift.step`` call); before that, ``tfsift.load_weights(model,
         path, example=...)`` partitions it first."""
