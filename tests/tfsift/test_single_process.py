@@ -452,6 +452,29 @@ def test_an_optimizers_own_apply_gradients_runs_in_fit_as_in_keras() -> None:
     assert_fits_as_keras(Backbone(), keras.Model(inp, head(body(inp))), Centred)
 
 
+class Column(tfsift.DistributedModel):
+    """Adds each sample's first feature to its 4 units: (B, 4) + (B, 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(6))
+
+    def call(self, x: Any) -> Any:
+        return self.dense(x) + x[:, :1]
+
+
+def test_a_column_added_to_as_many_units_as_a_microbatch_has_samples_is_broadcast() -> None:
+    # Keras' TensorFlow add took (4, 4) + (4, 1) for a bias_add along the units (its
+    # special case where the static batch equals the units): every sample got the first 4
+    # samples' values, 0.7 apart from one process at a batch of 8
+    tfsift.init({"microbatches": 2})  # microbatches of 4 samples, the units' count
+    model = Column()
+    x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+    predicted = model.predict(x, batch_size=8, verbose=0)
+    kernel, bias = model.get_weights()
+    np.testing.assert_allclose(predicted, x @ kernel + bias + x[:, :1], atol=1e-6)
+
+
 class OwnWeight(keras.Model):  # type: ignore[misc]
     """A subclassed model whose call uses a weight of its own, made in its build."""
 

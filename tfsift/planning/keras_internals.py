@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 from keras import tree
 
 
@@ -164,7 +165,27 @@ def weights_read_outside() -> Iterator[list[Any]]:
 def call_node(node: Any, values: dict[int, Any], training: bool | None = None) -> list[Any]:
     """Runs one traced node on concrete ``values``; returns its flattened outputs."""
     args, kwargs = node_arguments(node, values, training)
+    if _adds_a_column(node.operation, args, kwargs):
+        x1, x2 = args
+        args = (x1, keras.ops.broadcast_to(x2, np.broadcast_shapes(x1.shape, x2.shape)))
     return list(tree.flatten(node.operation(*args, **kwargs)))
+
+
+def _adds_a_column(operation: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``operation`` is ``keras.ops.add`` of (B, ..., H) and a column (B, 1, ...,
+    1), which Keras' TensorFlow ``add`` takes for a bias along H where the static B equals
+    H (its ``bias_add`` special case: each sample's value added to another sample's
+    units). A stage is traced with a microbatch's static size, so B / M samples met it
+    where one process's B did not; the column broadcast first is added as it should be."""
+    from keras.src.ops.numpy import Add
+
+    if type(operation) is not Add or kwargs or len(args) != 2:
+        return False
+    shapes = [tuple(getattr(x, "shape", ())) for x in args]
+    if min(map(len, shapes)) < 2 or None in shapes[0] + shapes[1]:
+        return False
+    (rows, *ones), first = shapes[1], shapes[0]
+    return rows > 1 and all(d == 1 for d in ones) and rows in (first[1], first[-1])
 
 
 def takes_training(operation: Any) -> bool:
