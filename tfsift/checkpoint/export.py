@@ -19,6 +19,7 @@ from typing import Any
 
 import keras
 from keras import tree
+from keras.src.saving import serialization_lib
 
 from tfsift.checkpoint import collective, weights
 from tfsift.checkpoint import optimizer as optimizer_lib
@@ -203,12 +204,35 @@ def load_weights(model: DistributedModel, path: str | Path, example: Any = None)
 
 def standalone(part: Partitioned, name: str) -> keras.Model:
     """A functional ``keras.Model`` of the traced graph with new layers (unpartitioned,
-    freshly initialised) and inputs of any batch size."""
+    freshly initialised) and inputs of any batch size, as the model's call takes them (a
+    dict input by its keys)."""
     graph = part.graph
     traced = [graph.tensors[t] for t in graph.inputs]
-    functional = keras.Model(_single(traced), graph.structure, name=name)
-    fresh = [keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype) for t in traced]
-    return keras.models.clone_model(functional, input_tensors=_single(fresh))
+    arguments = graph.arguments[0] if len(graph.arguments) == 1 else graph.arguments
+    functional = keras.Model(tree.pack_sequence_as(arguments, traced), graph.structure, name=name)
+    fresh = [keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype, name=t.name) for t in traced]
+    # the user's own layers, a Lambda's function too: nothing here comes from a file
+    with serialization_lib.SafeModeScope(False):
+        return keras.models.clone_model(
+            functional, input_tensors=tree.pack_sequence_as(arguments, fresh)
+        )
+
+
+def copy_state(layers: list[Any], twins: dict[str, Any]) -> None:
+    """Gives each twin (by name) of ``layers`` without variables what Keras' saving keeps of
+    them beside variables, which a clone made from their configs lacks: a lookup's
+    vocabulary (an adapted ``TextVectorization``'s, ``StringLookup``'s) and its IDF
+    weights, in the order Keras' loading gives them."""
+    for layer in {id(layer): layer for layer in layers}.values():
+        keeps_state = isinstance(layer, keras.layers.Layer) and hasattr(layer, "save_assets")
+        if not keeps_state or layer.variables:  # tfsift gathers and assigns the variables
+            continue
+        twin, store = twins[layer.name], dict[str, Any]()
+        layer.save_own_variables(store)
+        twin.load_own_variables(store)
+        with tempfile.TemporaryDirectory() as folder:
+            layer.save_assets(folder)
+            twin.load_assets(folder)
 
 
 def _export(
@@ -227,6 +251,7 @@ def _export(
         slots.update(stage_slots)
     clone = standalone(part, model.name)
     twins = {layer.name: layer for layer in clone.layers}
+    copy_state([gn.operation for gn in part.graph.nodes], twins)
     keys = variable_keys(model, [gn.operation for gn in part.graph.nodes])
     twin_keys: dict[int, str] = {}
     for layer in _layers(part.graph):
@@ -406,10 +431,6 @@ def _layers(graph: Graph) -> list[Any]:
         if isinstance(gn.operation, keras.layers.Layer) and gn.operation.variables:
             seen.setdefault(id(gn.operation), gn.operation)
     return list(seen.values())
-
-
-def _single(items: list[Any]) -> Any:
-    return items[0] if len(items) == 1 else items
 
 
 def _as_text(path: Path | None) -> str | None:

@@ -42,9 +42,15 @@ class Graph:
     """The traced graph of a model: ordered nodes and the tensors live across every cut."""
 
     def __init__(
-        self, inputs: Sequence[Any], outputs: Sequence[Any], structure: Any = None
+        self,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        structure: Any = None,
+        arguments: Any = None,
     ) -> None:
         self.structure = outputs if structure is None else structure  # the call's output nesting
+        # the call's positional arguments, of the inputs (a dict input keeps its keys)
+        self.arguments = list(inputs) if arguments is None else arguments
         self.inputs = [id(x) for x in inputs]
         self.outputs = [id(x) for x in outputs]
         self.tensors: dict[int, Any] = {id(x): x for x in inputs}
@@ -288,12 +294,21 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
     graph take the step's own at run time. The Keras models ``call`` calls are traced
     through (``keras_internals.models_inlined``): their layers are nodes of the graph.
     """
-    symbolic = tree.map_structure(
-        lambda x: keras.Input(
-            batch_shape=tuple(x.shape), dtype=keras.backend.standardize_dtype(x.dtype)
-        ),
-        list(example),
-    )
+
+    def symbolic_input(x: Any, name: str | None = None) -> Any:
+        dtype = keras.backend.standardize_dtype(x.dtype)
+        return keras.Input(batch_shape=tuple(x.shape), dtype=dtype, name=name)
+
+    # a dict input's tensors named by their keys, as a saved model's inputs are then named
+    symbolic = [
+        {
+            k: tree.map_structure(lambda x, k=k: symbolic_input(x, _named(k)), v)
+            for k, v in a.items()
+        }
+        if isinstance(a, dict) and all(not isinstance(v, (dict, list, tuple)) for v in a.values())
+        else tree.map_structure(symbolic_input, a)
+        for a in example
+    ]
     with keras_internals.models_inlined(model), keras_internals.weights_read_outside() as reads:
         out = model.call(*symbolic, **training)
     if reads:
@@ -306,7 +321,12 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
             "into a layer of your own. Received: a read of "
             + ", ".join(repr(v.path) for v in reads)
         )
-    return Graph(tree.flatten(symbolic), tree.flatten(out), out)
+    return Graph(tree.flatten(symbolic), tree.flatten(out), out, symbolic)
+
+
+def _named(key: Any) -> str | None:
+    """A dict input's key as its Input's name, where Keras takes it (no ``/``)."""
+    return key if isinstance(key, str) and key and "/" not in key else None
 
 
 def check_training_branches(model: Any, example: Sequence[Any]) -> None:

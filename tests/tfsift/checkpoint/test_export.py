@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras import tree
 
 import mpi
 import tfsift
@@ -123,3 +124,35 @@ def test_wrong_paths_and_unpartitioned_models_are_explained(tmp_path: Path) -> N
         tfsift.load_weights(OpsNet(), tmp_path / "m.keras")
     with pytest.raises(CheckpointError, match="no complete checkpoint at"):
         tfsift.load_weights(model, tmp_path / "nothing")
+
+
+class Texts(tfsift.DistributedModel):
+    """A dict input: sentences through an adapted TextVectorization, and numbers; a Lambda."""
+
+    def __init__(self, sentences: list[str]) -> None:
+        super().__init__()
+        self.vectorize = keras.layers.TextVectorization(max_tokens=12, output_sequence_length=4)
+        self.vectorize.adapt(sentences)
+        self.embed = keras.layers.Embedding(12, 4)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.double = keras.layers.Lambda(lambda t: 2.0 * t)
+        self.head = keras.layers.Dense(2)
+
+    def call(self, inputs: dict[str, Any]) -> Any:
+        words = self.pool(self.embed(self.vectorize(inputs["text"])))
+        return self.head(keras.ops.concatenate([self.double(words), inputs["extra"]], axis=-1))
+
+
+def test_a_saved_model_keeps_its_dict_input_its_vocabulary_and_its_lambda(tmp_path: Path) -> None:
+    # the file's inputs were a list named input_layer_N (the dict's keys lost), the
+    # vectorizer's clone had no vocabulary ("keys and values cannot be empty tensors"; with
+    # tf_idf no IDF weights), and the clone of a Lambda failed in Keras' safe mode
+    sentences = ["the cat sat", "a dog ran far", "the dog sat", "cats and dogs ran"]
+    tfsift.init({"microbatches": 2})
+    model = Texts(sentences)
+    inputs = {"text": np.array(sentences, dtype=object), "extra": np.ones((4, 3), np.float32)}
+    predicted = model.predict(inputs, batch_size=4, verbose=0)
+    path = tfsift.save_model(model, tmp_path / "texts.keras")
+    loaded = keras.saving.load_model(path, safe_mode=False)  # Keras asks it of a Lambda
+    assert [t.name for t in tree.flatten(loaded.input)] == ["extra", "text"]
+    np.testing.assert_allclose(loaded.predict(inputs, verbose=0), predicted, atol=1e-6)
