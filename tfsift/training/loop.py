@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -246,7 +247,7 @@ def _tracing(
         try:
             return step(inputs)
         except ValueError as err:
-            if model.partitioned is not None:  # traced: the error is another one
+            if model.partitioned is not None or _tfsifts(err):  # a refusal, not the data's
                 raise
             raise ValueError(
                 f"predict could not trace the model on the dataset's first element ({err}): "
@@ -255,6 +256,17 @@ def _tracing(
             ) from err
 
     return first
+
+
+def _tfsifts(err: BaseException) -> bool:
+    """Whether tfsift's own code raised ``err`` (one of its refusals of the model)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and Path(tb.tb_frame.f_code.co_filename).is_relative_to(_PACKAGE)
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def train_on_batch(

@@ -750,6 +750,24 @@ def test_predict_before_any_step_names_batch_for_single_samples() -> None:
     )
 
 
+class Branches(Mlp):
+    """A Python branch on ``training``, which tfsift refuses at its trace."""
+
+    def call(self, x: Any, training: bool | None = None) -> Any:
+        return self.b(self.a(x)) if training else self.b(keras.ops.relu(self.a(x)))
+
+
+def test_predict_before_any_step_says_only_the_models_refusal_of_a_model() -> None:
+    # tfsift's own refusal ended "predict needs a batched dataset; if this one is not,
+    # call .batch(B)", of arrays that were batched
+    tfsift.init({})
+    x, _ = arrays()
+    with pytest.raises(ValueError) as err:
+        Branches().predict(x, verbose=0)
+    assert str(err.value).startswith("tfsift traces Branches.call once into a graph")
+    assert "batch" not in str(err.value)
+
+
 def test_fit_before_compile_says_to_compile() -> None:
     tfsift.init({})
     with pytest.raises(RuntimeError, match=r"model.compile\(optimizer="):
