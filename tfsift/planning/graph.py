@@ -47,6 +47,7 @@ class Graph:
         outputs: Sequence[Any],
         structure: Any = None,
         arguments: Any = None,
+        created: Sequence[Any] = (),
     ) -> None:
         self.structure = outputs if structure is None else structure  # the call's output nesting
         # the call's positional arguments, of the inputs (a dict input keeps its keys)
@@ -54,7 +55,7 @@ class Graph:
         self.inputs = [id(x) for x in inputs]
         self.outputs = [id(x) for x in outputs]
         self.tensors: dict[int, Any] = {id(x): x for x in inputs}
-        self.nodes = _order(outputs, set(self.inputs))
+        self.nodes = _order(outputs, set(self.inputs), created)
         for gn in self.nodes:
             self.tensors.update({id(x): x for x in gn.node.outputs})
         self._producer = {t: _MODEL_INPUT for t in self.inputs}
@@ -309,7 +310,11 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
         else tree.map_structure(symbolic_input, a)
         for a in example
     ]
-    with keras_internals.models_inlined(model), keras_internals.weights_read_outside() as reads:
+    with (
+        keras_internals.models_inlined(model),
+        keras_internals.weights_read_outside() as reads,
+        keras_internals.nodes_created() as created,
+    ):
         out = model.call(*symbolic, **training)
     if reads:
         raise ValueError(
@@ -321,7 +326,7 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
             "into a layer of your own. Received: a read of "
             + ", ".join(repr(v.path) for v in reads)
         )
-    return Graph(tree.flatten(symbolic), tree.flatten(out), out, symbolic)
+    return Graph(tree.flatten(symbolic), tree.flatten(out), out, symbolic, created)
 
 
 def _named(key: Any) -> str | None:
@@ -371,11 +376,15 @@ def _structure(graph: Graph) -> list[tuple[str, tuple[int, ...]]]:
     ]
 
 
-def _order(outputs: Sequence[Any], inputs: set[int]) -> list[GraphNode]:
-    """Depth-first post-order from the outputs: deterministic, follows argument order."""
-    order: list[GraphNode] = []
+def _order(
+    outputs: Sequence[Any], inputs: set[int], created: Sequence[Any] = ()
+) -> list[GraphNode]:
+    """The nodes the outputs need, in the order the call made them (``created``, which a
+    node's inputs precede), else depth-first post-order from the outputs (deterministic,
+    following argument order): a dict output's keys, flattened sorted, would put a node
+    the call made first after one it made later."""
+    order: list[Any] = []
     done: set[int] = set()
-    names: dict[str, int] = {}
     stack: list[tuple[Any, bool]] = [(x, False) for x in reversed(list(outputs))]
     while stack:
         tensor, expanded = stack.pop()
@@ -386,11 +395,15 @@ def _order(outputs: Sequence[Any], inputs: set[int]) -> list[GraphNode]:
             continue
         if expanded:
             done.add(id(node))
-            order.append(_graph_node(node, names))
+            order.append(node)
             continue
         stack.append((tensor, True))
         stack += [(x, False) for x in reversed(node_reads(node))]
-    return order
+    made = {id(node): i for i, node in enumerate(created)}
+    if created and all(id(node) in made for node in order):
+        order.sort(key=lambda node: made[id(node)])
+    names: dict[str, int] = {}
+    return [_graph_node(node, names) for node in order]
 
 
 def node_reads(node: Any) -> list[Any]:

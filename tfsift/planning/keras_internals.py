@@ -61,6 +61,26 @@ def models_inlined(model: Any) -> Iterator[None]:
             layer.__class__ = cls
 
 
+@contextlib.contextmanager
+def nodes_created() -> Iterator[list[Any]]:
+    """Within it, every symbolic Keras node made (a layer's or an op's symbolic call), in
+    the order made: the model's call order."""
+    from keras.src.ops.node import Node
+
+    made: list[Any] = []
+    original = Node.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    Node.__init__ = init
+    try:
+        yield made
+    finally:
+        Node.__init__ = original
+
+
 def _own_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     if not self.built:  # built as its own __call__ builds it (a subclass's build()), once
         with calls_forgotten(self, include_self=True):

@@ -33,6 +33,29 @@ def test_nodes_follow_call_order_including_keras_ops() -> None:
     assert len({gn.name for gn in graph.nodes}) == 4
 
 
+class Heads(keras.Model):  # type: ignore[misc]
+    """Two outputs whose keys sort against the order the call makes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.aux = keras.layers.Dense(4), keras.layers.Dense(1)
+        self.deep, self.head = keras.layers.Dense(4), keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        h = self.body(x)
+        reg = self.aux(h)
+        return {"cls": self.head(self.deep(h)), "reg": reg}
+
+
+def test_nodes_follow_call_order_where_dict_outputs_sort_otherwise() -> None:
+    # ordered from the outputs flattened (cls before reg): aux after head, and a manual
+    # placement of aux on stage 0 was refused as "called after a layer of partition 1"
+    model = Heads()
+    graph = trace(model, [tf.zeros((2, 5))])
+    order = [model.body, model.aux, model.deep, model.head]
+    assert [gn.operation for gn in graph.nodes] == order
+
+
 def test_a_skip_connection_is_live_across_the_cut_it_jumps() -> None:
     graph = trace(Skip(), [tf.zeros((2, 5))])
     h = graph.nodes[0].outputs[0]
