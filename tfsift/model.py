@@ -806,6 +806,8 @@ def _say_microbatch_draws(model: DistributedModel, M: int) -> None:
         if not layer._flatten_layers(include_self=False)  # its own draws: a leaf's
         and keras_internals.seed_states(layer)
         and getattr(layer, "rate", 1) != 0  # an attention's dropout of 0 draws nothing
+        # an LSTM's or GRU's cell without dropout draws nothing either
+        and (getattr(layer, "dropout", 1), getattr(layer, "recurrent_dropout", 1)) != (0, 0)
     ]
     if M == 1 or not drawing:
         return

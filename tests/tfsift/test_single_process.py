@@ -326,6 +326,77 @@ def test_dropout_on_microbatches_is_said_to_draw_for_each_microbatch(
     )
 
 
+class Counting(keras.layers.Layer):  # type: ignore[misc]
+    """Counts the samples it saw in training, in a non-trainable variable of its own."""
+
+    def build(self, shape: Any) -> None:
+        self.seen = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+    def call(self, x: Any, training: bool | None = None) -> Any:
+        if training:
+            self.seen.assign_add(keras.ops.cast(keras.ops.shape(x)[0], "float32"))
+        return x
+
+
+class Counted(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self.norm = Counting(), keras.layers.BatchNormalization()
+        self.head = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.norm(self.count(x)))
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_layer_updating_its_own_state_in_training_is_said_to_do_so_per_microbatch(
+    caplog: pytest.LogCaptureFixture, microbatches: int
+) -> None:
+    # it counted each microbatch, M times a step, without a word
+    tfsift.init({"microbatches": microbatches})
+    model, (x, y) = Counted(), batch()
+    with caplog.at_level("WARNING", logger="tfsift"):
+        standard_step(model)(x, y)
+        standard_step(model)(x, y)  # a second step function's first call says it again
+    said = [r.getMessage() for r in caplog.records if "non-trainable" in r.getMessage()]
+    message = (
+        f"layers ({model.count.name}) changed non-trainable variables of their own in a "
+        "training step: a layer's call updates them for each microbatch (microbatches=2) "
+        "and on each replica alone (replicas=1), where one Keras process updates them once "
+        "a step for the whole batch"
+    )
+    assert said == ([] if microbatches == 1 else [message, message])
+    assert float(model.count.seen.numpy()) == 16.0  # 8 samples a step, counted as they come
+
+
+class Recurrent(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = keras.layers.LSTM(4, return_sequences=True)  # its cell draws nothing
+        self.gru = keras.layers.GRU(4, dropout=0.2)
+        self.head = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.head(self.gru(self.lstm(x)))
+
+
+def test_only_recurrent_cells_with_dropout_are_said_to_draw(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # an LSTM without dropout was named: its cell holds a seed generator all the same
+    tfsift.init({"microbatches": 2})
+    model = Recurrent()
+    x = tf.constant(np.random.default_rng(0).normal(size=(8, 3, 5)), tf.float32)
+    with caplog.at_level("INFO", logger="tfsift"):
+        standard_step(model)(x, batch()[1])
+    said = [r.getMessage() for r in caplog.records if "random layers" in r.getMessage()]
+    assert said == [
+        f"random layers ({model.gru.cell.name}) draw their values for each microbatch "
+        "(microbatches=2): other draws than one process makes for the whole batch, alike "
+        "in distribution"
+    ]
+
+
 class Padded(tfsift.DistributedModel):
     def __init__(self) -> None:
         super().__init__()

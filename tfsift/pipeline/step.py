@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+import keras
 import numpy as np
 import tensorflow as tf
 from keras import tree
@@ -27,6 +29,8 @@ from tfsift.pipeline.split import SplitBackward
 from tfsift.pipeline.stage import Stage
 from tfsift.planning import keras_internals
 from tfsift.state import STATE
+
+log = logging.getLogger("tfsift")
 
 if TYPE_CHECKING:  # the model module imports this package: no import cycle at run time
     from tfsift.model import DistributedModel
@@ -157,16 +161,61 @@ def _make_step(
         microbatches = split(*marked, plans[0].M if plans else rt.config.microbatches)
         if signature is not None:  # only non_split_inputs put markers in
             microbatches = [_unmark(mb) for mb in microbatches]
+        said = None
         if not plans:
             plans.append(make_plan(fn, microbatches[0], rt, compile, *marked))
+            said = _state_updates(plans[0])
         with plans[0].shared.sharing():  # metrics updated in fn: equal on every rank after
-            return run(plans[0], fn, microbatches)
+            outputs = run(plans[0], fn, microbatches)
+        if said is not None:
+            said()
+        return outputs
 
     wrapper.tfsift_step = True  # type: ignore[attr-defined]
     return wrapper
 
 
 _LOCK = threading.Lock()
+
+
+def _state_updates(plan: StepPlan) -> Callable[[], None] | None:
+    """For a training step's first call on microbatches or replicas: what, after the step,
+    says which of this rank's layers changed non-trainable variables of their own (a
+    counter, running statistics of a custom layer): their call updates them for each
+    microbatch, M times a step, and each replica its own, where one Keras process updates
+    them once a step for the whole batch. Said where nothing else says it: Keras'
+    ``BatchNormalization`` (said at partitioning) and the random layers' seeds are left out,
+    as are frozen layers, which nothing updates. One copy of those variables, once."""
+    rt = plan.runtime
+    part = plan.model.partitioned
+    if not plan.training or part is None or rt.config.microbatches * rt.topology.replicas == 1:
+        return None
+    watched = []
+    for layer in part.stage.graph.layers():
+        if not isinstance(layer, keras.layers.Layer) or not layer.trainable:
+            continue
+        said = {id(v) for v in keras_internals.seed_states(layer)}
+        for sub in layer._flatten_layers(include_self=True):
+            if isinstance(sub, keras.layers.BatchNormalization):
+                said |= {id(v) for v in sub.variables}
+        watched += [(layer, v) for v in layer.non_trainable_variables if id(v) not in said]
+    before = [np.array(v.numpy()) for _, v in watched]
+
+    def say() -> None:
+        changed = {layer.name: None for (layer, v), was in zip(watched, before, strict=True)
+                   if not np.array_equal(was, v.numpy())}  # fmt: skip
+        if changed:
+            log.warning(
+                "layers (%s) changed non-trainable variables of their own in a training step: "
+                "a layer's call updates them for each microbatch (microbatches=%d) and on "
+                "each replica alone (replicas=%d), where one Keras process updates them once "
+                "a step for the whole batch",
+                ", ".join(changed),
+                rt.config.microbatches,
+                rt.topology.replicas,
+            )
+
+    return say
 
 
 @contextlib.contextmanager
