@@ -151,10 +151,11 @@ def partition_for_training(model: Any, x: Any, batch_size: int | None) -> None:
 
 
 def training_microbatch(x: Any, batch_size: int) -> list[tf.Tensor]:
-    """The first ``batch_size / M`` rows of ``x``: the model inputs of one microbatch of
-    a training step on batches of ``batch_size``."""
-    M = runtime.get().config.microbatches
-    return [tf.convert_to_tensor(np.asarray(x)[: batch_size // M])]
+    """The first ``batch_size / M`` rows of ``x``, each of its tensors' (a dict or tuple of
+    inputs keeps its nesting): the model inputs of one microbatch of a training step on
+    batches of ``batch_size``."""
+    rows = batch_size // runtime.get().config.microbatches
+    return [tree.map_structure(lambda a: tf.convert_to_tensor(np.asarray(a)[:rows]), x)]
 
 
 def concat(value: Any) -> np.ndarray:

@@ -481,6 +481,33 @@ def test_fit_with_sift_trains_on_the_kept_samples() -> None:
     assert epoch["mean_loss_kept"] > epoch["mean_loss_scored"] > 0  # big_loss: the larger
 
 
+class Pair(Mlp):
+    """The Mlp on a dict of two inputs, joined."""
+
+    def call(self, x: Any) -> Any:
+        return super().call(keras.ops.concatenate([x["a"], x["b"]], axis=-1))
+
+
+def test_fit_with_forward_scores_on_a_dict_input_scores_and_trains_the_same() -> None:
+    # the scorer cut the model on np.asarray(the dict)[:rows]: "too many indices for array"
+    tfsift.init({"microbatches": 2})
+    config = tfsift.SiftConfig(policy="big_loss", keep=0.5)
+    x = np.random.default_rng(0).normal(size=(N, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    losses = []
+    for cls, inputs in ((Mlp, x), (Pair, {"a": x[:, :3], "b": x[:, 3:]})):
+        keras.utils.set_random_seed(SEED)
+        model = cls()
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        fitted = model.fit(inputs, y, batch_size=B, epochs=2, shuffle=False, verbose=0, sift=config)
+        assert fitted.history["sift_kept"] == pytest.approx([0.5, 0.5])
+        losses.append(fitted.history["loss"])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+
+
 def test_fit_with_training_scores_hands_each_steps_losses_back_and_scores_nothing() -> None:
     model = compiled_model()
     config = tfsift.SiftConfig(policy="big_loss", keep=0.5, scores="training", stale=1)
