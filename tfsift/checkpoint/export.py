@@ -262,14 +262,22 @@ def _export(
     if compiled and model.compiled:
         # rank 0 holds stage 0, whose iteration and learning rate every stage shares
         _compile_clone(model, clone, twin_keys, optimizer, slots, gathered[0][2])
-    partial = path.with_name(f".partial-{path.name}")  # the same suffix: Keras checks it
+    # the same suffix (Keras checks it); the process's own, so that two jobs writing to one
+    # path each replace it whole rather than delete each other's partial file
+    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(partial)
         write(clone, partial)
-        if partial.is_dir():  # an export (a SavedModel directory) replaces the old one
-            _remove(path)
-        os.replace(partial, path)
+        for tries_left in range(2, -1, -1):
+            if partial.is_dir():  # an export (a SavedModel directory) replaces the old one
+                _remove(path)
+            try:
+                os.replace(partial, path)
+                break
+            except OSError:  # another job's export took its place in between: again
+                if tries_left == 0 or not partial.is_dir():
+                    raise
     except OSError as err:
         _remove(partial)
         raise CheckpointError(f"writing {path} failed: {err}") from err

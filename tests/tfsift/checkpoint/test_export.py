@@ -156,3 +156,28 @@ def test_a_saved_model_keeps_its_dict_input_its_vocabulary_and_its_lambda(tmp_pa
     loaded = keras.saving.load_model(path, safe_mode=False)  # Keras asks it of a Lambda
     assert [t.name for t in tree.flatten(loaded.input)] == ["extra", "text"]
     np.testing.assert_allclose(loaded.predict(inputs, verbose=0), predicted, atol=1e-6)
+
+
+@pytest.mark.parametrize("export", [False, True], ids=["keras file", "export"])
+def test_two_jobs_writing_one_path_each_replace_it_whole(tmp_path: Path, export: bool) -> None:
+    # both wrote through one partial name and deleted each other's: "No such file or
+    # directory: '.partial-m.keras' -> 'm.keras'", or TensorFlow's errors inside an export
+    path = tmp_path / ("m" if export else "m.keras")
+    command = [sys.executable, str(mpi.SCRIPTS / "export_race.py"), str(path), "12"]
+    command += ["--export"] if export else []
+    jobs = [
+        subprocess.Popen(
+            command,
+            env=mpi.environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for job in jobs:
+        out, err = job.communicate(timeout=240)
+        assert job.returncode == 0 and "SAVED" in out, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # nothing partial left
+    if not export:
+        keras.saving.load_model(path)  # whole
