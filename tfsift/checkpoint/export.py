@@ -210,7 +210,13 @@ def standalone(part: Partitioned, name: str) -> keras.Model:
     traced = [graph.tensors[t] for t in graph.inputs]
     arguments = graph.arguments[0] if len(graph.arguments) == 1 else graph.arguments
     functional = keras.Model(tree.pack_sequence_as(arguments, traced), graph.structure, name=name)
-    fresh = [keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype, name=t.name) for t in traced]
+    # a dict's by its keys, the others as Keras' own export names them: the same names at
+    # every save (a traced tensor's is numbered by those the process made before)
+    keyed = [isinstance(a, dict) for a in graph.arguments for _ in tree.flatten(a)]
+    fresh = [
+        keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype, name=t.name if by_key else f"args_{i}")
+        for i, (t, by_key) in enumerate(zip(traced, keyed, strict=True))
+    ]
     # the user's own layers, a Lambda's function too: nothing here comes from a file
     with serialization_lib.SafeModeScope(False):
         return keras.models.clone_model(

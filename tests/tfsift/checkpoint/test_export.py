@@ -181,3 +181,13 @@ def test_two_jobs_writing_one_path_each_replace_it_whole(tmp_path: Path, export:
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # nothing partial left
     if not export:
         keras.saving.load_model(path)  # whole
+
+
+def test_an_exports_serving_input_is_named_as_keras_names_it(tmp_path: Path) -> None:
+    # it was the traced tensor's name, keras_tensor_N, N the tensors the process made before
+    model, _ = trained()
+    keras.Input((3,))  # another tensor made in between
+    for path in (tmp_path / "first", tmp_path / "second"):
+        model.export(path, verbose=False)
+        serving = tf.saved_model.load(str(path)).signatures["serving_default"]
+        assert list(serving.structured_input_signature[1]) == ["args_0"]
