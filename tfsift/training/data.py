@@ -471,15 +471,19 @@ def batches(
     ``sift_weights``, each element's last part is the weights sifting adds (``rescale``),
     one a sample: they weigh it in the loss, times its ``sample_weight`` if it has one
     (``sifted_weights``)."""
-    for n, element in enumerate(prompt_end(dataset)):
-        if steps is not None and n >= steps:
-            return
+    if steps is not None and steps < 1:
+        return
+    # ends after the last batch asked for, not at the next one: a sifted dataset counts a
+    # batch it made as trained (sift_kept), and any dataset reads its samples
+    for n, element in enumerate(prompt_end(dataset), start=1):
         if not sift_weights:
             yield keras.utils.unpack_x_y_sample_weight(element)
-            continue
-        *parts, sifted = element
-        x, y, weight = keras.utils.unpack_x_y_sample_weight(tuple(parts))
-        yield x, y, sifted_weights(y, weight, sifted)
+        else:
+            *parts, sifted = element
+            x, y, weight = keras.utils.unpack_x_y_sample_weight(tuple(parts))
+            yield x, y, sifted_weights(y, weight, sifted)
+        if steps is not None and n >= steps:
+            return
 
 
 class EpochBatches:

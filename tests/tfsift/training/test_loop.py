@@ -508,6 +508,15 @@ def test_fit_with_forward_scores_on_a_dict_input_scores_and_trains_the_same() ->
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)
 
 
+def test_a_sifted_fit_cut_by_steps_per_epoch_counts_the_batches_it_trained() -> None:
+    # the epoch read one batch past steps_per_epoch, which the sifted dataset counted as kept
+    model = compiled_model()
+    x, y = arrays()
+    config = tfsift.SiftConfig(policy="infobatch")  # the first epoch keeps every sample
+    history = model.fit(x, y, batch_size=B, steps_per_epoch=2, verbose=0, sift=config)
+    assert history.history["sift_kept"] == [2 * B / N]
+
+
 def test_fit_with_training_scores_hands_each_steps_losses_back_and_scores_nothing() -> None:
     model = compiled_model()
     config = tfsift.SiftConfig(policy="big_loss", keep=0.5, scores="training", stale=1)
