@@ -165,7 +165,7 @@ class Config:
         raw = env.get(env.TFSIFT_CONFIG).strip()
         if not raw:
             return cls()
-        from_file = not raw.startswith("{") and os.path.exists(raw)
+        from_file = not raw.startswith("{") and os.path.isfile(raw)  # a folder is no file
         try:
             values = json.loads(_read(raw) if from_file else raw)
         except json.JSONDecodeError as err:

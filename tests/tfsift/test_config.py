@@ -136,9 +136,10 @@ def test_config_comes_from_the_environment_as_json_or_a_file(
     path.write_text(json.dumps({"pipeline": "simple"}))
     monkeypatch.setenv("TFSIFT_CONFIG", str(path))
     assert Config.from_env().pipeline == "simple"
-    monkeypatch.setenv("TFSIFT_CONFIG", "/nonexistent.json")
-    with pytest.raises(ValueError, match="neither JSON nor an existing file"):
-        Config.from_env()
+    for missing in ("/nonexistent.json", str(tmp_path)):  # a folder: IsADirectoryError before
+        monkeypatch.setenv("TFSIFT_CONFIG", missing)
+        with pytest.raises(ValueError, match="neither JSON nor an existing file"):
+            Config.from_env()
 
 
 def test_timeout_defaults_to_600_seconds_and_takes_any_positive_number() -> None:
