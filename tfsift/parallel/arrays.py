@@ -253,7 +253,8 @@ class RowsDataset(RowDataset):
         super().__init__(rows, batch_size, shuffle, seed, spec)
 
     def _read(self, rows: np.ndarray) -> Any:
-        batch = tree.map_structure(np.asarray, self.load(rows))
+        # a list is a tuple, as Keras' data adapters take it (tf.data would refuse it)
+        batch = tree.map_structure(np.asarray, tree.lists_to_tuples(self.load(rows)))
         leaves = tree.flatten(batch)
         if not leaves or any(a.ndim == 0 or len(a) != len(rows) for a in leaves):
             raise ValueError(
@@ -300,10 +301,11 @@ def from_rows(
         >>> train = tfsift.from_rows(load, len(paths), 128)  # doctest: +SKIP
 
     Args:
-        load: reads the samples at ``rows``: returns an array, or a tuple or dict of
-            arrays (NumPy, or anything ``np.asarray`` takes), with row ``i`` holding
-            sample ``rows[i]`` (the order matters: sifting's scores and weights follow
-            it), and the same structure, dtypes and row shapes at every call. Without
+        load: reads the samples at ``rows``: returns an array, or a tuple (a list is
+            taken as one) or dict of arrays (NumPy, or anything ``np.asarray`` takes),
+            with row ``i`` holding sample ``rows[i]`` (the order matters: sifting's
+            scores and weights follow it), and the same structure, dtypes and row
+            shapes at every call. Without
             ``element_spec`` it is called once when the dataset is made, on rows
             ``0 .. batch_size - 1``, to learn them.
         rows: how many samples there are.

@@ -152,6 +152,17 @@ def test_from_rows_reads_from_arrays_batches_through_load_and_only_those() -> No
     assert len(read) == 1 + 2 * (N // B)
 
 
+def test_from_rows_takes_a_list_of_fields_as_a_tuple() -> None:
+    # tf.data refused it: "output_signature must contain objects that are subclass of
+    # tf.TypeSpec"
+    tfsift.init({})
+    x, y = data()
+    listed = tfsift.from_rows(lambda rows: [x[rows], y[rows]], N, B, seed=5)
+    tupled = tfsift.from_rows(lambda rows: (x[rows], y[rows]), N, B, seed=5)
+    assert listed.element_spec == tupled.element_spec
+    assert [rows_of(a) for a, _ in listed] == [rows_of(a) for a, _ in tupled]
+
+
 def test_a_memory_mapped_array_stays_mapped_and_batches_as_in_memory(tmp_path: Path) -> None:
     tfsift.init({})
     x, y = data()
