@@ -257,8 +257,9 @@ def _export(
         slots.update(stage_slots)
     clone = standalone(part, model.name)
     twins = {layer.name: layer for layer in clone.layers}
-    copy_state([gn.operation for gn in part.graph.nodes], twins)
-    keys = variable_keys(model, [gn.operation for gn in part.graph.nodes])
+    operations = [gn.operation for gn in part.graph.nodes]
+    copy_state(operations, twins)
+    keys = variable_keys(model, operations)
     twin_keys: dict[int, str] = {}
     for layer in _layers(part.graph):
         twin = twins[layer.name]
@@ -275,18 +276,27 @@ def _export(
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(partial)
         write(clone, partial)
-        for tries_left in range(2, -1, -1):
-            if partial.is_dir():  # an export (a SavedModel directory) replaces the old one
-                _remove(path)
-            try:
-                os.replace(partial, path)
-                break
-            except OSError:  # another job's export took its place in between: again
-                if tries_left == 0 or not partial.is_dir():
-                    raise
+        _put_in_place(partial, path)
     except OSError as err:
         _remove(partial)
         raise CheckpointError(f"writing {path} failed: {err}") from err
+
+
+def _put_in_place(partial: Path, path: Path) -> None:
+    """Renames the written ``partial`` to ``path``: a file replaces the old one at once; an
+    export (a SavedModel directory) removes it first, and again where another job's export
+    took its place in between (three tries)."""
+    if not partial.is_dir():
+        os.replace(partial, path)
+        return
+    for attempt in range(3):
+        _remove(path)
+        try:
+            os.replace(partial, path)
+            return
+        except OSError:
+            if attempt == 2:
+                raise
 
 
 def _built_optimizer(model: DistributedModel) -> Any:

@@ -194,11 +194,11 @@ def _state_updates(plan: StepPlan) -> Callable[[], None] | None:
     for layer in part.stage.graph.layers():
         if not isinstance(layer, keras.layers.Layer) or not layer.trainable:
             continue
-        said = {id(v) for v in keras_internals.seed_states(layer)}
+        told = {id(v) for v in keras_internals.seed_states(layer)}  # said elsewhere
         for sub in layer._flatten_layers(include_self=True):
             if isinstance(sub, keras.layers.BatchNormalization):
-                said |= {id(v) for v in sub.variables}
-        watched += [(layer, v) for v in layer.non_trainable_variables if id(v) not in said]
+                told |= {id(v) for v in sub.variables}
+        watched += [(layer, v) for v in layer.non_trainable_variables if id(v) not in told]
     before = [np.array(v.numpy()) for _, v in watched]
 
     def say() -> None:

@@ -302,10 +302,7 @@ def trace(model: Any, example: Sequence[Any], **training: bool) -> Graph:
 
     # a dict input's tensors named by their keys, as a saved model's inputs are then named
     symbolic = [
-        {
-            k: tree.map_structure(lambda x, k=k: symbolic_input(x, _named(k)), v)
-            for k, v in a.items()
-        }
+        {k: symbolic_input(v, _named(k)) for k, v in a.items()}
         if isinstance(a, dict) and all(not isinstance(v, (dict, list, tuple)) for v in a.values())
         else tree.map_structure(symbolic_input, a)
         for a in example
