@@ -19,6 +19,9 @@ _KINDS: dict[str, type[Exception]] = {
     "CheckpointError": CheckpointError,
     "ValueError": ValueError,
     "TypeError": TypeError,
+    # a format whose package is not installed (an ONNX export): what Keras raises
+    "ImportError": ImportError,
+    "ModuleNotFoundError": ModuleNotFoundError,
 }
 
 

@@ -110,7 +110,16 @@ def export_model(model: DistributedModel, filepath: str | Path, **kwargs: Any) -
     """
     model = weights.check_model(model, "model.export")
     path = Path(filepath)
-    _write_whole(model, "model.export", path, lambda clone, to: clone.export(str(to), **kwargs))
+
+    def write(clone: keras.Model, to: Path) -> None:
+        given = dict(kwargs)
+        if given.get("format") == "onnx" and given.get("input_signature") is None:
+            # Keras' ONNX export refuses a model never called, and the clone is not: the
+            # signature it would compute, given, skips that check alone
+            given["input_signature"] = keras_internals.input_signature(clone)
+        clone.export(str(to), **given)
+
+    _write_whole(model, "model.export", path, write)
     return path
 
 

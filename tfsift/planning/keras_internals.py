@@ -1,6 +1,6 @@
 """The only module that touches Keras 3's (and TensorFlow's) private APIs (keras==3.15.*).
 
-tfsift needs twelve things Keras and TensorFlow do not expose publicly: the node that
+tfsift needs thirteen things Keras and TensorFlow do not expose publicly: the node that
 produced a symbolic tensor (to walk a traced ``call``), the padding mask Keras attaches
 to a tensor (which a layer may read from its input rather than take as an argument), the
 weights a model's ``call`` reads outside any layer's call (``weights_read_outside``), the
@@ -13,7 +13,9 @@ holds only its stage), which variables code assigns inside a ``keras.StatelessSc
 (the metrics a step function updates), an optimizer's global-norm clipping and
 loss-scale finite check with a norm and a verdict computed over every stage
 (``global_reductions``), and a ``tf.function``'s forward and backward halves, called
-apart to split a backward (``forward_backward``).
+apart to split a backward (``forward_backward``), and the input signature of a
+functional model, which Keras' ONNX export refuses to compute for one never called
+(``input_signature``).
 Keeping them here means a Keras upgrade is checked in one file;
 ``tests/tfsift/planning/test_keras_internals.py`` pins each one.
 """
@@ -416,3 +418,16 @@ def forward_backward(concrete: Any) -> tuple[Any, Any]:
 def call_backward(backward: Any, output_grads: list[Any], captures: list[Any]) -> list[Any]:
     """Calls the backward of ``forward_backward`` with its captures given explicitly."""
     return list(backward._call_flat(output_grads, captures))
+
+
+def input_signature(model: Any) -> Any:
+    """The input signature Keras' exports compute for a built functional ``model`` (a list
+    holding its inputs' ``InputSpec``s, nested as its inputs are).
+
+    Keras' ONNX export computes it too, but then refuses a model that was never called
+    (``model._called``), which a functional model built from its inputs never is; the
+    clone tfsift exports is one. Passed as ``input_signature``, it skips that check only.
+    """
+    from keras.src.export.export_utils import get_input_signature
+
+    return get_input_signature(model)

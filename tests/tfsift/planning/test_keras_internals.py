@@ -189,3 +189,14 @@ def test_weights_read_outside_every_layers_call_are_listed_once() -> None:
         keras.ops.transpose(embed.embeddings)  # read outside them, twice
         keras.ops.sum(embed.embeddings)
     assert reads == [embed.embeddings]
+
+
+def test_the_input_signature_of_a_functional_model_never_called_is_its_inputs_specs() -> None:
+    x = keras.Input((3,), name="features")
+    tokens = keras.Input((4,), dtype="int32", name="tokens")
+    model = keras.Model({"features": x, "tokens": tokens}, keras.layers.Dense(2)(x))
+    (signature,) = keras_internals.input_signature(model)
+    assert {name: (spec.shape, spec.dtype) for name, spec in signature.items()} == {
+        "features": ((None, 3), "float32"),
+        "tokens": ((None, 4), "int32"),
+    }
