@@ -178,6 +178,16 @@ def stopped_alone(K: int) -> dict[str, Any]:
         own_exclusions.fit(dataset(1), epochs=1, verbose=0)
     except ValueError as error:
         found["own_exclusions"] = str(error)
+    for case, freq in (
+        ("histograms", {"histogram_freq": 1}),
+        ("embeddings", {"embeddings_freq": 1}),
+    ):
+        board = keras.callbacks.TensorBoard(str(Path(os.environ[REPORTS]) / f"board{K}"), **freq)
+        try:  # rank 0 alone cannot read stage 1's weights, nor save_weights without the others
+            found[case] = len(adam_model(K).fit(dataset(1), epochs=1, verbose=0,
+                                                callbacks=[board]).history["loss"])  # fmt: skip
+        except ValueError as error:
+            found[case] = str(error)
     return found
 
 

@@ -69,6 +69,36 @@ def for_rank(
     return kept
 
 
+def check_tensorboard(
+    callbacks: list[keras.callbacks.Callback], partitions: int, size: int
+) -> None:
+    """Refuses a ``TensorBoard`` whose epoch-end work rank 0, the one rank that runs it,
+    cannot do alone: ``histogram_freq`` reads every layer's weights, which rank 0 holds
+    only for stage 0 on a pipeline; ``embeddings_freq`` calls ``model.save_weights``,
+    which every rank calls together (rank 0 alone waited for the others until the timeout).
+
+    Raises:
+        ValueError: naming the argument, what to pass instead and the layout.
+    """
+    for board in (c for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)):
+        if board.histogram_freq and partitions > 1:
+            raise ValueError(
+                "keras.callbacks.TensorBoard(histogram_freq=...) logs every layer's weights "
+                f"from rank 0, which holds only stage 0's on a pipeline of {partitions} "
+                "stages. Pass histogram_freq=0 (the metrics still log), or log weights in a "
+                "callback of your own from model.get_weights(), which every rank calls. "
+                f"Received: histogram_freq={board.histogram_freq}, partitions={partitions}"
+            )
+        if board.embeddings_freq and size > 1:
+            raise ValueError(
+                "keras.callbacks.TensorBoard(embeddings_freq=...) saves the model's weights "
+                "from rank 0 alone, and tfsift's model.save_weights is called on every rank "
+                "together. Pass embeddings_freq=0, and save weights with "
+                "keras.callbacks.ModelCheckpoint(path, save_weights_only=True), which every "
+                f"rank runs. Received: embeddings_freq={board.embeddings_freq} on {size} ranks"
+            )
+
+
 def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Callback]) -> None:
     """Refuses, on every rank, a ``fit`` set up otherwise on some ranks: callbacks that
     differ (by class, in order; leaving out those that only show or write what rank 0 alone

@@ -27,6 +27,7 @@ from tfsift.training import data
 from tfsift.training.callbacks import (
     agree_to_stop,
     check_same_everywhere,
+    check_tensorboard,
     check_writable,
     decides_at_batches,
     for_rank,
@@ -132,6 +133,8 @@ def fit(
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
     given = list(getattr(callbacks, "callbacks", callbacks) or [])  # a CallbackList's too
     check_same_everywhere(model, given)
+    rt = runtime.get()
+    check_tensorboard(given, rt.config.partitions, rt.topology.size)
     cbs = _callbacks(model, callbacks, verbose, progbar, epochs=epochs, steps=steps)
     check_writable(cbs.callbacks)
     at_batches = decides_at_batches(given)  # a stop decided at a batch is agreed there

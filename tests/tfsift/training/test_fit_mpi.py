@@ -61,6 +61,19 @@ def test_fit_equals_the_step_loop_with_one_history_on_every_rank(K: int) -> None
     assert "Epoch" not in reports[1]["printed"]
     check_callbacks(reports)
     check_stopped_alone(reports, per_epoch=128 // 16 // (2 // K))
+    for rep in reports.values():  # histograms of 2 replicas' weights: rank 0 holds them all
+        assert rep["stopped_alone"]["histograms"] == (
+            1
+            if K == 1
+            else "keras.callbacks.TensorBoard(histogram_freq=...) logs every "
+            "layer's weights from rank 0, which holds only stage 0's on a pipeline of 2 stages. "
+            "Pass histogram_freq=0 (the metrics still log), or log weights in a callback of "
+            "your own from model.get_weights(), which every rank calls. Received: "
+            "histogram_freq=1, partitions=2"
+        )
+        assert rep["stopped_alone"]["embeddings"].startswith(
+            "keras.callbacks.TensorBoard(embeddings_freq=...) saves the model's weights from "
+        ) and rep["stopped_alone"]["embeddings"].endswith("Received: embeddings_freq=1 on 2 ranks")
     for rank, rep in reports.items():  # a's weights on stage 0, c's on stage K - 1
         a, c = rep["unheld"]["paths"]
         assert rep["unheld"]["said"] == [
