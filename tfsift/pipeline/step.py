@@ -405,8 +405,15 @@ def _probe(
             "loss) to get them back from the step. Received: a step returning "
             f"{'None' if returned is None else type(returned).__name__}"
         )
-    if len({id(m) for m, _ in seen}) > 1:
-        raise RuntimeError("a @tfsift.step function may call only one DistributedModel")
+    called = list({id(m): m.name for m, _ in seen}.values())
+    if len(called) > 1:
+        # each model has a partition and a schedule of its own: one step runs one of them
+        raise RuntimeError(
+            "a @tfsift.step function may call only one DistributedModel: call each in a "
+            "@tfsift.step function of its own (feeding one's outputs to the other), or "
+            "write one DistributedModel whose call runs both. Received: calls of "
+            + " and ".join(repr(name) for name in called)
+        )
     if len(seen) > 1:
         # Only the last stage runs the step function; the other stages would run their
         # layers once, on the first call's inputs, and return wrong results silently.

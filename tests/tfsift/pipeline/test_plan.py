@@ -114,6 +114,24 @@ def test_a_model_called_twice_in_one_step_is_refused() -> None:
     )
 
 
+def test_a_step_calling_two_models_is_refused_naming_them() -> None:
+    tfsift.init({"microbatches": 2})
+    first, second = Mlp(), Mlp()
+
+    @tfsift.step
+    def both(x: tf.Tensor) -> Any:
+        return first(x, training=False) + second(x, training=False)
+
+    with pytest.raises(RuntimeError) as err:
+        both(tf.ones((8, 3)))
+    assert str(err.value) == (
+        "a @tfsift.step function may call only one DistributedModel: call each in a "
+        "@tfsift.step function of its own (feeding one's outputs to the other), or write one "
+        f"DistributedModel whose call runs both. Received: calls of {first.name!r} and "
+        f"{second.name!r}"
+    )
+
+
 def test_a_gradient_tape_inside_a_step_is_refused_at_the_first_call() -> None:
     tfsift.init({"microbatches": 2})
     model = Mlp()
