@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -46,16 +47,21 @@ def write_text(path: Path, text: str) -> None:
 
 
 def unwritable(directory: Path) -> str | None:
-    """Why files cannot be made in ``directory``, or None if they can. A directory not made
-    yet is judged by its nearest existing ancestor, where it would be made (nothing is
-    created here); ``os.access`` answers for this user, a read-only filesystem included."""
+    """Why files cannot be made in ``directory``, or None if they can. The directory is
+    made, as a save would make it, and a file is written in it and removed: ``os.access``
+    passed where permissions allow but the filesystem refuses (``/proc``, a read-only or
+    root-squashed mount), and the save then failed after training."""
     found = Path(directory)
     while not found.exists() and found.parent != found:
         found = found.parent
     if not found.is_dir():
         return f"{found} is not a directory"
-    if not os.access(found, os.W_OK | os.X_OK):
-        return f"{found} is not writable by this user"
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".tfsift-writable-"):
+            pass
+    except OSError as err:
+        return f"{directory} cannot be made or written ({err.strerror or err})"
     return None
 
 
