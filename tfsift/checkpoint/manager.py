@@ -186,11 +186,15 @@ class CheckpointManager:
             ValueError: the checkpoint does not fit this model (a layer path is missing
                 or has another shape).
             CheckpointError: a file could not be read, or some rank does not see the
-                directory rank 0 reads.
+                directory rank 0 reads; every checkpoint there is damaged (none is
+                replaced by a fresh start); none is there and the directory cannot be
+                written.
+            ValueError: the checkpoint holds another optimizer class's state.
         """
         rt = runtime.get()
         found = collective.on_root(rt.world, lambda: _as_text(latest_valid(self.directory)))
         if found is None:
+            self._nothing_to_restore(rt)
             log.info("no checkpoint in %s; starting afresh", self.directory)
             return None
         self._check_shared(rt)
@@ -203,6 +207,27 @@ class CheckpointManager:
             collective.together(rt.world, lambda: self._load(ckpt, rt, part))
         log.info("restored checkpoint %s", found)
         return m.step + 1
+
+    def _nothing_to_restore(self, rt: runtime.Runtime) -> None:
+        """Where ``restore`` found no complete checkpoint: refuses to start afresh over
+        damaged ones (the saves would replace them, and a restarted job would retrain
+        from the start without a word), and checks that the saves can write here before
+        any step rather than fail at the first save. Collective."""
+        damaged = collective.on_root(rt.world, lambda: [p.name for p in candidates(self.directory)])
+        if damaged:
+            raise CheckpointError(
+                f"every checkpoint in {self.directory} is damaged (the warnings above name "
+                "their files), so none was restored; starting afresh would replace them. "
+                "Move them away (or delete them) to start afresh, or restore their files. "
+                f"Received: {', '.join(damaged)}"
+            )
+        why = collective.on_root(rt.world, lambda: files.unwritable(self.directory))
+        if why is not None:
+            raise CheckpointError(
+                "the checkpoint directory must be one this job can write to (its first "
+                f"restore checks it rather than fail at the first save): {why}. Received: "
+                f"{self.directory}"
+            )
 
     def _check_shared(self, rt: runtime.Runtime) -> None:
         """Once per manager: every rank must see the directory (``tfsift.checkpoint.shared``)."""
@@ -225,7 +250,7 @@ class CheckpointManager:
             )
             if self.optimizer is not None:
                 trainable = weights.owned(weights.trainable(self.model, part), part)
-                written[optimizer_file(s)] = optimizer_lib.arrays(self.optimizer, trainable)
+                written[optimizer_file(s)] = optimizer_lib.stored(self.optimizer, trainable)
         written[state_file(r, s)] = codec.pack(
             {
                 "variables": weights.values(weights.local(self.model, part)),

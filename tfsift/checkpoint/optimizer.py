@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 
 Keyed = Sequence[tuple[str, Any]]  # (layer-path key, trainable variable)
+#: The optimizer's class, stored with its variables: slots match by kind and layer path
+#: alone, so another optimizer's (SGD's ``momentum`` from Adam's first moments) would load
+CLASS = "__optimizer__"
 
 
 def slots(optimizer: Any, trainable: Keyed) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -56,6 +59,11 @@ def arrays(optimizer: Any, trainable: Keyed) -> dict[str, np.ndarray]:
     return {k: np.asarray(v.numpy()) for k, v in {**others, **slot_vars}.items()}
 
 
+def stored(optimizer: Any, trainable: Keyed) -> dict[str, np.ndarray]:
+    """What a checkpoint stores: ``arrays`` and the optimizer's class (``CLASS``)."""
+    return {CLASS: np.array(type(optimizer).__name__), **arrays(optimizer, trainable)}
+
+
 def wants_slots(trainable: Keyed, stored: Sequence[str]) -> bool:
     """Whether ``stored`` (keys of a checkpoint) holds a slot of any of ``trainable``."""
     mine = {key for key, _ in trainable}
@@ -66,7 +74,21 @@ def load(
     optimizer: Any, trainable: Keyed, slot_values: Mapping[str, Any], others: Mapping[str, Any]
 ) -> None:
     """Assigns stored values: every slot of ``trainable`` (which must be there) and the
-    other variables ``others`` holds (``iteration``, ``learning_rate``)."""
+    other variables ``others`` holds (``iteration``, ``learning_rate``).
+
+    Raises:
+        ValueError: ``others`` names another optimizer class than ``optimizer``'s.
+    """
+    given = type(optimizer).__name__
+    saved = str(others[CLASS][()]) if CLASS in others else given  # older checkpoints: none
+    if saved != given:
+        raise ValueError(
+            f"the checkpoint holds the optimizer state of {saved}, and this run's optimizer "
+            f"is {given}: its slots would take {saved}'s values without a word. Restore with "
+            f"the {saved} the run saved, or give CheckpointManager optimizer=None to restore "
+            f"the weights alone and start {given} afresh. Received: {saved} in "
+            f"the checkpoint, {given} given"
+        )
     slot_vars, other_vars = slots(optimizer, trainable)
     for key, var in slot_vars.items():
         if key not in slot_values:

@@ -264,6 +264,65 @@ def test_a_damaged_checkpoint_is_skipped_with_a_warning_naming_the_file(
     assert_equal(again.state(), earlier.state())
 
 
+def test_every_checkpoint_damaged_is_refused_not_replaced_by_a_fresh_start(
+    tmp_path: Path,
+) -> None:
+    # it said "no checkpoint; starting afresh" and the new saves replaced the damaged ones
+    run = Run(tmp_path)
+    run.fit(range(2), save_every=1)
+    for step in (0, 1):
+        damage(tmp_path / f"ckpt-{step}" / "weights-s0.npz", "truncate")
+    again = Run(tmp_path)
+    with pytest.raises(CheckpointError) as err:
+        again.ckpt.restore()
+    assert str(err.value) == (
+        f"every checkpoint in {tmp_path} is damaged (the warnings above name their files), so "
+        "none was restored; starting afresh would replace them. Move them away (or delete "
+        "them) to start afresh, or restore their files. Received: ckpt-1, ckpt-0"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == [
+        "ckpt-0",
+        "ckpt-1",
+    ]
+
+
+def test_another_optimizer_is_refused_and_optimizer_none_restores_the_weights_alone(
+    tmp_path: Path,
+) -> None:
+    # SGD's momentum took Adam's first moments, and its learning rate Adam's, without a word
+    Run(tmp_path).fit(range(2), save_every=2)
+    again = Run(tmp_path)
+    sgd = keras.optimizers.SGD(0.05, momentum=0.9)
+    with pytest.raises(ValueError) as err:
+        tfsift.CheckpointManager(again.model, sgd, tmp_path).restore()
+    assert str(err.value) == (
+        "rank 0: the checkpoint holds the optimizer state of Adam, and this run's optimizer "
+        "is SGD: its slots would take Adam's values without a word. Restore with the Adam "
+        "the run saved, or give CheckpointManager optimizer=None to restore the weights "
+        "alone and start SGD afresh. Received: Adam in the checkpoint, SGD given"
+    )
+    weights_only = Run(tmp_path)
+    assert tfsift.CheckpointManager(weights_only.model, None, tmp_path).restore() == 2
+    saved = Run(tmp_path)
+    assert saved.ckpt.restore() == 2
+    for a, b in zip(weights_only.model.variables, saved.model.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_first_restore_finding_nothing_checks_the_saves_can_write(tmp_path: Path) -> None:
+    # /proc passes os.access for root: the first save failed, after the first steps
+    tfsift.init({})
+    manager = tfsift.CheckpointManager(Net(), None, Path("/proc/tfsift-ckpt"))
+    with pytest.raises(CheckpointError) as err:
+        manager.restore()
+    assert str(err.value).startswith(
+        "the checkpoint directory must be one this job can write to (its first restore "
+        "checks it rather than fail at the first save): /proc/tfsift-ckpt cannot be made or "
+        "written ("
+    )
+    assert str(err.value).endswith("). Received: /proc/tfsift-ckpt")
+
+
 def test_a_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(
     tmp_path: Path,
 ) -> None:
