@@ -119,6 +119,14 @@ _SWITCHES = ("--oversubscribe", "--allow-run-as-root")  # mpirun_command's flags
 # What names a Python interpreter as the first word of the command, as horovodrun users type it.
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
 _RESTARTS, _MIN_NP = "--restarts", "--min-np"  # tfsift run's own flags, not mpirun's
+# What each of the flags tfsift run reads itself takes, for the message when none follows
+_VALUES = {
+    **dict.fromkeys(_NP, "an integer >= 1"),
+    _RESTARTS: "an integer >= 0",
+    _MIN_NP: "an integer >= 1",
+    **dict.fromkeys(_HOSTS, "a hostfile"),
+    **dict.fromkeys(_HOST_LISTS, "host:n[,host:n]"),
+}
 _USAGE = (
     "tfsift run -np N [-H HOST:N,...] [--restarts N [--min-np N]] [MPIRUN FLAGS] [python] "
     "SCRIPT.py [ARGS] | tfsift run -np N [FLAGS] [python | --] -m MODULE"
@@ -413,10 +421,12 @@ def parse(argv: Sequence[str]) -> RunArgs:
         3
 
     Raises:
-        ValueError: no script, no valid ``-np``, more ranks than the ``-H`` slots, or
-            ``--restarts``/``--min-np`` without a valid value or the flags they need.
+        ValueError: no script, no valid ``-np``, more ranks than the ``-H`` slots,
+            ``--restarts``/``--min-np`` without a valid value or the flags they need, or a
+            flag tfsift reads with the command right after it.
     """
     flags, python, script = _split_command(list(argv))
+    _check_last_flag(flags, argv[len(flags) :])
     values: dict[str, int] = {}
     rest: list[str] = []
     i = 0
@@ -425,7 +435,7 @@ def parse(argv: Sequence[str]) -> RunArgs:
         key = "-np" if name in _NP else name
         if key not in ("-np", _RESTARTS, _MIN_NP):
             rest.append(flags[i])
-        elif eq or i + 1 < len(flags):
+        else:  # a value follows: _check_last_flag
             values[key] = _count(key, value if eq else flags[i + 1], 0 if key == _RESTARTS else 1)
             i += 0 if eq else 1
         i += 1
@@ -494,6 +504,19 @@ def _is_python(arg: str) -> bool:
     if not _PYTHON.fullmatch(os.path.basename(arg)):
         return False
     return os.sep not in arg or (os.path.isfile(arg) and os.access(arg, os.X_OK))
+
+
+def _check_last_flag(flags: Sequence[str], command: Sequence[str]) -> None:
+    """Refuses a flag of tfsift run's own with the command right after it: the command
+    starts at a ``.py``, ``python`` or ``--``, so ``--restarts python t.py`` left
+    ``--restarts`` without a value, and the job ran without restarts (``-H`` would have
+    taken the interpreter as its hosts)."""
+    flag = flags[-1] if flags else ""
+    if flag in _VALUES:
+        raise ValueError(
+            f"{flag} must be followed by {_VALUES[flag]}. Received: {flag} followed by the "
+            f"command, {' '.join(command)}"
+        )
 
 
 def _hosts(flags: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:

@@ -77,7 +77,17 @@ def test_the_script_is_the_first_py_file_or_what_follows_the_double_dash(
      (["-np", "2", "--host=a:two", "t.py"], "--host takes host:n[,host:n], n >= 1. "
                                              "Received: --host a:two"),
      (["-H", "a:2", "t.py"], "-np N is required. Received: -H a:2 t.py"),
-     (["-np", "zero", "t.py"], "-np must be an integer >= 1. Received: -np zero")],
+     (["-np", "zero", "t.py"], "-np must be an integer >= 1. Received: -np zero"),
+     # the command starts at python: the flag had no value, and -H took the interpreter
+     (["-np", "python", "t.py"],
+      "-np must be followed by an integer >= 1. Received: -np followed by the command, "
+      "python t.py"),
+     (["-np", "2", "-H", "--", "python", "t.py"],
+      "-H must be followed by host:n[,host:n]. Received: -H followed by the command, -- "
+      "python t.py"),
+     (["-np", "2", "--hostfile", "t.py"],
+      "--hostfile must be followed by a hostfile. Received: --hostfile followed by the "
+      "command, t.py")],
 )  # fmt: skip
 def test_bad_command_lines_say_what_is_wrong(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError) as err:
@@ -98,6 +108,13 @@ def test_restarts_and_min_np_are_tfsift_runs_own_flags(user_machine: None) -> No
     "argv, message",
     [(["-np", "2", "--restarts", "-1", "t.py"],
       "--restarts must be an integer >= 0. Received: --restarts -1"),
+     # silently no restarts before: the command starts at python
+     (["-np", "2", "--restarts", "python", "t.py", "--epochs", "2"],
+      "--restarts must be followed by an integer >= 0. Received: --restarts followed by the "
+      "command, python t.py --epochs 2"),
+     (["-np", "2", "--restarts", "1", "-H", "a:2", "--min-np", "t.py"],
+      "--min-np must be followed by an integer >= 1. Received: --min-np followed by the "
+      "command, t.py"),
      (["-np", "2", "--restarts", "1", "--min-np", "0", "-H", "a:2", "t.py"],
       "--min-np must be an integer >= 1. Received: --min-np 0"),
      (["-np", "2", "--min-np", "1", "-H", "a:2", "t.py"],
