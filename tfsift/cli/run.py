@@ -61,7 +61,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tfsift.cli import hosts, restarts, shrink
 from tfsift.env import TFSIFT_EXIT_GRACE, TFSIFT_RESTART_COUNT, exit_grace
@@ -184,14 +184,14 @@ def run(args: argparse.Namespace) -> int:
         return 0 if args.argv else 2
     try:
         parsed = parse(args.argv)
+        # read before mpirun starts: a bad value ended the launcher with a traceback after it
+        grace = exit_grace()
     except ValueError as err:
-        raise SystemExit(f"tfsift run: {err}") from None
+        refuse(str(err))
     script = parsed.script[0]
     if script.endswith(".py") and not parsed.hosts_given and not os.path.isfile(script):
         # every rank would print Python's "can't open file" (on other hosts it may exist)
-        raise SystemExit(
-            f"tfsift run: the script must be a file here. Received: {script} (from {os.getcwd()})"
-        )
+        refuse(f"the script must be a file here. Received: {script} (from {os.getcwd()})")
     env = environment(os.environ)
     # the user chose a level: all of it
     quiet = env[TF_CPP_MIN_LOG_LEVEL] == QUIET_TF and TF_CPP_MIN_LOG_LEVEL not in os.environ
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         if parsed.restarts:
             env[TFSIFT_RESTART_COUNT] = str(attempt)
         where = dataclasses.replace(parsed, np=current.np, mpirun_flags=current.mpirun_flags)
-        return launch_once(where, env, quiet)
+        return launch_once(where, env, quiet, grace)
 
     def before_restart(attempt: int) -> str | None:
         nonlocal current
@@ -240,8 +240,11 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def launch_once(parsed: RunArgs, env: Mapping[str, str], quiet: bool) -> restarts.Outcome:
-    """Runs mpirun once, forwarding the ranks' stderr; how it ended.
+def launch_once(
+    parsed: RunArgs, env: Mapping[str, str], quiet: bool, grace: float
+) -> restarts.Outcome:
+    """Runs mpirun once, forwarding the ranks' stderr; how it ended. ``grace``: the seconds
+    ``LingerGuard`` and ``outlived`` wait (``TFSIFT_EXIT_GRACE``).
 
     Raises:
         Interrupted: a ``FORWARDED`` signal arrived; it was passed to mpirun, which ended.
@@ -249,7 +252,7 @@ def launch_once(parsed: RunArgs, env: Mapping[str, str], quiet: bool) -> restart
     watch = restarts.ErrorWatch()
     with subprocess.Popen(command(parsed), env=env, stderr=subprocess.PIPE) as proc:
         assert proc.stderr is not None
-        ender = LingerGuard(proc, exit_grace())
+        ender = LingerGuard(proc, grace)
 
         def seen(line: bytes) -> None:
             ender.seen(line)
@@ -260,7 +263,7 @@ def launch_once(parsed: RunArgs, env: Mapping[str, str], quiet: bool) -> restart
             proc.wait()
     ender.cancel()
     if received:
-        outlived(received.ranks, exit_grace())
+        outlived(received.ranks, grace)
         raise Interrupted(received[0])
     return restarts.Outcome(proc.returncode, watch.error)
 
@@ -324,6 +327,13 @@ def passed_on(proc: Any) -> Any:
     finally:
         for sig, handler in former.items():
             signal.signal(sig, handler)
+
+
+def refuse(message: str) -> NoReturn:
+    """Ends ``tfsift run`` before it launches anything, as argparse ends on a usage error:
+    the message on stderr, no traceback, exit code 2."""
+    say(message)
+    raise SystemExit(2)
 
 
 def say(message: str) -> None:

@@ -270,15 +270,37 @@ def test_help_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--help"]) == 0
     assert "passing mpirun's own flags through" in capsys.readouterr().out
     assert main(["run"]) == 2
+    capsys.readouterr()
+    # usage errors end as argparse's do: the message, no traceback, exit code 2
     with pytest.raises(SystemExit) as exit_:
         main(["run", "-np", "2"])
-    assert str(exit_.value).startswith("tfsift run: expected a script")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith("tfsift run: expected a script")
     # a script that is not there: every rank printed Python's "can't open file"
     with pytest.raises(SystemExit) as exit_:
         main(["run", "-np", "2", "no_such_script.py"])
-    assert str(exit_.value) == (
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
         f"tfsift run: the script must be a file here. Received: no_such_script.py (from "
-        f"{os.getcwd()})"
+        f"{os.getcwd()})\n"
+    )
+
+
+@pytest.mark.parametrize("grace", ["abc", "0", "-1"])
+def test_a_bad_exit_grace_is_refused_before_mpirun_starts(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    a_script: None,
+    grace: str,
+) -> None:
+    launched: list[object] = []  # it started mpirun, then ended with a traceback
+    monkeypatch.setattr(run.subprocess, "Popen", lambda *a, **k: launched.append(a))
+    monkeypatch.setenv("TFSIFT_EXIT_GRACE", grace)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "-np", "2", "train.py"])
+    assert (exit_.value.code, launched) == (2, [])
+    assert capsys.readouterr().err == (
+        f"tfsift run: TFSIFT_EXIT_GRACE must be a number of seconds > 0. Received: {grace!r}\n"
     )
 
 
