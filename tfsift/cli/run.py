@@ -33,8 +33,9 @@ for the ranks; the script resumes from its last complete checkpoint (CheckpointM
 tfsift.callbacks.BackupAndRestore). Each end is one line on stderr, ``tfsift run: attempt
 1 of 3 failed (exit code 137, ...); starting attempt 2 of 3``. A failure that repeats
 identically, with the same exit code and the same first Python error line (``ValueError:
-...``, the first exception a rank printed), is a bug in the script: it stops the run
-after the first restart. Ctrl-C stops it too, and a SIGINT, SIGTERM or SIGHUP sent to
+...``, the first exception a rank printed) or, without one, the same exit code a rank
+chose (below 128) and the same last lines, is a bug in the script: it stops the run after
+the first restart. Ctrl-C stops it too, and a SIGINT, SIGTERM or SIGHUP sent to
 ``tfsift run`` alone is passed to mpirun, which ends every rank (docs/failures.md,
 Restarts).
 
@@ -256,7 +257,9 @@ def launch_once(
 
         def seen(line: bytes) -> None:
             ender.seen(line)
-            watch.seen(line)
+            # its timestamps and PIDs would make two identical failures differ
+            if not any(pattern.fullmatch(line) for pattern in STARTUP_NOISE):
+                watch.seen(line)
 
         with passed_on(proc) as received:
             forward(proc.stderr, sys.stderr.buffer, quiet=quiet, seen=seen)
@@ -265,7 +268,7 @@ def launch_once(
     if received:
         outlived(received.ranks, grace)
         raise Interrupted(received[0])
-    return restarts.Outcome(proc.returncode, watch.error)
+    return watch.outcome(proc.returncode)
 
 
 class Received(list[int]):
@@ -342,8 +345,7 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
-# A rank's line when tfsift ends the job (the abort hook, the watchdog, the exit check)
-ABORTING = re.compile(rb"tfsift: .*aborting the job")
+ABORTING = restarts.ABORTING  # a rank's line when tfsift ends the job
 
 
 class LingerGuard:

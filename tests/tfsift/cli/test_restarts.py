@@ -12,10 +12,25 @@ import pytest
 
 import mpi
 from tfsift.cli import restarts
-from tfsift.cli.restarts import NO_ERROR, ErrorWatch, Outcome, attempts, repeats
+from tfsift.cli.restarts import EXITED, NO_ERROR, ErrorWatch, Outcome, attempts, repeats
 
 KILLED = Outcome(137)  # mpirun's status when it saw a rank die of SIGKILL
 BUG = Outcome(1, "ZeroDivisionError: division by zero")
+USAGE = "usage: t.py [-h] [--epochs EPOCHS]"
+TYPO = "t.py: error: unrecognized arguments: --epochz 2"
+RULE = "-" * 74
+
+
+def mpirun_report(rank: int, code: int) -> str:
+    """What mpirun prints when rank ``rank`` exited first, with ``code``; its job id changes
+    from one launch to the next."""
+    return (
+        f"{RULE}\nPrimary job  terminated normally, but 1 process returned\na non-zero exit "
+        f"code. Per user-direction, the job has been aborted.\n{RULE}\n{RULE}\nmpirun detected "
+        "that one or more processes exited with non-zero status, thus causing\nthe job to be "
+        f"terminated. The first process to do so was:\n\n  Process name: [[{6532 + rank},1],"
+        f"{rank}]\n  Exit code:    {code}\n{RULE}\n"
+    )
 
 
 def watched(text: str) -> str | None:
@@ -49,6 +64,27 @@ def test_the_error_is_the_first_exception_line_a_rank_printed(text: str, error: 
     assert watched(text) == error
 
 
+def seen(text: str, returncode: int) -> Outcome:
+    watch = ErrorWatch()
+    for line in text.encode().splitlines(keepends=True):
+        watch.seen(line)
+    return watch.outcome(returncode)
+
+
+def test_an_outcome_keeps_the_ranks_last_lines_and_mpiruns_report_masked() -> None:
+    # two ranks' argparse errors, interleaved, then mpirun's report
+    outcome = seen(f"{USAGE}\n{USAGE}\n{TYPO}\n\n{TYPO}\n" + mpirun_report(1, 2), 2)
+    assert outcome == Outcome(
+        2, None, (USAGE, TYPO, TYPO),
+        ("Primary job  terminated normally, but # process returned",
+         "a non-zero exit code. Per user-direction, the job has been aborted.",
+         "mpirun detected that one or more processes exited with non-zero status, thus causing",
+         "the job to be terminated. The first process to do so was:", "",
+         "  Process name: [[#,#],#]", "  Exit code:    #"),
+    )  # fmt: skip
+    assert seen("tfsift: rank 0 waited 3 s for stage 1; aborting the job\n", 1).aborted
+
+
 def test_only_the_same_status_and_the_same_python_error_repeat_identically() -> None:
     assert repeats(BUG, Outcome(1, "ZeroDivisionError: division by zero"))
     assert not repeats(None, BUG)  # the first failure: restart
@@ -56,6 +92,33 @@ def test_only_the_same_status_and_the_same_python_error_repeat_identically() -> 
     assert not repeats(BUG, Outcome(1, "ZeroDivisionError: float division by zero"))
     assert not repeats(KILLED, KILLED)  # from the machine: a restart is what it needs
     assert not repeats(Outcome(0, BUG.error), Outcome(0, BUG.error))  # not a failure
+
+
+def test_a_status_the_script_chose_repeats_with_the_same_last_lines_and_report() -> None:
+    typo = seen(f"{USAGE}\n{TYPO}\n{USAGE}\n{TYPO}\n" + mpirun_report(0, 2), 2)
+    # the other rank first, its lines in another order: the same failure
+    again = seen(f"{USAGE}\n{USAGE}\n{TYPO}\n{TYPO}\n" + mpirun_report(1, 2), 2)
+    assert repeats(typo, again)
+    silent = seen(mpirun_report(0, 3), 3)  # sys.exit(3) on every rank
+    assert repeats(silent, seen(mpirun_report(1, 3), 3))
+    assert not repeats(Outcome(3), Outcome(3))  # nothing printed: nothing to compare
+    assert not repeats(typo, seen(f"{USAGE}\n{USAGE}\n" + mpirun_report(1, 2), 2))
+    assert not repeats(silent, seen(mpirun_report(1, 4), 4))  # another status
+    # a signal, or tfsift aborting the job (the watchdog): from the machine
+    assert not repeats(Outcome(137, last=(TYPO,)), Outcome(137, last=(TYPO,)))
+    stalled = seen("tfsift: rank 0 waited 3 s for stage 1; aborting the job\n", 1)
+    assert not repeats(stalled, stalled)
+    assert not repeats(BUG, Outcome(1, last=BUG.last))  # a Python error before, none now
+
+
+def test_a_status_the_script_chose_is_not_said_to_be_a_kill() -> None:
+    assert Outcome(2).describe() == f"exit code 2, {EXITED}"
+    assert EXITED.startswith("no Python error: a rank exited with it (sys.exit, argparse)")
+    aborted = Outcome(1, aborted=True)  # the watchdog's status
+    assert (aborted.describe(), KILLED.describe()) == (
+        f"exit code 1, {NO_ERROR}",
+        f"exit code 137, {NO_ERROR}",
+    )
 
 
 def run_attempts(
@@ -89,6 +152,24 @@ def test_a_failure_that_repeats_identically_stops_after_the_first_restart() -> N
         "attempt 2 of 6 failed as attempt 1 did (exit code 1, ZeroDivisionError: division by "
         "zero): a failure that repeats identically is in the script, not the machine; not "
         "restarting (4 of --restarts 5 unused)"
+    )
+
+
+def test_a_script_exiting_the_same_way_stops_after_the_first_restart() -> None:
+    typo = Outcome(2, last=(USAGE, TYPO))
+    code, launched, said = run_attempts([typo, typo, Outcome(0)], 3)
+    assert (code, launched) == (2, [0, 1])
+    assert said == [
+        f"attempt 1 of 4 failed (exit code 2, {EXITED}); starting attempt 2 of 4",
+        f"attempt 2 of 4 failed as attempt 1 did (exit code 2, no Python error, the same last "
+        f"line {TYPO!r}): a failure that repeats identically is in the script, not the "
+        "machine; not restarting (2 of --restarts 3 unused)",
+    ]
+    silent = Outcome(3, report=("  Exit code:    #",))
+    assert run_attempts([silent, silent], 3)[2][-1] == (
+        "attempt 2 of 4 failed as attempt 1 did (exit code 3, no Python error, the same report "
+        "from mpirun): a failure that repeats identically is in the script, not the machine; "
+        "not restarting (2 of --restarts 3 unused)"
     )
 
 
@@ -156,6 +237,25 @@ def test_a_real_launch_stops_a_repeated_error_and_restarts_a_new_one(
             "input): a failure that repeats identically is in the script, not the machine; not "
             "restarting (2 of --restarts 3 unused)",
         ]
+
+
+@pytest.mark.mpi
+def test_a_real_launch_stops_a_script_that_exits_the_same_way(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"  # an argument misspelt: argparse exits 2 on every rank
+    script.write_text(
+        "import argparse\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--epochs', type=int)\nparser.parse_args()\n"
+    )
+    done = tfsift_run("--restarts", "3", "-np", "2", "python", str(script), "--epochz", "2")
+    assert done.returncode == 2, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("tfsift run:")]
+    assert said == [
+        f"tfsift run: attempt 1 of 4 failed (exit code 2, {EXITED}); starting attempt 2 of 4",
+        "tfsift run: attempt 2 of 4 failed as attempt 1 did (exit code 2, no Python error, the "
+        "same last line 't.py: error: unrecognized arguments: --epochz 2'): a failure that "
+        "repeats identically is in the script, not the machine; not restarting (2 of "
+        "--restarts 3 unused)",
+    ], done.stderr
 
 
 def final_checkpoint(directory: Path, step: int) -> dict[str, dict[str, np.ndarray]]:

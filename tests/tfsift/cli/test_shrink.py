@@ -18,7 +18,7 @@ import pytest
 
 import mpi
 from tfsift.cli import shrink
-from tfsift.cli.restarts import NO_ERROR
+from tfsift.cli.restarts import EXITED, NO_ERROR
 from tfsift.cli.shrink import Layout, relaunch
 
 TIMED_OUT = "ssh: connect to host b port 22: Connection timed out"
@@ -218,9 +218,9 @@ def test_tfsift_run_shrinks_at_one_restart_and_grows_back_at_the_next(
     assert launched == [(2, ("--host", "a:1,b:1")), (1, ("--host", "a:1")),
                         (2, ("--host", "a:1,b:1"))]  # fmt: skip
     assert capfd.readouterr().err.splitlines() == [
-        f"tfsift run: attempt 1 of 3 failed (exit code 3, {NO_ERROR}); starting attempt 2 of 3 "
+        f"tfsift run: attempt 1 of 3 failed (exit code 3, {EXITED}); starting attempt 2 of 3 "
         f"on a:1 with -np 1 instead of 2 (b unreachable: {TIMED_OUT})",
-        f"tfsift run: attempt 2 of 3 failed (exit code 3, {NO_ERROR}); starting attempt 3 of 3 "
+        f"tfsift run: attempt 2 of 3 failed (exit code 3, {EXITED}); starting attempt 3 of 3 "
         "on every host given again, with -np 2",
         "tfsift run: attempt 3 of 3 succeeded",
     ]
