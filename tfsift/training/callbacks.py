@@ -99,7 +99,9 @@ def check_tensorboard(
             )
 
 
-def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Callback]) -> None:
+def check_same_everywhere(
+    model: keras.Model, callbacks: list[keras.callbacks.Callback], steps: int | None = None
+) -> None:
     """Refuses, on every rank, a ``fit`` set up otherwise on some ranks: callbacks that
     differ (by class, in order; leaving out those that only show or write what rank 0 alone
     does anyway), or another optimizer configuration or loss.
@@ -107,8 +109,11 @@ def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Ca
     Every rank runs ``fit``'s steps, saves and stops in lock-step: a ``ModelCheckpoint``
     given to rank 0 only (Horovod's recipe) saved on rank 0 alone and waited for the
     other stages until the ``timeout``, naming a stalled rank; a learning rate of each
-    rank's own trained each stage at its own rate, without a word. One exchange of a
-    digest (bounded by the ``timeout``), and the setups where the digests differ.
+    rank's own trained each stage at its own rate, without a word. ``steps``, the batches
+    of an epoch where the data says (its cardinality): data sharded by hand into shards of
+    other lengths left the replicas with more batches waiting for the others in the
+    gradients' average until the ``timeout``, which named a stalled replica. One exchange
+    of a digest (bounded by the ``timeout``), and the setups where the digests differ.
 
     Raises:
         ValueError: the ranks' setups differ (the first that differs, each rank's named).
@@ -121,6 +126,7 @@ def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Ca
         "optimizer": _described(getattr(model, "optimizer", None)),
         "exclude_from_weight_decay": _excluded(model),
         "loss": _described(getattr(model, "loss", None)),
+        "batches": steps,
     }
     digest = np.frombuffer(hashlib.sha256(repr(mine).encode()).digest()[:8], np.int64)
     everyone = np.zeros(rt.topology.size, np.int64)
@@ -140,6 +146,14 @@ def check_same_everywhere(model: keras.Model, callbacks: list[keras.callbacks.Ca
             "and stops in lock-step, so give every rank the same callbacks (tfsift shows the "
             "progress and writes TensorBoard and CSVLogger files on rank 0 alone, so those "
             f"may be given to rank 0 only). Received: {received}"
+        )
+    if what == "batches":
+        raise ValueError(
+            "fit was given data of another length on some ranks: every replica must train "
+            "as many batches an epoch (each step averages every replica's gradients), and "
+            "the ranks of a pipeline the same batches. Shard with tfsift.shard(dataset), "
+            "which gives every replica as many, or pass steps_per_epoch no larger than the "
+            f"shortest. Received: batches an epoch: {received}"
         )
     if what == "exclude_from_weight_decay":
         raise ValueError(

@@ -132,7 +132,7 @@ def fit(
         progbar = SiftedProgbar(train.planned_batches, steps_per_epoch)
     steps = data.step_count(train, steps_per_epoch) if sift is None else steps_per_epoch
     given = list(getattr(callbacks, "callbacks", callbacks) or [])  # a CallbackList's too
-    check_same_everywhere(model, given)
+    check_same_everywhere(model, given, steps)
     rt = runtime.get()
     check_tensorboard(given, rt.config.partitions, rt.topology.size)
     cbs = _callbacks(model, callbacks, verbose, progbar, epochs=epochs, steps=steps)

@@ -71,6 +71,13 @@ def test_fit_equals_the_step_loop_with_one_history_on_every_rank(K: int) -> None
             "your own from model.get_weights(), which every rank calls. Received: "
             "histogram_freq=1, partitions=2"
         )
+        assert rep["stopped_alone"]["other_lengths"] == (
+            "fit was given data of another length on some ranks: every replica must train as "
+            "many batches an epoch (each step averages every replica's gradients), and the "
+            "ranks of a pipeline the same batches. Shard with tfsift.shard(dataset), which "
+            "gives every replica as many, or pass steps_per_epoch no larger than the shortest. "
+            "Received: batches an epoch: 2 on rank 0; 3 on rank 1"
+        )
         assert rep["stopped_alone"]["embeddings"].startswith(
             "keras.callbacks.TensorBoard(embeddings_freq=...) saves the model's weights from "
         ) and rep["stopped_alone"]["embeddings"].endswith("Received: embeddings_freq=1 on 2 ranks")
