@@ -205,7 +205,12 @@ def load_weights(model: DistributedModel, path: str | Path, example: Any = None)
 
         def assign() -> None:
             keyed = weights.keyed(model, part)
-            weights.assign(keyed, ckpt.values("weights-", [k for k, _ in keyed]), found)
+            weights.assign(
+                keyed,
+                ckpt.values("weights-", [k for k, _ in keyed]),
+                found,
+                held=ckpt.manifest.index("weights-"),
+            )
 
         collective.together(rt.world, assign)
         return ckpt.manifest.step

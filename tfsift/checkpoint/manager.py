@@ -278,7 +278,12 @@ class CheckpointManager:
     def _load(self, ckpt: Checkpoint, rt: runtime.Runtime, part: Partitioned) -> None:
         m, source = ckpt.manifest, str(ckpt.path)
         keyed = weights.keyed(self.model, part)
-        weights.assign(keyed, ckpt.values("weights-", [k for k, _ in keyed]), source)
+        weights.assign(
+            keyed,
+            ckpt.values("weights-", [k for k, _ in keyed]),
+            source,
+            held=ckpt.manifest.index("weights-"),
+        )
         if self.optimizer is not None:
             _load_optimizer(self.optimizer, weights.trainable(self.model, part), ckpt)
         saved = (m.replicas, m.partitions, (len(m.bounds) - 1) // m.partitions)

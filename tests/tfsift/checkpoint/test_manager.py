@@ -309,6 +309,32 @@ def test_another_optimizer_is_refused_and_optimizer_none_restores_the_weights_al
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+class Renamed(tfsift.DistributedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = keras.layers.Dense(8, activation="relu")
+        self.drop = keras.layers.Dropout(0.4)
+        self.norm = keras.layers.BatchNormalization()
+        self.b = keras.layers.Dense(3)
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.norm(self.drop(self.first(x))))
+
+
+def test_a_checkpoint_without_a_layer_names_the_paths_it_holds(tmp_path: Path) -> None:
+    # it said "it holds 0 others, e.g. []": only the values asked for were looked at
+    Run(tmp_path).fit(range(1), save_every=1)
+    model = Renamed()
+    model.predict(batch(0)[0], verbose=0)  # partitioned
+    with pytest.raises(ValueError) as err:
+        tfsift.CheckpointManager(model, None, tmp_path).restore()
+    message = str(err.value)
+    assert "has no value for the layer paths ['first/kernel', 'first/bias'] of this model" in (
+        message
+    )
+    assert "(it holds 2 others, e.g. ['a/bias', 'a/kernel'])" in message
+
+
 def test_a_first_restore_finding_nothing_checks_the_saves_can_write(tmp_path: Path) -> None:
     # /proc passes os.access for root: the first save failed, after the first steps
     tfsift.init({})
