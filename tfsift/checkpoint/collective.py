@@ -59,8 +59,8 @@ def bounded() -> Any:
     ``tfsift.init``: a communicator the caller made)."""
     return watchdog.bounded(
         lambda: (
-            "the other ranks to join a checkpoint operation (a rank stalled, or its host "
-            "cannot be reached)"
+            "the other ranks to join a checkpoint operation (every rank must call a save, "
+            "a restore or an export; a rank did not, stalled, or its host cannot be reached)"
         )
     )
 
