@@ -159,7 +159,9 @@ class CheckpointManager:
                     everyone = rt.world.gather(entries, root=0)
             collective.on_root(
                 rt.world,
-                lambda: self._publish(partial, final, _manifest(step, everyone, rt, part)),
+                lambda: self._publish(
+                    partial, final, _manifest(step, everyone, rt, part, self.optimizer)
+                ),
             )
         except Exception as err:
             if rt.rank == 0:
@@ -250,7 +252,7 @@ class CheckpointManager:
             )
             if self.optimizer is not None:
                 trainable = weights.owned(weights.trainable(self.model, part), part)
-                written[optimizer_file(s)] = optimizer_lib.stored(self.optimizer, trainable)
+                written[optimizer_file(s)] = optimizer_lib.arrays(self.optimizer, trainable)
         written[state_file(r, s)] = codec.pack(
             {
                 "variables": weights.values(weights.local(self.model, part)),
@@ -345,6 +347,7 @@ def _load_optimizer(optimizer: Any, trainable: weights.Keyed, ckpt: Checkpoint) 
     stored = list(ckpt.manifest.index("optimizer-"))
     if not trainable or not optimizer_lib.wants_slots(trainable, stored):
         return
+    optimizer_lib.check_class(optimizer, ckpt.manifest.optimizer)
     if not getattr(optimizer, "built", True):
         optimizer.build([var for _, var in trainable])
     slot_vars, _ = optimizer_lib.slots(optimizer, trainable)
@@ -363,7 +366,11 @@ def _var_of(slot_key: str) -> str:
 
 
 def _manifest(
-    step: int, everyone: list[list[FileEntry]], rt: runtime.Runtime, part: Partitioned
+    step: int,
+    everyone: list[list[FileEntry]],
+    rt: runtime.Runtime,
+    part: Partitioned,
+    optimizer: Any = None,
 ) -> Manifest:
     graph, bounds = part.graph, part.bounds
     return Manifest(
@@ -383,6 +390,7 @@ def _manifest(
         ),
         config=dataclasses.asdict(rt.config),
         tfsift_version=__version__,
+        optimizer=None if optimizer is None else type(optimizer).__name__,
     )
 
 

@@ -61,6 +61,10 @@ class Manifest:
     config: dict[str, Any]
     tfsift_version: str
     format: int = FORMAT
+    # the optimizer's class (None: saved without one, or before it was recorded): its slots
+    # match by kind and layer path alone, so another optimizer's would load (SGD's
+    # ``momentum`` from Adam's first moments)
+    optimizer: str | None = None
 
     def to_json(self) -> str:
         """The manifest as indented JSON, its checksum (``sha256``) last."""
@@ -107,6 +111,7 @@ class Manifest:
                 config=dict(data["config"]),
                 tfsift_version=str(data["tfsift_version"]),
                 format=int(data["format"]),
+                optimizer=None if data.get("optimizer") is None else str(data["optimizer"]),
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"manifest field missing or malformed: {err!r}") from err

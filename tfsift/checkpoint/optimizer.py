@@ -14,9 +14,6 @@ from typing import Any
 import numpy as np
 
 Keyed = Sequence[tuple[str, Any]]  # (layer-path key, trainable variable)
-#: The optimizer's class, stored with its variables: slots match by kind and layer path
-#: alone, so another optimizer's (SGD's ``momentum`` from Adam's first moments) would load
-CLASS = "__optimizer__"
 
 
 def slots(optimizer: Any, trainable: Keyed) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -59,11 +56,6 @@ def arrays(optimizer: Any, trainable: Keyed) -> dict[str, np.ndarray]:
     return {k: np.asarray(v.numpy()) for k, v in {**others, **slot_vars}.items()}
 
 
-def stored(optimizer: Any, trainable: Keyed) -> dict[str, np.ndarray]:
-    """What a checkpoint stores: ``arrays`` and the optimizer's class (``CLASS``)."""
-    return {CLASS: np.array(type(optimizer).__name__), **arrays(optimizer, trainable)}
-
-
 def wants_slots(trainable: Keyed, stored: Sequence[str]) -> bool:
     """Whether ``stored`` (keys of a checkpoint) holds a slot of any of ``trainable``."""
     mine = {key for key, _ in trainable}
@@ -74,21 +66,7 @@ def load(
     optimizer: Any, trainable: Keyed, slot_values: Mapping[str, Any], others: Mapping[str, Any]
 ) -> None:
     """Assigns stored values: every slot of ``trainable`` (which must be there) and the
-    other variables ``others`` holds (``iteration``, ``learning_rate``).
-
-    Raises:
-        ValueError: ``others`` names another optimizer class than ``optimizer``'s.
-    """
-    given = type(optimizer).__name__
-    saved = str(others[CLASS][()]) if CLASS in others else given  # older checkpoints: none
-    if saved != given:
-        raise ValueError(
-            f"the checkpoint holds the optimizer state of {saved}, and this run's optimizer "
-            f"is {given}: its slots would take {saved}'s values without a word. Restore with "
-            f"the {saved} the run saved, or give CheckpointManager optimizer=None to restore "
-            f"the weights alone and start {given} afresh. Received: {saved} in "
-            f"the checkpoint, {given} given"
-        )
+    other variables ``others`` holds (``iteration``, ``learning_rate``)."""
     slot_vars, other_vars = slots(optimizer, trainable)
     for key, var in slot_vars.items():
         if key not in slot_values:
@@ -100,6 +78,24 @@ def load(
     for name, var in other_vars.items():
         if name in others:
             _assign(var, others[name], name)
+
+
+def check_class(optimizer: Any, saved: str | None) -> None:
+    """Refuses to load the state of an optimizer of class ``saved`` (a checkpoint's; None:
+    not recorded) into ``optimizer`` of another class.
+
+    Raises:
+        ValueError: naming both classes and ``optimizer=None``.
+    """
+    given = type(optimizer).__name__
+    if saved is not None and saved != given:
+        raise ValueError(
+            f"the checkpoint holds the optimizer state of {saved}, and this run's optimizer "
+            f"is {given}: its slots would take {saved}'s values without a word. Restore with "
+            f"the {saved} the run saved, or give CheckpointManager optimizer=None to restore "
+            f"the weights alone and start {given} afresh. Received: {saved} in the checkpoint, "
+            f"{given} given"
+        )
 
 
 def _assign(var: Any, value: Any, key: str) -> None:
