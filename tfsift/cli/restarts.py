@@ -31,6 +31,8 @@ ABORTING = re.compile(rb"tfsift: .*aborting the job")
 # rank that ended first change from one launch to the next, so their numbers are masked
 _RULE = re.compile(r"-{40,}")
 _NUMBER = re.compile(r"\d+")
+# rank 0's log line at each checkpoint a CheckpointManager saves (tfsift.checkpoint.manager)
+_SAVED = re.compile(r"saved checkpoint (\S+)$")
 TAIL = 3  # the ranks' last lines an attempt without a Python error is compared by
 NO_ERROR = "no Python error: a rank was killed, the watchdog ended the job or a host was lost"
 # an exit status below 128 is one a process chose (128 + n: killed by signal n)
@@ -54,6 +56,9 @@ class Outcome:
         report: mpirun's reports on stderr, their numbers masked (``Exit code: #``).
         aborted: whether a rank said tfsift is aborting the job (the watchdog, a rank
             that exited while the others ran).
+        saved: the last checkpoint the attempt logged as saved (``saved checkpoint
+            runs/ckpt/ckpt-8``), or None: an attempt that saved one went further than the
+            one before it, so its failure is not the same one repeating.
     """
 
     returncode: int
@@ -61,6 +66,7 @@ class Outcome:
     last: tuple[str, ...] = ()
     report: tuple[str, ...] = ()
     aborted: bool = False
+    saved: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -95,7 +101,9 @@ def repeats(previous: Outcome | None, latest: Outcome) -> bool:
     the same reports from mpirun, with something printed. A failure ended by a signal (a
     rank killed, the OOM killer) or by tfsift aborting the job (the watchdog ending a
     stalled job, a host lost) never repeats identically: it comes from the machine, and a
-    restart is what it needs.
+    restart is what it needs. Nor does one whose attempt saved another checkpoint than the
+    attempt before (``saved``): it went further, and a flaky error at a later step (a
+    connection reset) is restarted while the run makes progress, as torchrun's are.
 
     Example:
         >>> bug = Outcome(1, "ZeroDivisionError: division by zero")
@@ -106,8 +114,11 @@ def repeats(previous: Outcome | None, latest: Outcome) -> bool:
         >>> typo = Outcome(2, last=("usage: t.py", "t.py: error: unrecognized arguments: -x"))
         >>> repeats(typo, typo), repeats(typo, Outcome(2))
         (True, False)
+        >>> reset = Outcome(1, "ConnectionResetError: reset", saved="ckpt/ckpt-4")
+        >>> repeats(reset, dataclasses.replace(reset, saved="ckpt/ckpt-8"))  # went further
+        False
     """
-    if previous is None or not latest.failed:
+    if previous is None or not latest.failed or latest.saved != previous.saved:
         return False
     if latest.error is not None:
         return (latest.returncode, latest.error) == (previous.returncode, previous.error)
@@ -145,9 +156,13 @@ class ErrorWatch:
         self._report: collections.deque[str] = collections.deque(maxlen=50)
         self._in_report = False
         self._aborted = False
+        self._saved: str | None = None
 
     def seen(self, line: bytes) -> None:
         text = _TAG.sub("", line.decode("utf-8", "replace").rstrip("\r\n"), count=1)
+        saved = _SAVED.search(text)
+        if saved:
+            self._saved = saved.group(1)
         self._aborted = self._aborted or bool(ABORTING.search(line))
         if _RULE.fullmatch(text):
             self._in_report = not self._in_report
@@ -165,7 +180,12 @@ class ErrorWatch:
     def outcome(self, returncode: int) -> Outcome:
         """How the attempt whose lines were seen ended, with ``returncode``."""
         return Outcome(
-            returncode, self.error, tuple(self._last), tuple(self._report), self._aborted
+            returncode,
+            self.error,
+            tuple(self._last),
+            tuple(self._report),
+            self._aborted,
+            self._saved,
         )
 
 

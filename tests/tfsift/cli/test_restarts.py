@@ -94,6 +94,18 @@ def test_only_the_same_status_and_the_same_python_error_repeat_identically() -> 
     assert not repeats(Outcome(0, BUG.error), Outcome(0, BUG.error))  # not a failure
 
 
+def test_an_attempt_that_saved_another_checkpoint_went_further_and_does_not_repeat() -> None:
+    # a ConnectionResetError at a later step of each attempt stopped the restarts as
+    # identical, though each attempt had saved checkpoints past the last one's
+    log = "[tfsift rank 0] saved checkpoint runs/ckpt/ckpt-{}\n"
+    error = 'Traceback (most recent call last):\n  File "t.py"\nConnectionResetError: reset\n'
+    first = seen(log.format(0) + log.format(2) + error, 1)
+    assert first.saved == "runs/ckpt/ckpt-2" and first.error == "ConnectionResetError: reset"
+    assert not repeats(first, seen(log.format(4) + error, 1))  # went further: restart
+    assert repeats(first, seen(log.format(2) + error, 1))  # no further: the same failure
+    assert repeats(seen(error, 1), seen(error, 1))  # none saved in either
+
+
 def test_a_status_the_script_chose_repeats_with_the_same_last_lines_and_report() -> None:
     typo = seen(f"{USAGE}\n{TYPO}\n{USAGE}\n{TYPO}\n" + mpirun_report(0, 2), 2)
     # the other rank first, its lines in another order: the same failure
