@@ -205,12 +205,7 @@ def load_weights(model: DistributedModel, path: str | Path, example: Any = None)
 
         def assign() -> None:
             keyed = weights.keyed(model, part)
-            weights.assign(
-                keyed,
-                ckpt.values("weights-", [k for k, _ in keyed]),
-                found,
-                held=ckpt.manifest.index("weights-"),
-            )
+            weights.assign(keyed, ckpt.values("weights-"), found)
 
         collective.together(rt.world, assign)
         return ckpt.manifest.step

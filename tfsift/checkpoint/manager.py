@@ -280,12 +280,7 @@ class CheckpointManager:
     def _load(self, ckpt: Checkpoint, rt: runtime.Runtime, part: Partitioned) -> None:
         m, source = ckpt.manifest, str(ckpt.path)
         keyed = weights.keyed(self.model, part)
-        weights.assign(
-            keyed,
-            ckpt.values("weights-", [k for k, _ in keyed]),
-            source,
-            held=ckpt.manifest.index("weights-"),
-        )
+        weights.assign(keyed, ckpt.values("weights-"), source)
         if self.optimizer is not None:
             _load_optimizer(self.optimizer, weights.trainable(self.model, part), ckpt)
         saved = (m.replicas, m.partitions, (len(m.bounds) - 1) // m.partitions)
@@ -344,20 +339,16 @@ def _warn_other_layout(source: str, m: Manifest, rt: runtime.Runtime, v: int, si
 def _load_optimizer(optimizer: Any, trainable: weights.Keyed, ckpt: Checkpoint) -> None:
     """Builds the optimizer for the stage if the checkpoint holds its slots, and loads them;
     ``iteration`` and the learning rate come from the writer of the stage's first variable."""
-    stored = list(ckpt.manifest.index("optimizer-"))
-    if not trainable or not optimizer_lib.wants_slots(trainable, stored):
+    where = ckpt.manifest.index("optimizer-")
+    if not trainable or not optimizer_lib.wants_slots(trainable, list(where)):
         return
     optimizer_lib.check_class(optimizer, ckpt.manifest.optimizer)
     if not getattr(optimizer, "built", True):
         optimizer.build([var for _, var in trainable])
-    slot_vars, _ = optimizer_lib.slots(optimizer, trainable)
     first = trainable[0][0]
-    owner = next(
-        (name for key, name in ckpt.manifest.index("optimizer-").items() if _var_of(key) == first),
-        None,
-    )
+    owner = next((name for key, name in where.items() if _var_of(key) == first), None)
     others = ckpt.arrays(owner) if owner else {}
-    optimizer_lib.load(optimizer, trainable, ckpt.values("optimizer-", slot_vars), others)
+    optimizer_lib.load(optimizer, trainable, ckpt.values("optimizer-"), others)
 
 
 def _var_of(slot_key: str) -> str:

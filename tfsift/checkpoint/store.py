@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,10 @@ class Checkpoint:
             self._open[name] = np.load(self.path / name, allow_pickle=False)
         return self._open[name]
 
-    def values(self, prefix: str, keys: Iterable[str]) -> dict[str, np.ndarray]:
-        """The stored arrays of ``keys`` found in the files named ``prefix*`` (others left out)."""
-        where = self.manifest.index(prefix)
-        return {key: self.arrays(where[key])[key] for key in keys if key in where}
+    def values(self, prefix: str) -> Stored:
+        """Every stored array of the files named ``prefix*``, by key, each read when first
+        used: a missing key's error can name what the checkpoint holds."""
+        return Stored(self, prefix)
 
     def close(self) -> None:
         """Closes the files opened so far."""
@@ -45,6 +45,29 @@ class Checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Stored(Mapping[str, np.ndarray]):
+    """The arrays of a checkpoint's files named ``prefix*`` by key (``Checkpoint.values``):
+    the keys from the manifest, an array read from its file at its first use and kept."""
+
+    def __init__(self, ckpt: Checkpoint, prefix: str) -> None:
+        self._ckpt, self._where = ckpt, ckpt.manifest.index(prefix)
+        self._read: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._read:
+            self._read[key] = self._ckpt.arrays(self._where[key])[key]
+        return self._read[key]
+
+    def __contains__(self, key: object) -> bool:  # from the manifest: nothing is read
+        return key in self._where
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
 
 
 def candidates(directory: Path) -> list[Path]:

@@ -90,14 +90,12 @@ def values(variables: Keyed) -> dict[str, np.ndarray]:
     return {key: np.asarray(var.numpy()) for key, var in variables}
 
 
-def assign(variables: Keyed, stored: Mapping[str, Any], source: str, held: Any = None) -> None:
+def assign(variables: Keyed, stored: Mapping[str, Any], source: str) -> None:
     """Assigns every variable its stored value; raises ValueError naming a missing key or
-    a shape mismatch (checked for all before any is assigned). ``held``: every key the
-    source holds, where ``stored`` holds only those asked for (a checkpoint's values)."""
+    a shape mismatch (checked for all before any is assigned)."""
     missing = [key for key, _ in variables if key not in stored]
     if missing:
-        wanted = {key for key, _ in variables}
-        others = sorted(set(stored if held is None else held) - wanted)
+        others = sorted(set(stored) - {key for key, _ in variables})
         raise ValueError(
             f"{source} has no value for the layer paths {missing[:6]} of this model "
             f"(it holds {len(others)} others, e.g. {others[:6]}). Received: a "
