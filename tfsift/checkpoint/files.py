@@ -58,8 +58,8 @@ def unwritable(directory: Path) -> str | None:
         return f"{found} is not a directory"
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".tfsift-writable-"):
-            pass
+        # made, then removed as it closes
+        tempfile.NamedTemporaryFile(dir=directory, prefix=".tfsift-writable-").close()
     except OSError as err:
         return f"{directory} cannot be made or written ({err.strerror or err})"
     return None

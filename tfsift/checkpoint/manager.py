@@ -215,7 +215,13 @@ class CheckpointManager:
         damaged ones (the saves would replace them, and a restarted job would retrain
         from the start without a word), and checks that the saves can write here before
         any step rather than fail at the first save. Collective."""
-        damaged = collective.on_root(rt.world, lambda: [p.name for p in candidates(self.directory)])
+        damaged, why = collective.on_root(
+            rt.world,
+            lambda: (
+                [p.name for p in candidates(self.directory)],
+                files.unwritable(self.directory),
+            ),
+        )
         if damaged:
             raise CheckpointError(
                 f"every checkpoint in {self.directory} is damaged (the warnings above name "
@@ -223,7 +229,6 @@ class CheckpointManager:
                 "Move them away (or delete them) to start afresh, or restore their files. "
                 f"Received: {', '.join(damaged)}"
             )
-        why = collective.on_root(rt.world, lambda: files.unwritable(self.directory))
         if why is not None:
             raise CheckpointError(
                 "the checkpoint directory must be one this job can write to (its first "
